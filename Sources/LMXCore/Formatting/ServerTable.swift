@@ -1,0 +1,54 @@
+/// The human table of `lmx-discover`.
+public enum ServerTable {
+    public static let headers = ["NAME", "ADDRESS:PORT", "HOST", "INTERFACES", "PATH"]
+
+    public static func render(_ servers: [DiscoveredServer]) -> String {
+        let rows = servers.map { server in
+            [
+                printable(server.name),
+                server.endpoints.joined(separator: ", "),
+                printable(server.hostName),
+                server.interfaces.joined(separator: ","),
+                printable(server.servicePath),
+            ]
+        }
+        return TextTable.render(headers: headers, rows: rows)
+    }
+
+    /// Control characters in names from the network must not reach a terminal as-is.
+    public static func printable(_ text: String) -> String {
+        var out = ""
+        for scalar in text.unicodeScalars {
+            if scalar.value < 0x20 || (0x7F..<0xA0).contains(scalar.value) {
+                out += "\\x" + String(scalar.value, radix: 16, uppercase: false).leftPadded(to: 2)
+            } else {
+                out.unicodeScalars.append(scalar)
+            }
+        }
+        return out
+    }
+}
+
+/// A left-aligned plain-text table with two spaces between columns.
+public enum TextTable {
+    public static func render(headers: [String], rows: [[String]]) -> String {
+        let all = [headers] + rows
+        var widths = headers.map(\.count)
+        for row in all {
+            for (i, cell) in row.enumerated() where i < widths.count {
+                widths[i] = max(widths[i], cell.count)
+            }
+        }
+        return all.map { row in
+            row.enumerated().map { i, cell in
+                i == row.count - 1 ? cell : cell + String(repeating: " ", count: widths[i] - cell.count)
+            }.joined(separator: "  ")
+        }.joined(separator: "\n")
+    }
+}
+
+extension String {
+    func leftPadded(to width: Int) -> String {
+        count >= width ? self : String(repeating: "0", count: width - count) + self
+    }
+}

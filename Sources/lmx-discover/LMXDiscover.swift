@@ -1,0 +1,200 @@
+import ArgumentParser
+import LMXCore
+import LMXDiscovery
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+#if canImport(Glibc)
+import Glibc
+#endif
+import Dispatch
+
+@main
+struct LMXDiscover: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "lmx-discover",
+        abstract: "List the Opta LMX servers on the local network (mDNS, through avahi-daemon).",
+        discussion: """
+        Browses _opta-lmx._tcp until avahi-daemon reports that all cached and announced \
+        servers were seen and every one is resolved, or until --timeout, then prints them.
+        With --watch it keeps running and prints one JSON object per change.
+
+        Exit status: 0 at least one server found, 1 none found, 64 usage error, \
+        69 avahi-daemon unreachable.
+        """
+    )
+
+    @Flag(name: .long, help: "Print one JSON array of servers.")
+    var json = false
+
+    @Flag(name: .long, help: "Print avahi-browse -rtp resolved lines (=;iface;proto;name;type;domain;host;address;port;txt).")
+    var parsable = false
+
+    @Flag(name: .long, help: "Keep running; print one JSON object per event (added, updated, removed, daemon) until SIGINT or SIGTERM.")
+    var watch = false
+
+    @Option(name: .long, help: ArgumentHelp("Seconds to wait for a complete listing.", valueName: "seconds"))
+    var timeout: Double = 3
+
+    @Option(name: [.customShort("i"), .long], help: ArgumentHelp("Only use this interface (repeatable; globs like 'en*').", valueName: "name"))
+    var interface: [String] = []
+
+    @Option(name: .long, help: ArgumentHelp("Leave out this interface (repeatable; globs).", valueName: "name"))
+    var excludeInterface: [String] = []
+
+    @Flag(name: .long, help: "Also use container, VM and VPN interfaces (docker*, veth*, br-*, virbr*, tun*, tap*), left out by default.")
+    var allInterfaces = false
+
+    @Flag(name: .customShort("4"), help: "IPv4 only.")
+    var ipv4Only = false
+
+    @Flag(name: .customShort("6"), help: "IPv6 only.")
+    var ipv6Only = false
+
+    @Option(name: .long, help: ArgumentHelp("The DNS-SD service type.", valueName: "type"))
+    var type: String = BrowseConfiguration.defaultServiceType
+
+    @Option(name: .long, help: ArgumentHelp("The browse domain (default: local).", valueName: "domain"))
+    var domain: String?
+
+    func validate() throws {
+        if json && parsable { throw ValidationError("--json and --parsable are different formats: choose one.") }
+        if watch && parsable { throw ValidationError("--watch prints JSON lines; --parsable does not apply to it.") }
+        if ipv4Only && ipv6Only { throw ValidationError("-4 and -6 exclude each other: give at most one.") }
+        guard timeout.isFinite, timeout > 0, timeout <= 3600 else {
+            throw ValidationError("--timeout must be between 0 and 3600 seconds (got \(timeout)).")
+        }
+        let parts = type.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count >= 2, parts.allSatisfy({ $0.hasPrefix("_") && $0.count > 1 }),
+              parts.last == "_tcp" || parts.last == "_udp" else {
+            throw ValidationError("--type '\(type)' is not a DNS-SD service type such as _opta-lmx._tcp.")
+        }
+    }
+
+    var browseConfiguration: BrowseConfiguration {
+        var filter = allInterfaces ? InterfaceFilter.all : InterfaceFilter()
+        filter.include = interface
+        filter.exclude += excludeInterface
+        return BrowseConfiguration(
+            serviceType: type, domain: domain,
+            ipProtocol: ipv4Only ? .ipv4 : (ipv6Only ? .ipv6 : nil),
+            interfaces: filter, waitForDaemon: watch)
+    }
+
+    func run() async throws {
+        do {
+            if watch {
+                try await runWatch()
+            } else {
+                try await runOnce()
+            }
+        } catch let error as DiscoveryError {
+            Console.error("lmx-discover: \(error)")
+            throw ExitCode(error.isDaemonUnavailable ? 69 : 1)
+        }
+    }
+
+    // MARK: One-shot listing
+
+    private func runOnce() async throws {
+        let configuration = browseConfiguration
+        let seconds = timeout
+        let servers = try await withThrowingTaskGroup(of: [DiscoveredServer]?.self) { group in
+            group.addTask {
+                var registry = ServerRegistry()
+                for try await event in AvahiBrowser.events(configuration) {
+                    _ = registry.apply(event)
+                    if registry.isSettled { return registry.servers }
+                }
+                return registry.servers // timed out: what was resolved so far
+            }
+            group.addTask {
+                try await Task.sleep(for: .seconds(seconds))
+                return nil
+            }
+            let first = try await group.next() ?? nil
+            group.cancelAll()
+            if let first { return first }
+            return (try await group.next() ?? nil) ?? []
+        }
+
+        if json {
+            let data = try DiscoveryJSON.encoder(pretty: true).encode(servers.map(ServerJSON.init))
+            Console.out(String(decoding: data, as: UTF8.self))
+        } else if parsable {
+            for server in servers { for line in ParsableFormat.lines(for: server) { Console.out(line) } }
+        } else if servers.isEmpty {
+            Console.error("No \(type) servers found within \(Self.format(seconds)) s. Check that servers are up, that this machine is on their network, and that UDP port 5353 is not blocked.")
+        } else {
+            Console.out(ServerTable.render(servers))
+        }
+        if servers.isEmpty { throw ExitCode(1) }
+    }
+
+    private static func format(_ seconds: Double) -> String {
+        seconds == seconds.rounded() ? String(Int(seconds)) : String(seconds)
+    }
+
+    // MARK: Watch
+
+    private func runWatch() async throws {
+        let configuration = browseConfiguration
+        let watcher = Task {
+            let encoder = DiscoveryJSON.encoder()
+            var registry = ServerRegistry()
+            for try await event in AvahiBrowser.events(configuration) {
+                for change in registry.apply(event) {
+                    if case .daemon(.waiting(let reason)) = change {
+                        Console.error("lmx-discover: waiting for avahi-daemon (\(reason)); start it with `systemctl start avahi-daemon`")
+                    }
+                    let line = DiscoveryEventJSON(change, time: Date.now.formatted(.iso8601.time(includingFractionalSeconds: true).year().month().day().timeZone(separator: .omitted)))
+                    Console.out(String(decoding: try encoder.encode(line), as: UTF8.self))
+                }
+            }
+        }
+        let signals = SignalWatch([SIGINT, SIGTERM]) { watcher.cancel() }
+        defer { signals.cancel() }
+        try await watcher.value
+    }
+}
+
+/// Unbuffered line output: --watch consumers need each line the moment it happens.
+enum Console {
+    static func out(_ line: String) { write(line + "\n", to: STDOUT_FILENO) }
+    static func error(_ line: String) { write(line + "\n", to: STDERR_FILENO) }
+
+    private static func write(_ text: String, to fd: Int32) {
+        var text = text
+        text.withUTF8 { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                let written = Glibc.write(fd, buffer.baseAddress! + offset, buffer.count - offset)
+                if written < 0 && errno == EINTR { continue }
+                guard written > 0 else { return } // closed pipe: nothing more to do
+                offset += written
+            }
+        }
+    }
+}
+
+/// Turns SIGINT/SIGTERM into a graceful stop instead of the default abrupt exit.
+final class SignalWatch {
+    private let sources: [any DispatchSourceSignal]
+
+    init(_ signals: [Int32], handler: @escaping @Sendable () -> Void) {
+        sources = signals.map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler(handler: handler)
+            source.resume()
+            return source
+        }
+    }
+
+    func cancel() {
+        for source in sources { source.cancel() }
+    }
+}

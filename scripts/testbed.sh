@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# The lmx-agent test LAN: a real system D-Bus, a real avahi-daemon limited to loopback and a
+# test bridge, and network-namespace hosts on that bridge, each a real LAN host.
+#
+#   scripts/testbed.sh up                 install what is missing, start everything (idempotent)
+#   scripts/testbed.sh down               stop everything this script started, by PID
+#   scripts/testbed.sh status             print the test bed's environment file
+#   scripts/testbed.sh stop-avahi NAME    NAME is root, h1 or h2
+#   scripts/testbed.sh start-avahi NAME
+#   scripts/testbed.sh restart-avahi NAME
+#   scripts/testbed.sh reload-avahi NAME  SIGHUP: re-read static service files
+#
+# Network rule: no daemon started here ever touches eth0. Every avahi config sets
+# allow-interfaces to loopback or test links only, deny-interfaces=eth0, no wide-area.
+# Hosts:
+#   root  this machine, avahi-daemon on lo + lmxbr0 (10.254.0.1), the system bus
+#   h1    namespace lmxh1, 10.254.0.11, own avahi-daemon and D-Bus bus
+#   h2    namespace lmxh2, 10.254.0.12, own avahi-daemon and D-Bus bus, static services dir
+#   h3    namespace lmxh3, 10.254.0.13, a D-Bus bus with no avahi-daemon, zeroconf publishers
+set -euo pipefail
+
+STATE=${LMX_TESTBED_DIR:-/run/lmx-testbed}
+BRIDGE=lmxbr0
+SUBNET=10.254.0
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+VENV=${LMX_TESTBED_VENV:-$REPO/.build-testbed/venv}
+PACKAGES=(avahi-daemon avahi-utils libavahi-client-dev libzbar-dev zbar-tools qrencode
+          libsqlite3-dev libpng-dev dbus iproute2 pkg-config python3-venv)
+
+log() { printf 'testbed: %s\n' "$*" >&2; }
+die() { printf 'testbed: error: %s\n' "$*" >&2; exit 1; }
+
+require_root() {
+    [ "$(id -u)" -eq 0 ] || die "the test LAN needs root (network namespaces, avahi-daemon, D-Bus): run 'sudo make test'"
+}
+
+alive() { [ -n "${1:-}" ] && [ -d "/proc/$1" ] && [ "$(ps -o stat= -p "$1" 2>/dev/null | cut -c1)" != "Z" ]; }
+
+install_packages() {
+    local missing=()
+    for p in "${PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    log "installing: ${missing[*]}"
+    # Debian's images forbid service starts from maintainer scripts; keep it that way so the
+    # stock avahi-daemon (which would use eth0) never starts.
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+wait_for_log() { # file pattern seconds
+    local i
+    for ((i = 0; i < $3 * 20; i++)); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+start_system_bus() {
+    if [ -S /run/dbus/system_bus_socket ] && dbus-send --system --dest=org.freedesktop.DBus \
+        --type=method_call --print-reply / org.freedesktop.DBus.GetId >/dev/null 2>&1; then
+        return 0
+    fi
+    mkdir -p /run/dbus
+    rm -f /run/dbus/pid /run/dbus/system_bus_socket
+    dbus-daemon --system --fork --print-pid > "$STATE/dbus-system.pid"
+    log "started the system D-Bus (pid $(cat "$STATE/dbus-system.pid"))"
+}
+
+private_bus_config() { # dir
+    cat > "$1/dbus.conf" <<EOF
+<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path=$1/bus</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_type="method_call"/>
+    <allow send_destination="*"/>
+    <allow receive_sender="*"/>
+  </policy>
+</busconfig>
+EOF
+}
+
+start_private_bus() { # host
+    local dir="$STATE/$1"
+    alive "$(cat "$dir/dbus.pid" 2>/dev/null)" && return 0
+    rm -f "$dir/bus"
+    private_bus_config "$dir"
+    dbus-daemon --config-file="$dir/dbus.conf" --fork --print-pid > "$dir/dbus.pid"
+}
+
+avahi_config() { # host interfaces
+    mkdir -p "$STATE/$1"
+    cat > "$STATE/$1/avahi-daemon.conf" <<EOF
+[server]
+host-name=lmx-testbed-$1
+use-ipv4=yes
+use-ipv6=no
+allow-interfaces=$2
+deny-interfaces=eth0
+enable-dbus=yes
+ratelimit-interval-usec=0
+ratelimit-burst=0
+
+[wide-area]
+enable-wide-area=no
+
+[publish]
+publish-hinfo=no
+publish-workstation=no
+publish-addresses=yes
+
+[reflector]
+enable-reflector=no
+
+[rlimits]
+EOF
+}
+
+start_avahi() { # host
+    local h=$1 dir="$STATE/$1"
+    alive "$(cat "$dir/avahi.pid" 2>/dev/null)" && return 0
+    mkdir -p "$dir"; : > "$dir/avahi.log"
+    case "$h" in
+    root)
+        if [ -f /run/avahi-daemon/pid ] && alive "$(cat /run/avahi-daemon/pid)"; then
+            die "an avahi-daemon not started by this test bed is running (pid $(cat /run/avahi-daemon/pid)); stop it first: the tests need one limited to lo and $BRIDGE"
+        fi
+        mkdir -p /run/avahi-daemon
+        rm -f /run/avahi-daemon/pid
+        avahi_config root "lo,$BRIDGE"
+        avahi-daemon --no-drop-root --no-chroot --no-rlimits -f "$dir/avahi-daemon.conf" \
+            >> "$dir/avahi.log" 2>&1 &
+        echo $! > "$dir/avahi.pid"
+        ;;
+    h1 | h2)
+        avahi_config "$h" lan0
+        mkdir -p "$dir/services"
+        # ip netns exec gives the daemon a mount namespace of its own: a private
+        # /run/avahi-daemon (its pid file is hard-coded) and a private static services dir.
+        DBUS_SYSTEM_BUS_ADDRESS="unix:path=$dir/bus" ip netns exec "lmx$h" sh -c \
+            "mount -t tmpfs tmpfs /run/avahi-daemon && mount --bind '$dir/services' /etc/avahi/services && exec avahi-daemon --no-drop-root --no-chroot --no-rlimits -f '$dir/avahi-daemon.conf'" \
+            >> "$dir/avahi.log" 2>&1 &
+        echo $! > "$dir/avahi.pid"
+        ;;
+    *) die "unknown host '$h' (root, h1 or h2)" ;;
+    esac
+    wait_for_log "$dir/avahi.log" "Server startup complete" 10 ||
+        { cat "$dir/avahi.log" >&2; die "avahi-daemon for $h did not start"; }
+}
+
+stop_pidfile() { # file
+    local pid
+    pid=$(cat "$1" 2>/dev/null) || return 0
+    if alive "$pid"; then
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 1 40); do alive "$pid" || break; sleep 0.05; done
+        alive "$pid" && kill -9 "$pid" 2>/dev/null || true
+    fi
+    rm -f "$1"
+}
+
+stop_avahi() { # host
+    stop_pidfile "$STATE/$1/avahi.pid"
+    [ "$1" = root ] && rm -f /run/avahi-daemon/pid
+    return 0
+}
+
+make_network() {
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        ip link add "$BRIDGE" type bridge
+        ip addr add "$SUBNET.1/24" dev "$BRIDGE"
+        echo 0 > "/sys/class/net/$BRIDGE/bridge/multicast_snooping" 2>/dev/null || true
+        ip link set "$BRIDGE" up
+    fi
+    local i
+    for i in 1 2 3; do
+        ip netns list | grep -qw "lmxh$i" && continue
+        ip netns add "lmxh$i"
+        ip link add "lmxv$i" type veth peer name lan0 netns "lmxh$i"
+        ip link set "lmxv$i" master "$BRIDGE" up
+        ip -n "lmxh$i" addr add "$SUBNET.1$i/24" dev lan0
+        ip -n "lmxh$i" link set lo up
+        ip -n "lmxh$i" link set lan0 up
+        ip -n "lmxh$i" route add 224.0.0.0/4 dev lan0 2>/dev/null || true
+        mkdir -p "$STATE/h$i"
+    done
+}
+
+make_venv() {
+    [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import zeroconf' 2>/dev/null && return 0
+    log "creating the zeroconf venv at $VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q 'zeroconf>=0.131'
+}
+
+write_env() {
+    cat > "$STATE/env" <<EOF
+LMX_TESTBED_DIR=$STATE
+LMX_TESTBED_REPO=$REPO
+LMX_TESTBED_BRIDGE=$BRIDGE
+LMX_TESTBED_ROOT_ADDR=$SUBNET.1
+LMX_TESTBED_ROOT_BUS=unix:path=/run/dbus/system_bus_socket
+LMX_TESTBED_H1_NS=lmxh1
+LMX_TESTBED_H1_ADDR=$SUBNET.11
+LMX_TESTBED_H1_BUS=unix:path=$STATE/h1/bus
+LMX_TESTBED_H2_NS=lmxh2
+LMX_TESTBED_H2_ADDR=$SUBNET.12
+LMX_TESTBED_H2_BUS=unix:path=$STATE/h2/bus
+LMX_TESTBED_H2_SERVICES=$STATE/h2/services
+LMX_TESTBED_H3_NS=lmxh3
+LMX_TESTBED_H3_ADDR=$SUBNET.13
+LMX_TESTBED_NO_AVAHI_BUS=unix:path=$STATE/h3/bus
+LMX_TESTBED_PYTHON=$VENV/bin/python
+LMX_TESTBED_SCRIPT=$REPO/scripts/testbed.sh
+EOF
+}
+
+up() {
+    require_root
+    install_packages
+    mkdir -p "$STATE"
+    start_system_bus
+    make_network
+    start_private_bus h1
+    start_private_bus h2
+    start_private_bus h3
+    start_avahi root
+    start_avahi h1
+    start_avahi h2
+    make_venv
+    write_env
+    log "up: root avahi on lo,$BRIDGE; hosts lmxh1 $SUBNET.11, lmxh2 $SUBNET.12, lmxh3 $SUBNET.13 ($STATE/env)"
+}
+
+down() {
+    require_root
+    [ -d "$STATE" ] || return 0
+    # Publishers the tests left behind (they record their PIDs here).
+    local f
+    for f in "$STATE"/publishers/*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
+    for h in h1 h2 root; do stop_avahi "$h"; done
+    for h in h1 h2 h3; do stop_pidfile "$STATE/$h/dbus.pid"; done
+    if [ -f "$STATE/dbus-system.pid" ]; then
+        stop_pidfile "$STATE/dbus-system.pid"
+        rm -f /run/dbus/pid /run/dbus/system_bus_socket
+    fi
+    for i in 1 2 3; do
+        ip netns list | grep -qw "lmxh$i" && ip netns delete "lmxh$i"
+        ip link show "lmxv$i" >/dev/null 2>&1 && ip link delete "lmxv$i"
+    done
+    ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
+    rm -rf "$STATE"
+    log "down"
+}
+
+cmd=${1:-}
+case "$cmd" in
+up) up ;;
+down) down ;;
+status) cat "$STATE/env" ;;
+stop-avahi) stop_avahi "${2:?host}" ;;
+start-avahi) start_avahi "${2:?host}" ;;
+restart-avahi) stop_avahi "${2:?host}"; start_avahi "$2" ;;
+reload-avahi) kill -HUP "$(cat "$STATE/${2:?host}/avahi.pid")" ;;
+*) die "usage: $0 up|down|status|stop-avahi H|start-avahi H|restart-avahi H|reload-avahi H" ;;
+esac
