@@ -9,6 +9,8 @@
 #   scripts/testbed.sh start-avahi NAME
 #   scripts/testbed.sh restart-avahi NAME
 #   scripts/testbed.sh reload-avahi NAME  SIGHUP: re-read static service files
+#   scripts/testbed.sh publish-bulk N PREFIX  publish N services "PREFIX 001".. from host h2
+#   scripts/testbed.sh unpublish-bulk     withdraw them
 #
 # Network rule: no daemon started here ever touches eth0. Every avahi config sets
 # allow-interfaces to loopback or test links only, deny-interfaces=eth0, no wide-area.
@@ -24,54 +26,10 @@ BRIDGE=lmxbr0
 SUBNET=10.254.0
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${LMX_TESTBED_VENV:-$REPO/.build-testbed/venv}
-PACKAGES=(avahi-daemon avahi-utils libavahi-client-dev libzbar-dev zbar-tools qrencode
-          libsqlite3-dev libpng-dev dbus iproute2 pkg-config python3-venv)
 
-log() { printf 'testbed: %s\n' "$*" >&2; }
-die() { printf 'testbed: error: %s\n' "$*" >&2; exit 1; }
-
-require_root() {
-    [ "$(id -u)" -eq 0 ] || die "the test LAN needs root (network namespaces, avahi-daemon, D-Bus): run 'sudo make test'"
-}
-
-alive() { [ -n "${1:-}" ] && [ -d "/proc/$1" ] && [ "$(ps -o stat= -p "$1" 2>/dev/null | cut -c1)" != "Z" ]; }
-
-install_packages() {
-    local missing=()
-    for p in "${PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
-    [ ${#missing[@]} -eq 0 ] && return 0
-    log "installing: ${missing[*]}"
-    # Debian's images forbid service starts from maintainer scripts; keep it that way so the
-    # stock avahi-daemon (which would use eth0) never starts.
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
-        chmod 755 /usr/sbin/policy-rc.d
-    fi
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-}
-
-wait_for_log() { # file pattern seconds
-    local i
-    for ((i = 0; i < $3 * 20; i++)); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.05
-    done
-    return 1
-}
-
-start_system_bus() {
-    if [ -S /run/dbus/system_bus_socket ] && dbus-send --system --dest=org.freedesktop.DBus \
-        --type=method_call --print-reply / org.freedesktop.DBus.GetId >/dev/null 2>&1; then
-        return 0
-    fi
-    mkdir -p /run/dbus
-    rm -f /run/dbus/pid /run/dbus/system_bus_socket
-    dbus-daemon --system --fork --print-pid > "$STATE/dbus-system.pid"
-    log "started the system D-Bus (pid $(cat "$STATE/dbus-system.pid"))"
-}
+LOG_NAME=testbed
+BLOCK_SERVICE_STARTS=1
+. "$(dirname "$0")/lib.sh"
 
 private_bus_config() { # dir
     cat > "$1/dbus.conf" <<EOF
@@ -228,8 +186,8 @@ EOF
 }
 
 up() {
-    require_root
-    install_packages
+    require_root "the test LAN"
+    install_packages "${TEST_PACKAGES[@]}"
     mkdir -p "$STATE"
     start_system_bus
     make_network
@@ -265,6 +223,32 @@ down() {
     log "down"
 }
 
+publish_bulk() { # count prefix
+    local dir="$STATE/h2/services" i
+    rm -f "$dir"/bulk-*.service
+    for i in $(seq -w 1 "$1"); do
+        cat > "$dir/bulk-$i.service" <<EOF
+<?xml version="1.0" standalone='no'?>
+<!DOCTYPE service-group SYSTEM "avahi-service.dtd">
+<service-group>
+  <name>$2 $i</name>
+  <service>
+    <type>_opta-lmx._tcp</type>
+    <port>$((10000 + 10#$i))</port>
+    <txt-record>path=/.well-known/opta-lmx</txt-record>
+    <txt-record>service=opta-lmx</txt-record>
+  </service>
+</service-group>
+EOF
+    done
+    kill -HUP "$(cat "$STATE/h2/avahi.pid")"
+}
+
+unpublish_bulk() {
+    rm -f "$STATE/h2/services"/bulk-*.service
+    kill -HUP "$(cat "$STATE/h2/avahi.pid")"
+}
+
 cmd=${1:-}
 case "$cmd" in
 up) up ;;
@@ -274,5 +258,7 @@ stop-avahi) stop_avahi "${2:?host}" ;;
 start-avahi) start_avahi "${2:?host}" ;;
 restart-avahi) stop_avahi "${2:?host}"; start_avahi "$2" ;;
 reload-avahi) kill -HUP "$(cat "$STATE/${2:?host}/avahi.pid")" ;;
-*) die "usage: $0 up|down|status|stop-avahi H|start-avahi H|restart-avahi H|reload-avahi H" ;;
+publish-bulk) publish_bulk "${2:?count}" "${3:-Bulk}" ;;
+unpublish-bulk) unpublish_bulk ;;
+*) die "usage: $0 up|down|status|stop-avahi H|start-avahi H|restart-avahi H|reload-avahi H|publish-bulk N PREFIX|unpublish-bulk" ;;
 esac

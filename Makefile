@@ -1,0 +1,36 @@
+# lmx-agent. `make run` sets up and runs; `make test` sets up the test LAN and runs every test.
+SWIFT ?= swift
+
+.PHONY: all build release run test unit bench testbed-up testbed-down clean
+
+all: build
+
+build:
+	$(SWIFT) build
+
+release:
+	$(SWIFT) build -c release
+
+# Installs what is missing, builds, makes sure avahi-daemon runs, then `lmx-discover --watch`.
+run:
+	scripts/run.sh
+
+# Needs root: installs packages, starts D-Bus, avahi-daemons and namespace hosts, tears them down.
+test:
+	scripts/run-tests.sh
+
+# Core unit tests only: no daemon, no root.
+unit:
+	$(SWIFT) test --filter LMXCoreTests
+
+bench:
+	scripts/bench.sh
+
+testbed-up:
+	scripts/testbed.sh up
+
+testbed-down:
+	scripts/testbed.sh down
+
+clean:
+	$(SWIFT) package clean

@@ -1,0 +1,55 @@
+# Shell helpers shared by the project's scripts. Sourced, not run.
+
+# What building and running need, and what the test LAN adds.
+BUILD_PACKAGES=(avahi-daemon avahi-utils libavahi-client-dev dbus pkg-config)
+TEST_PACKAGES=("${BUILD_PACKAGES[@]}" iproute2 python3-venv)
+
+log() { printf '%s: %s\n' "${LOG_NAME:-lmx}" "$*" >&2; }
+die() { printf '%s: error: %s\n' "${LOG_NAME:-lmx}" "$*" >&2; exit 1; }
+
+require_root() {
+    [ "$(id -u)" -eq 0 ] || die "${1:-this} needs root (packages, D-Bus, avahi-daemon, network namespaces): run it with sudo"
+}
+
+alive() { [ -n "${1:-}" ] && [ -d "/proc/$1" ] && [ "$(ps -o stat= -p "$1" 2>/dev/null | cut -c1)" != "Z" ]; }
+
+# Installs what is missing. With BLOCK_SERVICE_STARTS=1 (the test bed), maintainer scripts may
+# not start services while installing, so a stock avahi-daemon never comes up on the real network.
+install_packages() { # package...
+    local missing=() blocker=""
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    log "installing: ${missing[*]}"
+    if [ "${BLOCK_SERVICE_STARTS:-0}" = 1 ] && [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        blocker=/usr/sbin/policy-rc.d
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    [ -n "$blocker" ] && rm -f "$blocker"
+    return 0
+}
+
+wait_for_log() { # file pattern seconds
+    local i
+    for ((i = 0; i < $3 * 20; i++)); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+start_system_bus() {
+    if [ -S /run/dbus/system_bus_socket ] && dbus-send --system --dest=org.freedesktop.DBus \
+        --type=method_call --print-reply / org.freedesktop.DBus.GetId >/dev/null 2>&1; then
+        return 0
+    fi
+    mkdir -p /run/dbus
+    rm -f /run/dbus/pid /run/dbus/system_bus_socket
+    dbus-daemon --system --fork --print-pid > "$STATE/dbus-system.pid"
+    log "started the system D-Bus (pid $(cat "$STATE/dbus-system.pid"))"
+}
+
