@@ -9,7 +9,7 @@ build:
 	$(SWIFT) build
 
 release:
-	$(SWIFT) build -c release
+	$(SWIFT) build -c release --static-swift-stdlib
 
 # Installs what is missing, builds, makes sure avahi-daemon runs, then `lmx-discover --watch`.
 run:

@@ -22,8 +22,8 @@ else
     done
 fi
 
-swift build -c release --product lmx-discover
-BIN="$(swift build -c release --show-bin-path)"
+swift build -c release --static-swift-stdlib --product lmx-discover
+BIN="$(swift build -c release --static-swift-stdlib --show-bin-path)"
 
 started=""
 cleanup() {

@@ -14,6 +14,9 @@
 #
 # Network rule: no daemon started here ever touches eth0. Every avahi config sets
 # allow-interfaces to loopback or test links only, deny-interfaces=eth0, no wide-area.
+# LMX_TESTBED_IPV6=yes also runs mDNS over IPv6 (link-local) on the root and h2 daemons, still
+# only on lo and the test links; off by default because dual-stack publishers make
+# avahi-browse's own resolutions racy, which the comparison tests rely on.
 # Hosts:
 #   root  this machine, avahi-daemon on lo + lmxbr0 (10.254.0.1), the system bus
 #   h1    namespace lmxh1, 10.254.0.11, own avahi-daemon and D-Bus bus
@@ -58,13 +61,13 @@ start_private_bus() { # host
     dbus-daemon --config-file="$dir/dbus.conf" --fork --print-pid > "$dir/dbus.pid"
 }
 
-avahi_config() { # host interfaces
+avahi_config() { # host interfaces use-ipv6
     mkdir -p "$STATE/$1"
     cat > "$STATE/$1/avahi-daemon.conf" <<EOF
 [server]
 host-name=lmx-testbed-$1
 use-ipv4=yes
-use-ipv6=no
+use-ipv6=$3
 allow-interfaces=$2
 deny-interfaces=eth0
 enable-dbus=yes
@@ -97,13 +100,13 @@ start_avahi() { # host
         fi
         mkdir -p /run/avahi-daemon
         rm -f /run/avahi-daemon/pid
-        avahi_config root "lo,$BRIDGE"
+        avahi_config root "lo,$BRIDGE" "${LMX_TESTBED_IPV6:-no}"
         avahi-daemon --no-drop-root --no-chroot --no-rlimits -f "$dir/avahi-daemon.conf" \
             >> "$dir/avahi.log" 2>&1 &
         echo $! > "$dir/avahi.pid"
         ;;
     h1 | h2)
-        avahi_config "$h" lan0
+        avahi_config "$h" lan0 "$([ "$h" = h2 ] && echo "${LMX_TESTBED_IPV6:-no}" || echo no)"
         mkdir -p "$dir/services"
         # ip netns exec gives the daemon a mount namespace of its own: a private
         # /run/avahi-daemon (its pid file is hard-coded) and a private static services dir.

@@ -244,10 +244,13 @@ private final class AvahiSession: @unchecked Sendable {
     ) {
         guard let client else { return }
         let context = Unmanaged.passRetained(ResolverContext(key: key, session: self))
-        // Address protocol unspecified, as avahi-browse does: the first address found on this
-        // interface and protocol, whichever family.
+        // A sighting over IPv4 asks for the A record: with "unspecified" (avahi-browse's choice)
+        // a dual-stack host's IPv4 sighting can resolve to its IPv6 address, and its IPv4
+        // address is then missing. Over IPv6 any family is accepted, so IPv4-only servers (the
+        // reference server publishes no AAAA) still resolve there.
+        let addressProtocol = proto == AvahiProtocol(AVAHI_PROTO_INET) ? proto : AvahiProtocol(AVAHI_PROTO_UNSPEC)
         let handle = avahi_service_resolver_new(
-            client, interface, proto, name, type, domain, AvahiProtocol(AVAHI_PROTO_UNSPEC), AvahiLookupFlags(0),
+            client, interface, proto, name, type, domain, addressProtocol, AvahiLookupFlags(0),
             { _, _, _, event, _, _, _, host, address, port, txt, _, userdata in
                 guard let userdata else { return }
                 let context = Unmanaged<ResolverContext>.fromOpaque(userdata).takeUnretainedValue()

@@ -75,9 +75,7 @@ struct LMXDiscover: AsyncParsableCommand {
     }
 
     var browseConfiguration: BrowseConfiguration {
-        var filter = allInterfaces ? InterfaceFilter.all : InterfaceFilter()
-        filter.include = interface
-        filter.exclude += excludeInterface
+        let filter = InterfaceFilter(include: interface, exclude: excludeInterface, excludesVirtualInterfaces: !allInterfaces)
         return BrowseConfiguration(
             serviceType: type, domain: domain,
             ipProtocol: ipv4Only ? .ipv4 : (ipv6Only ? .ipv6 : nil),

@@ -181,8 +181,44 @@ struct DiscoverTests {
         #expect(try await interfaces(["--interface", "lmx*"]) == [bed["LMX_TESTBED_BRIDGE"]])
         #expect(try await interfaces(["--exclude-interface", "lmxbr?"]) == ["lo"])
         #expect(try await interfaces(["-4"]) == [bed["LMX_TESTBED_BRIDGE"], "lo"])
+        #expect(try await interfaces(["--interface", "*", "--exclude-interface", "lo"]) == [bed["LMX_TESTBED_BRIDGE"]])
         let none = try await Command.discover(["--interface", "nonexistent0", "--timeout", "2"])
         #expect(none.status == 1)
+    }
+
+    @Test("over IPv6: link-local addresses carry %interface, -6 keeps IPv6, a dual-stack host keeps its IPv4 address")
+    func ipv6() async throws {
+        // Switch the root and h2 daemons to IPv4 + IPv6 (still only lo and the test links).
+        for host in ["root", "h2"] { try await bed.control("restart-avahi", host, environment: ["LMX_TESTBED_IPV6": "yes"]) }
+        var failure: (any Error)?
+        do {
+            let tag = TestBed.tag()
+            let publisher = try await Publish.avahi(bed, on: .h2, name: "Dual \(tag)")
+            defer { publisher.signal(SIGTERM) }
+            let bridge = bed["LMX_TESTBED_BRIDGE"]
+            var both: ServerJSON?
+            for _ in 0..<10 where both == nil {
+                let server = try servers(try await Command.discover(["--json"]), tag: tag).first
+                if let server, server.addresses.count == 2 { both = server } else { try await Task.sleep(for: .milliseconds(300)) }
+            }
+            let dual = try #require(both)
+            #expect(dual.addresses.first == bed.address(.h2))
+            let v6 = try #require(dual.addresses.last)
+            #expect(v6.lowercased().hasPrefix("fe80:") && v6.hasSuffix("%\(bridge)"))
+            #expect(Set(dual.records.map(\.protocol)) == [.ipv4, .ipv6])
+
+            let onlySix = try servers(try await Command.discover(["--json", "-6"]), tag: tag)
+            #expect(onlySix.first?.addresses == [v6])
+            let onlyFour = try servers(try await Command.discover(["--json", "-4"]), tag: tag)
+            #expect(onlyFour.first?.addresses == [bed.address(.h2)])
+
+            let table = try await Command.discover(["-6"])
+            #expect(table.stdout.contains("[\(v6)]:1234"))
+        } catch {
+            failure = error
+        }
+        for host in ["root", "h2"] { try await bed.control("restart-avahi", host) }
+        if let failure { throw failure }
     }
 
     // MARK: Exit codes

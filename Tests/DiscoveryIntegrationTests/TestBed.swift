@@ -54,8 +54,8 @@ struct TestBed: Sendable {
     }
 
     /// Runs `scripts/testbed.sh ARGS` and fails on error.
-    func control(_ arguments: String...) async throws {
-        let result = try await Command.run(self["LMX_TESTBED_SCRIPT"], arguments)
+    func control(_ arguments: String..., environment: [String: String] = [:]) async throws {
+        let result = try await Command.run(self["LMX_TESTBED_SCRIPT"], arguments, environment: environment)
         guard result.status == 0 else {
             throw TestBedMissing(detail: "testbed.sh \(arguments.joined(separator: " ")) failed: \(result.stderr)")
         }

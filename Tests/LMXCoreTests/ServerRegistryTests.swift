@@ -161,6 +161,15 @@ struct AddressAndFilterTests {
         #expect(!filter.allows("lo"))
     }
 
+    @Test("explicit exclusions apply with or without include patterns")
+    func explicitExclusions() {
+        #expect(!InterfaceFilter(include: ["en*"], exclude: ["enp9*"]).allows("enp9s0"))
+        #expect(InterfaceFilter(include: ["en*"], exclude: ["enp9*"]).allows("enp3s0"))
+        #expect(!InterfaceFilter(exclude: ["wlan0"]).allows("wlan0"))
+        #expect(!InterfaceFilter(exclude: ["wlan0"]).allows("docker0"))
+        #expect(InterfaceFilter(exclude: ["wlan0"], excludesVirtualInterfaces: false).allows("docker0"))
+    }
+
     @Test("glob character classes", arguments: [
         ("eth[0-2]", "eth1", true), ("eth[0-2]", "eth3", false), ("eth[!0]", "eth1", true), ("eth[!0]", "eth0", false),
         ("*", "", true), ("?", "", false), ("a*b*c", "aXbYc", true), ("a*b*c", "aXbY", false), ("[", "[", true),

@@ -1,29 +1,31 @@
 /// Chooses the network interfaces whose mDNS results count, by name with shell-style globs
 /// (`*`, `?`, `[abc]`, `[a-z]`, `[!x]`).
 ///
-/// With no include patterns every interface counts except the excluded ones, which by
-/// default are container, VM and VPN links. With include patterns only matching interfaces
-/// count, whatever the exclusions say: naming an interface is an explicit choice.
+/// Explicit exclusions always apply. With include patterns only matching interfaces count,
+/// even ones the default exclusions would leave out (naming one is an explicit choice). With
+/// none, every interface counts except container, VM and VPN links, unless
+/// ``excludesVirtualInterfaces`` is off.
 public struct InterfaceFilter: Sendable, Hashable {
     /// Left out unless asked for: container bridges, veth pairs, VM and VPN links.
     public static let defaultExclusions = ["docker*", "veth*", "br-*", "virbr*", "tun*", "tap*"]
 
     public var include: [String]
     public var exclude: [String]
+    public var excludesVirtualInterfaces: Bool
 
-    public init(include: [String] = [], exclude: [String] = InterfaceFilter.defaultExclusions) {
+    public init(include: [String] = [], exclude: [String] = [], excludesVirtualInterfaces: Bool = true) {
         self.include = include
         self.exclude = exclude
+        self.excludesVirtualInterfaces = excludesVirtualInterfaces
     }
 
     /// Every interface counts.
-    public static let all = InterfaceFilter(include: [], exclude: [])
+    public static let all = InterfaceFilter(excludesVirtualInterfaces: false)
 
     public func allows(_ interfaceName: String) -> Bool {
-        if !include.isEmpty {
-            return include.contains { Glob.matches($0, interfaceName) }
-        }
-        return !exclude.contains { Glob.matches($0, interfaceName) }
+        if exclude.contains(where: { Glob.matches($0, interfaceName) }) { return false }
+        if !include.isEmpty { return include.contains { Glob.matches($0, interfaceName) } }
+        return !(excludesVirtualInterfaces && Self.defaultExclusions.contains { Glob.matches($0, interfaceName) })
     }
 }
 
