@@ -43,6 +43,9 @@ private final class AvahiSession: @unchecked Sendable {
     private var client: OpaquePointer?
     private var browser: OpaquePointer?
     private var resolvers: [RecordKey: Resolver] = [:]
+    /// Sightings waiting for a resolver, oldest first (see `scheduleResolves`).
+    private var queuedResolves: [QueuedResolve] = []
+    private var resolveTimer: OpaquePointer?
     private var retryTimer: OpaquePointer?
     private var retireClient: OpaquePointer?
     private var wasConnected = false
@@ -53,6 +56,15 @@ private final class AvahiSession: @unchecked Sendable {
         var handle: OpaquePointer
         var context: Unmanaged<ResolverContext>
     }
+
+    private struct QueuedResolve {
+        var key: RecordKey
+        var interface: AvahiIfIndex
+        var proto: AvahiProtocol
+    }
+
+    /// Resolvers opened per turn of the poll loop.
+    private static let resolveBatch = 8
 
     final class ResolverContext {
         let key: RecordKey
@@ -85,6 +97,8 @@ private final class AvahiSession: @unchecked Sendable {
         closeBrowsing()
         if let retryTimer { lmx_avahi_timeout_free(pollAPI, retryTimer) }
         retryTimer = nil
+        if let resolveTimer { lmx_avahi_timeout_free(pollAPI, resolveTimer) }
+        resolveTimer = nil
         if let retireClient { avahi_client_free(retireClient) }
         if let client { avahi_client_free(client) }
         client = nil
@@ -194,6 +208,7 @@ private final class AvahiSession: @unchecked Sendable {
     }
 
     private func closeBrowsing() {
+        queuedResolves.removeAll()
         for resolver in resolvers.values {
             avahi_service_resolver_free(resolver.handle)
             resolver.context.release()
@@ -212,10 +227,12 @@ private final class AvahiSession: @unchecked Sendable {
             guard let key = recordKey(interface, proto, name, type, domain),
                   configuration.interfaces.allows(key.interface.name) else { return }
             if event == AVAHI_BROWSER_NEW {
-                guard resolvers[key] == nil else { return }
+                guard resolvers[key] == nil, !queuedResolves.contains(where: { $0.key == key }) else { return }
                 continuation.yield(.found(key))
-                openResolver(key, interface, proto, name!, type!, domain!)
+                queuedResolves.append(QueuedResolve(key: key, interface: interface, proto: proto))
+                scheduleResolves()
             } else {
+                queuedResolves.removeAll { $0.key == key }
                 dropResolver(key)
                 continuation.yield(.lost(key))
             }
@@ -238,10 +255,32 @@ private final class AvahiSession: @unchecked Sendable {
         }
     }
 
-    private func openResolver(
-        _ key: RecordKey, _ interface: AvahiIfIndex, _ proto: AvahiProtocol,
-        _ name: UnsafePointer<CChar>, _ type: UnsafePointer<CChar>, _ domain: UnsafePointer<CChar>
-    ) {
+    /// Opening a resolver is a blocking D-Bus round trip, and the daemon sends every cached
+    /// sighting at once. Opening them inline would let no answer through before the last
+    /// sighting is handled; instead a timer opens a few per turn, a millisecond apart, so the
+    /// browse events drain first and answers are dispatched between batches.
+    private func scheduleResolves() {
+        var when = timeval()
+        avahi_elapse_time(&when, 1, 0)
+        if let resolveTimer {
+            lmx_avahi_timeout_update(pollAPI, resolveTimer, &when)
+        } else {
+            resolveTimer = lmx_avahi_timeout_new(pollAPI, &when, { _, userdata in
+                guard let userdata else { return }
+                Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue().openQueuedResolvers()
+            }, userdata)
+        }
+    }
+
+    private func openQueuedResolvers() {
+        lmx_avahi_timeout_update(pollAPI, resolveTimer, nil)
+        let batch = queuedResolves.prefix(Self.resolveBatch)
+        queuedResolves.removeFirst(batch.count)
+        for queued in batch { openResolver(queued.key, queued.interface, queued.proto) }
+        if !queuedResolves.isEmpty { scheduleResolves() }
+    }
+
+    private func openResolver(_ key: RecordKey, _ interface: AvahiIfIndex, _ proto: AvahiProtocol) {
         guard let client else { return }
         let context = Unmanaged.passRetained(ResolverContext(key: key, session: self))
         // A sighting over IPv4 asks for the A record: with "unspecified" (avahi-browse's choice)
@@ -249,8 +288,9 @@ private final class AvahiSession: @unchecked Sendable {
         // address is then missing. Over IPv6 any family is accepted, so IPv4-only servers (the
         // reference server publishes no AAAA) still resolve there.
         let addressProtocol = proto == AvahiProtocol(AVAHI_PROTO_INET) ? proto : AvahiProtocol(AVAHI_PROTO_UNSPEC)
+        let instance = key.instance
         let handle = avahi_service_resolver_new(
-            client, interface, proto, name, type, domain, addressProtocol, AvahiLookupFlags(0),
+            client, interface, proto, instance.name, instance.type, instance.domain, addressProtocol, AvahiLookupFlags(0),
             { _, _, _, event, _, _, _, host, address, port, txt, _, userdata in
                 guard let userdata else { return }
                 let context = Unmanaged<ResolverContext>.fromOpaque(userdata).takeUnretainedValue()
