@@ -63,10 +63,6 @@ public struct DiscoveryError: Error, Hashable, Sendable, CustomStringConvertible
 
     public var isDaemonUnavailable: Bool { kind == .daemonUnreachable || kind == .daemonLost }
 
-    public static func ~= (pattern: DiscoveryError, value: any Error) -> Bool {
-        (value as? DiscoveryError)?.kind == pattern.kind
-    }
-
     public var description: String {
         switch kind {
         case .daemonUnreachable:

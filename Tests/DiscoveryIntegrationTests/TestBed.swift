@@ -10,7 +10,7 @@ struct TestBed: Sendable {
     let values: [String: String]
 
     static func load() throws -> TestBed {
-        let dir = ProcessInfo.processInfo.environment["LMX_TESTBED_DIR"] ?? "/run/lmx-testbed"
+        let dir = stateDir
         guard let text = try? String(contentsOfFile: "\(dir)/env", encoding: .utf8) else {
             throw TestBedMissing(detail: "no test bed at \(dir): run `make test` (as root), or `sudo scripts/testbed.sh up` before `swift test`")
         }
@@ -20,6 +20,11 @@ struct TestBed: Sendable {
             if parts.count == 2 { values[String(parts[0])] = String(parts[1]) }
         }
         return TestBed(values: values)
+    }
+
+    /// Where `scripts/testbed.sh` keeps its state (`LMX_TESTBED_DIR`, default `/run/lmx-testbed`).
+    static var stateDir: String {
+        ProcessInfo.processInfo.environment["LMX_TESTBED_DIR"] ?? "/run/lmx-testbed"
     }
 
     subscript(_ key: String) -> String { values[key] ?? "" }
@@ -140,12 +145,11 @@ final class LiveProcess: Sendable {
             try process.run()
             return process.processIdentifier
         }
-        if let dir = ProcessInfo.processInfo.environment["LMX_TESTBED_DIR"] ?? Optional("/run/lmx-testbed") {
-            let path = "\(dir)/publishers/\(pid).pid"
-            try? FileManager.default.createDirectory(atPath: "\(dir)/publishers", withIntermediateDirectories: true)
-            if FileManager.default.createFile(atPath: path, contents: Data("\(pid)\n".utf8)) {
-                pidFile.withLock { $0 = path }
-            }
+        let directory = "\(TestBed.stateDir)/publishers"
+        let path = "\(directory)/\(pid).pid"
+        try? FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        if FileManager.default.createFile(atPath: path, contents: Data("\(pid)\n".utf8)) {
+            pidFile.withLock { $0 = path }
         }
     }
 
