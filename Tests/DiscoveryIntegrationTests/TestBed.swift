@@ -112,6 +112,7 @@ final class LiveProcess: Sendable {
     private struct Output {
         var stdout = Data()
         var stderr = Data()
+        var openStreams = 2
     }
 
     private let process: Mutex<Process>
@@ -132,11 +133,13 @@ final class LiveProcess: Sendable {
         let err = Pipe()
         out.fileHandleForReading.readabilityHandler = { [weak self] handle in
             let data = handle.availableData
-            self?.output.withLock { $0.stdout.append(data) }
+            if data.isEmpty { handle.readabilityHandler = nil }
+            self?.output.withLock { if data.isEmpty { $0.openStreams -= 1 } else { $0.stdout.append(data) } }
         }
         err.fileHandleForReading.readabilityHandler = { [weak self] handle in
             let data = handle.availableData
-            self?.output.withLock { $0.stderr.append(data) }
+            if data.isEmpty { handle.readabilityHandler = nil }
+            self?.output.withLock { if data.isEmpty { $0.openStreams -= 1 } else { $0.stderr.append(data) } }
         }
         let pid = try process.withLock { process in
             process.standardOutput = out
@@ -191,8 +194,8 @@ final class LiveProcess: Sendable {
             forget()
             throw TestBedMissing(detail: "process \(process.withLock { $0.executableURL?.lastPathComponent ?? "?" }) did not exit within \(seconds) s")
         }
-        // Let the readers drain what the process wrote just before it exited.
-        try? await Task.sleep(for: .milliseconds(30))
+        // Read everything the process wrote: wait for end of file on both pipes.
+        _ = await waitFor(timeout: 5) { process in process.output.withLock { $0.openStreams == 0 } }
         forget()
         return process.withLock { $0.terminationStatus }
     }
