@@ -7,13 +7,27 @@ let package = Package(
     products: [
         .library(name: "LMXCore", targets: ["LMXCore"]),
         .library(name: "LMXDiscovery", targets: ["LMXDiscovery"]),
+        .library(name: "LMXProbe", targets: ["LMXProbe"]),
+        .library(name: "LMXStore", targets: ["LMXStore"]),
+        .library(name: "LMXAgent", targets: ["LMXAgent"]),
+        .library(name: "LMXStatusClient", targets: ["LMXStatusClient"]),
         .executable(name: "lmx-discover", targets: ["lmx-discover"]),
+        .executable(name: "lmx-agentd", targets: ["lmx-agentd"]),
+        .executable(name: "lmx-status", targets: ["lmx-status"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.80.0"),
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.29.0"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.25.0"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.6.0"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.10.0"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
     ],
     targets: [
-        // Pure core: domain types, TXT parsing, record merging, output formats. No C, no I/O.
+        // Pure core: domain types, TXT parsing, record merging, health and selection decisions,
+        // output formats. No C, no I/O, no clock of its own.
         .target(name: "LMXCore"),
 
         // Thin module map over libavahi-client (D-Bus client of the system avahi-daemon).
@@ -26,17 +40,71 @@ let package = Package(
         // Adapter: browses and resolves through avahi-daemon, yields core events.
         .target(name: "LMXDiscovery", dependencies: ["LMXCore", "CAvahi"]),
 
+        // Adapter: probes one endpoint over HTTP(S) by the LMX contract.
+        .target(
+            name: "LMXProbe",
+            dependencies: [
+                "LMXCore",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ]
+        ),
+
+        // Adapter: the agent's memory in SQLite (system libsqlite3 through GRDB).
+        .target(
+            name: "LMXStore",
+            dependencies: ["LMXCore", .product(name: "GRDB", package: "GRDB.swift")]
+        ),
+
+        // Tiny HTTP/1.1 client over the agent's Unix socket; no NIO so `lmx-status` starts fast.
+        .target(name: "LMXStatusClient"),
+
+        // The daemon: connection manager actor, services, the Unix-socket status API.
+        .target(
+            name: "LMXAgent",
+            dependencies: [
+                "LMXCore", "LMXDiscovery", "LMXProbe", "LMXStore",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]
+        ),
+
         .executableTarget(
             name: "lmx-discover",
             dependencies: [
                 "LMXCore",
                 "LMXDiscovery",
+                "LMXProbe",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .executableTarget(
+            name: "lmx-agentd",
+            dependencies: [
+                "LMXAgent",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
+        .executableTarget(
+            name: "lmx-status",
+            dependencies: [
+                "LMXCore",
+                "LMXStatusClient",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
 
         .testTarget(name: "LMXCoreTests", dependencies: ["LMXCore"]),
+        .testTarget(name: "LMXStoreTests", dependencies: ["LMXCore", "LMXStore"]),
         .testTarget(name: "DiscoveryIntegrationTests", dependencies: ["LMXCore"]),
+        .testTarget(name: "AgentIntegrationTests", dependencies: ["LMXCore", "LMXStatusClient"]),
     ],
     swiftLanguageModes: [.v6]
 )

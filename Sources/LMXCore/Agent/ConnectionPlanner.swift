@@ -1,0 +1,407 @@
+/// Established health of a route, after hysteresis.
+public enum RouteHealth: String, Sendable, Hashable, Codable {
+    /// Never probed yet.
+    case unknown
+    /// Alive (ready, not ready or overloaded).
+    case up
+    /// Not usable (down, tunnel down, auth rejected, wrong service).
+    case down
+}
+
+/// A route and everything the agent knows about its health.
+public struct RouteState: Sendable, Hashable, Identifiable {
+    public var route: Route
+    public var health: RouteHealth = .unknown
+    /// The established verdict: changes class (alive ↔ not) only through hysteresis.
+    public var verdict: HealthVerdict?
+    public var lastReport: ProbeReport?
+    public var lastProbeAt: Double?
+    public var goodStreak = 0
+    public var badStreak = 0
+    /// Since when every probe has been good (nil after any bad one).
+    public var healthySince: Double?
+    /// Since when the route is in its current health.
+    public var healthSince: Double?
+    public var nextProbeAt: Double
+    public var inFlight = false
+    /// Exponentially smoothed probe latency, seconds.
+    public var smoothedLatency: Double?
+    public var probeCount = 0
+    public var failureCount = 0
+    var backoff: Double = 0
+    /// The server's `instance_id`, learned from its discovery document (or remembered).
+    public var instanceID: String?
+
+    public var id: String { route.id }
+
+    init(route: Route, now: Double) {
+        self.route = route
+        self.nextProbeAt = now
+    }
+}
+
+/// Something the planner decided that the world should hear about.
+public enum PlannerEvent: Sendable, Hashable {
+    case routeAdded(RouteState)
+    case routeRemoved(RouteState, reason: String)
+    /// Established health or verdict changed.
+    case healthChanged(RouteState, from: HealthVerdict?, reason: String)
+    /// Any other change of what is shown for a route (latency, last probe, announcement).
+    case routeUpdated(RouteState)
+    case activeChanged(from: RouteState?, to: RouteState?, reason: String)
+}
+
+/// The connection manager's decisions, with no clock and no I/O: time comes in as `now`
+/// (monotonic seconds), probe results come in as reports, and every decision comes out as
+/// events and probe schedules. Tests drive it with scripted probes on a test clock.
+public struct ConnectionPlanner: Sendable {
+    public private(set) var policy: HealthPolicy
+    public private(set) var routes: [String: RouteState] = [:]
+    public private(set) var activeID: String?
+    /// When the active route became active.
+    public private(set) var activeSince: Double?
+    /// The route that was active when the agent last stopped: probed first.
+    public var lastGoodID: String?
+    private var random: SplitMix64
+
+    public init(policy: HealthPolicy = HealthPolicy(), seed: UInt64 = 0x5EED) {
+        self.policy = policy
+        self.random = SplitMix64(seed: seed)
+    }
+
+    public var active: RouteState? { activeID.flatMap { routes[$0] } }
+
+    public var sortedRoutes: [RouteState] {
+        routes.values.sorted { ($0.route.via.rawValue, $0.route.id) < ($1.route.via.rawValue, $1.route.id) }
+    }
+
+    // MARK: - Inputs
+
+    public mutating func updatePolicy(_ policy: HealthPolicy, now: Double) -> [PlannerEvent] {
+        self.policy = policy
+        return select(now: now)
+    }
+
+    /// Adds a route or refreshes what is known of it (an mDNS re-announcement, a new pairing).
+    /// A route that comes back (re)announced is probed at once.
+    public mutating func upsert(_ route: Route, instanceID: String? = nil, now: Double) -> [PlannerEvent] {
+        if var state = routes[route.id] {
+            let wasAnnounced = state.route.announced
+            var merged = route
+            // A remembered route keeps its stronger source once announced again.
+            if route.source == .remembered { merged.source = state.route.source }
+            if state.route.source == .pairing || state.route.source == .manual, route.source == .mdns {
+                merged.source = state.route.source
+                merged.credentials = state.route.credentials
+                merged.pinnedInstance = state.route.pinnedInstance
+            }
+            state.route = merged
+            if state.instanceID == nil { state.instanceID = instanceID }
+            if route.announced && !wasAnnounced && !state.inFlight {
+                state.nextProbeAt = now
+                state.backoff = 0
+            }
+            routes[route.id] = state
+            return [.routeUpdated(state)]
+        }
+        var state = RouteState(route: route, now: now)
+        state.instanceID = instanceID
+        routes[route.id] = state
+        return [.routeAdded(state)]
+    }
+
+    /// mDNS no longer announces the route. Liveness is decided by probes, never by mDNS alone, so
+    /// the route stays and is re-probed at once: gone servers fail fast, live ones stay.
+    public mutating func withdraw(_ routeID: String, now: Double) -> [PlannerEvent] {
+        guard var state = routes[routeID], state.route.announced else { return [] }
+        state.route.announced = false
+        if !state.inFlight { state.nextProbeAt = now }
+        routes[routeID] = state
+        return [.routeUpdated(state)]
+    }
+
+    /// Removes a route for good (a pairing or manual entry deleted).
+    public mutating func remove(_ routeID: String, reason: String, now: Double) -> [PlannerEvent] {
+        guard let state = routes.removeValue(forKey: routeID) else { return [] }
+        var events: [PlannerEvent] = [.routeRemoved(state, reason: reason)]
+        if activeID == routeID {
+            events += select(now: now, lostReason: "\(state.route.name) removed: \(reason)")
+        }
+        return events
+    }
+
+    /// Makes every route due now (`POST /v1/refresh`).
+    public mutating func refreshAll(now: Double) {
+        for id in routes.keys where !routes[id]!.inFlight {
+            routes[id]!.nextProbeAt = now
+            routes[id]!.backoff = 0
+        }
+    }
+
+    /// Routes to probe now, at most `maxConcurrentProbes` in flight; marks them in flight.
+    /// The active route comes first, then the last-good one, then the most overdue.
+    public mutating func takeDueProbes(now: Double) -> [Route] {
+        let inFlight = routes.values.filter(\.inFlight).count
+        let room = policy.maxConcurrentProbes - inFlight
+        guard room > 0 else { return [] }
+        let due = routes.values.filter { !$0.inFlight && $0.nextProbeAt <= now }
+            .sorted { a, b in
+                let pa = priority(a), pb = priority(b)
+                if pa != pb { return pa < pb }
+                if a.nextProbeAt != b.nextProbeAt { return a.nextProbeAt < b.nextProbeAt }
+                return a.id < b.id
+            }
+            .prefix(room)
+        for state in due { routes[state.id]!.inFlight = true }
+        return due.map(\.route)
+    }
+
+    private func priority(_ state: RouteState) -> Int {
+        if state.id == activeID { return 0 }
+        if state.id == lastGoodID { return 1 }
+        return state.route.via == .lan ? 2 : 3
+    }
+
+    /// When something next needs doing: a probe falling due or a stability window ending.
+    public func nextWakeup() -> Double? {
+        var times = routes.values.filter { !$0.inFlight }.map(\.nextProbeAt)
+        if let active, let activeRank = rank(active) {
+            for state in routes.values {
+                guard let r = rank(state), r < activeRank, let since = state.healthySince else { continue }
+                times.append(since + policy.stabilityWindow)
+            }
+        }
+        return times.min()
+    }
+
+    /// Re-runs selection (a stability window may have ended) and forgets long-dead routes.
+    public mutating func tick(now: Double) -> [PlannerEvent] {
+        var events: [PlannerEvent] = []
+        for state in routes.values
+        where (state.route.source == .mdns || state.route.source == .remembered) && !state.route.announced
+            && state.health == .down && state.id != activeID
+            && now - (state.healthSince ?? now) >= policy.forgetAfter
+        {
+            routes.removeValue(forKey: state.id)
+            events.append(.routeRemoved(state, reason: "withdrawn from mDNS and down for \(Int(policy.forgetAfter)) s"))
+        }
+        return events + select(now: now)
+    }
+
+    /// Records the result of one probe and decides what follows.
+    public mutating func record(_ report: ProbeReport, for routeID: String, now: Double) -> [PlannerEvent] {
+        guard var state = routes[routeID] else { return [] }
+        state.inFlight = false
+        state.lastReport = report
+        state.lastProbeAt = now
+        state.probeCount += 1
+        if let instance = report.instanceID { state.instanceID = instance }
+
+        let good = report.verdict.isAlive
+        let before = state.verdict
+        let beforeHealth = state.health
+        if good {
+            state.goodStreak += 1
+            state.badStreak = 0
+            if state.healthySince == nil { state.healthySince = now }
+            let latency = report.latency
+            state.smoothedLatency = state.smoothedLatency.map { 0.7 * $0 + 0.3 * latency } ?? latency
+        } else {
+            state.failureCount += 1
+            state.badStreak += 1
+            state.goodStreak = 0
+            state.healthySince = nil
+        }
+
+        switch (state.health, good) {
+        case (.unknown, _):
+            // Nothing to flap from yet: the first probe sets the health.
+            state.health = good ? .up : .down
+            state.verdict = report.verdict
+        case (.up, true), (.down, false):
+            state.verdict = report.verdict
+        case (.up, false):
+            if state.badStreak >= policy.downAfter {
+                state.health = .down
+                state.verdict = report.verdict
+            }
+        case (.down, true):
+            if state.goodStreak >= policy.upAfter {
+                state.health = .up
+                state.verdict = report.verdict
+            }
+        }
+        if state.health != beforeHealth { state.healthSince = now }
+        schedule(&state, report: report, now: now)
+        routes[routeID] = state
+
+        var events: [PlannerEvent] = []
+        if state.verdict != before || state.health != beforeHealth {
+            events.append(.healthChanged(state, from: before, reason: describe(report)))
+        } else {
+            events.append(.routeUpdated(state))
+        }
+        let lost = routeID == activeID && !isUsable(state) ? "\(state.route.name) failed: \(describe(report))" : nil
+        return events + select(now: now, lostReason: lost)
+    }
+
+    private mutating func schedule(_ state: inout RouteState, report: ProbeReport, now: Double) {
+        let good = report.verdict.isAlive
+        let isActive = state.id == activeID
+        let pending = (state.health == .up) != good  // the last probe disagrees with the health
+        var delay: Double
+        if pending {
+            delay = isActive ? policy.confirmInterval : policy.pendingInterval
+            state.backoff = 0
+        } else if good, !isActive, isPendingUpgrade(state) {
+            // A better route is proving itself for the stability window: watch it closely, so a
+            // flapping server is caught rather than sampled between its failures.
+            state.backoff = 0
+            delay = policy.pendingInterval
+        } else if good {
+            state.backoff = 0
+            let base = isActive ? policy.activeInterval
+                : state.route.via == .wan ? policy.wanStandbyInterval : policy.stableInterval
+            delay = jittered(base)
+        } else {
+            state.backoff = state.backoff == 0 ? policy.pendingInterval * 2 : min(policy.maxBackoff, state.backoff * 2)
+            delay = jittered(state.backoff)
+        }
+        if let retryAfter = report.retryAfter, report.verdict == .overloaded { delay = max(delay, retryAfter) }
+        state.nextProbeAt = now + delay
+    }
+
+    private mutating func jittered(_ base: Double) -> Double {
+        guard policy.jitter > 0 else { return base }
+        let unit = Double(random.next() >> 11) / Double(1 << 53)  // [0, 1)
+        return base * (1 - policy.jitter + 2 * policy.jitter * unit)
+    }
+
+    // MARK: - Selection
+
+    /// Lower is better: LAN ready, LAN alive, WAN ready, WAN alive. `nil`: not selectable.
+    public func rank(_ state: RouteState) -> Int? {
+        guard state.health == .up, let verdict = state.verdict, verdict.isAlive else { return nil }
+        let base = state.route.via == .lan ? 0 : 2
+        return base + (verdict == .ready ? 0 : 1)
+    }
+
+    /// Up, and not in the middle of failing (a route failing its probes is left for a usable
+    /// alternative before hysteresis declares it down).
+    public func isUsable(_ state: RouteState) -> Bool {
+        rank(state) != nil && state.badStreak < policy.failoverAfter
+    }
+
+    /// Ranks better than the active route, so it will replace it once it has proved itself.
+    private func isPendingUpgrade(_ state: RouteState) -> Bool {
+        guard let active, active.id != state.id, let activeRank = rank(active), let r = rank(state) else { return false }
+        return r < activeRank
+    }
+
+    private func isPreferred(_ state: RouteState) -> Bool {
+        guard let instance = state.instanceID else { return false }
+        if policy.preferredInstances.contains(instance) { return true }
+        return routes.values.contains { $0.route.pinnedInstance == instance }
+    }
+
+    /// Orders equals: preferred or pinned instance first, then lowest smoothed latency.
+    private func better(_ a: RouteState, _ b: RouteState) -> Bool {
+        let ra = rank(a) ?? 9, rb = rank(b) ?? 9
+        if ra != rb { return ra < rb }
+        let pa = isPreferred(a), pb = isPreferred(b)
+        if pa != pb { return pa }
+        let la = a.smoothedLatency ?? .infinity, lb = b.smoothedLatency ?? .infinity
+        if la != lb { return la < lb }
+        return a.id < b.id
+    }
+
+    mutating func select(now: Double, lostReason: String? = nil) -> [PlannerEvent] {
+        let current = active
+        let usable = routes.values.filter(isUsable)
+        if let current, isUsable(current), let currentRank = rank(current) {
+            // Stay among equals; move up only to a route that has been healthy for the window.
+            let upgrades = usable.filter { state in
+                guard let r = rank(state), r < currentRank, let since = state.healthySince else { return false }
+                // A route that has never failed has no flapping to guard against (a server that
+                // just appeared); one that came back must stay healthy for the window.
+                return state.failureCount == 0 || now - since >= policy.stabilityWindow
+            }
+            guard let best = upgrades.min(by: better) else { return [] }
+            return switchActive(
+                to: best, now: now,
+                reason: best.failureCount == 0
+                ? "\(describe(best)) is better than \(describe(current))"
+                : "\(describe(best)) healthy for \(Int(policy.stabilityWindow)) s, better than \(describe(current))")
+        }
+        guard let best = usable.min(by: better) else {
+            // A failing active route with nothing better is kept until hysteresis says down.
+            guard let current, rank(current) == nil else { return [] }
+            return switchActive(to: nil, now: now, reason: lostReason ?? "no usable endpoint")
+        }
+        let reason: String
+        if let lostReason {
+            reason = lostReason
+        } else if let current {
+            reason = "\(current.route.name) is \(current.verdict?.rawValue ?? "unusable")"
+        } else {
+            reason = "first usable endpoint"
+        }
+        return switchActive(to: best, now: now, reason: reason)
+    }
+
+    private mutating func switchActive(to new: RouteState?, now: Double, reason: String) -> [PlannerEvent] {
+        let old = active
+        guard old?.id != new?.id else { return [] }
+        activeID = new?.id
+        activeSince = new == nil ? nil : now
+        if let id = new?.id {
+            lastGoodID = id
+            // The new active route is watched closely from now on.
+            routes[id]!.nextProbeAt = min(routes[id]!.nextProbeAt, now + policy.activeInterval)
+        }
+        return [.activeChanged(from: old, to: new.flatMap { routes[$0.id] }, reason: reason)]
+    }
+
+    private func describe(_ state: RouteState) -> String {
+        "\(state.route.name) (\(state.route.via.rawValue) \(state.verdict?.rawValue ?? "unknown"))"
+    }
+
+    private func describe(_ report: ProbeReport) -> String {
+        report.detail.map { "\(report.verdict.rawValue): \($0)" } ?? report.verdict.rawValue
+    }
+
+    /// Why a route is or is not the active one, for people.
+    public func explain(_ state: RouteState, now: Double) -> String {
+        if state.id == activeID { return "active" }
+        switch state.health {
+        case .unknown:
+            return state.inFlight ? "probing" : "not probed yet"
+        case .down:
+            let detail = state.lastReport.map(describe) ?? "down"
+            return "\(detail)"
+        case .up:
+            guard isUsable(state) else { return "failing: \(state.badStreak) bad probe(s) in a row" }
+            guard let active, let activeRank = rank(active), let r = rank(state) else { return "standby" }
+            if r > activeRank { return "standby: active endpoint ranks higher" }
+            if r < activeRank {
+                let healthy = state.healthySince.map { now - $0 } ?? 0
+                return "better, waiting for the stability window (\(Int(healthy)) of \(Int(policy.stabilityWindow)) s)"
+            }
+            if let a = active.instanceID, a == state.instanceID { return "standby: same server as the active endpoint" }
+            return "standby: equal to the active endpoint, which is kept"
+        }
+    }
+}
+
+/// A small deterministic generator for probe jitter, so the core's tests replay exactly.
+struct SplitMix64: Sendable, Hashable {
+    private var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}

@@ -1,0 +1,92 @@
+/// The numbers that govern probing, hysteresis and switching. A value type read from the config
+/// file; every field has the default documented in the README.
+public struct HealthPolicy: Sendable, Hashable, Codable {
+    /// Consecutive good probes that bring a down route back up.
+    public var upAfter: Int = 2
+    /// Consecutive bad probes that take an up route down.
+    public var downAfter: Int = 3
+    /// Consecutive bad probes after which the active route is left for a usable alternative,
+    /// before it is declared down.
+    public var failoverAfter: Int = 2
+    /// Re-probe delay while a route's health is about to change.
+    public var pendingInterval: Double = 1
+    /// Re-probe delay while the active route's health is about to change ("re-probe at once").
+    public var confirmInterval: Double = 0.25
+    /// Probe interval of the active route.
+    public var activeInterval: Double = 2
+    /// Probe interval of healthy LAN routes that are not active.
+    public var stableInterval: Double = 10
+    /// Probe interval of healthy WAN standbys.
+    public var wanStandbyInterval: Double = 60
+    /// Fraction of random spread on stable intervals (0.1 = ±10 %).
+    public var jitter: Double = 0.1
+    /// Longest delay between probes of a dead route (backoff doubles up to this).
+    public var maxBackoff: Double = 60
+    /// How long a better route must stay healthy before the agent moves to it from a working one.
+    public var stabilityWindow: Double = 10
+    /// Probes in flight at once.
+    public var maxConcurrentProbes: Int = 8
+    /// Per-request timeout on LAN routes.
+    public var lanTimeout: Double = 1.5
+    /// Per-request timeout on WAN routes.
+    public var wanTimeout: Double = 8
+    /// Withdrawn mDNS routes that stay down this long are forgotten.
+    public var forgetAfter: Double = 3600
+    /// Instances preferred among equals (after "stay on the current one").
+    public var preferredInstances: [String] = []
+
+    public init() {}
+
+    enum CodingKeys: String, CodingKey {
+        case upAfter = "up_after", downAfter = "down_after", failoverAfter = "failover_after"
+        case pendingInterval = "pending_interval", confirmInterval = "confirm_interval"
+        case activeInterval = "active_interval", stableInterval = "stable_interval"
+        case wanStandbyInterval = "wan_standby_interval", jitter, maxBackoff = "max_backoff"
+        case stabilityWindow = "stability_window", maxConcurrentProbes = "max_concurrent_probes"
+        case lanTimeout = "lan_timeout", wanTimeout = "wan_timeout", forgetAfter = "forget_after"
+        case preferredInstances = "preferred_instances"
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let d = HealthPolicy()
+        func count(_ key: CodingKeys, _ fallback: Int) throws -> Int {
+            guard let v = try c.decodeIfPresent(Int.self, forKey: key) else { return fallback }
+            guard (1...100).contains(v) else {
+                throw DecodingError.dataCorruptedError(forKey: key, in: c, debugDescription: "must be between 1 and 100")
+            }
+            return v
+        }
+        func seconds(_ key: CodingKeys, _ fallback: Double, max: Double = 86_400) throws -> Double {
+            guard let v = try c.decodeIfPresent(Double.self, forKey: key) else { return fallback }
+            guard v > 0, v <= max else {
+                throw DecodingError.dataCorruptedError(
+                    forKey: key, in: c, debugDescription: "must be a number of seconds above 0 and at most \(Int(max))")
+            }
+            return v
+        }
+        upAfter = try count(.upAfter, d.upAfter)
+        downAfter = try count(.downAfter, d.downAfter)
+        failoverAfter = try count(.failoverAfter, d.failoverAfter)
+        pendingInterval = try seconds(.pendingInterval, d.pendingInterval)
+        confirmInterval = try seconds(.confirmInterval, d.confirmInterval)
+        activeInterval = try seconds(.activeInterval, d.activeInterval)
+        stableInterval = try seconds(.stableInterval, d.stableInterval)
+        wanStandbyInterval = try seconds(.wanStandbyInterval, d.wanStandbyInterval)
+        maxBackoff = try seconds(.maxBackoff, d.maxBackoff)
+        stabilityWindow = try seconds(.stabilityWindow, d.stabilityWindow)
+        lanTimeout = try seconds(.lanTimeout, d.lanTimeout, max: 120)
+        wanTimeout = try seconds(.wanTimeout, d.wanTimeout, max: 120)
+        forgetAfter = try seconds(.forgetAfter, d.forgetAfter, max: 86_400 * 365)
+        maxConcurrentProbes = try count(.maxConcurrentProbes, d.maxConcurrentProbes)
+        if let j = try c.decodeIfPresent(Double.self, forKey: .jitter) {
+            guard (0...0.5).contains(j) else {
+                throw DecodingError.dataCorruptedError(forKey: .jitter, in: c, debugDescription: "must be between 0 and 0.5")
+            }
+            jitter = j
+        }
+        preferredInstances = try c.decodeIfPresent([String].self, forKey: .preferredInstances) ?? []
+    }
+
+    public func timeout(for via: Via) -> Double { via == .lan ? lanTimeout : wanTimeout }
+}

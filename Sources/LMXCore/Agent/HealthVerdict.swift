@@ -1,0 +1,148 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// What one probe of one endpoint concluded, by the LMX contract (CONTRACT §2, §5).
+public enum HealthVerdict: String, Sendable, Hashable, Codable, CaseIterable {
+    /// `/readyz` answered 200: models are loaded, inference works.
+    case ready
+    /// The server answers but `/readyz` says 503 (starting, or no model loaded).
+    case aliveNotReady = "alive-not-ready"
+    /// Load shedding: 503 with code `overloaded`. Alive, but asked us to come back later.
+    case overloaded
+    /// Reachable, but credentials were refused (401/403, or a Cloudflare Access login redirect).
+    case authRejected = "auth-rejected"
+    /// The Cloudflare tunnel answered for a missing origin (502) or is itself down (530, 524).
+    case tunnelDown = "tunnel-down"
+    /// Something answered that is not this Opta LMX server (other service, other pinned instance).
+    case wrongService = "wrong-service"
+    /// Nothing usable answered: refused, reset, timed out, TLS failure, or an unexpected reply.
+    case down
+
+    /// The server process is alive and could serve requests (maybe not right now).
+    public var isAlive: Bool {
+        switch self {
+        case .ready, .aliveNotReady, .overloaded: true
+        default: false
+        }
+    }
+}
+
+/// Everything one probe learned about an endpoint.
+public struct ProbeReport: Sendable, Hashable, Codable {
+    public var verdict: HealthVerdict
+    /// Wall time the whole probe took, in seconds.
+    public var latency: Double
+    /// Why the verdict is what it is, for people: "connection refused", "HTTP 530", "timed out".
+    /// Never carries a secret.
+    public var detail: String?
+    public var instanceID: String?
+    public var version: String?
+    public var ready: Bool?
+    public var modelCount: Int?
+    public var securityProfile: String?
+    public var adminKeyRequired: Bool?
+    public var inferenceKeyRequired: Bool?
+    /// Seconds the server asked us to wait (`Retry-After` on an overloaded answer).
+    public var retryAfter: Double?
+
+    public init(
+        verdict: HealthVerdict, latency: Double, detail: String? = nil, instanceID: String? = nil,
+        version: String? = nil, ready: Bool? = nil, modelCount: Int? = nil, securityProfile: String? = nil,
+        adminKeyRequired: Bool? = nil, inferenceKeyRequired: Bool? = nil, retryAfter: Double? = nil
+    ) {
+        self.verdict = verdict
+        self.latency = latency
+        self.detail = detail
+        self.instanceID = instanceID
+        self.version = version
+        self.ready = ready
+        self.modelCount = modelCount
+        self.securityProfile = securityProfile
+        self.adminKeyRequired = adminKeyRequired
+        self.inferenceKeyRequired = inferenceKeyRequired
+        self.retryAfter = retryAfter
+    }
+}
+
+/// The discovery document (CONTRACT §3), decoded leniently: every field optional, unknown
+/// fields ignored, so older and newer servers both decode.
+public struct DiscoveryDocument: Sendable, Hashable, Decodable {
+    public struct Auth: Sendable, Hashable, Decodable {
+        public var adminKeyRequired: Bool?
+        public var inferenceKeyRequired: Bool?
+        enum CodingKeys: String, CodingKey {
+            case adminKeyRequired = "admin_key_required"
+            case inferenceKeyRequired = "inference_key_required"
+        }
+    }
+
+    public var schemaVersion: String?
+    public var instanceID: String?
+    public var service: String?
+    public var version: String?
+    public var securityProfile: String?
+    public var ready: Bool?
+    public var loadedModelCount: Int?
+    public var loadedModels: [String]?
+    public var auth: Auth?
+
+    enum CodingKeys: String, CodingKey {
+        case schemaVersion = "schema_version"
+        case instanceID = "instance_id"
+        case service, version, ready, auth
+        case securityProfile = "security_profile"
+        case loadedModelCount = "loaded_model_count"
+        case loadedModels = "loaded_models"
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        // `try?` per field: a field of an unexpected type is treated as absent, not as a bad server.
+        schemaVersion = try? c.decodeIfPresent(String.self, forKey: .schemaVersion)
+        instanceID = try? c.decodeIfPresent(String.self, forKey: .instanceID)
+        service = try? c.decodeIfPresent(String.self, forKey: .service)
+        version = try? c.decodeIfPresent(String.self, forKey: .version)
+        securityProfile = try? c.decodeIfPresent(String.self, forKey: .securityProfile)
+        ready = try? c.decodeIfPresent(Bool.self, forKey: .ready)
+        loadedModelCount = try? c.decodeIfPresent(Int.self, forKey: .loadedModelCount)
+        loadedModels = try? c.decodeIfPresent([String].self, forKey: .loadedModels)
+        auth = try? c.decodeIfPresent(Auth.self, forKey: .auth)
+    }
+
+    /// Decodes a document body; `nil` when it is not a JSON object at all.
+    public static func decode(_ body: [UInt8]) -> DiscoveryDocument? {
+        try? JSONDecoder().decode(DiscoveryDocument.self, from: Data(body))
+    }
+}
+
+/// Small JSON bodies of `/healthz` and `/readyz`, and the load-shedding error body.
+public struct ContractBody: Sendable, Hashable, Decodable {
+    public var status: String?
+    public var version: String?
+    public var modelsLoaded: Int?
+    public var reason: String?
+    public var errorCode: String?
+
+    enum CodingKeys: String, CodingKey {
+        case status, version, reason, error
+        case modelsLoaded = "models_loaded"
+    }
+    enum ErrorKeys: String, CodingKey { case code }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        status = try? c.decodeIfPresent(String.self, forKey: .status)
+        version = try? c.decodeIfPresent(String.self, forKey: .version)
+        modelsLoaded = try? c.decodeIfPresent(Int.self, forKey: .modelsLoaded)
+        reason = try? c.decodeIfPresent(String.self, forKey: .reason)
+        let error = try? c.nestedContainer(keyedBy: ErrorKeys.self, forKey: .error)
+        errorCode = try? error?.decodeIfPresent(String.self, forKey: .code)
+    }
+
+    public static func decode(_ body: [UInt8]) -> ContractBody? {
+        try? JSONDecoder().decode(ContractBody.self, from: Data(body))
+    }
+}

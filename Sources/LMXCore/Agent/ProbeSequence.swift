@@ -1,0 +1,202 @@
+/// One HTTP answer as the prober saw it.
+public struct ProbeResponse: Sendable, Hashable {
+    public var status: Int
+    /// Header names lower-cased.
+    public var headers: [String: String]
+    /// The body, possibly truncated by the prober (it reads at most a few KiB).
+    public var body: [UInt8]
+
+    public init(status: Int, headers: [String: String] = [:], body: [UInt8] = []) {
+        self.status = status
+        self.headers = Dictionary(headers.map { ($0.key.lowercased(), $0.value) }, uniquingKeysWith: { a, _ in a })
+        self.body = body
+    }
+}
+
+/// Why a request got no HTTP answer.
+public enum ProbeTransportFailure: Error, Sendable, Hashable {
+    case refused
+    case reset
+    case timeout
+    case unreachable
+    case nameResolution
+    case tls(String)
+    case other(String)
+
+    public var detail: String {
+        switch self {
+        case .refused: "connection refused"
+        case .reset: "connection reset"
+        case .timeout: "timed out"
+        case .unreachable: "host unreachable"
+        case .nameResolution: "name not resolved"
+        case .tls(let why): "TLS failure: \(why)"
+        case .other(let why): why
+        }
+    }
+}
+
+/// The probe of one endpoint by the LMX contract, as a pure state machine: `/healthz`, then the
+/// discovery document at the TXT `path` (falling back to `/v1/discovery`), then `/readyz`.
+/// The prober performs the requests; this decides what they mean and what to ask next.
+public struct ProbeSequence: Sendable {
+    public enum Step: Sendable, Hashable {
+        /// Perform `GET path` next.
+        case request(path: String)
+        /// The probe is over; latency is filled in by the prober.
+        case finished(ProbeReport)
+    }
+
+    public let via: Via
+    public let pinnedInstance: String?
+    private var stage: Stage
+    private var report = ProbeReport(verdict: .down, latency: 0)
+    private let discoveryPaths: [String]
+
+    private enum Stage: Sendable { case healthz, discovery(Int), readyz, done }
+
+    public init(servicePath: String, via: Via, pinnedInstance: String? = nil) {
+        self.via = via
+        self.pinnedInstance = pinnedInstance
+        var path = servicePath.isEmpty ? TXTRecord.defaultServicePath : servicePath
+        if !path.hasPrefix("/") { path = "/" + path }
+        discoveryPaths = path == "/v1/discovery" ? [path] : [path, "/v1/discovery"]
+        stage = .healthz
+    }
+
+    /// The first request to make.
+    public var firstPath: String { "/healthz" }
+
+    /// Feeds the answer (or failure) to the request last asked for; returns what to do next.
+    public mutating func receive(_ result: Result<ProbeResponse, ProbeTransportFailure>) -> Step {
+        let response: ProbeResponse
+        switch result {
+        case .failure(let failure):
+            return finish(.down, detail: failure.detail)
+        case .success(let r):
+            response = r
+        }
+        if let verdict = Self.classifyFailureStatus(response, via: via) {
+            if verdict == .overloaded {
+                report.retryAfter = Self.retryAfter(response)
+                return finish(.overloaded, detail: "overloaded (HTTP \(response.status))")
+            }
+            return finish(verdict, detail: Self.statusDetail(response))
+        }
+
+        switch stage {
+        case .healthz:
+            guard response.status == 200 else {
+                // A web server without /healthz is something else than an LMX server.
+                return finish(response.status == 404 ? .wrongService : .down, detail: "/healthz answered HTTP \(response.status)")
+            }
+            let body = ContractBody.decode(response.body)
+            guard let body, body.status != nil || body.version != nil else {
+                return finish(.wrongService, detail: "/healthz did not answer the LMX health document")
+            }
+            report.version = body.version
+            stage = .discovery(0)
+            return .request(path: discoveryPaths[0])
+
+        case .discovery(let index):
+            if response.status == 200, let document = DiscoveryDocument.decode(response.body) {
+                if let service = document.service, service != "opta-lmx" {
+                    return finish(.wrongService, detail: "service is \"\(Self.printable(service))\", not opta-lmx")
+                }
+                if let pinned = pinnedInstance, let instance = document.instanceID, instance != pinned {
+                    return finish(
+                        .wrongService,
+                        detail: "instance_id is \"\(Self.printable(instance))\", expected \"\(Self.printable(pinned))\"")
+                }
+                report.instanceID = document.instanceID
+                report.version = document.version ?? report.version
+                report.securityProfile = document.securityProfile
+                report.adminKeyRequired = document.auth?.adminKeyRequired
+                report.inferenceKeyRequired = document.auth?.inferenceKeyRequired
+                report.modelCount = document.loadedModelCount ?? document.loadedModels?.count
+                report.ready = document.ready
+            } else if index + 1 < discoveryPaths.count {
+                // 404 on servers older than 2026-02-28, or another path: try the fallback.
+                stage = .discovery(index + 1)
+                return .request(path: discoveryPaths[index + 1])
+            }
+            stage = .readyz
+            return .request(path: "/readyz")
+
+        case .readyz:
+            let body = ContractBody.decode(response.body)
+            switch response.status {
+            case 200:
+                report.ready = true
+                if let count = body?.modelsLoaded { report.modelCount = count }
+                if let version = body?.version, report.version == nil { report.version = version }
+                return finish(.ready, detail: nil)
+            case 503:
+                report.ready = false
+                if report.modelCount == nil { report.modelCount = 0 }
+                let reason = body?.reason.map { Self.printable($0) } ?? "not ready"
+                return finish(.aliveNotReady, detail: reason)
+            default:
+                return finish(.down, detail: "/readyz answered HTTP \(response.status)")
+            }
+
+        case .done:
+            return .finished(report)
+        }
+    }
+
+    private mutating func finish(_ verdict: HealthVerdict, detail: String?) -> Step {
+        stage = .done
+        report.verdict = verdict
+        report.detail = detail
+        return .finished(report)
+    }
+
+    /// Statuses that end the probe whatever was asked: auth, tunnel and overload answers.
+    static func classifyFailureStatus(_ response: ProbeResponse, via: Via) -> HealthVerdict? {
+        switch response.status {
+        case 401, 403:
+            return .authRejected
+        case 300..<400:
+            // Cloudflare Access answers a missing or wrong service token with a redirect to its
+            // login page; an LMX server never redirects.
+            let location = response.headers["location"]?.lowercased() ?? ""
+            if via == .wan || location.contains("cdn-cgi/access") || location.contains("login") {
+                return .authRejected
+            }
+            return .down
+        case 429:
+            return .overloaded
+        case 503:
+            let body = ContractBody.decode(response.body)
+            return body?.errorCode == "overloaded" ? .overloaded : nil
+        case 502, 524, 530:
+            return via == .wan ? .tunnelDown : .down
+        default:
+            return nil
+        }
+    }
+
+    static func statusDetail(_ response: ProbeResponse) -> String {
+        switch response.status {
+        case 530: "HTTP 530: the tunnel is down"
+        case 502: "HTTP 502: the tunnel cannot reach the server"
+        case 524: "HTTP 524: the server did not answer through the tunnel"
+        case 300..<400: "HTTP \(response.status): redirected to a login page"
+        default: "HTTP \(response.status)"
+        }
+    }
+
+    static func retryAfter(_ response: ProbeResponse) -> Double? {
+        guard let raw = response.headers["retry-after"],
+            let seconds = Double(raw.filter { $0 != " " && $0 != "\t" }), seconds >= 0, seconds.isFinite
+        else { return nil }
+        return min(seconds, 3600)
+    }
+
+    /// Server-provided text shown to people: control characters removed, length bounded.
+    static func printable(_ text: String) -> String {
+        let cleaned = String(text.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.map(Character.init))
+        return cleaned.count > 120 ? String(cleaned.prefix(120)) + "…" : cleaned
+    }
+}

@@ -1,0 +1,153 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// How a route reaches its server.
+public enum Via: String, Sendable, Hashable, Codable, CaseIterable {
+    /// Directly on the local network.
+    case lan
+    /// Through a tunnel on the internet (Cloudflare Tunnel).
+    case wan
+}
+
+/// Where the agent learned of a route.
+public enum RouteSource: String, Sendable, Hashable, Codable, CaseIterable {
+    /// Announced over mDNS (`_opta-lmx._tcp`).
+    case mdns
+    /// Imported from a pairing code.
+    case pairing
+    /// Written in the config file or given on the command line.
+    case manual
+    /// Seen before and remembered in the store; not (yet) announced this run.
+    case remembered
+}
+
+/// The secrets that go with a route. Never printed, logged or returned over the socket:
+/// `description` and `debugDescription` say only which ones are set.
+public struct Credentials: Sendable, Hashable, CustomStringConvertible, CustomDebugStringConvertible {
+    /// Sent as `X-Admin-Key` to `/admin/*` only.
+    public var adminKey: String?
+    /// Sent as `Authorization: Bearer` to `/v1/*` only.
+    public var inferenceKey: String?
+    /// Cloudflare Access service token, sent on every request to the route.
+    public var accessClientID: String?
+    public var accessClientSecret: String?
+
+    public init(
+        adminKey: String? = nil, inferenceKey: String? = nil,
+        accessClientID: String? = nil, accessClientSecret: String? = nil
+    ) {
+        self.adminKey = adminKey.nonEmpty
+        self.inferenceKey = inferenceKey.nonEmpty
+        self.accessClientID = accessClientID.nonEmpty
+        self.accessClientSecret = accessClientSecret.nonEmpty
+    }
+
+    public var isEmpty: Bool {
+        adminKey == nil && inferenceKey == nil && accessClientID == nil && accessClientSecret == nil
+    }
+
+    /// Headers for one request path, by the contract's rules: Access token everywhere, admin key
+    /// only under `/admin/`, inference key only under `/v1/`.
+    public func headers(forPath path: String) -> [(name: String, value: String)] {
+        var headers: [(String, String)] = []
+        if let id = accessClientID, let secret = accessClientSecret {
+            headers.append(("CF-Access-Client-Id", id))
+            headers.append(("CF-Access-Client-Secret", secret))
+        }
+        if let key = adminKey, path == "/admin" || path.hasPrefix("/admin/") {
+            headers.append(("X-Admin-Key", key))
+        }
+        if let key = inferenceKey, path == "/v1" || path.hasPrefix("/v1/") {
+            headers.append(("Authorization", "Bearer \(key)"))
+        }
+        return headers
+    }
+
+    /// Which secrets are set, by name only: `["admin_key", "cf_access"]`.
+    public var setNames: [String] {
+        var names: [String] = []
+        if adminKey != nil { names.append("admin_key") }
+        if inferenceKey != nil { names.append("api_key") }
+        if accessClientID != nil || accessClientSecret != nil { names.append("cf_access") }
+        return names
+    }
+
+    public var description: String { "Credentials(set: \(setNames.joined(separator: ", ")))" }
+    public var debugDescription: String { description }
+}
+
+extension Optional where Wrapped == String {
+    fileprivate var nonEmpty: String? {
+        guard let value = self, !value.isEmpty else { return nil }
+        return value
+    }
+}
+
+/// One way to reach one Opta LMX server: a base URL plus what is needed to talk to it.
+/// Several routes can lead to the same server (IPv4, IPv6, a tunnel): they are merged into one
+/// candidate by the `instance_id` the server reports.
+public struct Route: Sendable, Hashable, Identifiable {
+    /// Stable identifier: `lan/<host:port>` for LAN routes, `wan/<url>` for tunnels.
+    public var id: String
+    /// Scheme, host and port, no trailing slash: `http://10.0.0.5:1234`.
+    public var baseURL: String
+    public var via: Via
+    public var source: RouteSource
+    /// Label for people: the mDNS instance name, the pairing's name, or the host.
+    public var name: String
+    /// Discovery document path (TXT `path`), default `/.well-known/opta-lmx`.
+    public var servicePath: String
+    /// Expected `instance_id`; a server answering with another one is the wrong service.
+    public var pinnedInstance: String?
+    public var credentials: Credentials
+    /// Addresses the route was announced with (mDNS), for display.
+    public var addresses: [String]
+    /// Still announced over mDNS (only meaningful for `.mdns` routes).
+    public var announced: Bool
+
+    public init(
+        id: String? = nil, baseURL: String, via: Via, source: RouteSource, name: String,
+        servicePath: String = TXTRecord.defaultServicePath, pinnedInstance: String? = nil,
+        credentials: Credentials = Credentials(), addresses: [String] = [], announced: Bool = false
+    ) {
+        let base = Route.normalizedBase(baseURL)
+        self.id = id ?? Route.identifier(baseURL: base, via: via)
+        self.baseURL = base
+        self.via = via
+        self.source = source
+        self.name = name
+        self.servicePath = servicePath
+        self.pinnedInstance = pinnedInstance
+        self.credentials = credentials
+        self.addresses = addresses
+        self.announced = announced
+    }
+
+    public static func identifier(baseURL: String, via: Via) -> String {
+        let base = normalizedBase(baseURL)
+        switch via {
+        case .lan:
+            let hostPort = base.firstRange(of: "://").map { String(base[$0.upperBound...]) } ?? base
+            return "lan/\(hostPort)"
+        case .wan:
+            return "wan/\(base)"
+        }
+    }
+
+    /// `HTTPS://Host:443/` → `https://host:443`: lower-case scheme and host, no trailing slash.
+    public static func normalizedBase(_ url: String) -> String {
+        var s = url
+        while s.hasSuffix("/") { s.removeLast() }
+        guard let range = s.firstRange(of: "://") else { return s }
+        let scheme = s[..<range.lowerBound].lowercased()
+        let rest = s[range.upperBound...]
+        let hostEnd = rest.firstIndex(of: "/") ?? rest.endIndex
+        return scheme + "://" + rest[..<hostEnd].lowercased() + rest[hostEnd...]
+    }
+
+    /// The OpenAI-compatible base URL (`…/v1`).
+    public var openAIBaseURL: String { baseURL + "/v1" }
+}

@@ -1,0 +1,206 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// The JSON shapes of the status API (`/v1/*` on the agent's socket). Field names are part of the
+/// public interface: add fields, never rename them. No secret is ever part of these types.
+public enum StatusAPI {
+    public static let version = "0.2.0"
+
+    /// `GET /v1/active`.
+    public struct Active: Codable, Sendable, Hashable {
+        public var baseURL: String
+        public var openAIBaseURL: String
+        public var via: Via
+        public var instanceID: String?
+        public var name: String
+        public var verdict: HealthVerdict
+        public var since: String
+        public var routeID: String
+        public var source: RouteSource
+
+        enum CodingKeys: String, CodingKey {
+            case baseURL = "base_url", openAIBaseURL = "openai_base_url", via
+            case instanceID = "instance_id", name, verdict, since, routeID = "route_id", source
+        }
+
+        public init(
+            baseURL: String, openAIBaseURL: String, via: Via, instanceID: String?, name: String,
+            verdict: HealthVerdict, since: String, routeID: String, source: RouteSource
+        ) {
+            self.baseURL = baseURL
+            self.openAIBaseURL = openAIBaseURL
+            self.via = via
+            self.instanceID = instanceID
+            self.name = name
+            self.verdict = verdict
+            self.since = since
+            self.routeID = routeID
+            self.source = source
+        }
+    }
+
+    /// The last probe of a route.
+    public struct Probe: Codable, Sendable, Hashable {
+        public var at: String
+        public var verdict: HealthVerdict
+        public var latencyMS: Double
+        public var detail: String?
+
+        enum CodingKeys: String, CodingKey { case at, verdict, latencyMS = "latency_ms", detail }
+    }
+
+    /// One way to reach a server, with its health.
+    public struct RouteStatus: Codable, Sendable, Hashable {
+        public var id: String
+        public var baseURL: String
+        public var via: Via
+        public var source: RouteSource
+        public var name: String
+        public var addresses: [String]
+        public var announced: Bool
+        public var health: RouteHealth
+        public var verdict: HealthVerdict?
+        public var active: Bool
+        /// Why it is or is not the active route.
+        public var reason: String
+        public var latencyMS: Double?
+        public var lastProbe: Probe?
+        public var version: String?
+        public var models: Int?
+        public var ready: Bool?
+        public var probes: Int
+        public var failures: Int
+        /// Names of the secrets configured for the route (`admin_key`, `api_key`, `cf_access`), never values.
+        public var credentials: [String]
+        public var pinnedInstance: String?
+
+        enum CodingKeys: String, CodingKey {
+            case id, baseURL = "base_url", via, source, name, addresses, announced, health, verdict, active, reason
+            case latencyMS = "latency_ms", lastProbe = "last_probe", version, models, ready, probes, failures
+            case credentials, pinnedInstance = "pinned_instance"
+        }
+    }
+
+    /// One server (routes merged by `instance_id`).
+    public struct Candidate: Codable, Sendable, Hashable {
+        public var instanceID: String?
+        public var name: String
+        public var active: Bool
+        /// The best verdict among its routes.
+        public var verdict: HealthVerdict?
+        public var routes: [RouteStatus]
+
+        enum CodingKeys: String, CodingKey { case instanceID = "instance_id", name, active, verdict, routes }
+    }
+
+    /// `GET /v1/status` (and the first line of `/v1/watch`).
+    public struct Status: Codable, Sendable, Hashable {
+        public var agentVersion: String
+        public var seq: UInt64
+        public var avahi: String
+        public var avahiDetail: String?
+        public var active: Active?
+        public var noActiveReason: String?
+        public var candidates: [Candidate]
+
+        enum CodingKeys: String, CodingKey {
+            case agentVersion = "agent_version", seq, avahi, avahiDetail = "avahi_detail", active
+            case noActiveReason = "no_active_reason", candidates
+        }
+    }
+
+    /// A recorded event (`GET /v1/events`).
+    public struct Event: Codable, Sendable, Hashable {
+        public var id: Int64
+        public var at: String
+        public var kind: String
+        public var routeID: String?
+        public var from: String?
+        public var to: String?
+        public var reason: String
+
+        enum CodingKeys: String, CodingKey { case id, at, kind, routeID = "route_id", from, to, reason }
+
+        public init(id: Int64, at: String, kind: String, routeID: String?, from: String?, to: String?, reason: String) {
+            self.id = id
+            self.at = at
+            self.kind = kind
+            self.routeID = routeID
+            self.from = from
+            self.to = to
+            self.reason = reason
+        }
+    }
+
+    /// One line of `GET /v1/watch`.
+    public struct WatchLine: Codable, Sendable, Hashable {
+        /// `snapshot`, `active`, `candidate-added`, `candidate-removed`, `health`, `avahi`, `heartbeat`.
+        public var type: String
+        public var seq: UInt64
+        public var at: String
+        public var status: Status?
+        public var active: Active?
+        public var route: RouteStatus?
+        public var avahi: String?
+        public var reason: String?
+
+        public init(
+            type: String, seq: UInt64, at: String, status: Status? = nil, active: Active? = nil,
+            route: RouteStatus? = nil, avahi: String? = nil, reason: String? = nil
+        ) {
+            self.type = type
+            self.seq = seq
+            self.at = at
+            self.status = status
+            self.active = active
+            self.route = route
+            self.avahi = avahi
+            self.reason = reason
+        }
+    }
+
+    /// The one error shape of the API.
+    public struct ErrorBody: Codable, Sendable, Hashable {
+        public var error: String
+        public var reason: String
+        public init(error: String, reason: String) {
+            self.error = error
+            self.reason = reason
+        }
+    }
+
+    public static var encoder: JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return encoder
+    }
+}
+
+/// ISO 8601 UTC text for unix seconds, millisecond precision, without Foundation's formatters.
+public enum Timestamp {
+    public static func iso8601(_ unixSeconds: Double) -> String {
+        let millis = Int64((unixSeconds * 1000).rounded(.down))
+        var days = millis / 86_400_000
+        var rem = millis % 86_400_000
+        if rem < 0 { rem += 86_400_000; days -= 1 }
+        // Civil-from-days (Howard Hinnant's algorithm).
+        let z = days + 719_468
+        let era = (z >= 0 ? z : z - 146_096) / 146_097
+        let doe = z - era * 146_097
+        let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
+        let mp = (5 * doy + 2) / 153
+        let d = doy - (153 * mp + 2) / 5 + 1
+        let m = mp < 10 ? mp + 3 : mp - 9
+        let y = yoe + era * 400 + (m <= 2 ? 1 : 0)
+        let h = rem / 3_600_000, mi = rem / 60_000 % 60, s = rem / 1000 % 60, ms = rem % 1000
+        func pad(_ v: Int64, _ n: Int) -> String {
+            let t = String(v)
+            return String(repeating: "0", count: max(0, n - t.count)) + t
+        }
+        return "\(pad(y, 4))-\(pad(m, 2))-\(pad(d, 2))T\(pad(h, 2)):\(pad(mi, 2)):\(pad(s, 2)).\(pad(ms, 3))Z"
+    }
+}

@@ -1,0 +1,149 @@
+import Testing
+
+@testable import LMXCore
+
+private func json(_ s: String) -> [UInt8] { Array(s.utf8) }
+
+private let healthz = ProbeResponse(status: 200, body: json(#"{"status":"ok","version":"0.1.0"}"#))
+private let document = ProbeResponse(status: 200, body: json(#"""
+{"schema_version":"2026-03-02","instance_id":"Mono512:1234","service":"opta-lmx","version":"0.1.0",
+ "security_profile":"lan","ready":true,"loaded_models":["m"],"loaded_model_count":1,
+ "auth":{"admin_key_required":true,"inference_key_required":false},"future_field":{"x":1}}
+"""#))
+private let readyz = ProbeResponse(status: 200, body: json(#"{"status":"ready","version":"0.1.0","models_loaded":1}"#))
+
+/// Runs a sequence against answers keyed by path; returns the report and the paths asked.
+private func run(
+    _ answers: [String: Result<ProbeResponse, ProbeTransportFailure>], via: Via = .lan,
+    path: String = "/.well-known/opta-lmx", pinned: String? = nil
+) -> (ProbeReport, [String]) {
+    var sequence = ProbeSequence(servicePath: path, via: via, pinnedInstance: pinned)
+    var asked = [sequence.firstPath]
+    var step = sequence.receive(answers[sequence.firstPath] ?? .success(ProbeResponse(status: 404)))
+    while case .request(let p) = step {
+        asked.append(p)
+        step = sequence.receive(answers[p] ?? .success(ProbeResponse(status: 404)))
+    }
+    guard case .finished(let report) = step else { fatalError() }
+    return (report, asked)
+}
+
+@Suite("Probe sequence (the LMX contract)")
+struct ProbeSequenceTests {
+    @Test("a ready server: healthz, discovery document, readyz, with the facts learned")
+    func ready() {
+        let (report, asked) = run([
+            "/healthz": .success(healthz), "/.well-known/opta-lmx": .success(document), "/readyz": .success(readyz),
+        ])
+        #expect(asked == ["/healthz", "/.well-known/opta-lmx", "/readyz"])
+        #expect(report.verdict == .ready)
+        #expect(report.instanceID == "Mono512:1234")
+        #expect(report.version == "0.1.0")
+        #expect(report.modelCount == 1)
+        #expect(report.adminKeyRequired == true)
+        #expect(report.inferenceKeyRequired == false)
+    }
+
+    @Test("readyz 503 is alive, not ready")
+    func notReady() {
+        let (report, _) = run([
+            "/healthz": .success(healthz), "/.well-known/opta-lmx": .success(document),
+            "/readyz": .success(ProbeResponse(status: 503, body: json(#"{"status":"unavailable","reason":"no models loaded"}"#))),
+        ])
+        #expect(report.verdict == .aliveNotReady)
+        #expect(report.detail == "no models loaded")
+    }
+
+    @Test("an older server without a discovery document falls back to /v1/discovery, then is still probed")
+    func olderServer() {
+        let (report, asked) = run(["/healthz": .success(healthz), "/readyz": .success(readyz)])
+        #expect(asked == ["/healthz", "/.well-known/opta-lmx", "/v1/discovery", "/readyz"])
+        #expect(report.verdict == .ready)
+        #expect(report.instanceID == nil)
+    }
+
+    @Test("the TXT path is used for the discovery document")
+    func customPath() {
+        let (report, asked) = run(
+            ["/healthz": .success(healthz), "/custom/doc": .success(document), "/readyz": .success(readyz)],
+            path: "/custom/doc")
+        #expect(asked == ["/healthz", "/custom/doc", "/readyz"])
+        #expect(report.instanceID == "Mono512:1234")
+    }
+
+    @Test("load shedding 503 with code overloaded is overloaded, with Retry-After")
+    func overloaded() {
+        let shed = ProbeResponse(
+            status: 503, headers: ["Retry-After": "30"],
+            body: json(#"{"error":{"message":"busy","type":"server_error","code":"overloaded"}}"#))
+        let (report, _) = run(["/healthz": .success(healthz), "/.well-known/opta-lmx": .success(shed)])
+        #expect(report.verdict == .overloaded)
+        #expect(report.retryAfter == 30)
+    }
+
+    @Test("401 and 403 are auth-rejected; a redirect to a login page on a WAN route too")
+    func authRejected() {
+        for status in [401, 403] {
+            let (report, _) = run(["/healthz": .success(ProbeResponse(status: status))], via: .wan)
+            #expect(report.verdict == .authRejected)
+        }
+        let redirect = ProbeResponse(
+            status: 302, headers: ["Location": "https://team.cloudflareaccess.com/cdn-cgi/access/login"])
+        let (report, _) = run(["/healthz": .success(redirect)], via: .wan)
+        #expect(report.verdict == .authRejected)
+    }
+
+    @Test("502, 524 and 530 through a tunnel are tunnel-down; on the LAN just down")
+    func tunnelDown() {
+        for status in [502, 524, 530] {
+            let (wanReport, _) = run(["/healthz": .success(ProbeResponse(status: status))], via: .wan)
+            #expect(wanReport.verdict == .tunnelDown)
+            let (lanReport, _) = run(["/healthz": .success(ProbeResponse(status: status))], via: .lan)
+            #expect(lanReport.verdict == .down)
+        }
+    }
+
+    @Test("another service, or another instance than the pinned one, is the wrong service")
+    func wrongService() {
+        let other = ProbeResponse(status: 200, body: json(#"{"service":"ollama","instance_id":"x"}"#))
+        let (r1, _) = run(["/healthz": .success(healthz), "/.well-known/opta-lmx": .success(other)])
+        #expect(r1.verdict == .wrongService)
+        let (r2, _) = run(
+            ["/healthz": .success(healthz), "/.well-known/opta-lmx": .success(document), "/readyz": .success(readyz)],
+            pinned: "Other:1234")
+        #expect(r2.verdict == .wrongService)
+        #expect(r2.detail?.contains("Other:1234") == true)
+        // A plain web server has no /healthz.
+        let (r3, _) = run([:])
+        #expect(r3.verdict == .wrongService)
+    }
+
+    @Test("transport failures are down, with their kind kept")
+    func transportFailures() {
+        let (r1, _) = run(["/healthz": .failure(.refused)])
+        #expect(r1.verdict == .down)
+        #expect(r1.detail == "connection refused")
+        let (r2, _) = run(["/healthz": .success(healthz), "/.well-known/opta-lmx": .failure(.timeout)])
+        #expect(r2.detail == "timed out")
+    }
+
+    @Test("credentials go only where the contract says")
+    func credentialHeaders() {
+        let creds = Credentials(adminKey: "A", inferenceKey: "I", accessClientID: "id", accessClientSecret: "s")
+        #expect(creds.headers(forPath: "/healthz").map(\.name) == ["CF-Access-Client-Id", "CF-Access-Client-Secret"])
+        #expect(creds.headers(forPath: "/admin/status").map(\.name).contains("X-Admin-Key"))
+        #expect(!creds.headers(forPath: "/admin/status").map(\.name).contains("Authorization"))
+        #expect(creds.headers(forPath: "/v1/models").map(\.name).contains("Authorization"))
+        #expect(!creds.headers(forPath: "/v1/models").map(\.name).contains("X-Admin-Key"))
+        #expect(!creds.headers(forPath: "/administrator").map(\.name).contains("X-Admin-Key"))
+        let secret = Credentials(adminKey: "ADMIN-SECRET-1", accessClientSecret: "CF-SECRET-2")
+        #expect(!"\(secret)".contains("SECRET") && !String(reflecting: secret).contains("SECRET"))
+    }
+
+    @Test("timestamps are ISO 8601 UTC")
+    func timestamps() {
+        #expect(Timestamp.iso8601(0) == "1970-01-01T00:00:00.000Z")
+        #expect(Timestamp.iso8601(1_767_225_600.5) == "2026-01-01T00:00:00.500Z")
+        #expect(Timestamp.iso8601(951_782_400) == "2000-02-29T00:00:00.000Z")
+    }
+}
