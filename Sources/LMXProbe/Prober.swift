@@ -1,0 +1,131 @@
+import AsyncHTTPClient
+import LMXCore
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import NIOSSL
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Probes Opta LMX endpoints over HTTP(S) by the contract (`ProbeSequence` decides, this performs).
+/// One shared client, so connections to each server are pooled and reused between probes.
+public final class Prober: Sendable {
+    private let client: HTTPClient
+
+    /// - Parameter extraCAFile: a PEM file of certificate authorities trusted in addition to the
+    ///   system trust store (private deployments and tests).
+    /// - Throws: when the CA file cannot be read.
+    public init(extraCAFile: String? = nil) throws {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        if let extraCAFile {
+            tls.additionalTrustRoots = [.file(extraCAFile)]
+            // Fail now, with the path, rather than on every probe.
+            _ = try NIOSSLCertificate.fromPEMFile(extraCAFile)
+        }
+        var configuration = HTTPClient.Configuration(
+            tlsConfiguration: tls,
+            redirectConfiguration: .disallow,  // a redirect is an answer (Cloudflare Access login)
+            decompression: .disabled)
+        configuration.connectionPool = .init(idleTimeout: .seconds(90))
+        configuration.httpVersion = .http1Only
+        client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+    }
+
+    /// Closes pooled connections. Call once, before the process exits.
+    public func shutdown() async {
+        try? await client.shutdown()
+    }
+
+    /// Probes one route; never throws: every failure is a verdict.
+    /// - Parameters:
+    ///   - route: where and how to probe.
+    ///   - timeout: per request, in seconds.
+    public func probe(_ route: Route, timeout: Double) async -> ProbeReport {
+        let start = ContinuousClock.now
+        var sequence = ProbeSequence(servicePath: route.servicePath, via: route.via, pinnedInstance: route.pinnedInstance)
+        var path = sequence.firstPath
+        while true {
+            let result = await get(route, path: path, timeout: timeout)
+            switch sequence.receive(result) {
+            case .request(let next):
+                path = next
+            case .finished(var report):
+                let elapsed = ContinuousClock.now - start
+                report.latency = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
+                return report
+            }
+        }
+    }
+
+    private func get(_ route: Route, path: String, timeout: Double) async -> Result<ProbeResponse, ProbeTransportFailure> {
+        var request = HTTPClientRequest(url: route.baseURL + path)
+        request.method = .GET
+        request.headers.add(name: "User-Agent", value: "lmx-agent/\(StatusAPI.version)")
+        request.headers.add(name: "Accept", value: "application/json")
+        for header in route.credentials.headers(forPath: path) {
+            request.headers.add(name: header.name, value: header.value)
+        }
+        do {
+            let response = try await client.execute(request, timeout: .milliseconds(Int64(timeout * 1000)))
+            var headers: [String: String] = [:]
+            for (name, value) in response.headers { headers[name.lowercased()] = headers[name.lowercased()] ?? value }
+            var body: [UInt8] = []
+            // Only small JSON documents matter; anything past 64 KiB is not an LMX answer.
+            for try await chunk in response.body {
+                if body.count < 65_536 { body.append(contentsOf: chunk.readableBytesView.prefix(65_536 - body.count)) }
+            }
+            return .success(ProbeResponse(status: Int(response.status.code), headers: headers, body: body))
+        } catch {
+            return .failure(Self.classify(error))
+        }
+    }
+
+    /// Maps the many error types of the HTTP stack to the kinds people care about.
+    static func classify(_ error: any Error) -> ProbeTransportFailure {
+        if let error = error as? HTTPClientError {
+            switch error {
+            case .deadlineExceeded, .connectTimeout, .readTimeout, .writeTimeout, .getConnectionFromPoolTimeout:
+                return .timeout
+            case .remoteConnectionClosed:
+                return .reset
+            default:
+                break
+            }
+        }
+        if let error = error as? IOError { return classify(errno: error.errnoCode) }
+        if let error = error as? NIOConnectionError {
+            if let inner = error.connectionErrors.first?.error { return classify(inner) }
+            if error.dnsAError != nil || error.dnsAAAAError != nil { return .nameResolution }
+        }
+        if error is NIOSSLError || error is BoringSSLError {
+            return .tls(tlsSummary(error))
+        }
+        if error is ChannelError, case .connectTimeout = error as! ChannelError { return .timeout }
+        let text = String(describing: error)
+        if text.contains("refused") { return .refused }
+        if text.contains("reset") { return .reset }
+        if text.contains("unreachable") { return .unreachable }
+        if text.contains("certificate") || text.contains("SSL") || text.contains("TLS") { return .tls(tlsSummary(error)) }
+        if text.contains("lookup") || text.contains("resolve") { return .nameResolution }
+        return .other(String(text.prefix(160)))
+    }
+
+    static func classify(errno code: Int32) -> ProbeTransportFailure {
+        switch code {
+        case ECONNREFUSED: .refused
+        case ECONNRESET, EPIPE: .reset
+        case EHOSTUNREACH, ENETUNREACH, EHOSTDOWN, ENETDOWN: .unreachable
+        case ETIMEDOUT: .timeout
+        default: .other("socket error \(code)")
+        }
+    }
+
+    static func tlsSummary(_ error: any Error) -> String {
+        let text = String(describing: error)
+        if text.contains("CERTIFICATE_VERIFY_FAILED") || text.contains("certificate verify") { return "certificate not trusted" }
+        if text.contains("hostname") || text.contains("unableToValidateCertificate") { return "certificate does not match the host" }
+        return "handshake failed"
+    }
+}

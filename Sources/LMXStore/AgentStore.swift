@@ -1,0 +1,352 @@
+import GRDB
+import LMXCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A route remembered across restarts, with what the agent last knew of it.
+public struct StoredRoute: Sendable, Hashable {
+    public var route: Route
+    public var instanceID: String?
+    public var createdAt: Double
+    public var lastSeen: Double?
+    /// Pairing expiry (unix seconds), if the pairing had one.
+    public var expiresAt: Double?
+
+    public init(route: Route, instanceID: String?, createdAt: Double, lastSeen: Double?, expiresAt: Double? = nil) {
+        self.route = route
+        self.instanceID = instanceID
+        self.createdAt = createdAt
+        self.lastSeen = lastSeen
+        self.expiresAt = expiresAt
+    }
+}
+
+/// Rolling probe statistics of one route (not every probe forever).
+public struct ProbeStats: Sendable, Hashable {
+    public var routeID: String
+    public var probes: Int
+    public var failures: Int
+    public var smoothedLatency: Double?
+    public var lastVerdict: HealthVerdict?
+    public var lastDetail: String?
+    public var lastProbeAt: Double?
+    public var lastGoodAt: Double?
+    public var instanceID: String?
+
+    public init(
+        routeID: String, probes: Int, failures: Int, smoothedLatency: Double?, lastVerdict: HealthVerdict?,
+        lastDetail: String?, lastProbeAt: Double?, lastGoodAt: Double?, instanceID: String?
+    ) {
+        self.routeID = routeID
+        self.probes = probes
+        self.failures = failures
+        self.smoothedLatency = smoothedLatency
+        self.lastVerdict = lastVerdict
+        self.lastDetail = lastDetail
+        self.lastProbeAt = lastProbeAt
+        self.lastGoodAt = lastGoodAt
+        self.instanceID = instanceID
+    }
+}
+
+/// A server seen by any route.
+public struct SeenServer: Sendable, Hashable {
+    public var key: String
+    public var instanceID: String?
+    public var name: String
+    public var addresses: [String]
+    public var source: String
+    public var firstSeen: Double
+    public var lastSeen: Double
+}
+
+/// Errors of the store, with the file and what to do.
+public struct StoreError: Error, CustomStringConvertible, Sendable {
+    public var description: String
+}
+
+/// The agent's memory in one SQLite file (WAL mode, owner-only permissions): pairings and
+/// remembered routes with their secrets, servers seen, rolling probe statistics, connection
+/// events with bounded retention. Every write is one transaction, so a crash never leaves a
+/// partial row.
+public final class AgentStore: Sendable {
+    public let path: String
+    private let pool: DatabasePool
+    /// Events kept at most.
+    public let eventRetention: Int
+
+    /// Opens (creating if needed) the database at `path`. A file that is not a database, or a
+    /// corrupt one, is moved aside to `<path>.corrupt-<time>` and a fresh one is created.
+    /// - Parameter log: receives one line per notable thing (moved-aside files).
+    public static func open(path: String, eventRetention: Int = 5000, log: (String) -> Void = { _ in }) throws -> AgentStore {
+        let directory = path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
+        if !directory.isEmpty { try makePrivateDirectory(directory) }
+        do {
+            return try AgentStore(path: path, eventRetention: eventRetention)
+        } catch let error as DatabaseError where [ResultCode.SQLITE_CORRUPT, .SQLITE_NOTADB].contains(error.resultCode.primaryResultCode) {
+            let aside = "\(path).corrupt-\(Int(time(nil)))"
+            for suffix in ["", "-wal", "-shm"] where access(path + suffix, F_OK) == 0 {
+                guard rename(path + suffix, aside + suffix) == 0 else {
+                    throw StoreError(description: "database \(path) is corrupt and could not be moved aside (errno \(errno)); remove it by hand")
+                }
+            }
+            log("database \(path) is corrupt (\(error.resultCode)); moved it to \(aside) and started a fresh one")
+            return try AgentStore(path: path, eventRetention: eventRetention)
+        }
+    }
+
+    private init(path: String, eventRetention: Int) throws {
+        self.path = path
+        self.eventRetention = eventRetention
+        let oldMask = umask(0o077)
+        defer { umask(oldMask) }
+        var configuration = Configuration()
+        // A database locked by another process (a backup, sqlite3 by hand) is retried for 5 s.
+        configuration.busyMode = .timeout(5)
+        configuration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = NORMAL")
+        }
+        pool = try DatabasePool(path: path, configuration: configuration)
+        // Reading the schema fails at once on a file that is not SQLite or is corrupt.
+        try pool.read { db in _ = try Row.fetchAll(db, sql: "PRAGMA quick_check(1)") }
+        try Self.migrator.migrate(pool)
+        for suffix in ["", "-wal", "-shm"] { chmod(path + suffix, 0o600) }
+    }
+
+    /// Creates the directory (and parents) owner-only if missing.
+    static func makePrivateDirectory(_ directory: String) throws {
+        var prefix = directory.hasPrefix("/") ? "" : "."
+        for component in directory.split(separator: "/") {
+            prefix += "/" + component
+            if mkdir(prefix, 0o700) != 0 && errno != EEXIST {
+                throw StoreError(description: "cannot create directory \(prefix): \(String(cString: strerror(errno)))")
+            }
+        }
+    }
+
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.create(table: "route") { t in
+                t.primaryKey("id", .text)
+                t.column("base_url", .text).notNull()
+                t.column("via", .text).notNull()
+                t.column("source", .text).notNull()
+                t.column("name", .text).notNull()
+                t.column("service_path", .text).notNull()
+                t.column("pinned_instance", .text)
+                t.column("instance_id", .text)
+                t.column("admin_key", .text)
+                t.column("api_key", .text)
+                t.column("cf_id", .text)
+                t.column("cf_secret", .text)
+                t.column("addresses", .text).notNull().defaults(to: "")
+                t.column("created_at", .double).notNull()
+                t.column("last_seen", .double)
+                t.column("expires_at", .double)
+            }
+            try db.create(table: "server") { t in
+                t.primaryKey("key", .text)
+                t.column("instance_id", .text)
+                t.column("name", .text).notNull()
+                t.column("addresses", .text).notNull()
+                t.column("source", .text).notNull()
+                t.column("first_seen", .double).notNull()
+                t.column("last_seen", .double).notNull()
+            }
+            try db.create(table: "probe_stats") { t in
+                t.primaryKey("route_id", .text)
+                t.column("probes", .integer).notNull()
+                t.column("failures", .integer).notNull()
+                t.column("smoothed_latency", .double)
+                t.column("last_verdict", .text)
+                t.column("last_detail", .text)
+                t.column("last_probe_at", .double)
+                t.column("last_good_at", .double)
+                t.column("instance_id", .text)
+            }
+            try db.create(table: "event") { t in
+                t.autoIncrementedPrimaryKey("id")
+                t.column("at", .double).notNull()
+                t.column("kind", .text).notNull()
+                t.column("route_id", .text)
+                t.column("from_value", .text)
+                t.column("to_value", .text)
+                t.column("reason", .text).notNull()
+            }
+            try db.create(table: "meta") { t in
+                t.primaryKey("key", .text)
+                t.column("value", .text).notNull()
+            }
+        }
+        return migrator
+    }
+
+    // MARK: - Routes
+
+    public func saveRoute(_ stored: StoredRoute) throws {
+        let r = stored.route
+        try pool.write { db in
+            try db.execute(
+                sql: """
+                    INSERT INTO route (id, base_url, via, source, name, service_path, pinned_instance, instance_id,
+                        admin_key, api_key, cf_id, cf_secret, addresses, created_at, last_seen, expires_at)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT(id) DO UPDATE SET base_url = excluded.base_url, via = excluded.via,
+                        source = excluded.source, name = excluded.name, service_path = excluded.service_path,
+                        pinned_instance = excluded.pinned_instance,
+                        instance_id = COALESCE(excluded.instance_id, route.instance_id),
+                        admin_key = excluded.admin_key, api_key = excluded.api_key, cf_id = excluded.cf_id,
+                        cf_secret = excluded.cf_secret, addresses = excluded.addresses,
+                        last_seen = COALESCE(excluded.last_seen, route.last_seen), expires_at = excluded.expires_at
+                    """,
+                arguments: [
+                    r.id, r.baseURL, r.via.rawValue, r.source.rawValue, r.name, r.servicePath, r.pinnedInstance,
+                    stored.instanceID, r.credentials.adminKey, r.credentials.inferenceKey,
+                    r.credentials.accessClientID, r.credentials.accessClientSecret,
+                    r.addresses.joined(separator: " "), stored.createdAt, stored.lastSeen, stored.expiresAt,
+                ])
+        }
+    }
+
+    public func deleteRoute(_ id: String) throws {
+        try pool.write { db in
+            try db.execute(sql: "DELETE FROM route WHERE id = ?", arguments: [id])
+            try db.execute(sql: "DELETE FROM probe_stats WHERE route_id = ?", arguments: [id])
+        }
+    }
+
+    public func routes() throws -> [StoredRoute] {
+        try pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM route ORDER BY id").compactMap { row -> StoredRoute? in
+                guard let via = Via(rawValue: row["via"]), let source = RouteSource(rawValue: row["source"]) else { return nil }
+                let addresses: String = row["addresses"]
+                let route = Route(
+                    id: row["id"], baseURL: row["base_url"], via: via, source: source, name: row["name"],
+                    servicePath: row["service_path"], pinnedInstance: row["pinned_instance"],
+                    credentials: Credentials(
+                        adminKey: row["admin_key"], inferenceKey: row["api_key"],
+                        accessClientID: row["cf_id"], accessClientSecret: row["cf_secret"]),
+                    addresses: addresses.split(separator: " ").map(String.init))
+                return StoredRoute(
+                    route: route, instanceID: row["instance_id"], createdAt: row["created_at"],
+                    lastSeen: row["last_seen"], expiresAt: row["expires_at"])
+            }
+        }
+    }
+
+    // MARK: - Servers seen
+
+    public func recordServerSeen(key: String, instanceID: String?, name: String, addresses: [String], source: RouteSource, at now: Double) throws {
+        try pool.write { db in
+            try db.execute(
+                sql: """
+                    INSERT INTO server (key, instance_id, name, addresses, source, first_seen, last_seen)
+                    VALUES (?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT(key) DO UPDATE SET instance_id = COALESCE(excluded.instance_id, server.instance_id),
+                        name = excluded.name, addresses = excluded.addresses, source = excluded.source,
+                        last_seen = excluded.last_seen
+                    """,
+                arguments: [key, instanceID, name, addresses.joined(separator: " "), source.rawValue, now, now])
+        }
+    }
+
+    public func servers() throws -> [SeenServer] {
+        try pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM server ORDER BY last_seen DESC").map { row in
+                let addresses: String = row["addresses"]
+                return SeenServer(
+                    key: row["key"], instanceID: row["instance_id"], name: row["name"],
+                    addresses: addresses.split(separator: " ").map(String.init), source: row["source"],
+                    firstSeen: row["first_seen"], lastSeen: row["last_seen"])
+            }
+        }
+    }
+
+    // MARK: - Probe statistics
+
+    public func saveStats(_ stats: ProbeStats) throws {
+        try pool.write { db in
+            try db.execute(
+                sql: """
+                    INSERT OR REPLACE INTO probe_stats (route_id, probes, failures, smoothed_latency, last_verdict,
+                        last_detail, last_probe_at, last_good_at, instance_id)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    """,
+                arguments: [
+                    stats.routeID, stats.probes, stats.failures, stats.smoothedLatency, stats.lastVerdict?.rawValue,
+                    stats.lastDetail, stats.lastProbeAt, stats.lastGoodAt, stats.instanceID,
+                ])
+        }
+    }
+
+    public func stats() throws -> [String: ProbeStats] {
+        try pool.read { db in
+            var result: [String: ProbeStats] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT * FROM probe_stats") {
+                let verdict: String? = row["last_verdict"]
+                let stats = ProbeStats(
+                    routeID: row["route_id"], probes: row["probes"], failures: row["failures"],
+                    smoothedLatency: row["smoothed_latency"], lastVerdict: verdict.flatMap(HealthVerdict.init(rawValue:)),
+                    lastDetail: row["last_detail"], lastProbeAt: row["last_probe_at"], lastGoodAt: row["last_good_at"],
+                    instanceID: row["instance_id"])
+                result[stats.routeID] = stats
+            }
+            return result
+        }
+    }
+
+    // MARK: - Events
+
+    @discardableResult
+    public func appendEvent(kind: String, routeID: String?, from: String?, to: String?, reason: String, at now: Double) throws -> Int64 {
+        try pool.write { db in
+            try db.execute(
+                sql: "INSERT INTO event (at, kind, route_id, from_value, to_value, reason) VALUES (?, ?, ?, ?, ?, ?)",
+                arguments: [now, kind, routeID, from, to, reason])
+            let id = db.lastInsertedRowID
+            if id % 100 == 0 {
+                try db.execute(sql: "DELETE FROM event WHERE id <= ?", arguments: [id - Int64(eventRetention)])
+            }
+            return id
+        }
+    }
+
+    public func recentEvents(limit: Int) throws -> [StatusAPI.Event] {
+        try pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM event ORDER BY id DESC LIMIT ?", arguments: [limit]).map { row in
+                StatusAPI.Event(
+                    id: row["id"], at: Timestamp.iso8601(row["at"]), kind: row["kind"], routeID: row["route_id"],
+                    from: row["from_value"], to: row["to_value"], reason: row["reason"])
+            }.reversed()
+        }
+    }
+
+    public func eventCount() throws -> Int {
+        try pool.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM event") ?? 0 }
+    }
+
+    // MARK: - Meta
+
+    public func setMeta(_ key: String, _ value: String?) throws {
+        try pool.write { db in
+            if let value {
+                try db.execute(sql: "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", arguments: [key, value])
+            } else {
+                try db.execute(sql: "DELETE FROM meta WHERE key = ?", arguments: [key])
+            }
+        }
+    }
+
+    public func meta(_ key: String) throws -> String? {
+        try pool.read { db in try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = ?", arguments: [key]) }
+    }
+
+    /// Checkpoints the WAL and closes the file.
+    public func close() throws {
+        pool.writeWithoutTransaction { db in _ = try? db.checkpoint(.truncate) }
+        try pool.close()
+    }
+}

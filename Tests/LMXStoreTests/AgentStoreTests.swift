@@ -1,0 +1,76 @@
+import Foundation
+import LMXCore
+import LMXStore
+import Testing
+
+private func temporaryDirectory() -> String {
+    let path = NSTemporaryDirectory() + "lmx-store-\(UUID().uuidString)"
+    return path
+}
+
+@Suite("SQLite store (a real file)")
+struct AgentStoreTests {
+    @Test("routes with their secrets survive a reopen; the file is owner-only in an owner-only directory")
+    func routesRoundTrip() throws {
+        let dir = temporaryDirectory() + "/state"
+        let path = dir + "/agent.db"
+        let route = Route(
+            baseURL: "https://quiet-river-1234.trycloudflare.com", via: .wan, source: .pairing, name: "Studio",
+            pinnedInstance: "Mono512:1234",
+            credentials: Credentials(adminKey: "ADMIN", inferenceKey: "INFER", accessClientID: "id", accessClientSecret: "sec"))
+        do {
+            let store = try AgentStore.open(path: path)
+            try store.saveRoute(StoredRoute(route: route, instanceID: nil, createdAt: 1, lastSeen: nil, expiresAt: 99))
+            try store.close()
+        }
+        let store = try AgentStore.open(path: path)
+        let routes = try store.routes()
+        #expect(routes.count == 1)
+        #expect(routes[0].route == route)
+        #expect(routes[0].expiresAt == 99)
+        let fileMode = try FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? Int
+        let dirMode = try FileManager.default.attributesOfItem(atPath: dir)[.posixPermissions] as? Int
+        #expect(fileMode == 0o600)
+        #expect(dirMode == 0o700)
+    }
+
+    @Test("a file that is not a database is moved aside, with a log line, and a fresh one is created")
+    func corruptFileMovedAside() throws {
+        let dir = temporaryDirectory()
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        let path = dir + "/agent.db"
+        try Data(repeating: 0x5A, count: 8192).write(to: URL(fileURLWithPath: path))
+        var lines: [String] = []
+        let store = try AgentStore.open(path: path) { lines.append($0) }
+        try store.setMeta("k", "v")
+        #expect(try store.meta("k") == "v")
+        #expect(lines.count == 1)
+        #expect(lines.first?.contains("moved it to") == true)
+        let aside = try FileManager.default.contentsOfDirectory(atPath: dir).filter { $0.contains(".corrupt-") }
+        #expect(aside.count == 1)
+    }
+
+    @Test("events are kept up to the retention bound, oldest dropped first")
+    func eventRetention() throws {
+        let store = try AgentStore.open(path: temporaryDirectory() + "/agent.db", eventRetention: 150)
+        for i in 1...400 {
+            try store.appendEvent(kind: "health", routeID: "r", from: nil, to: nil, reason: "e\(i)", at: Double(i))
+        }
+        #expect(try store.eventCount() <= 250)
+        let recent = try store.recentEvents(limit: 3)
+        #expect(recent.map(\.reason) == ["e398", "e399", "e400"])
+    }
+
+    @Test("probe statistics are one rolling row per route")
+    func statsRolling() throws {
+        let store = try AgentStore.open(path: temporaryDirectory() + "/agent.db")
+        for i in 1...50 {
+            try store.saveStats(ProbeStats(
+                routeID: "lan/a", probes: i, failures: 0, smoothedLatency: 0.01, lastVerdict: .ready,
+                lastDetail: nil, lastProbeAt: Double(i), lastGoodAt: Double(i), instanceID: "A:1"))
+        }
+        let stats = try store.stats()
+        #expect(stats.count == 1)
+        #expect(stats["lan/a"]?.probes == 50)
+    }
+}
