@@ -49,6 +49,13 @@ public enum StatusAPI {
         public var latencyMS: Double
         public var detail: String?
 
+        public init(at: String, verdict: HealthVerdict, latencyMS: Double, detail: String?) {
+            self.at = at
+            self.verdict = verdict
+            self.latencyMS = latencyMS
+            self.detail = detail
+        }
+
         enum CodingKeys: String, CodingKey { case at, verdict, latencyMS = "latency_ms", detail }
     }
 
@@ -77,6 +84,29 @@ public enum StatusAPI {
         public var credentials: [String]
         public var pinnedInstance: String?
 
+        public init(id: String, baseURL: String, via: Via, source: RouteSource, name: String, addresses: [String], announced: Bool, health: RouteHealth, verdict: HealthVerdict?, active: Bool, reason: String, latencyMS: Double?, lastProbe: Probe?, version: String?, models: Int?, ready: Bool?, probes: Int, failures: Int, credentials: [String], pinnedInstance: String?) {
+            self.id = id
+            self.baseURL = baseURL
+            self.via = via
+            self.source = source
+            self.name = name
+            self.addresses = addresses
+            self.announced = announced
+            self.health = health
+            self.verdict = verdict
+            self.active = active
+            self.reason = reason
+            self.latencyMS = latencyMS
+            self.lastProbe = lastProbe
+            self.version = version
+            self.models = models
+            self.ready = ready
+            self.probes = probes
+            self.failures = failures
+            self.credentials = credentials
+            self.pinnedInstance = pinnedInstance
+        }
+
         enum CodingKeys: String, CodingKey {
             case id, baseURL = "base_url", via, source, name, addresses, announced, health, verdict, active, reason
             case latencyMS = "latency_ms", lastProbe = "last_probe", version, models, ready, probes, failures
@@ -93,6 +123,14 @@ public enum StatusAPI {
         public var verdict: HealthVerdict?
         public var routes: [RouteStatus]
 
+        public init(instanceID: String?, name: String, active: Bool, verdict: HealthVerdict?, routes: [RouteStatus]) {
+            self.instanceID = instanceID
+            self.name = name
+            self.active = active
+            self.verdict = verdict
+            self.routes = routes
+        }
+
         enum CodingKeys: String, CodingKey { case instanceID = "instance_id", name, active, verdict, routes }
     }
 
@@ -105,6 +143,16 @@ public enum StatusAPI {
         public var active: Active?
         public var noActiveReason: String?
         public var candidates: [Candidate]
+
+        public init(agentVersion: String, seq: UInt64, avahi: String, avahiDetail: String?, active: Active?, noActiveReason: String?, candidates: [Candidate]) {
+            self.agentVersion = agentVersion
+            self.seq = seq
+            self.avahi = avahi
+            self.avahiDetail = avahiDetail
+            self.active = active
+            self.noActiveReason = noActiveReason
+            self.candidates = candidates
+        }
 
         enum CodingKeys: String, CodingKey {
             case agentVersion = "agent_version", seq, avahi, avahiDetail = "avahi_detail", active

@@ -1,0 +1,518 @@
+import LMXCore
+import LMXProbe
+import LMXStore
+import Logging
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The agent's shared state: owns the planner (the pure decisions), runs probes, keeps the store
+/// up to date and tells watchers about every change. Event-driven: every input (an mDNS event, a
+/// probe result, the timer, a refresh) updates the planner, then `pump()` starts the probes that
+/// fall due and sets the one timer for the next wakeup.
+public actor ConnectionManager {
+    private var planner: ConnectionPlanner
+    private var configuration: AgentConfiguration
+    private let prober: Prober
+    private let store: AgentStore
+    private let logger: Logger
+    private let clock = ContinuousClock()
+    private let origin: ContinuousClock.Instant
+    private let originWall: Double
+
+    private var timer: Task<Void, Never>?
+    private var timerDeadline: Double?
+    private var probeTasks: [String: Task<Void, Never>] = [:]
+    private var heartbeat: Task<Void, Never>?
+    private var stopped = false
+
+    private var avahiState = "stopped"
+    private var avahiDetail: String?
+    /// mDNS instance → the route it is reached by.
+    private var mdnsRoutes: [ServiceInstanceID: String] = [:]
+    private var manualRouteIDs: Set<String> = []
+
+    // Watchers of `/v1/watch`: numbered lines, a ring of recent ones for `?since=`.
+    private var seq: UInt64 = 0
+    private var recent: [(seq: UInt64, line: [UInt8])] = []
+    private let recentLimit = 1024
+    private var watchers: [UInt64: AsyncStream<[UInt8]>.Continuation] = [:]
+    private var nextWatcherID: UInt64 = 0
+    private let watcherBuffer = 4096
+
+    // Metrics.
+    private var switchCount = 0
+    private var probeCount = 0
+    private static let latencyBuckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
+    private var latencyCounts = [Int](repeating: 0, count: latencyBuckets.count)
+    private var latencySum = 0.0
+
+    public init(configuration: AgentConfiguration, prober: Prober, store: AgentStore, logger: Logger) {
+        self.configuration = configuration
+        self.planner = ConnectionPlanner(policy: configuration.policy, seed: UInt64(truncatingIfNeeded: getpid()))
+        self.prober = prober
+        self.store = store
+        self.logger = logger
+        self.origin = clock.now
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        self.originWall = Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+    }
+
+    // MARK: - Time
+
+    private func now() -> Double {
+        let d = clock.now - origin
+        return Double(d.components.seconds) + Double(d.components.attoseconds) * 1e-18
+    }
+
+    private func wall(_ t: Double) -> Double { originWall + t }
+    private func iso(_ t: Double) -> String { Timestamp.iso8601(wall(t)) }
+
+    // MARK: - Lifecycle
+
+    /// Restores remembered routes and manual endpoints, then starts probing (last-good first).
+    public func start() {
+        let t = now()
+        do {
+            let stats = try store.stats()
+            planner.lastGoodID = try store.meta("last_good_route")
+            for stored in try store.routes() {
+                if let expires = stored.expiresAt, expires < wall(t) {
+                    logger.notice("pairing expired; not probing it", metadata: ["route": "\(stored.route.id)"])
+                    continue
+                }
+                var route = stored.route
+                if route.source == .mdns { route.source = .remembered }
+                if route.source == .manual { continue }  // manual endpoints come from the current config
+                handle(planner.upsert(route, instanceID: stored.instanceID ?? stats[route.id]?.instanceID, now: t), quiet: true)
+            }
+            logger.info(
+                "restored from the store",
+                metadata: ["routes": "\(planner.routes.count)", "last_good": "\(planner.lastGoodID ?? "none")"])
+        } catch {
+            logger.error("could not read the store: \(error)")
+        }
+        applyManualEndpoints(configuration.endpoints, now: t)
+        startHeartbeat()
+        pump()
+    }
+
+    /// Stops timers and probes; remembers the active route.
+    public func shutdown() async {
+        stopped = true
+        timer?.cancel()
+        heartbeat?.cancel()
+        let tasks = Array(probeTasks.values)
+        for task in tasks { task.cancel() }
+        for task in tasks { await task.value }
+        probeTasks.removeAll()
+        for watcher in watchers.values { watcher.finish() }
+        watchers.removeAll()
+        try? store.setMeta("last_good_route", planner.activeID ?? planner.lastGoodID)
+    }
+
+    /// Applies a reloaded configuration (SIGHUP).
+    public func reload(_ new: AgentConfiguration) {
+        let t = now()
+        configuration = new
+        handle(planner.updatePolicy(new.policy, now: t))
+        applyManualEndpoints(new.endpoints, now: t)
+        startHeartbeat()
+        logger.info("configuration reloaded", metadata: ["endpoints": "\(new.endpoints.count)"])
+        pump()
+    }
+
+    private func applyManualEndpoints(_ endpoints: [ManualEndpoint], now t: Double) {
+        var ids = Set<String>()
+        for endpoint in endpoints {
+            guard let route = try? endpoint.route() else { continue }  // validated when the file was read
+            ids.insert(route.id)
+            handle(planner.upsert(route, now: t))
+        }
+        for id in manualRouteIDs.subtracting(ids) {
+            handle(planner.remove(id, reason: "removed from the configuration", now: t))
+        }
+        manualRouteIDs = ids
+    }
+
+    // MARK: - Inputs
+
+    /// Feeds one merged mDNS event.
+    public func discovery(_ event: DiscoveryEvent) {
+        let t = now()
+        switch event {
+        case .added(let server), .updated(let server, _):
+            guard let route = Self.route(for: server) else { return }
+            if let old = mdnsRoutes[server.id], old != route.id {
+                handle(planner.withdraw(old, now: t))
+            }
+            mdnsRoutes[server.id] = route.id
+            handle(planner.upsert(route, now: t))
+            do {
+                try store.saveRoute(StoredRoute(route: route, instanceID: planner.routes[route.id]?.instanceID, createdAt: wall(t), lastSeen: wall(t)))
+                try store.recordServerSeen(
+                    key: planner.routes[route.id]?.instanceID ?? route.id, instanceID: planner.routes[route.id]?.instanceID,
+                    name: server.name, addresses: server.addresses, source: .mdns, at: wall(t))
+            } catch {
+                logger.warning("could not save a discovered server: \(error)")
+            }
+        case .removed(let server, let reason):
+            guard let id = mdnsRoutes.removeValue(forKey: server.id) else { return }
+            logger.info("mDNS \(reason == .withdrawn ? "withdrew" : "lost") \(server.name); probing to confirm", metadata: ["route": "\(id)"])
+            handle(planner.withdraw(id, now: t))
+        case .daemon(let state):
+            let (name, detail): (String, String?) =
+                switch state {
+                case .running: ("running", nil)
+                case .waiting(let reason): ("waiting", reason)
+                case .reconnecting: ("reconnecting", nil)
+                }
+            guard name != avahiState || detail != avahiDetail else { return }
+            avahiState = name
+            avahiDetail = detail
+            logger.info("avahi-daemon \(name)\(detail.map { ": \($0)" } ?? "")")
+            broadcast(StatusAPI.WatchLine(type: "avahi", seq: 0, at: iso(t), avahi: name, reason: detail))
+        }
+        pump()
+    }
+
+    /// Marks discovery as not running (disabled in the configuration, or stopped).
+    public func setDiscoveryState(_ state: String, detail: String?) {
+        avahiState = state
+        avahiDetail = detail
+    }
+
+    /// Probes everything now (`POST /v1/refresh`).
+    public func refresh() {
+        planner.refreshAll(now: now())
+        logger.info("refresh requested: probing every endpoint")
+        pump()
+    }
+
+    /// The route for a discovered server: its first non-loopback IPv4 address, else a global
+    /// IPv6 one, else loopback. Link-local IPv6 needs a zone that URLs handle badly: last resort.
+    static func route(for server: DiscoveredServer) -> Route? {
+        let records = server.records
+        func pick() -> ResolvedRecord? {
+            records.first { $0.key.ipProtocol == .ipv4 && !$0.key.interface.isLoopback && !$0.address.hasPrefix("127.") }
+                ?? records.first { $0.key.ipProtocol == .ipv6 && !$0.address.lowercased().hasPrefix("fe80") && !$0.key.interface.isLoopback }
+                ?? records.first { $0.key.ipProtocol == .ipv4 }
+                ?? records.first { !$0.address.lowercased().hasPrefix("fe80") }
+        }
+        guard let record = pick(), record.port != 0 else { return nil }
+        let host = ServerAddress.hostPort(record.address, port: record.port)
+        return Route(
+            baseURL: "http://\(host)", via: .lan, source: .mdns, name: server.name, servicePath: record.txt.servicePath,
+            addresses: server.addresses, announced: true)
+    }
+
+    // MARK: - Probing
+
+    private func pump() {
+        guard !stopped else { return }
+        let t = now()
+        handle(planner.tick(now: t))
+        for route in planner.takeDueProbes(now: t) {
+            let timeout = planner.policy.timeout(for: route.via)
+            let prober = self.prober
+            probeTasks[route.id] = Task {
+                let report = await prober.probe(route, timeout: timeout)
+                self.probeFinished(route.id, report: report)
+            }
+        }
+        schedule()
+    }
+
+    private func probeFinished(_ routeID: String, report: ProbeReport) {
+        probeTasks[routeID] = nil
+        guard !stopped else { return }
+        let t = now()
+        probeCount += 1
+        if report.verdict.isAlive {
+            latencySum += report.latency
+            if let i = Self.latencyBuckets.firstIndex(where: { report.latency <= $0 }) { latencyCounts[i] += 1 }
+        }
+        handle(planner.record(report, for: routeID, now: t))
+        if let state = planner.routes[routeID] {
+            do {
+                try store.saveStats(ProbeStats(
+                    routeID: routeID, probes: state.probeCount, failures: state.failureCount,
+                    smoothedLatency: state.smoothedLatency, lastVerdict: report.verdict, lastDetail: report.detail,
+                    lastProbeAt: wall(t), lastGoodAt: report.verdict.isAlive ? wall(t) : nil, instanceID: state.instanceID))
+            } catch {
+                logger.warning("could not save probe statistics: \(error)")
+            }
+        }
+        pump()
+    }
+
+    private func schedule() {
+        guard let next = planner.nextWakeup() else {
+            timer?.cancel()
+            timer = nil
+            timerDeadline = nil
+            return
+        }
+        if let deadline = timerDeadline, deadline <= next, timer != nil { return }
+        timer?.cancel()
+        timerDeadline = next
+        let delay = max(0, next - now())
+        timer = Task { [weak self] in
+            try? await Task.sleep(for: .milliseconds(Int64(delay * 1000) + 1))
+            guard !Task.isCancelled else { return }
+            await self?.timerFired()
+        }
+    }
+
+    private func timerFired() {
+        timer = nil
+        timerDeadline = nil
+        pump()
+    }
+
+    // MARK: - Events out
+
+    private func handle(_ events: [PlannerEvent], quiet: Bool = false) {
+        let t = now()
+        for event in events {
+            switch event {
+            case .routeAdded(let state):
+                if !quiet {
+                    logger.info("endpoint added", metadata: ["route": "\(state.id)", "source": "\(state.route.source.rawValue)"])
+                }
+                record(kind: "candidate-added", routeID: state.id, from: nil, to: nil, reason: "\(state.route.source.rawValue): \(state.route.name)", at: t)
+                broadcast(StatusAPI.WatchLine(type: "candidate-added", seq: 0, at: iso(t), route: routeStatus(state, now: t)))
+            case .routeRemoved(let state, let reason):
+                logger.info("endpoint removed: \(reason)", metadata: ["route": "\(state.id)"])
+                if state.route.source == .manual || state.route.source == .pairing {
+                    try? store.deleteRoute(state.id)
+                } else if reason.contains("withdrawn") {
+                    try? store.deleteRoute(state.id)
+                }
+                record(kind: "candidate-removed", routeID: state.id, from: nil, to: nil, reason: reason, at: t)
+                broadcast(StatusAPI.WatchLine(type: "candidate-removed", seq: 0, at: iso(t), route: routeStatus(state, now: t), reason: reason))
+            case .healthChanged(let state, let from, let reason):
+                logger.info(
+                    "health \(from?.rawValue ?? "unknown") → \(state.verdict?.rawValue ?? "unknown")",
+                    metadata: ["route": "\(state.id)", "reason": "\(reason)"])
+                record(kind: "health", routeID: state.id, from: from?.rawValue, to: state.verdict?.rawValue, reason: reason, at: t)
+                broadcast(StatusAPI.WatchLine(type: "health", seq: 0, at: iso(t), route: routeStatus(state, now: t), reason: reason))
+            case .routeUpdated:
+                break
+            case .activeChanged(let from, let to, let reason):
+                switchCount += 1
+                if let to {
+                    logger.notice(
+                        "active endpoint: \(to.route.baseURL) via \(to.route.via.rawValue)",
+                        metadata: ["route": "\(to.id)", "reason": "\(reason)", "previous": "\(from?.id ?? "none")"])
+                } else {
+                    logger.warning("no usable endpoint", metadata: ["reason": "\(reason)", "previous": "\(from?.id ?? "none")"])
+                }
+                record(kind: "active", routeID: to?.id, from: from?.id, to: to?.id, reason: reason, at: t)
+                if to != nil { try? store.setMeta("last_good_route", to?.id) }
+                broadcast(StatusAPI.WatchLine(type: "active", seq: 0, at: iso(t), active: activeEndpoint(), reason: reason))
+            }
+        }
+    }
+
+    private func record(kind: String, routeID: String?, from: String?, to: String?, reason: String, at t: Double) {
+        do {
+            try store.appendEvent(kind: kind, routeID: routeID, from: from, to: to, reason: reason, at: wall(t))
+        } catch {
+            logger.warning("could not record an event: \(error)")
+        }
+    }
+
+    /// Numbers a line and sends it to every watcher. A watcher whose buffer is full has stopped
+    /// reading: it is dropped (its stream ends) so that it never slows anyone else.
+    private func broadcast(_ line: StatusAPI.WatchLine) {
+        seq += 1
+        var line = line
+        line.seq = seq
+        let bytes = Self.encodeLine(line)
+        recent.append((seq, bytes))
+        if recent.count > recentLimit { recent.removeFirst(recent.count - recentLimit) }
+        for (id, watcher) in watchers {
+            if case .dropped = watcher.yield(bytes) {
+                watcher.finish()
+                watchers[id] = nil
+                logger.notice("dropped a watch client that stopped reading")
+            }
+        }
+    }
+
+    static func encodeLine(_ line: StatusAPI.WatchLine) -> [UInt8] {
+        var bytes = (try? StatusAPI.encoder.encode(line)).map { Array($0) } ?? Array(#"{"type":"error"}"#.utf8)
+        bytes.append(0x0A)
+        return bytes
+    }
+
+    private func startHeartbeat() {
+        heartbeat?.cancel()
+        let interval = configuration.watchHeartbeat
+        heartbeat = Task { [weak self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .milliseconds(Int64(interval * 1000)))
+                guard !Task.isCancelled else { return }
+                await self?.sendHeartbeat()
+            }
+        }
+    }
+
+    private func sendHeartbeat() {
+        let bytes = Self.encodeLine(StatusAPI.WatchLine(type: "heartbeat", seq: seq, at: iso(now())))
+        for (id, watcher) in watchers {
+            if case .dropped = watcher.yield(bytes) {
+                watcher.finish()
+                watchers[id] = nil
+            }
+        }
+    }
+
+    // MARK: - Reading state
+
+    /// Subscribes to `/v1/watch`: the lines to send first (a snapshot, or the missed lines when
+    /// `since` is recent enough) and the stream of later lines.
+    public func watch(since: UInt64?) -> (first: [[UInt8]], stream: AsyncStream<[UInt8]>, id: UInt64) {
+        let (stream, continuation) = AsyncStream<[UInt8]>.makeStream(bufferingPolicy: .bufferingOldest(watcherBuffer))
+        nextWatcherID += 1
+        let id = nextWatcherID
+        watchers[id] = continuation
+        var first: [[UInt8]]
+        if let since, since <= seq, since + 1 >= (recent.first?.seq ?? seq + 1) || since == seq {
+            first = recent.filter { $0.seq > since }.map(\.line)
+        } else {
+            first = [Self.encodeLine(StatusAPI.WatchLine(type: "snapshot", seq: seq, at: iso(now()), status: status()))]
+        }
+        if first.isEmpty { first = [] }
+        return (first, stream, id)
+    }
+
+    /// Ends every watch stream (the daemon is stopping).
+    public func closeWatchers() {
+        for watcher in watchers.values { watcher.finish() }
+        watchers.removeAll()
+    }
+
+    public func unwatch(_ id: UInt64) {
+        watchers.removeValue(forKey: id)?.finish()
+    }
+
+    public var watcherCount: Int { watchers.count }
+
+    public func activeEndpoint() -> StatusAPI.Active? {
+        guard let state = planner.active, let verdict = state.verdict else { return nil }
+        return StatusAPI.Active(
+            baseURL: state.route.baseURL, openAIBaseURL: state.route.openAIBaseURL, via: state.route.via,
+            instanceID: state.instanceID, name: state.route.name, verdict: verdict,
+            since: iso(planner.activeSince ?? now()), routeID: state.id, source: state.route.source)
+    }
+
+    /// Why there is no active endpoint, for `/v1/active`'s 503.
+    public func noActiveReason() -> String {
+        let routes = planner.sortedRoutes
+        if routes.isEmpty {
+            return avahiState == "running"
+                ? "no Opta LMX server found on the LAN and no endpoint paired or configured"
+                : "no endpoint known and mDNS discovery is \(avahiState)\(avahiDetail.map { " (\($0))" } ?? "")"
+        }
+        if routes.allSatisfy({ $0.health == .unknown }) { return "probing \(routes.count) endpoint(s)" }
+        let summary = routes.prefix(5).map { "\($0.route.name): \($0.lastReport.map { r in r.detail ?? r.verdict.rawValue } ?? "not probed")" }
+        return "no usable endpoint among \(routes.count): " + summary.joined(separator: "; ")
+    }
+
+    private func routeStatus(_ state: RouteState, now t: Double) -> StatusAPI.RouteStatus {
+        StatusAPI.RouteStatus(
+            id: state.id, baseURL: state.route.baseURL, via: state.route.via, source: state.route.source,
+            name: state.route.name, addresses: state.route.addresses, announced: state.route.announced,
+            health: state.health, verdict: state.verdict, active: state.id == planner.activeID,
+            reason: planner.explain(state, now: t),
+            latencyMS: state.smoothedLatency.map { ($0 * 10_000).rounded() / 10 },
+            lastProbe: state.lastReport.map { report in
+                StatusAPI.Probe(
+                    at: iso(state.lastProbeAt ?? t), verdict: report.verdict,
+                    latencyMS: (report.latency * 10_000).rounded() / 10, detail: report.detail)
+            },
+            version: state.lastReport?.version, models: state.lastReport?.modelCount, ready: state.lastReport?.ready,
+            probes: state.probeCount, failures: state.failureCount, credentials: state.route.credentials.setNames,
+            pinnedInstance: state.route.pinnedInstance)
+    }
+
+    /// Candidates: routes merged into servers by `instance_id`.
+    public func candidates() -> [StatusAPI.Candidate] {
+        let t = now()
+        var groups: [String: [RouteState]] = [:]
+        var order: [String] = []
+        for state in planner.sortedRoutes {
+            let key = state.instanceID.map { "instance:\($0)" } ?? "route:\(state.id)"
+            if groups[key] == nil { order.append(key) }
+            groups[key, default: []].append(state)
+        }
+        return order.map { key in
+            let states = groups[key]!
+            let best = states.min { (planner.rank($0) ?? 9) < (planner.rank($1) ?? 9) }
+            return StatusAPI.Candidate(
+                instanceID: states.first?.instanceID,
+                name: states.first { $0.route.source == .mdns }?.route.name ?? states[0].route.name,
+                active: states.contains { $0.id == planner.activeID },
+                verdict: best?.verdict,
+                routes: states.map { routeStatus($0, now: t) })
+        }
+    }
+
+    public func status() -> StatusAPI.Status {
+        let active = activeEndpoint()
+        return StatusAPI.Status(
+            agentVersion: StatusAPI.version, seq: seq, avahi: avahiState, avahiDetail: avahiDetail,
+            active: active, noActiveReason: active == nil ? noActiveReason() : nil, candidates: candidates())
+    }
+
+    public func events(limit: Int) -> [StatusAPI.Event] {
+        (try? store.recentEvents(limit: limit)) ?? []
+    }
+
+    /// Prometheus text exposition.
+    public func metrics() -> String {
+        var out = ""
+        out += "# HELP lmx_candidates Endpoints known to the agent, by established verdict.\n# TYPE lmx_candidates gauge\n"
+        var byVerdict: [String: Int] = [:]
+        for state in planner.routes.values { byVerdict[state.verdict?.rawValue ?? "unknown", default: 0] += 1 }
+        for verdict in HealthVerdict.allCases.map(\.rawValue) + ["unknown"] {
+            out += "lmx_candidates{verdict=\"\(verdict)\"} \(byVerdict[verdict] ?? 0)\n"
+        }
+        out += "# HELP lmx_probe_duration_seconds Duration of successful probes.\n# TYPE lmx_probe_duration_seconds histogram\n"
+        var cumulative = 0
+        for (i, bound) in Self.latencyBuckets.enumerated() {
+            cumulative += latencyCounts[i]
+            out += "lmx_probe_duration_seconds_bucket{le=\"\(bound)\"} \(cumulative)\n"
+        }
+        out += "lmx_probe_duration_seconds_bucket{le=\"+Inf\"} \(cumulative)\n"
+        out += "lmx_probe_duration_seconds_sum \(latencySum)\nlmx_probe_duration_seconds_count \(cumulative)\n"
+        out += "# HELP lmx_probes_total Probes completed.\n# TYPE lmx_probes_total counter\nlmx_probes_total \(probeCount)\n"
+        out += "# HELP lmx_active_switches_total Changes of the active endpoint.\n# TYPE lmx_active_switches_total counter\n"
+        out += "lmx_active_switches_total \(switchCount)\n"
+        out += "# HELP lmx_active_via The active endpoint's path (1 for the current one).\n# TYPE lmx_active_via gauge\n"
+        let via = planner.active?.route.via
+        for v in ["lan", "wan", "none"] {
+            let current = via?.rawValue ?? "none"
+            out += "lmx_active_via{via=\"\(v)\"} \(current == v ? 1 : 0)\n"
+        }
+        out += "# HELP lmx_watch_clients Connected /v1/watch clients.\n# TYPE lmx_watch_clients gauge\nlmx_watch_clients \(watchers.count)\n"
+        return out
+    }
+
+    /// One line for systemd's `STATUS=`.
+    public func statusLine() -> String {
+        if let active = planner.active {
+            return "active: \(active.route.baseURL) via \(active.route.via.rawValue) (\(active.verdict?.rawValue ?? "?")); \(planner.routes.count) endpoint(s)"
+        }
+        return "no active endpoint; \(planner.routes.count) endpoint(s) known"
+    }
+}

@@ -1,0 +1,145 @@
+import Hummingbird
+import HummingbirdCore
+import LMXCore
+import Logging
+import NIOCore
+import NIOPosix
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Request context that keeps the connection, so handlers can ask the kernel who the peer is.
+public struct AgentRequestContext: RequestContext {
+    public var coreContext: CoreRequestContextStorage
+    let channel: any Channel
+
+    public init(source: ApplicationRequestContextSource) {
+        coreContext = .init(source: source)
+        channel = source.channel
+    }
+
+    /// The peer's user id from `SO_PEERCRED` (Unix sockets only).
+    func peerUID() async -> UInt32? {
+        guard let provider = channel as? any SocketOptionProvider else { return nil }
+        guard let credentials: PeerCredentials = try? await provider.unsafeGetSocketOption(
+            level: .socket, name: NIOBSDSocket.Option(rawValue: SO_PEERCRED)
+        ).get() else { return nil }
+        return credentials.uid
+    }
+}
+
+/// Layout of Linux's `struct ucred` (not imported into Swift without `_GNU_SOURCE`).
+struct PeerCredentials: Sendable {
+    var pid: Int32 = 0
+    var uid: UInt32 = 0
+    var gid: UInt32 = 0
+}
+
+/// The status API over the agent's Unix socket: JSON under `/v1`, NDJSON for `/v1/watch`,
+/// Prometheus text at `/metrics`. Read endpoints answer any local user; `POST /v1/refresh`
+/// answers only root and the daemon's own user.
+public enum StatusServer {
+    static let jsonHeaders: HTTPFields = [.contentType: "application/json", .cacheControl: "no-store"]
+
+    public static func router(manager: ConnectionManager) -> Router<AgentRequestContext> {
+        let router = Router(context: AgentRequestContext.self)
+        router.addMiddleware { ErrorShapeMiddleware() }
+
+        router.get("/v1/active") { _, _ -> Response in
+            if let active = await manager.activeEndpoint() {
+                return json(active)
+            }
+            let reason = await manager.noActiveReason()
+            return json(StatusAPI.ErrorBody(error: "no-active-endpoint", reason: reason), status: .serviceUnavailable)
+        }
+        router.get("/v1/status") { _, _ in json(await manager.status()) }
+        router.get("/v1/servers") { _, _ in json(await manager.candidates()) }
+        router.get("/v1/events") { request, _ -> Response in
+            let limit = request.uri.queryParameters.get("limit", as: Int.self).map { min(max($0, 1), 1000) } ?? 100
+            return json(await manager.events(limit: limit))
+        }
+        router.post("/v1/refresh") { _, context -> Response in
+            guard let uid = await context.peerUID(), uid == 0 || uid == geteuid() else {
+                return json(
+                    StatusAPI.ErrorBody(error: "forbidden", reason: "only root or the agent's own user may ask for a refresh"),
+                    status: .forbidden)
+            }
+            await manager.refresh()
+            return json(["refreshing": true], status: .accepted)
+        }
+        router.get("/v1/watch") { request, _ -> Response in
+            let since = request.uri.queryParameters.get("since", as: UInt64.self)
+            let subscription = await manager.watch(since: since)
+            let body = ResponseBody { writer in
+                defer { Task { await manager.unwatch(subscription.id) } }
+                for line in subscription.first {
+                    try await writer.write(ByteBuffer(bytes: line))
+                }
+                for await line in subscription.stream {
+                    try await writer.write(ByteBuffer(bytes: line))
+                }
+                try await writer.finish(nil)
+            }
+            return Response(
+                status: .ok, headers: [.contentType: "application/x-ndjson", .cacheControl: "no-store"], body: body)
+        }
+        router.get("/metrics") { _, _ -> Response in
+            Response(
+                status: .ok, headers: [.contentType: "text/plain; version=0.0.4"],
+                body: .init(byteBuffer: ByteBuffer(string: await manager.metrics())))
+        }
+        return router
+    }
+
+    static func json<T: Encodable>(_ value: T, status: HTTPResponse.Status = .ok) -> Response {
+        var bytes = (try? StatusAPI.encoder.encode(value)).map { Array($0) } ?? Array("{}".utf8)
+        bytes.append(0x0A)
+        return Response(status: status, headers: jsonHeaders, body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+    }
+
+    /// Builds the application bound to `socketPath`.
+    public static func application(
+        manager: ConnectionManager, socketPath: String, logger: Logger,
+        onRunning: @escaping @Sendable () async -> Void
+    ) -> some ApplicationProtocol {
+        Application(
+            router: router(manager: manager),
+            // Idle connections (slow or half-sent requests) are closed; watch streams write a
+            // heartbeat more often than this.
+            server: .http1(configuration: .init(idleTimeout: .seconds(30))),
+            configuration: .init(
+                address: .unixDomainSocket(path: socketPath), serverName: "lmx-agentd",
+                availableConnectionsDelegate: .maximum(1024, logger: logger)),
+            onServerRunning: { _ in
+                // Any local user may read the status; changes are checked per request.
+                chmod(socketPath, 0o666)
+                await onRunning()
+            },
+            logger: logger)
+    }
+}
+
+/// Renders every error as the API's one JSON shape.
+struct ErrorShapeMiddleware: RouterMiddleware {
+    typealias Context = AgentRequestContext
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        do {
+            return try await next(request, context)
+        } catch let error as HTTPError {
+            let code = error.status
+            let name = code == .notFound ? "not-found" : code == .methodNotAllowed ? "method-not-allowed" : "bad-request"
+            let reason =
+                code == .notFound
+                ? "no such endpoint: \(request.method.rawValue) \(request.uri.path); see /v1/status"
+                : error.body ?? "\(code.code) \(code.reasonPhrase)"
+            return StatusServer.json(StatusAPI.ErrorBody(error: name, reason: reason), status: code)
+        }
+    }
+}

@@ -1,0 +1,178 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// Where the agent keeps its socket, database and config file.
+public struct AgentPaths: Sendable, Hashable {
+    public var socket: String
+    public var database: String
+    public var config: String
+
+    /// The standard paths: system ones for root, XDG ones for everybody else.
+    /// - Parameters:
+    ///   - uid: the effective user id.
+    ///   - environment: the process environment (`XDG_*`, `HOME`, `LMX_SOCKET`, `LMX_DB`).
+    public static func standard(uid: UInt32, environment: [String: String]) -> AgentPaths {
+        var paths: AgentPaths
+        if uid == 0 {
+            paths = AgentPaths(socket: "/run/lmx/agent.sock", database: "/var/lib/lmx/agent.db", config: "/etc/lmx/agent.json")
+        } else {
+            let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp/lmx-\(uid)"
+            func xdg(_ key: String, _ fallback: String) -> String {
+                guard let value = environment[key], value.hasPrefix("/") else { return fallback }
+                return value
+            }
+            let runtime = xdg("XDG_RUNTIME_DIR", "/tmp/lmx-\(uid)")
+            paths = AgentPaths(
+                socket: runtime + "/lmx/agent.sock",
+                database: xdg("XDG_STATE_HOME", home + "/.local/state") + "/lmx/agent.db",
+                config: xdg("XDG_CONFIG_HOME", home + "/.config") + "/lmx/agent.json")
+        }
+        if let socket = environment["LMX_SOCKET"], !socket.isEmpty { paths.socket = socket }
+        if let db = environment["LMX_DB"], !db.isEmpty { paths.database = db }
+        return paths
+    }
+}
+
+/// A manual endpoint from the config file or the command line.
+public struct ManualEndpoint: Sendable, Hashable, Codable {
+    public var url: String
+    public var via: Via?
+    public var name: String?
+    public var path: String?
+    public var instance: String?
+    public var adminKey: String?
+    public var apiKey: String?
+    public var accessClientID: String?
+    public var accessClientSecret: String?
+
+    enum CodingKeys: String, CodingKey {
+        case url, via, name, path, instance
+        case adminKey = "admin_key", apiKey = "api_key"
+        case accessClientID = "cf_access_client_id", accessClientSecret = "cf_access_client_secret"
+    }
+
+    public init(url: String, via: Via? = nil, name: String? = nil) {
+        self.url = url
+        self.via = via
+        self.name = name
+    }
+
+    /// The route this entry describes; `via` defaults to `wan` for `https://` URLs, `lan` otherwise.
+    public func route() throws(ConfigurationError) -> Route {
+        let base = Route.normalizedBase(url)
+        guard base.hasPrefix("http://") || base.hasPrefix("https://"), base.count > "https://".count else {
+            throw ConfigurationError("endpoint url \"\(url)\" must start with http:// or https://")
+        }
+        let afterScheme = base.split(separator: "://", maxSplits: 1).last.map(String.init) ?? ""
+        guard !afterScheme.isEmpty, !afterScheme.contains("/"), !afterScheme.contains("?"), !afterScheme.contains("@"),
+            !afterScheme.unicodeScalars.contains(where: { $0.value < 0x21 || $0.value == 0x7F })
+        else {
+            throw ConfigurationError("endpoint url \"\(url)\" must be scheme://host[:port], with no path and no user name")
+        }
+        if (accessClientID == nil) != (accessClientSecret == nil) {
+            throw ConfigurationError("endpoint \(base): cf_access_client_id and cf_access_client_secret go together")
+        }
+        let via = self.via ?? (base.hasPrefix("https://") ? .wan : .lan)
+        return Route(
+            baseURL: base, via: via, source: .manual, name: name ?? afterScheme,
+            servicePath: path ?? TXTRecord.defaultServicePath, pinnedInstance: instance,
+            credentials: Credentials(
+                adminKey: adminKey, inferenceKey: apiKey, accessClientID: accessClientID, accessClientSecret: accessClientSecret))
+    }
+}
+
+/// A config file problem, naming the key and the file.
+public struct ConfigurationError: Error, CustomStringConvertible, Sendable, Hashable {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// The agent's configuration: every key optional, every default documented in the README.
+public struct AgentConfiguration: Sendable, Hashable, Codable {
+    public var policy = HealthPolicy()
+    public var endpoints: [ManualEndpoint] = []
+    /// Interface globs for mDNS (empty: all but container and VPN links).
+    public var interfaces: [String] = []
+    public var excludeInterfaces: [String] = []
+    /// Browse mDNS at all.
+    public var discovery = true
+    /// PEM file of extra certificate authorities for HTTPS endpoints.
+    public var extraCAFile: String?
+    /// Seconds between heartbeat lines on `/v1/watch`.
+    public var watchHeartbeat: Double = 15
+    /// Connection events kept in the database.
+    public var eventRetention = 5000
+    /// `trace`, `debug`, `info`, `notice`, `warning`, `error`.
+    public var logLevel = "info"
+
+    public init() {}
+
+    enum CodingKeys: String, CodingKey {
+        case policy = "health", endpoints, interfaces, excludeInterfaces = "exclude_interfaces", discovery
+        case extraCAFile = "extra_ca_file", watchHeartbeat = "watch_heartbeat", eventRetention = "event_retention"
+        case logLevel = "log_level"
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        policy = try c.decodeIfPresent(HealthPolicy.self, forKey: .policy) ?? HealthPolicy()
+        endpoints = try c.decodeIfPresent([ManualEndpoint].self, forKey: .endpoints) ?? []
+        interfaces = try c.decodeIfPresent([String].self, forKey: .interfaces) ?? []
+        excludeInterfaces = try c.decodeIfPresent([String].self, forKey: .excludeInterfaces) ?? []
+        discovery = try c.decodeIfPresent(Bool.self, forKey: .discovery) ?? true
+        extraCAFile = try c.decodeIfPresent(String.self, forKey: .extraCAFile)
+        watchHeartbeat = try c.decodeIfPresent(Double.self, forKey: .watchHeartbeat) ?? 15
+        guard watchHeartbeat >= 0.1, watchHeartbeat <= 3600 else {
+            throw DecodingError.dataCorruptedError(forKey: .watchHeartbeat, in: c, debugDescription: "must be between 0.1 and 3600 seconds")
+        }
+        eventRetention = try c.decodeIfPresent(Int.self, forKey: .eventRetention) ?? 5000
+        guard eventRetention >= 100 else {
+            throw DecodingError.dataCorruptedError(forKey: .eventRetention, in: c, debugDescription: "must be at least 100")
+        }
+        logLevel = try c.decodeIfPresent(String.self, forKey: .logLevel) ?? "info"
+        guard ["trace", "debug", "info", "notice", "warning", "error", "critical"].contains(logLevel) else {
+            throw DecodingError.dataCorruptedError(forKey: .logLevel, in: c, debugDescription: "must be one of trace, debug, info, notice, warning, error")
+        }
+    }
+
+    /// Parses a config file's bytes.
+    /// - Throws: `ConfigurationError` naming the file, the key path and what is wrong.
+    public static func parse(_ bytes: [UInt8], file: String) throws(ConfigurationError) -> AgentConfiguration {
+        // An empty file (or only whitespace) means "all defaults".
+        if bytes.allSatisfy({ [0x20, 0x09, 0x0A, 0x0D].contains($0) }) { return AgentConfiguration() }
+        let configuration: AgentConfiguration
+        do {
+            configuration = try JSONDecoder().decode(AgentConfiguration.self, from: Data(bytes))
+        } catch let error as DecodingError {
+            throw ConfigurationError("\(file): \(describe(error))")
+        } catch {
+            throw ConfigurationError("\(file): not valid JSON")
+        }
+        for endpoint in configuration.endpoints {
+            do { _ = try endpoint.route() } catch { throw ConfigurationError("\(file): \(error.description)") }
+        }
+        return configuration
+    }
+
+    static func describe(_ error: DecodingError) -> String {
+        func path(_ keys: [any CodingKey]) -> String {
+            keys.map { $0.intValue.map { "[\($0)]" } ?? ".\($0.stringValue)" }.joined().drop { $0 == "." }.description
+        }
+        switch error {
+        case .typeMismatch(let type, let context):
+            return "\(path(context.codingPath)): expected \(type)"
+        case .valueNotFound(_, let context):
+            return "\(path(context.codingPath)): missing value"
+        case .keyNotFound(let key, let context):
+            return "\(path(context.codingPath + [key])): required"
+        case .dataCorrupted(let context):
+            let at = path(context.codingPath)
+            return at.isEmpty ? "not valid JSON" : "\(at): \(context.debugDescription)"
+        @unknown default:
+            return "invalid"
+        }
+    }
+}

@@ -1,0 +1,210 @@
+import ArgumentParser
+import LMXAgent
+import LMXCore
+import LMXDiscovery
+import LMXProbe
+import LMXStore
+import Logging
+import ServiceLifecycle
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@main
+struct LMXAgentd: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "lmx-agentd",
+        abstract: "Keep track of which Opta LMX server this machine should use, and tell local tools.",
+        discussion: """
+            Finds servers on the LAN over mDNS (_opta-lmx._tcp), probes them and any paired or \
+            configured endpoints by the LMX contract, picks the active one (LAN first, the WAN \
+            tunnel when no LAN server is healthy) and serves its state over a Unix socket for \
+            lmx-status, curl --unix-socket and any other tool.
+
+            Paths, as root: /run/lmx/agent.sock, /var/lib/lmx/agent.db, /etc/lmx/agent.json; \
+            otherwise under $XDG_RUNTIME_DIR, $XDG_STATE_HOME and $XDG_CONFIG_HOME. LMX_SOCKET \
+            and LMX_DB override the socket and database paths.
+
+            Signals: SIGTERM and SIGINT stop gracefully; SIGHUP reloads the config file.
+
+            Exit codes: 0 stopped cleanly, 64 usage error, 73 another lmx-agentd serves the \
+            socket, 74 the database cannot be opened, 78 configuration error.
+            """,
+        version: StatusAPI.version)
+
+    @Option(name: .long, help: ArgumentHelp("Unix socket to serve the status API on.", valueName: "path"))
+    var socket: String?
+
+    @Option(name: .long, help: ArgumentHelp("SQLite database file.", valueName: "path"))
+    var db: String?
+
+    @Option(name: .long, help: ArgumentHelp("JSON config file (absent: defaults).", valueName: "path"))
+    var config: String?
+
+    @Option(
+        name: .customLong("endpoint"),
+        help: ArgumentHelp(
+            "A manual endpoint, scheme://host[:port] (repeatable). https:// is treated as WAN, http:// as LAN.",
+            valueName: "url"))
+    var endpoints: [String] = []
+
+    @Flag(name: .customLong("no-discovery"), help: "Do not browse mDNS; use only paired and configured endpoints.")
+    var noDiscovery = false
+
+    @Option(name: [.customShort("i"), .long], help: ArgumentHelp("Only these interfaces for mDNS (glob, repeatable).", valueName: "glob"))
+    var interface: [String] = []
+
+    @Option(name: .customLong("extra-ca-file"), help: ArgumentHelp("PEM file of extra trusted CAs for HTTPS endpoints.", valueName: "path"))
+    var extraCAFile: String?
+
+    @Option(name: .customLong("log-level"), help: "trace, debug, info, notice, warning or error.")
+    var logLevel: String?
+
+    func validate() throws {
+        for url in endpoints {
+            do { _ = try ManualEndpoint(url: url).route() } catch { throw ValidationError("--endpoint: \(error.description)") }
+        }
+        if let logLevel, Logger.Level(rawValue: logLevel) == nil {
+            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")
+        }
+    }
+
+    func run() async throws {
+        umask(0o077)
+        let environment = ProcessInfo.processInfo.environment
+        var paths = AgentPaths.standard(uid: geteuid(), environment: environment)
+        if let socket { paths.socket = socket }
+        if let db { paths.database = db }
+        let configPath = config ?? paths.config
+        let explicitConfig = config != nil
+
+        let load: @Sendable () throws -> AgentConfiguration = { [endpoints, noDiscovery, interface, extraCAFile, logLevel] in
+            var configuration = try Self.loadConfiguration(configPath, required: explicitConfig)
+            configuration.endpoints += endpoints.map { ManualEndpoint(url: $0) }
+            if noDiscovery { configuration.discovery = false }
+            if !interface.isEmpty { configuration.interfaces = interface }
+            if let extraCAFile { configuration.extraCAFile = extraCAFile }
+            if let logLevel { configuration.logLevel = logLevel }
+            return configuration
+        }
+        let configuration: AgentConfiguration
+        do {
+            configuration = try load()
+        } catch {
+            Self.fail("lmx-agentd: \(error)", code: 78)
+        }
+
+        let level = Logger.Level(rawValue: configuration.logLevel) ?? .info
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        var logger = Logger(label: "lmx-agentd")
+        logger.logLevel = level
+
+        switch SocketGuard.probe(paths.socket) {
+        case .live:
+            Self.fail(
+                "lmx-agentd: another lmx-agentd is already serving \(paths.socket); stop it first, or pick another path with --socket",
+                code: 73)
+        case .stale:
+            logger.notice("replacing a stale socket file left by a daemon that is gone", metadata: ["socket": "\(paths.socket)"])
+            unlink(paths.socket)
+        case .free:
+            break
+        }
+        do {
+            try SocketGuard.prepareDirectory(for: paths.socket)
+        } catch {
+            Self.fail("lmx-agentd: \(error)", code: 73)
+        }
+
+        let store: AgentStore
+        do {
+            store = try AgentStore.open(path: paths.database, eventRetention: configuration.eventRetention) { line in
+                logger.warning("\(line)")
+            }
+        } catch {
+            Self.fail("lmx-agentd: cannot open the database \(paths.database): \(error); check its directory's permissions or pass --db", code: 74)
+        }
+        let prober: Prober
+        do {
+            prober = try Prober(extraCAFile: configuration.extraCAFile)
+        } catch {
+            Self.fail("lmx-agentd: cannot read the CA file \(configuration.extraCAFile ?? ""): \(error)", code: 78)
+        }
+
+        let manager = ConnectionManager(configuration: configuration, prober: prober, store: store, logger: logger)
+        let (readyStream, readyContinuation) = AsyncStream<Void>.makeStream()
+        let app = StatusServer.application(manager: manager, socketPath: paths.socket, logger: logger) {
+            readyContinuation.yield()
+            readyContinuation.finish()
+        }
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
+            .init(service: ManagerService(manager: manager), serviceName: "manager")
+        ]
+        if configuration.discovery {
+            let browse = BrowseConfiguration(
+                interfaces: InterfaceFilter(include: configuration.interfaces, exclude: configuration.excludeInterfaces),
+                waitForDaemon: true)
+            services.append(.init(service: DiscoveryService(manager: manager, configuration: browse, logger: logger), successTerminationBehavior: .ignore, serviceName: "discovery"))
+        } else {
+            await manager.setDiscoveryState("disabled", detail: nil)
+        }
+        services.append(.init(service: ReloadService(manager: manager, logger: logger, load: load), serviceName: "reload"))
+        services.append(.init(service: app, serviceName: "status-api"))
+        services.append(.init(service: WatchDrainService(manager: manager), serviceName: "watch-drain"))
+        services.append(.init(
+            service: SystemdNotifier(manager: manager, environment: environment) {
+                for await _ in readyStream { break }
+            }, successTerminationBehavior: .ignore, serviceName: "systemd"))
+
+        logger.info(
+            "starting",
+            metadata: [
+                "version": "\(StatusAPI.version)", "socket": "\(paths.socket)", "db": "\(paths.database)",
+                "config": "\(access(configPath, F_OK) == 0 ? configPath : "none (defaults)")",
+            ])
+        let group = ServiceGroup(configuration: .init(
+            services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+        do {
+            try await group.run()
+        } catch {
+            logger.error("stopped on an error: \(error)")
+        }
+        await prober.shutdown()
+        try? store.close()
+        unlink(paths.socket)
+        logger.info("stopped")
+    }
+
+    static func loadConfiguration(_ path: String, required: Bool) throws -> AgentConfiguration {
+        guard let handle = fopen(path, "rb") else {
+            if errno == ENOENT && !required { return AgentConfiguration() }
+            throw ConfigurationError("cannot read config file \(path): \(String(cString: strerror(errno)))")
+        }
+        defer { fclose(handle) }
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let n = fread(&buffer, 1, buffer.count, handle)
+            if n <= 0 { break }
+            bytes += buffer[0..<n]
+            if bytes.count > 1_048_576 { throw ConfigurationError("config file \(path) is larger than 1 MiB") }
+        }
+        return try AgentConfiguration.parse(bytes, file: path)
+    }
+
+    static func fail(_ message: String, code: Int32) -> Never {
+        let line = Array((message + "\n").utf8)
+        _ = line.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
+        Glibc.exit(code)
+    }
+}

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""A test server that speaks the Opta LMX HTTP contract (CONTRACT.md §2-§3), switchable at run time.
+
+Usage: lmx-test-server.py --bind ADDR --port N [--instance ID] [--tls CERT KEY]
+                          [--require-access ID SECRET]
+
+Reads commands on stdin, one per line, and answers "ok <command>" on stdout:
+  ready | notready | overloaded | 401 | 403 | 502 | 530 | login-redirect | wrong-service
+  slow MS       every answer waits MS milliseconds
+  hang          accept connections but never answer
+  dead          stop listening (connections are refused)
+  alive         listen again
+  instance ID   report another instance_id
+  quit
+Every request is logged on stdout as "REQ <path> <header names that carry credentials>".
+"""
+import argparse
+import json
+import socket
+import ssl
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+state = {"mode": "ready", "delay": 0.0, "instance": None}
+lock = threading.Lock()
+out_lock = threading.Lock()
+
+
+def say(line):
+    with out_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "opta-lmx-test/0.1"
+
+    def log_message(self, *args):
+        pass
+
+    def send_json(self, status, body, headers=None):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("X-Request-ID", "test-%d" % time.monotonic_ns())
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        args = self.server.args
+        creds = [h for h in ("CF-Access-Client-Id", "CF-Access-Client-Secret", "X-Admin-Key", "Authorization")
+                 if self.headers.get(h) is not None]
+        say("REQ %s %s" % (self.path, ",".join(creds) or "-"))
+        with lock:
+            mode, delay, instance = state["mode"], state["delay"], state["instance"]
+        if mode == "hang":
+            time.sleep(3600)
+            return
+        if delay:
+            time.sleep(delay)
+        path = self.path.split("?", 1)[0]
+        if args.require_access:
+            cid, secret = args.require_access
+            if self.headers.get("CF-Access-Client-Id") != cid or self.headers.get("CF-Access-Client-Secret") != secret:
+                return self.send_json(403, {"detail": "Forbidden by Access"})
+        if mode in ("401", "403"):
+            return self.send_json(int(mode), {"detail": "Invalid or missing key"})
+        if mode in ("502", "530"):
+            return self.send_json(int(mode), {"error": "tunnel"})
+        if mode == "login-redirect":
+            self.send_response(302)
+            self.send_header("Location", "https://team.cloudflareaccess.com/cdn-cgi/access/login/x")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if mode == "overloaded" and path not in ("/healthz", "/readyz", "/admin/health"):
+            return self.send_json(503, {"error": {"message": "Server under memory pressure", "type": "server_error",
+                                                  "code": "overloaded"}}, {"Retry-After": "30"})
+        ident = instance or args.instance
+        if path == "/healthz":
+            return self.send_json(200, {"status": "ok", "version": "0.1.0"})
+        if path in ("/.well-known/opta-lmx", "/v1/discovery"):
+            ready = mode not in ("notready",)
+            host = args.bind
+            return self.send_json(200, {
+                "schema_version": "2026-03-02", "instance_id": ident,
+                "continuity": {"event_resume_supported": True},
+                "service": "something-else" if mode == "wrong-service" else "opta-lmx",
+                "version": "0.1.0", "security_profile": "lan", "ready": ready,
+                "loaded_models": ["test/model"] if ready else [], "loaded_model_count": 1 if ready else 0,
+                "in_flight_requests": 0,
+                "auth": {"admin_key_required": True, "inference_key_required": False, "supabase_jwt_enabled": False},
+                "endpoints": {"preferred_base_url": "http://%s:%d" % (host, args.port), "base_urls": []},
+            })
+        if path == "/readyz":
+            if mode == "notready":
+                return self.send_json(503, {"status": "unavailable", "reason": "no models loaded"})
+            return self.send_json(200, {"status": "ready", "version": "0.1.0", "models_loaded": 1})
+        if path.startswith("/admin/"):
+            if self.headers.get("X-Admin-Key") != args.admin_key:
+                return self.send_json(403, {"detail": "Invalid or missing admin key"})
+            return self.send_json(200, {"status": "ok"})
+        return self.send_json(404, {"detail": "Not Found"})
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def make_server(args):
+    server = Server((args.bind, args.port), Handler)
+    server.args = args
+    if args.tls:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.tls[0], args.tls[1])
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bind", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--instance", default=None)
+    parser.add_argument("--admin-key", default="test-admin-key")
+    parser.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
+    parser.add_argument("--require-access", nargs=2, metavar=("ID", "SECRET"))
+    parser.add_argument("--mode", default="ready")
+    args = parser.parse_args()
+    if args.instance is None:
+        args.instance = "%s:%d" % (socket.gethostname(), args.port)
+    state["mode"] = args.mode
+    server = make_server(args)
+    say("listening %s:%d" % (args.bind, args.port))
+    for raw in sys.stdin:
+        command = raw.strip().split()
+        if not command:
+            continue
+        name = command[0]
+        if name == "quit":
+            break
+        with lock:
+            if name == "slow":
+                state["delay"] = int(command[1]) / 1000.0
+            elif name == "instance":
+                state["instance"] = command[1]
+            elif name == "dead":
+                if server is not None:
+                    server.shutdown()
+                    server.server_close()
+                    server = None
+            elif name == "alive":
+                if server is None:
+                    server = make_server(args)
+            else:
+                state["mode"] = name
+                state["delay"] = 0.0 if name != "hang" else state["delay"]
+        say("ok " + " ".join(command))
+    if server is not None:
+        server.shutdown()
+
+
+if __name__ == "__main__":
+    main()
