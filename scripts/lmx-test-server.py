@@ -36,6 +36,7 @@ def say(line):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
     server_version = "opta-lmx-test/0.1"
 
     def log_message(self, *args):

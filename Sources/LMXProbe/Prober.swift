@@ -29,6 +29,8 @@ public final class Prober: Sendable {
             redirectConfiguration: .disallow,  // a redirect is an answer (Cloudflare Access login)
             decompression: .disabled)
         configuration.connectionPool = .init(idleTimeout: .seconds(90))
+        // A probe wants the first answer: a refused connection is a verdict, not something to retry.
+        configuration.connectionPool.retryConnectionEstablishment = false
         configuration.httpVersion = .http1Only
         client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
     }

@@ -1,0 +1,224 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Why talking to the agent failed.
+public enum StatusClientError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// Nothing listens on the socket (no file, or a stale file from a daemon that is gone).
+    case notRunning(socket: String, reason: String)
+    /// Permission denied on the socket.
+    case forbidden(socket: String)
+    /// The daemon answered something that is not HTTP, or went away mid-answer.
+    case protocolError(String)
+    case timedOut
+
+    public var description: String {
+        switch self {
+        case .notRunning(let socket, let reason): "lmx-agentd is not running (\(socket): \(reason))"
+        case .forbidden(let socket): "permission denied on \(socket)"
+        case .protocolError(let why): "unexpected answer from lmx-agentd: \(why)"
+        case .timedOut: "lmx-agentd did not answer in time"
+        }
+    }
+}
+
+/// One HTTP answer from the agent.
+public struct StatusResponse: Sendable {
+    public var status: Int
+    public var headers: [String: String]
+    public var body: [UInt8]
+}
+
+/// A minimal HTTP/1.1 client over the agent's Unix socket: no event loop, no threads, so that
+/// `lmx-status --url` costs a few milliseconds.
+public struct StatusClient: Sendable {
+    public let socketPath: String
+    public var timeout: Double
+
+    public init(socketPath: String, timeout: Double = 5) {
+        self.socketPath = socketPath
+        self.timeout = timeout
+    }
+
+    /// Performs one request and reads the whole answer.
+    public func request(_ method: String = "GET", _ path: String) throws(StatusClientError) -> StatusResponse {
+        let fd = try connectSocket()
+        defer { close(fd) }
+        try send(fd, "\(method) \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+        var reader = Reader(fd: fd)
+        let (status, headers) = try reader.readHead()
+        var body: [UInt8] = []
+        if headers["transfer-encoding"]?.lowercased().contains("chunked") == true {
+            while let chunk = try reader.readChunk() { body += chunk }
+        } else if let length = headers["content-length"].flatMap(Int.init) {
+            body = try reader.read(count: length)
+        } else {
+            body = try reader.readToEnd()
+        }
+        return StatusResponse(status: status, headers: headers, body: body)
+    }
+
+    /// Streams `/v1/watch`: calls `line` for every NDJSON line until the agent closes the stream
+    /// or `line` returns false.
+    public func stream(_ path: String, line: ([UInt8]) -> Bool) throws(StatusClientError) {
+        let fd = try connectSocket(receiveTimeout: nil)
+        defer { close(fd) }
+        try send(fd, "GET \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\n\r\n")
+        var reader = Reader(fd: fd)
+        let (status, headers) = try reader.readHead()
+        guard status == 200 else { throw .protocolError("HTTP \(status)") }
+        let chunked = headers["transfer-encoding"]?.lowercased().contains("chunked") == true
+        var pending: [UInt8] = []
+        while true {
+            let data: [UInt8]?
+            if chunked { data = try reader.readChunk() } else { data = try reader.readSome() }
+            guard let data else { return }
+            pending += data
+            while let newline = pending.firstIndex(of: 0x0A) {
+                let text = Array(pending[..<newline])
+                pending.removeSubrange(...newline)
+                if !line(text) { return }
+            }
+        }
+    }
+
+    private func connectSocket(receiveTimeout: Double? = -1) throws(StatusClientError) -> Int32 {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw .protocolError("socket() failed") }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(socketPath.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            close(fd)
+            throw .notRunning(socket: socketPath, reason: "path too long")
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
+        let result = withUnsafePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        if result != 0 {
+            let code = errno
+            close(fd)
+            if code == EACCES || code == EPERM { throw .forbidden(socket: socketPath) }
+            throw .notRunning(socket: socketPath, reason: code == ENOENT ? "no socket file" : String(cString: strerror(code)))
+        }
+        let seconds = receiveTimeout == -1 ? timeout : receiveTimeout
+        if let seconds {
+            var tv = timeval(tv_sec: Int(seconds), tv_usec: Int((seconds - Double(Int(seconds))) * 1_000_000))
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+        }
+        return fd
+    }
+
+    private func send(_ fd: Int32, _ text: String) throws(StatusClientError) {
+        let bytes = Array(text.utf8)
+        var sent = 0
+        while sent < bytes.count {
+            let n = bytes[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            if n <= 0 {
+                if errno == EINTR { continue }
+                throw .protocolError("the connection closed while sending")
+            }
+            sent += n
+        }
+    }
+}
+
+/// Buffered reads with just enough HTTP/1.1 parsing for the agent's answers.
+private struct Reader {
+    let fd: Int32
+    var buffer: [UInt8] = []
+    var eof = false
+
+    init(fd: Int32) { self.fd = fd }
+
+    mutating func fill() throws(StatusClientError) -> Bool {
+        guard !eof else { return false }
+        var chunk = [UInt8](repeating: 0, count: 16_384)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n > 0 {
+                buffer += chunk[0..<n]
+                return true
+            }
+            if n == 0 {
+                eof = true
+                return false
+            }
+            if errno == EINTR { continue }
+            if errno == EAGAIN || errno == EWOULDBLOCK { throw .timedOut }
+            throw .protocolError("read failed: \(String(cString: strerror(errno)))")
+        }
+    }
+
+    mutating func readLine() throws(StatusClientError) -> String {
+        while true {
+            if let index = buffer.firstIndex(of: 0x0A) {
+                var line = Array(buffer[..<index])
+                buffer.removeSubrange(...index)
+                if line.last == 0x0D { line.removeLast() }
+                return String(decoding: line, as: UTF8.self)
+            }
+            guard buffer.count < 65_536 else { throw .protocolError("header line too long") }
+            guard try fill() else { throw .protocolError("the connection closed early") }
+        }
+    }
+
+    mutating func readHead() throws(StatusClientError) -> (Int, [String: String]) {
+        let statusLine = try readLine()
+        let parts = statusLine.split(separator: " ", maxSplits: 2)
+        guard parts.count >= 2, parts[0].hasPrefix("HTTP/1."), let status = Int(parts[1]) else {
+            throw .protocolError("not an HTTP answer")
+        }
+        var headers: [String: String] = [:]
+        while true {
+            let line = try readLine()
+            if line.isEmpty { break }
+            guard let colon = line.firstIndex(of: ":") else { continue }
+            let name = line[..<colon].lowercased()
+            let value = line[line.index(after: colon)...].drop { $0 == " " }
+            headers[name] = String(value)
+        }
+        return (status, headers)
+    }
+
+    mutating func read(count: Int) throws(StatusClientError) -> [UInt8] {
+        while buffer.count < count {
+            guard try fill() else { throw .protocolError("the answer was cut short") }
+        }
+        let result = Array(buffer[..<count])
+        buffer.removeFirst(count)
+        return result
+    }
+
+    mutating func readToEnd() throws(StatusClientError) -> [UInt8] {
+        while try fill() {}
+        defer { buffer = [] }
+        return buffer
+    }
+
+    /// Whatever is available next; `nil` at the end of the stream.
+    mutating func readSome() throws(StatusClientError) -> [UInt8]? {
+        if buffer.isEmpty, !(try fill()) { return nil }
+        defer { buffer = [] }
+        return buffer
+    }
+
+    /// The next chunk of a chunked body; `nil` after the last one.
+    mutating func readChunk() throws(StatusClientError) -> [UInt8]? {
+        let sizeLine = try readLine()
+        guard let size = Int(sizeLine.split(separator: ";").first ?? "", radix: 16) else {
+            throw .protocolError("bad chunk size")
+        }
+        if size == 0 {
+            _ = try? readLine()
+            return nil
+        }
+        let data = try read(count: size)
+        _ = try readLine()
+        return data
+    }
+}

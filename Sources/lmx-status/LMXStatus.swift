@@ -1,0 +1,176 @@
+import ArgumentParser
+import LMXCore
+import LMXStatusClient
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@main
+struct LMXStatus: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "lmx-status",
+        abstract: "Show which Opta LMX endpoint to use now, as lmx-agentd sees it.",
+        discussion: """
+            With no option: a one-line summary and the table of candidates.
+
+              export OPENAI_BASE_URL="$(lmx-status --url)/v1"
+
+            The socket is /run/lmx/agent.sock for root, $XDG_RUNTIME_DIR/lmx/agent.sock otherwise; \
+            LMX_SOCKET or --socket override it.
+
+            Exit codes: 0 an endpoint is active, 1 none is, 69 lmx-agentd is not running, 64 usage error.
+            """,
+        version: StatusAPI.version)
+
+    @Flag(name: .long, help: "Print only the active base URL (append /v1 for OpenAI clients).")
+    var url = false
+
+    @Flag(name: .long, help: "Print the full status as JSON (with --watch: the raw NDJSON lines).")
+    var json = false
+
+    @Flag(name: .long, help: "Keep running and print every change.")
+    var watch = false
+
+    @Option(name: .long, help: ArgumentHelp("The agent's socket.", valueName: "path"))
+    var socket: String?
+
+    func validate() throws {
+        if url && json { throw ValidationError("--url and --json cannot be used together") }
+        if url && watch { throw ValidationError("--url and --watch cannot be used together") }
+    }
+
+    func run() throws {
+        var path = AgentPaths.standard(uid: geteuid(), environment: ProcessInfo.processInfo.environment).socket
+        if let socket { path = socket }
+        let client = StatusClient(socketPath: path)
+        do {
+            if watch { return try follow(client) }
+            if url { return try printURL(client) }
+            try printStatus(client)
+        } catch let error as StatusClientError {
+            switch error {
+            case .notRunning:
+                Output.error("lmx-status: \(error.description)")
+                Output.error("start it with `systemctl start lmx-agentd` (or run `lmx-agentd` in a terminal); for another socket use --socket or LMX_SOCKET")
+                throw ExitCode(69)
+            case .forbidden:
+                Output.error("lmx-status: \(error.description); ask the administrator, or run lmx-agentd as your own user")
+                throw ExitCode(69)
+            default:
+                Output.error("lmx-status: \(error.description)")
+                throw ExitCode(69)
+            }
+        }
+    }
+
+    private func printURL(_ client: StatusClient) throws {
+        let response = try client.request("GET", "/v1/active")
+        if response.status == 200, let active = try? JSONDecoder().decode(StatusAPI.Active.self, from: Data(response.body)) {
+            Output.out(active.baseURL)
+            return
+        }
+        let reason = (try? JSONDecoder().decode(StatusAPI.ErrorBody.self, from: Data(response.body)))?.reason ?? "HTTP \(response.status)"
+        Output.error("lmx-status: no active endpoint: \(reason)")
+        throw ExitCode(1)
+    }
+
+    private func printStatus(_ client: StatusClient) throws {
+        let response = try client.request("GET", "/v1/status")
+        guard response.status == 200, let status = try? JSONDecoder().decode(StatusAPI.Status.self, from: Data(response.body)) else {
+            throw StatusClientError.protocolError("HTTP \(response.status) for /v1/status")
+        }
+        if json {
+            Output.out(String(decoding: response.body, as: UTF8.self).trimmingNewline)
+        } else {
+            Output.out(Self.summary(status))
+            let rows: [[String]] = status.candidates.flatMap { candidate in candidate.routes.map(Self.row) }
+            if !rows.isEmpty {
+                Output.out("")
+                Output.out(TextTable.render(headers: ["  NAME", "VIA", "SOURCE", "URL", "VERDICT", "LATENCY", "WHY"], rows: rows))
+            }
+        }
+        if status.active == nil { throw ExitCode(1) }
+    }
+
+    static func row(_ route: StatusAPI.RouteStatus) -> [String] {
+        let marker = route.active ? "* " : "  "
+        let latency = route.latencyMS.map { "\(($0 * 10).rounded() / 10) ms" } ?? "-"
+        return [
+            marker + ServerTable.printable(route.name), route.via.rawValue, route.source.rawValue, route.baseURL,
+            route.verdict?.rawValue ?? "unknown", latency, ServerTable.printable(route.reason),
+        ]
+    }
+
+    static func summary(_ status: StatusAPI.Status) -> String {
+        guard let active = status.active else {
+            return "No active endpoint: \(status.noActiveReason ?? "unknown"). mDNS: \(status.avahi)."
+        }
+        return "Active: \(active.baseURL) via \(active.via.rawValue) (\(ServerTable.printable(active.name)), \(active.verdict.rawValue)) since \(active.since). mDNS: \(status.avahi)."
+    }
+
+    private func follow(_ client: StatusClient) throws {
+        try client.stream("/v1/watch") { bytes in
+            if json {
+                Output.out(String(decoding: bytes, as: UTF8.self))
+                return true
+            }
+            guard let line = try? JSONDecoder().decode(StatusAPI.WatchLine.self, from: Data(bytes)) else { return true }
+            switch line.type {
+            case "snapshot":
+                if let status = line.status { Output.out("\(line.at) \(Self.summary(status))") }
+            case "active":
+                if let active = line.active {
+                    Output.out("\(line.at) active → \(active.baseURL) via \(active.via.rawValue) (\(active.verdict.rawValue)): \(line.reason ?? "")")
+                } else {
+                    Output.out("\(line.at) no active endpoint: \(line.reason ?? "")")
+                }
+            case "health":
+                if let route = line.route {
+                    Output.out("\(line.at) \(ServerTable.printable(route.name)) [\(route.via.rawValue)] is \(route.verdict?.rawValue ?? "unknown"): \(line.reason ?? "")")
+                }
+            case "candidate-added", "candidate-removed":
+                if let route = line.route {
+                    let verb = line.type == "candidate-added" ? "added" : "removed"
+                    Output.out("\(line.at) \(verb) \(ServerTable.printable(route.name)) \(route.baseURL) (\(route.source.rawValue))")
+                }
+            case "avahi":
+                Output.out("\(line.at) avahi-daemon \(line.avahi ?? "?")\(line.reason.map { ": \($0)" } ?? "")")
+            default:
+                break
+            }
+            return true
+        }
+    }
+}
+
+extension String {
+    fileprivate var trimmingNewline: String {
+        var s = self
+        while s.hasSuffix("\n") { s.removeLast() }
+        return s
+    }
+}
+
+enum Output {
+    static func out(_ line: String) { write(line + "\n", to: STDOUT_FILENO) }
+    static func error(_ line: String) { write(line + "\n", to: STDERR_FILENO) }
+
+    private static func write(_ text: String, to fd: Int32) {
+        var text = text
+        text.withUTF8 { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                let written = Glibc.write(fd, buffer.baseAddress! + offset, buffer.count - offset)
+                if written < 0 && errno == EINTR { continue }
+                guard written > 0 else { return }
+                offset += written
+            }
+        }
+    }
+}
