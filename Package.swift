@@ -105,8 +105,8 @@ let package = Package(
 
         .testTarget(name: "LMXCoreTests", dependencies: ["LMXCore"]),
         .testTarget(name: "LMXStoreTests", dependencies: ["LMXCore", "LMXStore"]),
-        .testTarget(name: "DiscoveryIntegrationTests", dependencies: ["LMXCore"]),
-        .testTarget(name: "AgentIntegrationTests", dependencies: ["LMXCore", "LMXStatusClient"]),
+        // End to end: the real binaries against real avahi-daemons, namespace hosts and servers.
+        .testTarget(name: "IntegrationTests", dependencies: ["LMXCore", "LMXStatusClient"]),
     ],
     swiftLanguageModes: [.v6]
 )

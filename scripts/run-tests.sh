@@ -11,4 +11,5 @@ command -v swift >/dev/null || export PATH="/opt/swift/usr/bin:$PATH"
 trap 'scripts/testbed.sh down' EXIT
 scripts/testbed.sh up
 swift build --build-tests
-LMX_BIN_DIR="$(swift build --show-bin-path)" swift test --skip-build "$@"
+# Serial: the integration suites share one test LAN (one avahi-daemon, one bridge).
+LMX_BIN_DIR="$(swift build --show-bin-path)" swift test --skip-build --no-parallel "$@"

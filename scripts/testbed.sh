@@ -9,6 +9,7 @@
 #   scripts/testbed.sh start-avahi NAME
 #   scripts/testbed.sh restart-avahi NAME
 #   scripts/testbed.sh reload-avahi NAME  SIGHUP: re-read static service files
+#   scripts/testbed.sh link hN up|down    cut or restore a namespace host's link (no goodbye)
 #   scripts/testbed.sh publish-bulk N PREFIX  publish N services "PREFIX 001".. from host h2
 #   scripts/testbed.sh unpublish-bulk     withdraw them
 #
@@ -159,6 +160,31 @@ make_network() {
     done
 }
 
+# A test certificate authority and a server certificate for 127.0.0.1 / localhost / tunnel.lmx.test:
+# the stand-in for a Cloudflare tunnel's public certificate (trusted only through --extra-ca-file).
+make_tls() {
+    local dir="$STATE/tls"
+    [ -s "$dir/tunnel.pem" ] && return 0
+    mkdir -p "$dir"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=lmx test CA" \
+        -keyout "$dir/ca.key" -out "$dir/ca.pem" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=tunnel.lmx.test" \
+        -keyout "$dir/tunnel.key" -out "$dir/tunnel.csr" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:tunnel.lmx.test\n' > "$dir/ext.cnf"
+    openssl x509 -req -in "$dir/tunnel.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -CAcreateserial \
+        -days 2 -extfile "$dir/ext.cnf" -out "$dir/tunnel.pem" 2>/dev/null
+    # A second, untrusted certificate: what a man in the middle would present.
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=tunnel.lmx.test" \
+        -addext "subjectAltName=IP:127.0.0.1,DNS:localhost" \
+        -keyout "$dir/rogue.key" -out "$dir/rogue.pem" 2>/dev/null
+}
+
+# Cut or restore host hN's link on the bridge: packets vanish, nobody says goodbye.
+link() { # h1|h2|h3 up|down
+    local i=${1#h}
+    ip link set "lmxv$i" "$2"
+}
+
 make_venv() {
     [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import zeroconf' 2>/dev/null && return 0
     log "creating the zeroconf venv at $VENV"
@@ -185,6 +211,7 @@ LMX_TESTBED_H3_ADDR=$SUBNET.13
 LMX_TESTBED_NO_AVAHI_BUS=unix:path=$STATE/h3/bus
 LMX_TESTBED_PYTHON=$VENV/bin/python
 LMX_TESTBED_SCRIPT=$REPO/scripts/testbed.sh
+LMX_TESTBED_TLS=$STATE/tls
 EOF
 }
 
@@ -201,6 +228,7 @@ up() {
     start_avahi h1
     start_avahi h2
     make_venv
+    make_tls
     write_env
     log "up: root avahi on lo,$BRIDGE; hosts lmxh1 $SUBNET.11, lmxh2 $SUBNET.12, lmxh3 $SUBNET.13 ($STATE/env)"
 }
@@ -258,6 +286,7 @@ up) up ;;
 down) down ;;
 status) cat "$STATE/env" ;;
 stop-avahi) stop_avahi "${2:?host}" ;;
+link) link "${2:?host}" "${3:?up or down}" ;;
 start-avahi) start_avahi "${2:?host}" ;;
 restart-avahi) stop_avahi "${2:?host}"; start_avahi "$2" ;;
 reload-avahi) kill -HUP "$(cat "$STATE/${2:?host}/avahi.pid")" ;;

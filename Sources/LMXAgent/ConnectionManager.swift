@@ -219,18 +219,19 @@ public actor ConnectionManager {
         guard !stopped else { return }
         let t = now()
         handle(planner.tick(now: t))
-        for route in planner.takeDueProbes(now: t) {
+        for task in planner.takeDueProbes(now: t) {
+            let route = task.route, full = task.full
             let timeout = planner.policy.timeout(for: route.via)
             let prober = self.prober
             probeTasks[route.id] = Task {
-                let report = await prober.probe(route, timeout: timeout)
-                self.probeFinished(route.id, report: report)
+                let report = await prober.probe(route, timeout: timeout, full: full)
+                self.probeFinished(route.id, report: report, full: full)
             }
         }
         schedule()
     }
 
-    private func probeFinished(_ routeID: String, report: ProbeReport) {
+    private func probeFinished(_ routeID: String, report: ProbeReport, full: Bool) {
         probeTasks[routeID] = nil
         guard !stopped else { return }
         let t = now()
@@ -239,7 +240,7 @@ public actor ConnectionManager {
             latencySum += report.latency
             if let i = Self.latencyBuckets.firstIndex(where: { report.latency <= $0 }) { latencyCounts[i] += 1 }
         }
-        handle(planner.record(report, for: routeID, now: t))
+        handle(planner.record(report, for: routeID, full: full, now: t))
         if let state = planner.routes[routeID] {
             do {
                 try store.saveStats(ProbeStats(

@@ -44,9 +44,11 @@ public final class Prober: Sendable {
     /// - Parameters:
     ///   - route: where and how to probe.
     ///   - timeout: per request, in seconds.
-    public func probe(_ route: Route, timeout: Double) async -> ProbeReport {
+    ///   - full: `false` for a quick liveness check (`/readyz` only).
+    public func probe(_ route: Route, timeout: Double, full: Bool = true) async -> ProbeReport {
         let start = ContinuousClock.now
-        var sequence = ProbeSequence(servicePath: route.servicePath, via: route.via, pinnedInstance: route.pinnedInstance)
+        var sequence = ProbeSequence(
+            servicePath: route.servicePath, via: route.via, pinnedInstance: route.pinnedInstance, quick: !full)
         var path = sequence.firstPath
         while true {
             let result = await get(route, path: path, timeout: timeout)

@@ -34,12 +34,13 @@ struct PlannerHarness {
     mutating func run(until end: Double) {
         while now <= end {
             // Probes started together complete in order of their latency.
-            for route in planner.takeDueProbes(now: now).sorted(by: { latency($0.id) < latency($1.id) }) {
+            for task in planner.takeDueProbes(now: now).sorted(by: { latency($0.route.id) < latency($1.route.id) }) {
+                let route = task.route
                 let verdict = script(route.id, now)
                 let report = ProbeReport(
                     verdict: verdict, latency: latency(route.id), detail: verdict.isAlive ? nil : "scripted",
                     instanceID: instance(route.id))
-                absorb(planner.record(report, for: route.id, now: now))
+                absorb(planner.record(report, for: route.id, full: task.full, now: now))
             }
             absorb(planner.tick(now: now))
             guard let next = planner.nextWakeup() else { break }
@@ -151,15 +152,35 @@ struct PlannerTests {
         h.run(until: 59.99)
         let failover = h.switches.first { $0.to == "wan/https://t.example.com" }
         #expect(failover != nil)
-        // Detected at the next active probe (≤ 2 s + jitter), confirmed one confirm interval later.
-        #expect(failover!.at - 30 <= 2.2 + 0.25 + 0.01)
+        // Detected at the next quick check (≤ 0.5 s + jitter), confirmed one confirm interval later.
+        #expect(failover!.at - 30 <= 0.55 + 0.25 + 0.01)
 
+        // The server comes back and announces itself again.
+        h.absorb(h.planner.withdraw("lan/10.0.0.1:1234", now: h.now))
+        h.now = 60
+        h.add(lan("10.0.0.1"))
         h.run(until: 100)
         let back = h.switches.last!
         #expect(back.to == "lan/10.0.0.1:1234")
         // Not before the LAN route has been healthy for the 10 s window.
         #expect(back.at >= 60 + 10)
-        #expect(back.at <= 60 + 10 + 4)
+        #expect(back.at <= 60 + 10 + 1.5)
+        #expect(h.switches.count == 3)
+    }
+
+    @Test("a dead LAN route is retried with backoff, and the agent returns once it is healthy for the window")
+    func lanReturnWithoutAnnouncement() {
+        var h = PlannerHarness { id, t in
+            if id.hasPrefix("wan") { return .ready }
+            return (30..<60).contains(t) ? .down : .ready
+        }
+        h.add(wan("https://t.example.com"))
+        h.add(lan("10.0.0.1"))
+        h.run(until: 200)
+        let back = h.switches.last!
+        #expect(back.to == "lan/10.0.0.1:1234")
+        #expect(back.at >= 70)
+        #expect(back.at <= 60 + 60 + 10 + 2)  // at most one maximal backoff late
         #expect(h.switches.count == 3)
     }
 
@@ -307,7 +328,7 @@ struct PlannerTests {
         planner.lastGoodID = "lan/10.0.0.7:1234"
         let first = planner.takeDueProbes(now: 0)
         #expect(first.count == 4)
-        #expect(first.first?.id == "lan/10.0.0.7:1234")
+        #expect(first.first?.route.id == "lan/10.0.0.7:1234")
         #expect(planner.takeDueProbes(now: 0).isEmpty)
     }
 }

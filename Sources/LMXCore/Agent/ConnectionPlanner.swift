@@ -28,6 +28,8 @@ public struct RouteState: Sendable, Hashable, Identifiable {
     public var smoothedLatency: Double?
     public var probeCount = 0
     public var failureCount = 0
+    /// When the last full probe (healthz, discovery document, readyz) finished.
+    public var lastFullProbeAt: Double?
     var backoff: Double = 0
     /// The server's `instance_id`, learned from its discovery document (or remembered).
     public var instanceID: String?
@@ -38,6 +40,13 @@ public struct RouteState: Sendable, Hashable, Identifiable {
         self.route = route
         self.nextProbeAt = now
     }
+}
+
+/// One probe to run.
+public struct ProbeTask: Sendable, Hashable {
+    public var route: Route
+    /// `false`: a quick liveness check (`/readyz` only) of the active route between full probes.
+    public var full: Bool
 }
 
 /// Something the planner decided that the world should hear about.
@@ -140,7 +149,7 @@ public struct ConnectionPlanner: Sendable {
 
     /// Routes to probe now, at most `maxConcurrentProbes` in flight; marks them in flight.
     /// The active route comes first, then the last-good one, then the most overdue.
-    public mutating func takeDueProbes(now: Double) -> [Route] {
+    public mutating func takeDueProbes(now: Double) -> [ProbeTask] {
         let inFlight = routes.values.filter(\.inFlight).count
         let room = policy.maxConcurrentProbes - inFlight
         guard room > 0 else { return [] }
@@ -153,7 +162,12 @@ public struct ConnectionPlanner: Sendable {
             }
             .prefix(room)
         for state in due { routes[state.id]!.inFlight = true }
-        return due.map(\.route)
+        return due.map { state in
+            // The active route is checked often and cheaply; every stable interval, in full.
+            let quick = state.id == activeID && state.health == .up && state.badStreak == 0
+                && state.lastFullProbeAt.map { now - $0 < policy.stableInterval } == true
+            return ProbeTask(route: state.route, full: !quick)
+        }
     }
 
     private func priority(_ state: RouteState) -> Int {
@@ -189,9 +203,21 @@ public struct ConnectionPlanner: Sendable {
     }
 
     /// Records the result of one probe and decides what follows.
-    public mutating func record(_ report: ProbeReport, for routeID: String, now: Double) -> [PlannerEvent] {
+    public mutating func record(_ report: ProbeReport, for routeID: String, full: Bool = true, now: Double) -> [PlannerEvent] {
         guard var state = routes[routeID] else { return [] }
         state.inFlight = false
+        var report = report
+        if full {
+            state.lastFullProbeAt = now
+        } else if let previous = state.lastReport {
+            // A quick check learns readiness only; keep what the last full probe learned.
+            report.instanceID = report.instanceID ?? previous.instanceID
+            report.version = report.version ?? previous.version
+            report.securityProfile = report.securityProfile ?? previous.securityProfile
+            report.adminKeyRequired = report.adminKeyRequired ?? previous.adminKeyRequired
+            report.inferenceKeyRequired = report.inferenceKeyRequired ?? previous.inferenceKeyRequired
+            report.modelCount = report.modelCount ?? previous.modelCount
+        }
         state.lastReport = report
         state.lastProbeAt = now
         state.probeCount += 1

@@ -12,8 +12,9 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
     public var pendingInterval: Double = 1
     /// Re-probe delay while the active route's health is about to change ("re-probe at once").
     public var confirmInterval: Double = 0.25
-    /// Probe interval of the active route.
-    public var activeInterval: Double = 2
+    /// Interval of the quick liveness checks (`/readyz` only) of the active route; it gets a full
+    /// probe every `stableInterval`.
+    public var activeInterval: Double = 0.5
     /// Probe interval of healthy LAN routes that are not active.
     public var stableInterval: Double = 10
     /// Probe interval of healthy WAN standbys.

@@ -55,17 +55,22 @@ public struct ProbeSequence: Sendable {
 
     private enum Stage: Sendable { case healthz, discovery(Int), readyz, done }
 
-    public init(servicePath: String, via: Via, pinnedInstance: String? = nil) {
+    /// - Parameters:
+    ///   - quick: a liveness check of a route already known to be this server: `/readyz` alone.
+    public init(servicePath: String, via: Via, pinnedInstance: String? = nil, quick: Bool = false) {
         self.via = via
         self.pinnedInstance = pinnedInstance
         var path = servicePath.isEmpty ? TXTRecord.defaultServicePath : servicePath
         if !path.hasPrefix("/") { path = "/" + path }
         discoveryPaths = path == "/v1/discovery" ? [path] : [path, "/v1/discovery"]
-        stage = .healthz
+        stage = quick ? .readyz : .healthz
     }
 
     /// The first request to make.
-    public var firstPath: String { "/healthz" }
+    public var firstPath: String {
+        if case .readyz = stage { return "/readyz" }
+        return "/healthz"
+    }
 
     /// Feeds the answer (or failure) to the request last asked for; returns what to do next.
     public mutating func receive(_ result: Result<ProbeResponse, ProbeTransportFailure>) -> Step {

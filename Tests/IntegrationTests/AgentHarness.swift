@@ -1,0 +1,171 @@
+import Foundation
+import LMXCore
+import LMXStatusClient
+import Testing
+
+/// A real `lmx-agentd` process with its own socket, database and config in a temporary directory.
+final class AgentProcess: Sendable {
+    let directory: String
+    let socket: String
+    let database: String
+    let configPath: String
+    let process: LiveProcess
+
+    var client: StatusClient { StatusClient(socketPath: socket, timeout: 5) }
+
+    private init(directory: String, process: LiveProcess) {
+        self.directory = directory
+        self.socket = directory + "/agent.sock"
+        self.database = directory + "/state/agent.db"
+        self.configPath = directory + "/agent.json"
+        self.process = process
+    }
+
+    /// A fresh directory for an agent's files.
+    static func makeDirectory() -> String {
+        let path = "/tmp/lmx-agent-test-\(TestBed.tag())"
+        try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        return path
+    }
+
+    /// Starts the daemon and waits until its socket answers.
+    /// - Parameters:
+    ///   - config: the JSON config file's content (`nil`: no file).
+    ///   - directory: reuse a directory (a restart keeps the database).
+    static func start(
+        _ bed: TestBed, config: String? = nil, arguments: [String] = [], directory: String? = nil,
+        environment: [String: String] = [:], waitForSocket: Bool = true
+    ) async throws -> AgentProcess {
+        let dir = directory ?? makeDirectory()
+        if let config {
+            try config.write(toFile: dir + "/agent.json", atomically: true, encoding: .utf8)
+        }
+        var env = ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(.root), "LMX_SOCKET": "", "LMX_DB": ""]
+        env.merge(environment) { $1 }
+        let process = LiveProcess(
+            "\(TestBed.binDir)/lmx-agentd",
+            ["--socket", dir + "/agent.sock", "--db", dir + "/state/agent.db", "--config", dir + "/agent.json",
+             "--log-level", "debug"] + arguments,
+            environment: env)
+        let agent = AgentProcess(directory: dir, process: process)
+        if config == nil { try "".write(toFile: dir + "/agent.json", atomically: true, encoding: .utf8) }
+        try process.start()
+        if waitForSocket {
+            guard await process.waitFor(timeout: 10, { _ in agent.isServing }) else {
+                await process.stop()
+                throw TestBedMissing(detail: "lmx-agentd did not serve its socket: \(process.stderr)")
+            }
+        }
+        return agent
+    }
+
+    var isServing: Bool { (try? client.request("GET", "/v1/status").status) == 200 }
+
+    func status() throws -> StatusAPI.Status {
+        let response = try client.request("GET", "/v1/status")
+        return try JSONDecoder().decode(StatusAPI.Status.self, from: Data(response.body))
+    }
+
+    func active() -> StatusAPI.Active? {
+        guard let response = try? client.request("GET", "/v1/active"), response.status == 200 else { return nil }
+        return try? JSONDecoder().decode(StatusAPI.Active.self, from: Data(response.body))
+    }
+
+    /// Polls `/v1/active` every 20 ms until `predicate` holds; returns the seconds it took, or nil.
+    func waitForActive(timeout: Double, _ predicate: (StatusAPI.Active?) -> Bool) async -> Double? {
+        let start = ContinuousClock.now
+        let deadline = start + .milliseconds(Int(timeout * 1000))
+        while ContinuousClock.now < deadline {
+            if predicate(active()) { return (ContinuousClock.now - start).seconds }
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        return nil
+    }
+
+    /// Waits until some route satisfies `predicate`.
+    func waitForRoute(timeout: Double, _ predicate: (StatusAPI.RouteStatus) -> Bool) async -> StatusAPI.RouteStatus? {
+        let deadline = ContinuousClock.now + .milliseconds(Int(timeout * 1000))
+        while ContinuousClock.now < deadline {
+            if let routes = try? status().candidates.flatMap(\.routes), let route = routes.first(where: predicate) {
+                return route
+            }
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+        return nil
+    }
+
+    func stop() async {
+        await process.stop()
+    }
+
+    /// Stops the daemon and removes its files.
+    func finish() async {
+        await process.stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+}
+
+extension Duration {
+    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
+}
+
+/// A test server speaking the LMX contract (`scripts/lmx-test-server.py`) on a test host.
+final class LMXServer: Sendable {
+    let process: LiveProcess
+    let address: String
+    let port: Int
+
+    var baseURL: String { "http://\(address):\(port)" }
+    var routeID: String { "lan/\(address):\(port)" }
+
+    private init(process: LiveProcess, address: String, port: Int) {
+        self.process = process
+        self.address = address
+        self.port = port
+    }
+
+    /// Starts a server in namespace host `host` (`.root` runs on this machine), bound to its test
+    /// address (or `bind`).
+    static func start(
+        _ bed: TestBed, on host: TestBed.Host, port: Int, instance: String? = nil, mode: String = "ready",
+        bind: String? = nil, tls: Bool = false, rogueCertificate: Bool = false, requireAccess: (String, String)? = nil
+    ) async throws -> LMXServer {
+        let address = bind ?? bed.address(host)
+        var arguments = [
+            "\(TestBed.repo)/scripts/lmx-test-server.py", "--bind", address, "--port", String(port), "--mode", mode,
+        ]
+        if let instance { arguments += ["--instance", instance] }
+        if tls {
+            let dir = bed["LMX_TESTBED_TLS"]
+            let name = rogueCertificate ? "rogue" : "tunnel"
+            arguments += ["--tls", "\(dir)/\(name).pem", "\(dir)/\(name).key"]
+        }
+        if let (id, secret) = requireAccess { arguments += ["--require-access", id, secret] }
+        let process: LiveProcess
+        switch host {
+        case .root:
+            process = LiveProcess("/usr/bin/python3", arguments)
+        case .h1, .h2:
+            let namespace = host == .h1 ? bed["LMX_TESTBED_H1_NS"] : bed["LMX_TESTBED_H2_NS"]
+            process = LiveProcess("/usr/sbin/ip", ["netns", "exec", namespace, "/usr/bin/python3"] + arguments)
+        }
+        try process.start()
+        guard await process.waitForLine(containing: "listening", timeout: 10) else {
+            await process.stop()
+            throw TestBedMissing(detail: "test server on \(host):\(port) did not start: \(process.stderr)")
+        }
+        return LMXServer(process: process, address: address, port: port)
+    }
+
+    /// Switches the server's behaviour (`ready`, `notready`, `overloaded`, `403`, `dead`, …).
+    func set(_ command: String) async {
+        let before = process.stdoutLines.filter { $0 == "ok \(command)" }.count
+        process.send(command)
+        _ = await process.waitFor(timeout: 5) { p in p.stdoutLines.filter { $0 == "ok \(command)" }.count > before }
+    }
+
+    /// Request lines seen so far: "REQ <path> <credential header names>".
+    var requests: [String] { process.stdoutLines.filter { $0.hasPrefix("REQ ") } }
+
+    func stop() async { await process.stop() }
+}
