@@ -24,7 +24,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 state = {"mode": "ready", "delay": 0.0, "instance": None}
-lock = threading.Lock()
+lock = threading.RLock()
 out_lock = threading.Lock()
 
 
@@ -41,6 +41,19 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+    def setup(self):
+        super().setup()
+        with lock:
+            self.server.connections.add(self.connection)
+
+    def finish(self):
+        with lock:
+            self.server.connections.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass
 
     def send_json(self, status, body, headers=None):
         data = json.dumps(body).encode()
@@ -114,6 +127,26 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def __init__(self, *args, **kwargs):
+        self.connections = set()
+        super().__init__(*args, **kwargs)
+
+    def kill(self):
+        """Like a crashed process: the listener and every open connection go away."""
+        self.shutdown()
+        self.server_close()
+        with lock:
+            connections = list(self.connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            try:
+                connection.close()
+            except OSError:
+                pass
+
 
 def make_server(args):
     server = Server((args.bind, args.port), Handler)
@@ -155,8 +188,7 @@ def main():
                 state["instance"] = command[1]
             elif name == "dead":
                 if server is not None:
-                    server.shutdown()
-                    server.server_close()
+                    server.kill()
                     server = None
             elif name == "alive":
                 if server is None:

@@ -1,6 +1,7 @@
 import Foundation
 import LMXCore
 import LMXStatusClient
+import Synchronization
 import Testing
 
 /// A real `lmx-agentd` process with its own socket, database and config in a temporary directory.
@@ -48,6 +49,7 @@ final class AgentProcess: Sendable {
              "--log-level", "debug"] + arguments,
             environment: env)
         let agent = AgentProcess(directory: dir, process: process)
+        Resources.current?.keep(agent)
         if config == nil { try "".write(toFile: dir + "/agent.json", atomically: true, encoding: .utf8) }
         try process.start()
         if waitForSocket {
@@ -168,4 +170,56 @@ final class LMXServer: Sendable {
     var requests: [String] { process.stdoutLines.filter { $0.hasPrefix("REQ ") } }
 
     func stop() async { await process.stop() }
+}
+
+/// Something a test starts and must stop, whatever happens.
+protocol TestResource: Sendable {
+    func release() async
+}
+
+extension AgentProcess: TestResource {
+    func release() async { await finish() }
+}
+
+extension LMXServer: TestResource {
+    func release() async { await stop() }
+}
+
+extension LiveProcess: TestResource {
+    func release() async { await stop() }
+}
+
+/// Collects what a test started and stops it all, in reverse order, at the end of the test, even
+/// when the test throws.
+final class Resources: Sendable {
+    /// The collector of the running test, if any: every process started under it is kept.
+    @TaskLocal static var current: Resources?
+
+    private let items = Mutex<[any TestResource]>([])
+
+    @discardableResult
+    func keep<T: TestResource>(_ resource: T) -> T {
+        items.withLock { $0.append(resource) }
+        return resource
+    }
+
+    func releaseAll() async {
+        let all = items.withLock { items in
+            defer { items = [] }
+            return items
+        }
+        for item in all.reversed() { await item.release() }
+    }
+}
+
+/// Runs `body` with a resource collector and releases everything afterwards.
+func withResources(_ body: () async throws -> Void) async throws {
+    let resources = Resources()
+    do {
+        try await Resources.$current.withValue(resources) { try await body() }
+    } catch {
+        await resources.releaseAll()
+        throw error
+    }
+    await resources.releaseAll()
 }

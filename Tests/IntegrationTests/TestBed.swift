@@ -148,6 +148,7 @@ final class LiveProcess: Sendable {
             try process.run()
             return process.processIdentifier
         }
+        Resources.current?.keep(self)
         let directory = "\(TestBed.stateDir)/publishers"
         let path = "\(directory)/\(pid).pid"
         try? FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)

@@ -1,0 +1,414 @@
+import Foundation
+import LMXCore
+import LMXStatusClient
+import Testing
+
+/// Ports of this run's test servers: distinct per test, away from anything else.
+private func freePort() -> Int { Int.random(in: 20_000...39_999) }
+
+/// A config that browses only the test bridge, with a short stability window so tests are quick.
+private func config(
+    window: Double = 3, endpoints: [String] = [], extraCA: String? = nil, extra: String = ""
+) -> String {
+    var fields = [
+        #""interfaces": ["lmxbr0"]"#,
+        #""health": {"stability_window": \#(window)\#(extra)}"#,
+        #""endpoints": [\#(endpoints.joined(separator: ","))]"#,
+    ]
+    if let extraCA { fields.append(#""extra_ca_file": "\#(extraCA)""#) }
+    return "{" + fields.joined(separator: ", ") + "}"
+}
+
+private func wanEndpoint(_ url: String, id: String? = nil, secret: String? = nil, admin: String? = nil) -> String {
+    var parts = [#""url": "\#(url)""#, #""via": "wan""#, #""name": "tunnel""#]
+    if let id { parts.append(#""cf_access_client_id": "\#(id)""#) }
+    if let secret { parts.append(#""cf_access_client_secret": "\#(secret)""#) }
+    if let admin { parts.append(#""admin_key": "\#(admin)""#) }
+    return "{" + parts.joined(separator: ", ") + "}"
+}
+
+@Suite("lmx-agentd end to end (real avahi, namespace hosts, LMX test servers)", .serialized)
+struct AgentTests {
+    let bed: TestBed
+
+    init() throws {
+        bed = try TestBed.load()
+    }
+
+    private var caFile: String { bed["LMX_TESTBED_TLS"] + "/ca.pem" }
+
+    @Test("a LAN server that appears is active within 1.5 s of its announcement")
+    func lanServerAppears() async throws {
+        try await withResources {
+            let agent = try await AgentProcess.start(bed, config: config())
+            let port = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "appear-\(port)")
+            _ = try await Publish.avahi(bed, on: .h1, name: "agent appear \(TestBed.tag())", port: port)
+
+            let seconds = await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL }
+            #expect(seconds != nil)
+            #expect((seconds ?? 99) <= 1.5)
+            let active = agent.active()
+            #expect(active?.via == .lan)
+            #expect(active?.instanceID == "appear-\(port)")
+            #expect(active?.openAIBaseURL == server.baseURL + "/v1")
+            #expect(active?.verdict == .ready)
+        }
+    }
+
+    @Test("LAN server gone with a goodbye → WAN within 1 s; back on the LAN after the stability window")
+    func failoverOnGoodbyeAndReturn() async throws {
+        try await withResources {
+            let wanPort = freePort()
+            _ = try await LMXServer.start(bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true)
+            let agent = try await AgentProcess.start(
+                bed, config: config(window: 3, endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile))
+            #expect(await agent.waitForActive(timeout: 5) { $0?.via == .wan } != nil)
+
+            let port = freePort()
+            let name = "agent goodbye \(TestBed.tag())"
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "gb-\(port)")
+            var publisher = try await Publish.avahi(bed, on: .h1, name: name, port: port)
+            // A server that never failed replaces the WAN at once.
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+
+            await server.stop()
+            await publisher.stop()  // avahi-daemon sends the goodbye
+            let failover = await agent.waitForActive(timeout: 5) { $0?.via == .wan }
+            #expect(failover != nil)
+            #expect((failover ?? 99) <= 1.0)
+
+            let back = try await LMXServer.start(bed, on: .h1, port: port, instance: "gb-\(port)")
+            publisher = try await Publish.avahi(bed, on: .h1, name: name, port: port)
+            let returned = await agent.waitForActive(timeout: 10) { $0?.baseURL == back.baseURL }
+            #expect(returned != nil)
+            // The window is 3 s in this test's config; it came back from a failure, so it must wait.
+            #expect((returned ?? 0) >= 3.0)
+            #expect((returned ?? 99) <= 6.0)
+
+            let events = try agent.client.request("GET", "/v1/events?limit=50")
+            let list = try JSONDecoder().decode([StatusAPI.Event].self, from: Data(events.body))
+            let switches = list.filter { $0.kind == "active" }
+            #expect(switches.count == 4)
+            #expect(switches.allSatisfy { !$0.reason.isEmpty })
+        }
+    }
+
+    @Test("LAN server refusing connections (mDNS still announcing) → WAN within 1 s")
+    func failoverOnRefused() async throws {
+        try await withResources {
+            let wanPort = freePort()
+            _ = try await LMXServer.start(bed, on: .root, port: wanPort, bind: "127.0.0.1", tls: true)
+            let port = freePort()
+            let server = try await LMXServer.start(bed, on: .h2, port: port)
+            _ = try await Publish.avahi(bed, on: .h2, name: "agent refused \(TestBed.tag())", port: port)
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile))
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            try await Task.sleep(for: .seconds(1))
+
+            await server.set("dead")
+            let failover = await agent.waitForActive(timeout: 5) { $0?.via == .wan }
+            #expect(failover != nil)
+            #expect((failover ?? 99) <= 1.0)
+            let lan = try agent.status().candidates.flatMap(\.routes).first { $0.id == server.routeID }
+            #expect(lan?.lastProbe?.detail == "connection refused")
+        }
+    }
+
+    @Test("LAN link cut so packets vanish → WAN within 6 s; link back → LAN again")
+    func failoverOnBlackHole() async throws {
+        try await withResources {
+            let wanPort = freePort()
+            _ = try await LMXServer.start(bed, on: .root, port: wanPort, bind: "127.0.0.1", tls: true)
+            let port = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port)
+            _ = try await Publish.avahi(bed, on: .h1, name: "agent blackhole \(TestBed.tag())", port: port)
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile))
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+
+            try await bed.control("link", "h1", "down")
+            let failover = await agent.waitForActive(timeout: 10) { $0?.via == .wan }
+            try await bed.control("link", "h1", "up")
+            #expect(failover != nil)
+            #expect((failover ?? 99) <= 6.0)
+            let lan = try agent.status().candidates.flatMap(\.routes).first { $0.id == server.routeID }
+            #expect(lan?.lastProbe?.detail == "timed out")
+
+            // Back on the LAN once it has been healthy for the window (3 s) and re-probed (backoff ≤ 4 s).
+            #expect(await agent.waitForActive(timeout: 20) { $0?.baseURL == server.baseURL } != nil)
+        }
+    }
+
+    @Test("ready beats not ready; lower latency wins among equals; one server on two addresses is one candidate")
+    func selectionRules() async throws {
+        try await withResources {
+            let notReadyPort = freePort(), fastPort = freePort(), slowPort = freePort()
+            _ = try await LMXServer.start(bed, on: .h1, port: notReadyPort, instance: "nr-\(notReadyPort)", mode: "notready")
+            let slow = try await LMXServer.start(bed, on: .h2, port: slowPort, instance: "slow-\(slowPort)")
+            await slow.set("slow 150")
+            // One server reachable at two addresses: bound to every address of this machine.
+            let fast = try await LMXServer.start(bed, on: .root, port: fastPort, instance: "fast-\(fastPort)", bind: "0.0.0.0")
+            let endpoints = [
+                #"{"url": "http://10.254.0.11:\#(notReadyPort)"}"#,
+                #"{"url": "http://10.254.0.12:\#(slowPort)"}"#,
+                #"{"url": "http://10.254.0.1:\#(fastPort)"}"#,
+                #"{"url": "http://127.0.0.1:\#(fastPort)"}"#,
+            ]
+            let agent = try await AgentProcess.start(bed, config: config(endpoints: endpoints), arguments: ["--no-discovery"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.instanceID == "fast-\(fastPort)" } != nil)
+            let candidates = try agent.status().candidates
+            let fastCandidate = candidates.filter { $0.instanceID == "fast-\(fastPort)" }
+            #expect(fastCandidate.count == 1)
+            #expect(fastCandidate.first?.routes.count == 2)
+            #expect(candidates.first { $0.instanceID == "nr-\(notReadyPort)" }?.verdict == .aliveNotReady)
+
+            // Without the fast server: the ready one (slow) beats the not-ready one.
+            await fast.set("dead")
+            #expect(await agent.waitForActive(timeout: 5) { $0?.instanceID == "slow-\(slowPort)" } != nil)
+        }
+    }
+
+    @Test("401/403 show as auth-rejected, never down; wrong Access token too; overloaded is alive but not preferred")
+    func authAndOverload() async throws {
+        try await withResources {
+            let wanPort = freePort(), lanPort = freePort(), overPort = freePort()
+            let tunnel = try await LMXServer.start(
+                bed, on: .root, port: wanPort, bind: "127.0.0.1", tls: true, requireAccess: ("svc.access", "right-secret"))
+            let lan = try await LMXServer.start(bed, on: .h1, port: lanPort, instance: "auth-\(lanPort)")
+            let overloaded = try await LMXServer.start(bed, on: .h2, port: overPort, instance: "over-\(overPort)", mode: "overloaded")
+            let endpoints = [
+                wanEndpoint("https://127.0.0.1:\(wanPort)", id: "svc.access", secret: "wrong-secret-XYZ"),
+                #"{"url": "http://10.254.0.11:\#(lanPort)"}"#,
+                #"{"url": "http://10.254.0.12:\#(overPort)"}"#,
+            ]
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: endpoints, extraCA: caFile), arguments: ["--no-discovery"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.instanceID == "auth-\(lanPort)" } != nil)
+            let wan = await agent.waitForRoute(timeout: 5) { $0.via == .wan && $0.verdict != nil }
+            #expect(wan?.verdict == .authRejected)
+            #expect(wan?.health == .down)
+            let over = await agent.waitForRoute(timeout: 5) { $0.baseURL.hasSuffix(":\(overPort)") && $0.verdict != nil }
+            #expect(over?.verdict == .overloaded)
+            #expect(over?.health == .up)
+            #expect(over?.active == false)
+
+            // A LAN server answering 403 is auth-rejected, not down.
+            await lan.set("403")
+            let rejected = await agent.waitForRoute(timeout: 8) { $0.baseURL == lan.baseURL && $0.verdict == .authRejected }
+            #expect(rejected != nil)
+            // Then the overloaded server, alive, is better than nothing.
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == overloaded.baseURL } != nil)
+            // The Access token went on every request to the tunnel; nothing else did.
+            #expect(!tunnel.requests.isEmpty)
+            #expect(tunnel.requests.allSatisfy { $0.hasSuffix(" CF-Access-Client-Id,CF-Access-Client-Secret") })
+            #expect(lan.requests.allSatisfy { $0.hasSuffix(" -") })
+            // The secret never leaves the agent.
+            let status = try agent.client.request("GET", "/v1/status").body
+            #expect(!String(decoding: status, as: UTF8.self).contains("wrong-secret-XYZ"))
+            #expect(!agent.process.stderr.contains("wrong-secret-XYZ"))
+        }
+    }
+
+    @Test("a TLS certificate from an unknown CA is down (TLS failure), never trusted")
+    func untrustedCertificate() async throws {
+        try await withResources {
+            let port = freePort()
+            _ = try await LMXServer.start(bed, on: .root, port: port, bind: "127.0.0.1", tls: true, rogueCertificate: true)
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(port)")], extraCA: caFile),
+                arguments: ["--no-discovery"])
+            let route = await agent.waitForRoute(timeout: 10) { $0.verdict != nil }
+            #expect(route?.verdict == .down)
+            #expect(route?.lastProbe?.detail?.hasPrefix("TLS failure") == true)
+            #expect(agent.active() == nil)
+        }
+    }
+
+    @Test("avahi-daemon restarted while the LAN server stays up → no failover")
+    func avahiRestartNoFailover() async throws {
+        try await withResources {
+            let wanPort = freePort()
+            _ = try await LMXServer.start(bed, on: .root, port: wanPort, bind: "127.0.0.1", tls: true)
+            let port = freePort()
+            let server = try await LMXServer.start(bed, on: .h2, port: port)
+            _ = try await Publish.avahi(bed, on: .h2, name: "agent avahi restart \(TestBed.tag())", port: port)
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile))
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+
+            try await bed.control("restart-avahi", "root")
+            let deadline = ContinuousClock.now + .seconds(6)
+            var everLeft = false
+            while ContinuousClock.now < deadline {
+                if agent.active()?.baseURL != server.baseURL { everLeft = true }
+                try await Task.sleep(for: .milliseconds(50))
+            }
+            #expect(!everLeft)
+            let status = try agent.status()
+            #expect(status.avahi == "running")
+            #expect(agent.process.stderr.contains("avahi-daemon reconnecting") || agent.process.stderr.contains("avahi-daemon waiting"))
+        }
+    }
+
+    @Test("restarted daemon: last-good endpoint restored and active within 1 s, without waiting for mDNS")
+    func restartRestoresLastGood() async throws {
+        try await withResources {
+            let port = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "restore-\(port)")
+            let publisher = try await Publish.avahi(bed, on: .h1, name: "agent restore \(TestBed.tag())", port: port)
+            let agent = try await AgentProcess.start(bed, config: config())
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            await agent.stop()
+            // No announcement any more: only the store knows the server.
+            await publisher.stop()
+            try await Task.sleep(for: .seconds(2))
+
+            let started = ContinuousClock.now
+            let again = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery"], directory: agent.directory)
+            let seconds = await again.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL }
+            let total = (ContinuousClock.now - started).seconds
+            #expect(seconds != nil)
+            #expect(total <= 1.0)
+            #expect(again.active()?.source == .remembered)
+        }
+    }
+
+    @Test("a corrupt database file is moved aside and the daemon starts")
+    func corruptDatabase() async throws {
+        try await withResources {
+            let directory = AgentProcess.makeDirectory()
+            try FileManager.default.createDirectory(atPath: directory + "/state", withIntermediateDirectories: true)
+            try Data(repeating: 0x42, count: 16_384).write(to: URL(fileURLWithPath: directory + "/state/agent.db"))
+            let agent = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery"], directory: directory)
+            #expect(agent.isServing)
+            #expect(agent.process.stderr.contains("is corrupt"))
+            let files = try FileManager.default.contentsOfDirectory(atPath: directory + "/state")
+            #expect(files.contains { $0.hasPrefix("agent.db.corrupt-") })
+            let mode = try FileManager.default.attributesOfItem(atPath: directory + "/state/agent.db")[.posixPermissions] as? Int
+            #expect(mode == 0o600)
+        }
+    }
+
+    @Test("a second daemon on the same socket refuses to start; a stale socket file is replaced")
+    func singleInstance() async throws {
+        try await withResources {
+            let agent = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery"])
+            let second = try await Command.run(
+                "\(TestBed.binDir)/lmx-agentd", ["--socket", agent.socket, "--db", agent.directory + "/other.db", "--no-discovery"])
+            #expect(second.status == 73)
+            #expect(second.stderr.contains("already serving"))
+            #expect(agent.isServing)
+
+            // A daemon killed without cleanup leaves its socket file behind.
+            agent.process.signal(SIGKILL)
+            _ = await agent.process.waitFor(timeout: 5) { !$0.isRunning }
+            #expect(FileManager.default.fileExists(atPath: agent.socket))
+            let third = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery"], directory: agent.directory)
+            #expect(third.isServing)
+            #expect(third.process.stderr.contains("stale socket"))
+            await third.stop()
+            #expect(!FileManager.default.fileExists(atPath: agent.socket))  // removed on a clean stop
+            await third.finish()
+        }
+    }
+
+    @Test("lmx-status: --url, the table, --json, and exit codes 0, 1 and 69")
+    func lmxStatus() async throws {
+        try await withResources {
+            let port = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "status-\(port)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [#"{"url": "http://10.254.0.11:\#(port)", "name": "Studio"}"#]),
+                arguments: ["--no-discovery"])
+            #expect(await agent.waitForActive(timeout: 5) { $0 != nil } != nil)
+            let status = "\(TestBed.binDir)/lmx-status"
+            let url = try await Command.run(status, ["--url", "--socket", agent.socket])
+            #expect(url.status == 0)
+            #expect(url.stdout == "http://10.254.0.11:\(port)\n")
+            let table = try await Command.run(status, ["--socket", agent.socket])
+            #expect(table.status == 0)
+            #expect(table.stdout.hasPrefix("Active: http://10.254.0.11:\(port) via lan (Studio, ready)"))
+            #expect(table.stdout.contains("* Studio"))
+            let json = try await Command.run(status, ["--json"], environment: ["LMX_SOCKET": agent.socket])
+            let decoded = try JSONDecoder().decode(StatusAPI.Status.self, from: Data(json.stdout.utf8))
+            #expect(decoded.active?.instanceID == "status-\(port)")
+
+            await server.set("dead")
+            #expect(await agent.waitForActive(timeout: 10) { $0 == nil } != nil)
+            let none = try await Command.run(status, ["--url", "--socket", agent.socket])
+            #expect(none.status == 1)
+            #expect(none.stdout.isEmpty)
+            #expect(none.stderr.contains("no active endpoint"))
+
+            let missing = try await Command.run(status, ["--url", "--socket", agent.directory + "/nothing.sock"])
+            #expect(missing.status == 69)
+            #expect(missing.stderr.contains("lmx-agentd is not running"))
+            #expect(missing.stderr.contains("systemctl start lmx-agentd"))
+        }
+    }
+
+    @Test("200 watch clients all get every change in order while garbage and half-sent requests get errors")
+    func watchClientsAndGarbage() async throws {
+        try await withResources {
+            let port = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port)
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [#"{"url": "http://10.254.0.11:\#(port)"}"#]), arguments: ["--no-discovery"])
+            #expect(await agent.waitForActive(timeout: 5) { $0 != nil } != nil)
+
+            let load = LiveProcess(
+                "/usr/bin/python3",
+                ["\(TestBed.repo)/scripts/watch-load.py", "--socket", agent.socket, "--clients", "200", "--seconds", "12"])
+            try load.start()
+            #expect(await load.waitForLine(containing: "connected 200", timeout: 10))
+            // Changes: the server goes down and comes back twice.
+            for _ in 0..<2 {
+                await server.set("dead")
+                _ = await agent.waitForActive(timeout: 8) { $0 == nil }
+                await server.set("alive")
+                _ = await agent.waitForActive(timeout: 8) { $0 != nil }
+            }
+            let garbage = LiveProcess("/usr/bin/python3", ["\(TestBed.repo)/scripts/watch-load.py", "--socket", agent.socket, "--garbage"])
+            try garbage.start()
+            let garbageStatus = try await garbage.waitForExit(timeout: 30)
+            #expect(garbageStatus == 0, "\(garbage.stdout) \(garbage.stderr)")
+            let status = try await load.waitForExit(timeout: 30)
+            #expect(status == 0, "\(load.stdout) \(load.stderr)")
+            let summary = load.stdoutLines.last ?? ""
+            // "ok clients=200 lines=N last_seq=S": every client saw the same gap-free sequence.
+            #expect(summary.hasPrefix("ok clients=200"), "\(load.stdout)")
+            #expect(agent.isServing)
+        }
+    }
+
+    @Test("a server flapping every second for 30 s moves the active endpoint at most twice")
+    func flappingServer() async throws {
+        try await withResources {
+            let wanPort = freePort()
+            _ = try await LMXServer.start(bed, on: .root, port: wanPort, bind: "127.0.0.1", tls: true)
+            let port = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port)
+            let agent = try await AgentProcess.start(
+                bed,
+                config: config(
+                    window: 10,
+                    endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)"), #"{"url": "http://10.254.0.11:\#(port)"}"#],
+                    extraCA: caFile),
+                arguments: ["--no-discovery"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+
+            for i in 0..<30 {
+                await server.set(i % 2 == 0 ? "dead" : "alive")
+                try await Task.sleep(for: .seconds(1))
+            }
+            let list = try JSONDecoder().decode(
+                [StatusAPI.Event].self, from: Data(try agent.client.request("GET", "/v1/events?limit=1000").body))
+            let switches = list.filter { $0.kind == "active" }
+            // First activation, one failover to the WAN, and no return while it flaps.
+            #expect(switches.count <= 3, "\(switches.map(\.reason))")
+            #expect(agent.active()?.via == .wan)
+        }
+    }
+}
