@@ -149,7 +149,7 @@ public actor ConnectionManager {
         let t = now()
         switch event {
         case .added(let server), .updated(let server, _):
-            guard let route = Self.route(for: server) else { return }
+            guard let route = Route.lan(for: server) else { return }
             if let old = mdnsRoutes[server.id], old != route.id {
                 handle(planner.withdraw(old, now: t))
             }
@@ -194,23 +194,6 @@ public actor ConnectionManager {
         planner.refreshAll(now: now())
         logger.info("refresh requested: probing every endpoint")
         pump()
-    }
-
-    /// The route for a discovered server: its first non-loopback IPv4 address, else a global
-    /// IPv6 one, else loopback. Link-local IPv6 needs a zone that URLs handle badly: last resort.
-    static func route(for server: DiscoveredServer) -> Route? {
-        let records = server.records
-        func pick() -> ResolvedRecord? {
-            records.first { $0.key.ipProtocol == .ipv4 && !$0.key.interface.isLoopback && !$0.address.hasPrefix("127.") }
-                ?? records.first { $0.key.ipProtocol == .ipv6 && !$0.address.lowercased().hasPrefix("fe80") && !$0.key.interface.isLoopback }
-                ?? records.first { $0.key.ipProtocol == .ipv4 }
-                ?? records.first { !$0.address.lowercased().hasPrefix("fe80") }
-        }
-        guard let record = pick(), record.port != 0 else { return nil }
-        let host = ServerAddress.hostPort(record.address, port: record.port)
-        return Route(
-            baseURL: "http://\(host)", via: .lan, source: .mdns, name: server.name, servicePath: record.txt.servicePath,
-            addresses: server.addresses, announced: true)
     }
 
     // MARK: - Probing

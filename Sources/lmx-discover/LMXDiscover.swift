@@ -1,6 +1,7 @@
 import ArgumentParser
 import LMXCore
 import LMXDiscovery
+import LMXProbe
 
 #if canImport(FoundationEssentials)
 import FoundationEssentials
@@ -21,6 +22,10 @@ struct LMXDiscover: AsyncParsableCommand {
         Browses _opta-lmx._tcp until avahi-daemon reports that all cached and announced \
         servers were seen and every one is resolved, or until --timeout, then prints them.
         With --watch it keeps running and prints one JSON object per change.
+
+        With --probe every server is also probed by the LMX contract (/healthz, the \
+        discovery document, /readyz) and its verdict, version, instance_id, model count \
+        and latency are added.
 
         Exit status: 0 at least one server found, 1 none found, 64 usage error, \
         69 avahi-daemon unreachable.
@@ -54,6 +59,12 @@ struct LMXDiscover: AsyncParsableCommand {
     @Flag(name: .customShort("6"), help: "IPv6 only.")
     var ipv6Only = false
 
+    @Flag(name: .long, help: "Probe every server by the LMX contract and add verdict, version, instance_id, models and latency.")
+    var probe = false
+
+    @Option(name: .customLong("probe-timeout"), help: ArgumentHelp("Per-request probe timeout.", valueName: "seconds"))
+    var probeTimeout: Double = 1.5
+
     @Option(name: .long, help: ArgumentHelp("The DNS-SD service type.", valueName: "type"))
     var type: String = BrowseConfiguration.defaultServiceType
 
@@ -63,6 +74,10 @@ struct LMXDiscover: AsyncParsableCommand {
     func validate() throws {
         if json && parsable { throw ValidationError("--json and --parsable are different formats: choose one.") }
         if watch && parsable { throw ValidationError("--watch prints JSON lines; --parsable does not apply to it.") }
+        if probe && (watch || parsable) { throw ValidationError("--probe applies to the table and --json listings only.") }
+        guard probeTimeout.isFinite, probeTimeout > 0, probeTimeout <= 120 else {
+            throw ValidationError("--probe-timeout must be between 0 and 120 seconds (got \(probeTimeout)).")
+        }
         if ipv4Only && ipv6Only { throw ValidationError("-4 and -6 exclude each other: give at most one.") }
         guard timeout.isFinite, timeout > 0, timeout <= 3600 else {
             throw ValidationError("--timeout must be between 0 and 3600 seconds (got \(timeout)).")
@@ -119,17 +134,41 @@ struct LMXDiscover: AsyncParsableCommand {
             return (try await group.next() ?? nil) ?? []
         }
 
+        let probes = probe ? await Self.probeAll(servers, timeout: probeTimeout) : nil
         if json {
-            let data = try DiscoveryJSON.encoder(pretty: true).encode(servers.map(ServerJSON.init))
+            let entries = servers.map { server -> ServerJSON in
+                var entry = ServerJSON(server)
+                if let report = probes?[server.id], let route = Route.lan(for: server) {
+                    entry.probe = ServerJSON.ProbeJSON(url: route.baseURL, report: report)
+                }
+                return entry
+            }
+            let data = try DiscoveryJSON.encoder(pretty: true).encode(entries)
             Console.out(String(decoding: data, as: UTF8.self))
         } else if parsable {
             for server in servers { for line in ParsableFormat.lines(for: server) { Console.out(line) } }
         } else if servers.isEmpty {
             Console.error("No \(type) servers found within \(Self.format(seconds)) s. Check that servers are up, that this machine is on their network, and that UDP port 5353 is not blocked.")
         } else {
-            Console.out(ServerTable.render(servers))
+            Console.out(ServerTable.render(servers, probes: probes))
         }
         if servers.isEmpty { throw ExitCode(1) }
+    }
+
+    /// Probes every server at once through one pooled client.
+    private static func probeAll(_ servers: [DiscoveredServer], timeout: Double) async -> [ServiceInstanceID: ProbeReport] {
+        guard let prober = try? Prober() else { return [:] }
+        let reports = await withTaskGroup(of: (ServiceInstanceID, ProbeReport)?.self) { group in
+            for server in servers {
+                guard let route = Route.lan(for: server) else { continue }
+                group.addTask { (server.id, await prober.probe(route, timeout: timeout)) }
+            }
+            var reports: [ServiceInstanceID: ProbeReport] = [:]
+            for await case let (id, report)? in group { reports[id] = report }
+            return reports
+        }
+        await prober.shutdown()
+        return reports
     }
 
     private static func format(_ seconds: Double) -> String {

@@ -411,4 +411,40 @@ struct AgentTests {
             #expect(agent.active()?.via == .wan)
         }
     }
+
+    @Test("lmx-discover --probe adds verdict, version, instance_id, models and latency")
+    func discoverProbe() async throws {
+        try await withResources {
+            let readyPort = freePort(), notReadyPort = freePort(), deadPort = freePort()
+            _ = try await LMXServer.start(bed, on: .h1, port: readyPort, instance: "probe-\(readyPort)")
+            _ = try await LMXServer.start(bed, on: .h2, port: notReadyPort, instance: "nr-\(notReadyPort)", mode: "notready")
+            let tag = TestBed.tag()
+            _ = try await Publish.avahi(bed, on: .h1, name: "probe ready \(tag)", port: readyPort)
+            _ = try await Publish.avahi(bed, on: .h2, name: "probe notready \(tag)", port: notReadyPort)
+            _ = try await Publish.avahi(bed, on: .h2, name: "probe dead \(tag)", port: deadPort)
+
+            let result = try await Command.discover(["--json", "--probe", "-i", "lmxbr0"], bus: bed.bus(.root))
+            #expect(result.status == 0, "\(result.stderr)")
+            struct Entry: Decodable {
+                var name: String
+                var probe: ServerJSON.ProbeJSON?
+            }
+            let entries = try JSONDecoder().decode([Entry].self, from: Data(result.stdout.utf8))
+            let ready = entries.first { $0.name == "probe ready \(tag)" }?.probe
+            #expect(ready?.verdict == .ready)
+            #expect(ready?.instanceID == "probe-\(readyPort)")
+            #expect(ready?.version == "0.1.0")
+            #expect(ready?.models == 1)
+            #expect(ready?.url == "http://10.254.0.11:\(readyPort)")
+            #expect((ready?.latencyMS ?? -1) >= 0)
+            #expect(entries.first { $0.name == "probe notready \(tag)" }?.probe?.verdict == .aliveNotReady)
+            let dead = entries.first { $0.name == "probe dead \(tag)" }?.probe
+            #expect(dead?.verdict == .down)
+            #expect(dead?.detail == "connection refused")
+
+            let table = try await Command.discover(["--probe", "-i", "lmxbr0"], bus: bed.bus(.root))
+            #expect(table.stdout.contains("VERDICT"))
+            #expect(table.stdout.contains("alive-not-ready"))
+        }
+    }
 }

@@ -151,3 +151,23 @@ public struct Route: Sendable, Hashable, Identifiable {
     /// The OpenAI-compatible base URL (`…/v1`).
     public var openAIBaseURL: String { baseURL + "/v1" }
 }
+
+extension Route {
+    /// The LAN route to a discovered server: its first non-loopback IPv4 address, else a global
+    /// IPv6 one, else loopback. Link-local IPv6 needs a zone that URLs handle badly: last resort.
+    public static func lan(for server: DiscoveredServer) -> Route? {
+        let records = server.records
+        let record =
+            records.first { $0.key.ipProtocol == .ipv4 && !$0.key.interface.isLoopback && !$0.address.hasPrefix("127.") }
+            ?? records.first {
+                $0.key.ipProtocol == .ipv6 && !$0.address.lowercased().hasPrefix("fe80") && !$0.key.interface.isLoopback
+            }
+            ?? records.first { $0.key.ipProtocol == .ipv4 }
+            ?? records.first { !$0.address.lowercased().hasPrefix("fe80") }
+        guard let record, record.port != 0 else { return nil }
+        let host = ServerAddress.hostPort(record.address, port: record.port)
+        return Route(
+            baseURL: "http://\(host)", via: .lan, source: .mdns, name: server.name, servicePath: record.txt.servicePath,
+            addresses: server.addresses, announced: true)
+    }
+}

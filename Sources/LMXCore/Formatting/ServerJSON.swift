@@ -26,6 +26,33 @@ public struct ServerJSON: Codable, Sendable, Hashable {
     public var txtRaw: [String]
     /// One entry per interface and protocol the server was resolved on.
     public var records: [Record]
+    /// What a probe by the LMX contract found (`lmx-discover --probe` only).
+    public var probe: ProbeJSON?
+
+    /// The result of probing a discovered server.
+    public struct ProbeJSON: Codable, Sendable, Hashable {
+        public var url: String
+        public var verdict: HealthVerdict
+        public var detail: String?
+        public var instanceID: String?
+        public var version: String?
+        public var models: Int?
+        public var latencyMS: Double
+
+        enum CodingKeys: String, CodingKey {
+            case url, verdict, detail, instanceID = "instance_id", version, models, latencyMS = "latency_ms"
+        }
+
+        public init(url: String, report: ProbeReport) {
+            self.url = url
+            verdict = report.verdict
+            detail = report.detail
+            instanceID = report.instanceID
+            version = report.version
+            models = report.modelCount
+            latencyMS = (report.latency * 10_000).rounded() / 10
+        }
+    }
 
     public struct Record: Codable, Sendable, Hashable {
         public var interface: String
@@ -38,7 +65,7 @@ public struct ServerJSON: Codable, Sendable, Hashable {
     enum CodingKeys: String, CodingKey {
         case name, type, domain, host, port, addresses, interfaces, path, txt
         case txtRaw = "txt_raw"
-        case records
+        case records, probe
     }
 
     public init(_ server: DiscoveredServer) {
@@ -78,6 +105,7 @@ public struct ServerJSON: Codable, Sendable, Hashable {
         }
         try container.encode(txtRaw, forKey: .txtRaw)
         try container.encode(records, forKey: .records)
+        try container.encodeIfPresent(probe, forKey: .probe)
     }
 
     struct AnyKey: CodingKey {

@@ -2,17 +2,29 @@
 public enum ServerTable {
     public static let headers = ["NAME", "ADDRESS:PORT", "HOST", "INTERFACES", "PATH"]
 
-    public static func render(_ servers: [DiscoveredServer]) -> String {
+    public static func render(_ servers: [DiscoveredServer], probes: [ServiceInstanceID: ProbeReport]? = nil) -> String {
         let rows = servers.map { server in
-            [
+            var row = [
                 printable(server.name),
                 server.endpoints.joined(separator: ", "),
                 printable(server.hostName),
                 server.interfaces.joined(separator: ","),
                 printable(server.servicePath),
             ]
+            if let probes {
+                let report = probes[server.id]
+                row += [
+                    report?.verdict.rawValue ?? "-",
+                    report?.version.map(printable) ?? "-",
+                    report?.instanceID.map(printable) ?? "-",
+                    report?.modelCount.map(String.init) ?? "-",
+                    report.map { "\(($0.latency * 10_000).rounded() / 10) ms" } ?? "-",
+                ]
+            }
+            return row
         }
-        return TextTable.render(headers: headers, rows: rows)
+        let columns = probes == nil ? headers : headers + ["VERDICT", "VERSION", "INSTANCE", "MODELS", "LATENCY"]
+        return TextTable.render(headers: columns, rows: rows)
     }
 
     /// Control characters in names from the network must not reach a terminal as-is.
