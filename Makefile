@@ -11,9 +11,10 @@ build:
 release:
 	$(SWIFT) build -c release --static-swift-stdlib
 
-# Installs what is missing, builds, makes sure avahi-daemon runs, then `lmx-discover --watch`.
+# Installs what is missing, builds, makes sure avahi-daemon runs, then runs lmx-agentd
+# in the foreground (extra daemon arguments: make run ARGS="--endpoint https://…").
 run:
-	scripts/run.sh
+	scripts/run.sh $(ARGS)
 
 # Needs root: installs packages, starts D-Bus, avahi-daemons and namespace hosts, tears them down.
 test:
@@ -21,7 +22,7 @@ test:
 
 # Core unit tests only: no daemon, no root.
 unit:
-	$(SWIFT) test --filter LMXCoreTests
+	$(SWIFT) test --filter 'LMXCoreTests|LMXStoreTests'
 
 bench:
 	scripts/bench.sh

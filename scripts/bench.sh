@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make bench`: release build, test LAN up, discovery benchmark, test LAN down.
-# Writes the table to Benchmarks/results-discovery.md (copy it into Benchmarks/README.md).
+# `make bench`: release build, test LAN up, discovery and agent benchmarks, test LAN down.
+# Writes the tables to Benchmarks/results-discovery.md and results-agent.md (copied into
+# Benchmarks/README.md by hand). BENCH=agent or BENCH=discovery runs only one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOG_NAME=make-bench
@@ -10,5 +11,10 @@ command -v swift >/dev/null || export PATH="/opt/swift/usr/bin:$PATH"
 trap 'scripts/testbed.sh down' EXIT
 install_packages time
 scripts/testbed.sh up
-swift build -c release --static-swift-stdlib --product lmx-discover
-BENCH_RESULTS="${BENCH_RESULTS:-Benchmarks/results-discovery.md}" python3 Benchmarks/discovery_bench.py
+swift build -c release --static-swift-stdlib
+case "${BENCH:-all}" in
+all | discovery) BENCH_RESULTS=Benchmarks/results-discovery.md python3 Benchmarks/discovery_bench.py ;;
+esac
+case "${BENCH:-all}" in
+all | agent) BENCH_RESULTS=Benchmarks/results-agent.md python3 Benchmarks/agent_bench.py ;;
+esac

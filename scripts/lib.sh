@@ -1,8 +1,8 @@
 # Shell helpers shared by the project's scripts. Sourced, not run.
 
 # What building and running need, and what the test LAN adds.
-BUILD_PACKAGES=(avahi-daemon avahi-utils libavahi-client-dev dbus pkg-config)
-TEST_PACKAGES=("${BUILD_PACKAGES[@]}" iproute2 python3-venv)
+BUILD_PACKAGES=(avahi-daemon avahi-utils libavahi-client-dev libsqlite3-dev dbus pkg-config)
+TEST_PACKAGES=("${BUILD_PACKAGES[@]}" iproute2 python3-venv openssl curl)
 
 log() { printf '%s: %s\n' "${LOG_NAME:-lmx}" "$*" >&2; }
 die() { printf '%s: error: %s\n' "${LOG_NAME:-lmx}" "$*" >&2; exit 1; }

@@ -163,6 +163,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bind", required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--count", type=int, default=1, help="serve COUNT consecutive ports from --port")
     parser.add_argument("--instance", default=None)
     parser.add_argument("--admin-key", default="test-admin-key")
     parser.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
@@ -172,6 +173,12 @@ def main():
     if args.instance is None:
         args.instance = "%s:%d" % (socket.gethostname(), args.port)
     state["mode"] = args.mode
+    extra = []
+    for offset in range(1, args.count):
+        other = argparse.Namespace(**vars(args))
+        other.port = args.port + offset
+        other.instance = "%s:%d" % (socket.gethostname(), other.port)
+        extra.append(make_server(other))
     server = make_server(args)
     say("listening %s:%d" % (args.bind, args.port))
     for raw in sys.stdin:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# `make run`: install what is missing, build, make sure avahi-daemon is reachable, then follow the
-# Opta LMX servers on the LAN with `lmx-discover --watch` until Ctrl-C.
+# `make run`: install what is missing, build, make sure avahi-daemon is reachable, then run the
+# agent, `lmx-agentd`, in the foreground until Ctrl-C. Ask it from another terminal with
+# `lmx-status` (the binaries are in the path this script prints). Extra arguments go to lmx-agentd,
+# e.g. `make run ARGS="--endpoint https://my-tunnel.example.com"`.
 #
 # With systemd, a stopped avahi-daemon is started with systemctl (it then serves your real LAN).
 # Without systemd (containers, CI machines) a D-Bus and an avahi-daemon are started for this run
@@ -22,7 +24,7 @@ else
     done
 fi
 
-swift build -c release --static-swift-stdlib --product lmx-discover
+swift build -c release --static-swift-stdlib
 BIN="$(swift build -c release --static-swift-stdlib --show-bin-path)"
 
 started=""
@@ -60,5 +62,5 @@ if [ "$status" -eq 69 ]; then
     fi
 fi
 
-log "following Opta LMX servers (Ctrl-C to stop)"
-"$BIN/lmx-discover" --watch "$@" || true
+log "starting lmx-agentd (Ctrl-C to stop); in another terminal: $BIN/lmx-status"
+"$BIN/lmx-agentd" "$@" || true

@@ -223,7 +223,23 @@ public actor ConnectionManager {
             latencySum += report.latency
             if let i = Self.latencyBuckets.firstIndex(where: { report.latency <= $0 }) { latencyCounts[i] += 1 }
         }
+        let knownInstance = planner.routes[routeID]?.instanceID
         handle(planner.record(report, for: routeID, full: full, now: t))
+        if let state = planner.routes[routeID], let instance = state.instanceID, instance != knownInstance {
+            // Learned who this is: remember it by instance_id, the key that merges routes.
+            do {
+                if state.route.source == .mdns || state.route.source == .remembered {
+                    var route = state.route
+                    route.source = .mdns
+                    try store.saveRoute(StoredRoute(route: route, instanceID: instance, createdAt: wall(t), lastSeen: wall(t)))
+                }
+                try store.recordServerSeen(
+                    key: instance, instanceID: instance, name: state.route.name, addresses: state.route.addresses,
+                    source: state.route.source, at: wall(t))
+            } catch {
+                logger.warning("could not save a server's identity: \(error)")
+            }
+        }
         if let state = planner.routes[routeID] {
             do {
                 try store.saveStats(ProbeStats(

@@ -380,6 +380,23 @@ struct AgentTests {
             // "ok clients=200 lines=N last_seq=S": every client saw the same gap-free sequence.
             #expect(summary.hasPrefix("ok clients=200"), "\(load.stdout)")
             #expect(agent.isServing)
+
+            // Resuming: ?since=N replays the lines after N; a number the agent never had gives a snapshot.
+            let last = try agent.status().seq
+            #expect(last >= 3)
+            var resumed: [StatusAPI.WatchLine] = []
+            try agent.client.stream("/v1/watch?since=\(last - 2)") { bytes in
+                if let line = try? JSONDecoder().decode(StatusAPI.WatchLine.self, from: Data(bytes)) { resumed.append(line) }
+                return resumed.count < 2
+            }
+            #expect(resumed.map(\.seq) == [last - 1, last])
+            var fresh: StatusAPI.WatchLine?
+            try agent.client.stream("/v1/watch?since=999999") { bytes in
+                fresh = try? JSONDecoder().decode(StatusAPI.WatchLine.self, from: Data(bytes))
+                return false
+            }
+            #expect(fresh?.type == "snapshot")
+            #expect(fresh?.status?.active != nil)
         }
     }
 

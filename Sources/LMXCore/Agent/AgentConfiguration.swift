@@ -61,19 +61,31 @@ public struct ManualEndpoint: Sendable, Hashable, Codable {
     }
 
     /// The route this entry describes; `via` defaults to `wan` for `https://` URLs, `lan` otherwise.
+    /// The URL as it may appear in a message: no query (it may carry a key), no user name.
+    public static func redacted(_ url: String) -> String {
+        var text = url
+        if let query = text.firstIndex(where: { $0 == "?" || $0 == "#" }) { text = text[..<query] + "?…" }
+        if let at = text.lastIndex(of: "@"), let scheme = text.firstRange(of: "://"), scheme.upperBound <= at {
+            text = text[..<scheme.upperBound] + "…@" + text[text.index(after: at)...]
+        }
+        return String(text.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : Character($0) }).prefix(200)
+            .description
+    }
+
     public func route() throws(ConfigurationError) -> Route {
         let base = Route.normalizedBase(url)
+        let shown = Self.redacted(url)
         guard base.hasPrefix("http://") || base.hasPrefix("https://"), base.count > "https://".count else {
-            throw ConfigurationError("endpoint url \"\(url)\" must start with http:// or https://")
+            throw ConfigurationError("endpoint url \"\(shown)\" must start with http:// or https://")
         }
         let afterScheme = base.split(separator: "://", maxSplits: 1).last.map(String.init) ?? ""
         guard !afterScheme.isEmpty, !afterScheme.contains("/"), !afterScheme.contains("?"), !afterScheme.contains("@"),
             !afterScheme.unicodeScalars.contains(where: { $0.value < 0x21 || $0.value == 0x7F })
         else {
-            throw ConfigurationError("endpoint url \"\(url)\" must be scheme://host[:port], with no path and no user name")
+            throw ConfigurationError("endpoint url \"\(shown)\" must be scheme://host[:port], with no path, query or user name")
         }
         if (accessClientID == nil) != (accessClientSecret == nil) {
-            throw ConfigurationError("endpoint \(base): cf_access_client_id and cf_access_client_secret go together")
+            throw ConfigurationError("endpoint \(shown): cf_access_client_id and cf_access_client_secret go together")
         }
         let via = self.via ?? (base.hasPrefix("https://") ? .wan : .lan)
         return Route(

@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Agent benchmark: lmx-agentd on the test LAN, figures in one run (not pass/fail tests).
+
+  - time to the first active endpoint after start: a LAN server found over mDNS (fresh
+    database), and a remembered last-good server (restart, no mDNS)
+  - failover from a LAN server to the WAN standby: goodbye (server and publisher stopped),
+    refused (server dead, mDNS still announcing), black hole (link cut, packets vanish)
+  - GET /v1/active latency p50/p99 and requests per second at 1 and 50 concurrent clients
+  - whole-process time of `lmx-status --url`
+  - daemon RSS and CPU with 1, 50 and 200 live servers announced over mDNS
+Run through `make bench` (root; scripts/bench.sh brings the test LAN up and down).
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.environ.get("LMX_BIN_DIR", os.path.join(REPO, ".build", "release"))
+TESTBED = os.path.join(REPO, "scripts", "testbed.sh")
+SERVER = os.path.join(REPO, "scripts", "lmx-test-server.py")
+LOAD = os.path.join(REPO, "scripts", "watch-load.py")
+ENV = dict(line.split("=", 1) for line in open("/run/lmx-testbed/env").read().split())
+RUNS = int(os.environ.get("BENCH_RUNS", "5"))
+SIZES = [int(s) for s in os.environ.get("BENCH_SIZES", "1,50,200").split(",")]
+
+
+def ns(host):
+    return ["ip", "netns", "exec", ENV["LMX_TESTBED_%s_NS" % host.upper()]]
+
+
+class Proc:
+    def __init__(self, argv, env=None, stdin=True):
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                  env={**os.environ, **(env or {})})
+
+    def wait_line(self, text, timeout=15):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.p.stdout.readline()
+            if text in line:
+                return True
+            if not line and self.p.poll() is not None:
+                return False
+        return False
+
+    def send(self, command):
+        self.p.stdin.write(command + "\n")
+        self.p.stdin.flush()
+        self.wait_line("ok " + command, 5)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(5)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+def lmx_server(host, port, count=1, tls=False):
+    addr = "127.0.0.1" if host == "root" else ENV["LMX_TESTBED_%s_ADDR" % host.upper()]
+    argv = ["python3", SERVER, "--bind", addr, "--port", str(port), "--count", str(count)]
+    if tls:
+        argv += ["--tls", ENV["LMX_TESTBED_TLS"] + "/tunnel.pem", ENV["LMX_TESTBED_TLS"] + "/tunnel.key"]
+    p = Proc(argv if host == "root" else ns(host) + argv)
+    assert p.wait_line("listening"), "test server did not start"
+    return p
+
+
+def publish(host, name, port):
+    p = Proc(["avahi-publish", "-s", name, "_opta-lmx._tcp", str(port), "path=/.well-known/opta-lmx",
+              "service=opta-lmx"], env={"DBUS_SYSTEM_BUS_ADDRESS": ENV["LMX_TESTBED_%s_BUS" % host.upper()]})
+    p.p.stdout.close()
+    time.sleep(1.2)  # probing and announcing take about a second
+    return p
+
+
+def request(sock, path):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    try:
+        s.connect(sock)
+        s.sendall(("GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path).encode())
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        return None, None
+    finally:
+        s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split()[1]) if head else 0
+    return status, body
+
+
+class Agent:
+    def __init__(self, config, args=(), directory=None):
+        self.dir = directory or tempfile.mkdtemp(prefix="lmx-bench-")
+        self.sock = self.dir + "/agent.sock"
+        with open(self.dir + "/agent.json", "w") as f:
+            json.dump(config, f)
+        self.started = time.perf_counter()
+        self.p = subprocess.Popen(
+            [BIN + "/lmx-agentd", "--socket", self.sock, "--db", self.dir + "/agent.db", "--config",
+             self.dir + "/agent.json", *args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "DBUS_SYSTEM_BUS_ADDRESS": ENV["LMX_TESTBED_ROOT_BUS"]})
+
+    def active(self):
+        status, body = request(self.sock, "/v1/active")
+        return json.loads(body) if status == 200 else None
+
+    def wait_active(self, predicate, timeout=30):
+        start = time.perf_counter()
+        while time.perf_counter() - start < timeout:
+            a = self.active()
+            if predicate(a):
+                return time.perf_counter() - start
+            time.sleep(0.005)
+        return None
+
+    def stop(self, keep=False):
+        self.p.send_signal(signal.SIGTERM)
+        self.p.wait(10)
+        if not keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def cfg(window=10, endpoints=()):
+    return {"interfaces": ["lmxbr0"], "health": {"stability_window": window}, "endpoints": list(endpoints),
+            "extra_ca_file": ENV["LMX_TESTBED_TLS"] + "/ca.pem"}
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def ms(x):
+    return "%.0f ms" % (x * 1000) if x == x else "n/a"
+
+
+def bench_first_active(results):
+    port = 21000
+    server = lmx_server("h1", port)
+    pub = publish("h1", "bench first", port)
+    fresh, restored = [], []
+    for _ in range(RUNS):
+        agent = Agent(cfg())
+        fresh.append(agent.wait_active(lambda a: a is not None))
+        agent.stop(keep=True)
+        again = Agent(cfg(), ["--no-discovery"], directory=agent.dir)
+        restored.append(again.wait_active(lambda a: a is not None))
+        again.stop()
+    pub.stop()
+    server.stop()
+    results["first_active_mdns"] = median(fresh)
+    results["first_active_restored"] = median(restored)
+
+
+def bench_failover(results):
+    tunnel = lmx_server("root", 21443, tls=True)
+    wan = {"url": "https://127.0.0.1:21443", "via": "wan", "name": "tunnel"}
+    figures = {"goodbye": [], "refused": [], "black hole": []}
+    for run in range(RUNS):
+        for kind in figures:
+            port = 21100 + run * 10 + list(figures).index(kind)
+            server = lmx_server("h1", port)
+            pub = publish("h1", "bench failover %d %s" % (run, kind), port)
+            agent = Agent(cfg(endpoints=[wan]))
+            lan = "http://%s:%d" % (ENV["LMX_TESTBED_H1_ADDR"], port)
+            if agent.wait_active(lambda a: a and a["base_url"] == lan, 10) is None:
+                figures[kind].append(None)
+            else:
+                time.sleep(1)
+                if kind == "goodbye":
+                    server.stop()
+                    pub.stop()
+                elif kind == "refused":
+                    server.send("dead")
+                else:
+                    subprocess.run([TESTBED, "link", "h1", "down"], check=True)
+                figures[kind].append(agent.wait_active(lambda a: a and a["via"] == "wan", 15))
+                if kind == "black hole":
+                    subprocess.run([TESTBED, "link", "h1", "up"], check=True)
+            agent.stop()
+            pub.stop()
+            server.stop()
+    tunnel.stop()
+    for kind, xs in figures.items():
+        results["failover_" + kind] = median(xs)
+        results["failover_" + kind + "_max"] = max([x for x in xs if x is not None] or [float("nan")])
+
+
+def bench_api(results):
+    server = lmx_server("h1", 21500)
+    agent = Agent(cfg(endpoints=[{"url": "http://%s:21500" % ENV["LMX_TESTBED_H1_ADDR"]}]), ["--no-discovery"])
+    agent.wait_active(lambda a: a is not None)
+    for clients in (1, 50):
+        # Two load processes share the clients, so Python is less of a bottleneck.
+        procs = [subprocess.Popen(["python3", LOAD, "--socket", agent.sock, "--rate", "5", "--concurrency",
+                                   str(max(1, clients // 2))], stdout=subprocess.PIPE, text=True)
+                 for _ in range(1 if clients == 1 else 2)]
+        outs = [json.loads(p.communicate()[0]) for p in procs]
+        results["api_%d_rps" % clients] = sum(o["rps"] for o in outs)
+        results["api_%d_p50_ms" % clients] = max(o["p50_ms"] for o in outs)
+        results["api_%d_p99_ms" % clients] = max(o["p99_ms"] for o in outs)
+    times = []
+    for _ in range(30):
+        start = time.perf_counter()
+        subprocess.run([BIN + "/lmx-status", "--url", "--socket", agent.sock], stdout=subprocess.DEVNULL)
+        times.append(time.perf_counter() - start)
+    results["lmx_status_url"] = median(times)
+    agent.stop()
+    server.stop()
+
+
+def proc_stats(pid):
+    with open("/proc/%d/status" % pid) as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    with open("/proc/%d/stat" % pid) as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    ticks = int(parts[11]) + int(parts[12])
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0]), ticks
+
+
+def bench_scale(results):
+    hz = os.sysconf("SC_CLK_TCK")
+    for n in SIZES:
+        server = lmx_server("h2", 10001, count=n)
+        subprocess.run([TESTBED, "publish-bulk", str(n), "Bench"], check=True)
+        agent = Agent(cfg())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            status, body = request(agent.sock, "/v1/status")
+            if status == 200:
+                routes = [r for c in json.loads(body)["candidates"] for r in c["routes"]
+                          if r["base_url"].startswith("http://%s:" % ENV["LMX_TESTBED_H2_ADDR"])]
+                if len([r for r in routes if r["verdict"] == "ready"]) >= n:
+                    break
+            time.sleep(0.2)
+        results["scale_%d_all_ready_s" % n] = time.monotonic() - (deadline - 60)
+        time.sleep(5)
+        _, _, t0 = proc_stats(agent.p.pid)
+        w0 = time.monotonic()
+        time.sleep(30)
+        rss, hwm, t1 = proc_stats(agent.p.pid)
+        results["scale_%d_cpu_pct" % n] = 100.0 * (t1 - t0) / hz / (time.monotonic() - w0)
+        results["scale_%d_rss_mib" % n] = rss / 1024
+        results["scale_%d_peak_rss_mib" % n] = hwm / 1024
+        agent.stop()
+        subprocess.run([TESTBED, "unpublish-bulk"], check=True)
+        server.stop()
+        time.sleep(2)
+
+
+def main():
+    results = {}
+    for step in (bench_first_active, bench_failover, bench_api, bench_scale):
+        print("bench: %s" % step.__name__, file=sys.stderr, flush=True)
+        step(results)
+    rows = [
+        ("first active endpoint after start, LAN server over mDNS (fresh database)", ms(results["first_active_mdns"]), "≤ 1 s"),
+        ("first active endpoint after restart, remembered last-good", ms(results["first_active_restored"]), "≤ 1 s"),
+        ("failover to WAN, goodbye (median / max)", "%s / %s" % (ms(results["failover_goodbye"]), ms(results["failover_goodbye_max"])), "≤ 1 s"),
+        ("failover to WAN, refused (median / max)", "%s / %s" % (ms(results["failover_refused"]), ms(results["failover_refused_max"])), "≤ 1 s"),
+        ("failover to WAN, black hole (median / max)", "%s / %s" % (ms(results["failover_black hole"]), ms(results["failover_black hole_max"])), "≤ 5 s"),
+        ("GET /v1/active, 1 client: req/s, p50, p99", "%.0f, %.2f ms, %.2f ms" % (results["api_1_rps"], results["api_1_p50_ms"], results["api_1_p99_ms"]), "p99 ≤ 1 ms"),
+        ("GET /v1/active, 50 clients: req/s, p50, p99", "%.0f, %.2f ms, %.2f ms" % (results["api_50_rps"], results["api_50_p50_ms"], results["api_50_p99_ms"]), "≥ 10,000 req/s"),
+        ("lmx-status --url, whole process (median of 30)", ms(results["lmx_status_url"]), "≤ 30 ms"),
+    ]
+    for n in SIZES:
+        rows.append(("daemon with %d live servers: RSS (peak), idle CPU" % n,
+                     "%.1f MiB (%.1f), %.2f %%" % (results["scale_%d_rss_mib" % n], results["scale_%d_peak_rss_mib" % n],
+                                                  results["scale_%d_cpu_pct" % n]),
+                     "RSS ≤ 30 MB at 200; CPU ≤ 1 % at 50"))
+    table = "| measure | lmx-agentd | target |\n|---|---|---|\n" + "\n".join("| %s | %s | %s |" % r for r in rows)
+    print(table)
+    out = os.environ.get("BENCH_RESULTS", os.path.join(REPO, "Benchmarks", "results-agent.md"))
+    with open(out, "w") as f:
+        f.write(table + "\n\n```json\n" + json.dumps(results, indent=1, sort_keys=True) + "\n```\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+import Testing
+
+@testable import LMXCore
+
+@Suite("Agent configuration and paths")
+struct ConfigurationTests {
+    private func parse(_ text: String) throws(ConfigurationError) -> AgentConfiguration {
+        try AgentConfiguration.parse(Array(text.utf8), file: "/etc/lmx/agent.json")
+    }
+
+    @Test("an empty file and an empty object give every default")
+    func defaults() throws {
+        #expect(try parse("") == AgentConfiguration())
+        #expect(try parse("  \n") == AgentConfiguration())
+        let config = try parse("{}")
+        #expect(config.policy.stabilityWindow == 10)
+        #expect(config.policy.lanTimeout == 1.5)
+        #expect(config.policy.wanTimeout == 8)
+        #expect(config.discovery)
+    }
+
+    @Test("every health key is read; unknown keys are ignored")
+    func healthKeys() throws {
+        let config = try parse(#"{"health": {"stability_window": 3, "up_after": 4, "lan_timeout": 0.5}, "future": 1}"#)
+        #expect(config.policy.stabilityWindow == 3)
+        #expect(config.policy.upAfter == 4)
+        #expect(config.policy.lanTimeout == 0.5)
+    }
+
+    @Test("errors name the file and the key")
+    func errorsNameTheKey() {
+        #expect(throws: ConfigurationError.self) { try parse(#"{"health": {"down_after": 0}}"#) }
+        do {
+            _ = try parse(#"{"health": {"stable_interval": "ten"}}"#)
+            Issue.record("accepted a string interval")
+        } catch {
+            #expect(error.description.contains("/etc/lmx/agent.json"))
+            #expect(error.description.contains("health.stable_interval"))
+        }
+        do {
+            _ = try parse("{not json")
+            Issue.record("accepted broken JSON")
+        } catch {
+            #expect(error.description.contains("not valid JSON"))
+        }
+    }
+
+    @Test("endpoint URLs: https is WAN, http is LAN; paths, queries and user names are refused without echoing secrets")
+    func endpoints() throws {
+        let config = try parse(#"{"endpoints": [{"url": "HTTPS://Tunnel.Example.com/"}, {"url": "http://10.0.0.5:1234"}]}"#)
+        let routes = try config.endpoints.map { try $0.route() }
+        #expect(routes[0].via == .wan)
+        #expect(routes[0].baseURL == "https://tunnel.example.com")
+        #expect(routes[1].via == .lan)
+        #expect(routes[1].id == "lan/10.0.0.5:1234")
+        for bad in ["https://x.example.com?key=SECRET123", "https://user:SECRET123@x.example.com", "ftp://x", "https://x/v1"] {
+            do {
+                _ = try parse(#"{"endpoints": [{"url": "\#(bad)"}]}"#)
+                Issue.record("accepted \(bad)")
+            } catch {
+                #expect(!error.description.contains("SECRET123"))
+            }
+        }
+        #expect(throws: ConfigurationError.self) {
+            try parse(#"{"endpoints": [{"url": "https://x.example.com", "cf_access_client_id": "id"}]}"#)
+        }
+    }
+
+    @Test("paths: system ones for root, XDG for users, LMX_SOCKET and LMX_DB override")
+    func paths() {
+        let root = AgentPaths.standard(uid: 0, environment: [:])
+        #expect(root.socket == "/run/lmx/agent.sock")
+        #expect(root.database == "/var/lib/lmx/agent.db")
+        #expect(root.config == "/etc/lmx/agent.json")
+        let user = AgentPaths.standard(uid: 1000, environment: ["HOME": "/home/a", "XDG_RUNTIME_DIR": "/run/user/1000"])
+        #expect(user.socket == "/run/user/1000/lmx/agent.sock")
+        #expect(user.database == "/home/a/.local/state/lmx/agent.db")
+        #expect(user.config == "/home/a/.config/lmx/agent.json")
+        let overridden = AgentPaths.standard(uid: 1000, environment: ["LMX_SOCKET": "/tmp/s", "LMX_DB": "/tmp/d"])
+        #expect(overridden.socket == "/tmp/s")
+        #expect(overridden.database == "/tmp/d")
+    }
+}
