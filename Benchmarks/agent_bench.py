@@ -248,7 +248,7 @@ def bench_scale(results):
             if status == 200:
                 routes = [r for c in json.loads(body)["candidates"] for r in c["routes"]
                           if r["base_url"].startswith("http://%s:" % ENV["LMX_TESTBED_H2_ADDR"])]
-                if len([r for r in routes if r["verdict"] == "ready"]) >= n:
+                if len([r for r in routes if r.get("verdict") == "ready"]) >= n:
                     break
             time.sleep(0.2)
         results["scale_%d_all_ready_s" % n] = time.monotonic() - (deadline - 60)
@@ -271,6 +271,7 @@ def main():
     for step in (bench_first_active, bench_failover, bench_api, bench_scale):
         print("bench: %s" % step.__name__, file=sys.stderr, flush=True)
         step(results)
+        print("bench: %s" % json.dumps(results, sort_keys=True), file=sys.stderr, flush=True)
     rows = [
         ("first active endpoint after start, LAN server over mDNS (fresh database)", ms(results["first_active_mdns"]), "≤ 1 s"),
         ("first active endpoint after restart, remembered last-good", ms(results["first_active_restored"]), "≤ 1 s"),

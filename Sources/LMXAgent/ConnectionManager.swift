@@ -198,10 +198,12 @@ public actor ConnectionManager {
 
     // MARK: - Probing
 
-    private func pump() {
+    /// - Parameter reselect: re-run selection first (a timer fired or the inputs changed);
+    ///   after a probe result the planner has just selected.
+    private func pump(reselect: Bool = true) {
         guard !stopped else { return }
         let t = now()
-        handle(planner.tick(now: t))
+        if reselect { handle(planner.tick(now: t)) }
         for task in planner.takeDueProbes(now: t) {
             let route = task.route, full = task.full
             let timeout = planner.policy.timeout(for: route.via)
@@ -250,7 +252,7 @@ public actor ConnectionManager {
                 logger.warning("could not save probe statistics: \(error)")
             }
         }
-        pump()
+        pump(reselect: false)
     }
 
     private func schedule() {

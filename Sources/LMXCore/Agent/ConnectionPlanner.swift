@@ -72,6 +72,7 @@ public struct ConnectionPlanner: Sendable {
     /// The route that was active when the agent last stopped: probed first.
     public var lastGoodID: String?
     private var random: SplitMix64
+    private var nextSweep: Double = 0
 
     public init(policy: HealthPolicy = HealthPolicy(), seed: UInt64 = 0x5EED) {
         self.policy = policy
@@ -150,10 +151,11 @@ public struct ConnectionPlanner: Sendable {
     /// Routes to probe now, at most `maxConcurrentProbes` in flight; marks them in flight.
     /// The active route comes first, then the last-good one, then the most overdue.
     public mutating func takeDueProbes(now: Double) -> [ProbeTask] {
-        let inFlight = routes.values.filter(\.inFlight).count
+        // Lazy everywhere on the hot paths: RouteState copies (strings, arrays) dominate otherwise.
+        let inFlight = routes.values.lazy.filter(\.inFlight).count
         let room = policy.maxConcurrentProbes - inFlight
         guard room > 0 else { return [] }
-        let due = routes.values.filter { !$0.inFlight && $0.nextProbeAt <= now }
+        let due = routes.values.lazy.filter { !$0.inFlight && $0.nextProbeAt <= now }
             .sorted { a, b in
                 let pa = priority(a), pb = priority(b)
                 if pa != pb { return pa < pb }
@@ -178,25 +180,31 @@ public struct ConnectionPlanner: Sendable {
 
     /// When something next needs doing: a probe falling due or a stability window ending.
     public func nextWakeup() -> Double? {
-        var times = routes.values.filter { !$0.inFlight }.map(\.nextProbeAt)
-        if let active, let activeRank = rank(active) {
-            for state in routes.values {
-                guard let r = rank(state), r < activeRank, let since = state.healthySince else { continue }
-                times.append(since + policy.stabilityWindow)
-            }
+        var next = routes.values.lazy.filter { !$0.inFlight }.map(\.nextProbeAt).min()
+        if let active = activeID.flatMap({ routes[$0] }), let activeRank = rank(active) {
+            let windowEnd = routes.values.lazy
+                .filter { self.rank($0).map { $0 < activeRank } ?? false }
+                .compactMap { $0.healthySince.map { $0 + self.policy.stabilityWindow } }
+                .min()
+            if let windowEnd { next = min(next ?? windowEnd, windowEnd) }
         }
-        return times.min()
+        return next
     }
 
     /// Re-runs selection (a stability window may have ended) and forgets long-dead routes.
     public mutating func tick(now: Double) -> [PlannerEvent] {
         var events: [PlannerEvent] = []
-        for state in routes.values
-        where (state.route.source == .mdns || state.route.source == .remembered) && !state.route.announced
-            && state.health == .down && state.id != activeID
-            && now - (state.healthSince ?? now) >= policy.forgetAfter
-        {
-            routes.removeValue(forKey: state.id)
+        // Forgetting is not urgent: sweep at most every 30 s, not on every wakeup.
+        guard now >= nextSweep else { return select(now: now) }
+        nextSweep = now + 30
+        let activeID = self.activeID, forgetAfter = policy.forgetAfter
+        let forgotten = routes.values.lazy.filter { state in
+            (state.route.source == .mdns || state.route.source == .remembered) && !state.route.announced
+                && state.health == .down && state.id != activeID
+                && now - (state.healthSince ?? now) >= forgetAfter
+        }.map(\.id)
+        for id in Array(forgotten) {
+            guard let state = routes.removeValue(forKey: id) else { continue }
             events.append(.routeRemoved(state, reason: "withdrawn from mDNS and down for \(Int(policy.forgetAfter)) s"))
         }
         return events + select(now: now)
@@ -343,23 +351,25 @@ public struct ConnectionPlanner: Sendable {
 
     mutating func select(now: Double, lostReason: String? = nil) -> [PlannerEvent] {
         let current = active
-        let usable = routes.values.filter(isUsable)
+        let planner = self  // a copy-on-write snapshot the lazy closures can capture
+        let usable = planner.routes.values.lazy.filter(planner.isUsable)
         if let current, isUsable(current), let currentRank = rank(current) {
             // Stay among equals; move up only to a route that has been healthy for the window.
+            let window = policy.stabilityWindow
             let upgrades = usable.filter { state in
-                guard let r = rank(state), r < currentRank, let since = state.healthySince else { return false }
+                guard let r = planner.rank(state), r < currentRank, let since = state.healthySince else { return false }
                 // A route that has never failed has no flapping to guard against (a server that
                 // just appeared); one that came back must stay healthy for the window.
-                return state.failureCount == 0 || now - since >= policy.stabilityWindow
+                return state.failureCount == 0 || now - since >= window
             }
-            guard let best = upgrades.min(by: better) else { return [] }
+            guard let best = upgrades.min(by: planner.better) else { return [] }
             return switchActive(
                 to: best, now: now,
                 reason: best.failureCount == 0
                 ? "\(describe(best)) is better than \(describe(current))"
                 : "\(describe(best)) healthy for \(Int(policy.stabilityWindow)) s, better than \(describe(current))")
         }
-        guard let best = usable.min(by: better) else {
+        guard let best = usable.min(by: planner.better) else {
             // A failing active route with nothing better is kept until hysteresis says down.
             guard let current, rank(current) == nil else { return [] }
             return switchActive(to: nil, now: now, reason: lostReason ?? "no usable endpoint")
