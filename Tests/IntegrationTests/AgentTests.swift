@@ -78,13 +78,17 @@ struct AgentTests {
             #expect(failover != nil)
             #expect((failover ?? 99) <= 1.0)
 
+            // The agent keeps probing the remembered route (with backoff), so it may see the server
+            // before the announcement: count from the server's start.
+            let backStarted = ContinuousClock.now
             let back = try await LMXServer.start(bed, on: .h1, port: port, instance: "gb-\(port)")
             publisher = try await Publish.avahi(bed, on: .h1, name: name, port: port)
-            let returned = await agent.waitForActive(timeout: 10) { $0?.baseURL == back.baseURL }
+            let returned = await agent.waitForActive(timeout: 12) { $0?.baseURL == back.baseURL }
             #expect(returned != nil)
+            let sinceStart = (ContinuousClock.now - backStarted).seconds
             // The window is 3 s in this test's config; it came back from a failure, so it must wait.
-            #expect((returned ?? 0) >= 3.0)
-            #expect((returned ?? 99) <= 6.0)
+            #expect(sinceStart >= 3.0)
+            #expect(sinceStart <= 9.0)
 
             let events = try agent.client.request("GET", "/v1/events?limit=50")
             let list = try JSONDecoder().decode([StatusAPI.Event].self, from: Data(events.body))
@@ -462,6 +466,56 @@ struct AgentTests {
             let table = try await Command.discover(["--probe", "-i", "lmxbr0"], bus: bed.bus(.root))
             #expect(table.stdout.contains("VERDICT"))
             #expect(table.stdout.contains("alive-not-ready"))
+        }
+    }
+
+    @Test("SIGHUP reloads the config file: a new endpoint appears, a removed one goes; a bad file keeps the old one")
+    func reloadOnSIGHUP() async throws {
+        try await withResources {
+            let first = freePort(), second = freePort()
+            let a = try await LMXServer.start(bed, on: .h1, port: first, instance: "a-\(first)")
+            let b = try await LMXServer.start(bed, on: .h2, port: second, instance: "b-\(second)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [#"{"url": "\#(a.baseURL)"}"#]), arguments: ["--no-discovery"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == a.baseURL } != nil)
+
+            try config(endpoints: [#"{"url": "\#(b.baseURL)"}"#]).write(toFile: agent.configPath, atomically: true, encoding: .utf8)
+            agent.process.signal(SIGHUP)
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == b.baseURL } != nil)
+            let routes = try agent.status().candidates.flatMap(\.routes).map(\.baseURL)
+            #expect(routes == [b.baseURL])
+
+            try "{broken".write(toFile: agent.configPath, atomically: true, encoding: .utf8)
+            agent.process.signal(SIGHUP)
+            #expect(await agent.process.waitForLine(containing: "configuration not reloaded", timeout: 5))
+            #expect(agent.active()?.baseURL == b.baseURL)
+            #expect(agent.isServing)
+        }
+    }
+
+    @Test("under systemd: READY=1 once serving, STATUS= with the active endpoint, WATCHDOG=1 when asked")
+    func systemdNotification() async throws {
+        try await withResources {
+            let directory = AgentProcess.makeDirectory()
+            let notifySocket = directory + "/notify"
+            let listener = LiveProcess("/usr/bin/python3", ["-c", """
+                import socket, sys
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                s.bind(sys.argv[1])
+                print("bound", flush=True)
+                while True:
+                    print(s.recv(4096).decode().replace("\\n", " | "), flush=True)
+                """, notifySocket])
+            try listener.start()
+            #expect(await listener.waitForLine(containing: "bound", timeout: 5))
+            let port = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port)
+            _ = try await AgentProcess.start(
+                bed, config: config(endpoints: [#"{"url": "\#(server.baseURL)"}"#]), arguments: ["--no-discovery"],
+                directory: directory, environment: ["NOTIFY_SOCKET": notifySocket, "WATCHDOG_USEC": "2000000"])
+            #expect(await listener.waitForLine(containing: "READY=1", timeout: 5))
+            #expect(await listener.waitForLine(containing: "WATCHDOG=1", timeout: 5))
+            #expect(await listener.waitFor(timeout: 5) { $0.stdout.contains("STATUS=active: \(server.baseURL)") })
         }
     }
 }
