@@ -82,6 +82,9 @@ enable-wide-area=no
 publish-hinfo=no
 publish-workstation=no
 publish-addresses=yes
+# Without IPv6 mDNS, publish no AAAA records either (avahi's default sends them over IPv4, and a
+# resolver asking for any family then gets a link-local address at random).
+publish-aaaa-on-ipv4=$3
 
 [reflector]
 enable-reflector=no

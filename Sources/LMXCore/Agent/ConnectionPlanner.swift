@@ -8,13 +8,31 @@ public enum RouteHealth: String, Sendable, Hashable, Codable {
     case down
 }
 
+/// Immutable shared storage for the bulky parts of a route's state: the planner passes over every
+/// route after every probe, and a copy then costs one retain instead of one per string.
+final class Shared<Value: Hashable & Sendable>: Hashable, Sendable {
+    let value: Value
+    init(_ value: Value) { self.value = value }
+    static func == (lhs: Shared, rhs: Shared) -> Bool { lhs === rhs || lhs.value == rhs.value }
+    func hash(into hasher: inout Hasher) { hasher.combine(value) }
+}
+
 /// A route and everything the agent knows about its health.
 public struct RouteState: Sendable, Hashable, Identifiable {
-    public var route: Route
+    private var routeStorage: Shared<Route>
+    private var reportStorage: Shared<ProbeReport>?
+
+    public var route: Route {
+        get { routeStorage.value }
+        set { routeStorage = Shared(newValue) }
+    }
     public var health: RouteHealth = .unknown
     /// The established verdict: changes class (alive ↔ not) only through hysteresis.
     public var verdict: HealthVerdict?
-    public var lastReport: ProbeReport?
+    public var lastReport: ProbeReport? {
+        get { reportStorage?.value }
+        set { reportStorage = newValue.map(Shared.init) }
+    }
     public var lastProbeAt: Double?
     public var goodStreak = 0
     public var badStreak = 0
@@ -34,10 +52,11 @@ public struct RouteState: Sendable, Hashable, Identifiable {
     /// The server's `instance_id`, learned from its discovery document (or remembered).
     public var instanceID: String?
 
-    public var id: String { route.id }
+    public let id: String
 
     init(route: Route, now: Double) {
-        self.route = route
+        self.routeStorage = Shared(route)
+        self.id = route.id
         self.nextProbeAt = now
     }
 }
