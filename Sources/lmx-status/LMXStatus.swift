@@ -17,7 +17,8 @@ struct LMXStatus: ParsableCommand {
         commandName: "lmx-status",
         abstract: "Show which Opta LMX endpoint to use now, as lmx-agentd sees it.",
         discussion: """
-            With no option: a one-line summary and the table of candidates.
+            With no option: a one-line summary and the table of candidates. With --watch it \
+            follows every change, and waits for the daemon across its restarts.
 
               export OPENAI_BASE_URL="$(lmx-status --url)/v1"
 
@@ -114,8 +115,27 @@ struct LMXStatus: ParsableCommand {
         return "Active: \(active.baseURL) via \(active.via.rawValue) (\(ServerTable.printable(active.name)), \(active.verdict.rawValue)) since \(active.since). mDNS: \(status.avahi)."
     }
 
+    /// Follows `/v1/watch`; when the daemon goes away (a restart), waits for it and follows the
+    /// new one from a fresh snapshot. Fails with 69 only if it is not running at the start.
     private func follow(_ client: StatusClient) throws {
+        var connected = false
+        while true {
+            do {
+                try followOnce(client) { connected = true }
+                Output.error("lmx-status: lmx-agentd closed the stream; waiting for it to come back")
+            } catch {
+                guard connected else { throw error }
+                if case .protocolError = error {
+                    Output.error("lmx-status: \(error.description); reconnecting")
+                }
+            }
+            usleep(500_000)
+        }
+    }
+
+    private func followOnce(_ client: StatusClient, onLine: () -> Void) throws(StatusClientError) {
         try client.stream("/v1/watch") { bytes in
+            onLine()
             if json {
                 Output.out(String(decoding: bytes, as: UTF8.self))
                 return true

@@ -518,4 +518,33 @@ struct AgentTests {
             #expect(await listener.waitFor(timeout: 5) { $0.stdout.contains("STATUS=active: \(server.baseURL)") })
         }
     }
+
+    @Test("lmx-status --watch prints changes and follows the daemon across a restart")
+    func statusWatchAcrossRestart() async throws {
+        try await withResources {
+            let port = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port)
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [#"{"url": "\#(server.baseURL)"}"#]), arguments: ["--no-discovery"])
+            #expect(await agent.waitForActive(timeout: 5) { $0 != nil } != nil)
+            let watch = LiveProcess("\(TestBed.binDir)/lmx-status", ["--watch", "--socket", agent.socket])
+            try watch.start()
+            #expect(await watch.waitForLine(containing: "Active: \(server.baseURL)", timeout: 5))
+            await server.set("dead")
+            #expect(await watch.waitForLine(containing: "no active endpoint", timeout: 8))
+
+            await agent.stop()
+            #expect(await watch.waitForLine(containing: "waiting for it to come back", timeout: 5))
+            await server.set("alive")
+            let linesBefore = watch.stdoutLines.count
+            _ = try await AgentProcess.start(
+                bed, config: config(endpoints: [#"{"url": "\#(server.baseURL)"}"#]), arguments: ["--no-discovery"],
+                directory: agent.directory)
+            // The new daemon's snapshot, then (or in it) the server active again.
+            #expect(await watch.waitFor(timeout: 8) { process in
+                process.stdoutLines.dropFirst(linesBefore).contains { $0.contains(server.baseURL) && !$0.contains("no active") }
+            })
+            #expect(watch.isRunning)
+        }
+    }
 }
