@@ -10,6 +10,7 @@
   - daemon RSS and CPU with 1, 50 and 200 live servers announced over mDNS
 Run through `make bench` (root; scripts/bench.sh brings the test LAN up and down).
 """
+import atexit
 import json
 import os
 import shutil
@@ -35,11 +36,23 @@ def ns(host):
     return ["ip", "netns", "exec", ENV["LMX_TESTBED_%s_NS" % host.upper()]]
 
 
+LIVE = []  # every process started here, stopped by PID at exit even when a step fails
+
+
+@atexit.register
+def stop_all():
+    for p in LIVE:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 class Proc:
     def __init__(self, argv, env=None, stdin=True):
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                   env={**os.environ, **(env or {})})
+        LIVE.append(self.p)
 
     def wait_line(self, text, timeout=15):
         deadline = time.monotonic() + timeout
@@ -117,6 +130,7 @@ class Agent:
              self.dir + "/agent.json", *args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env={**os.environ, "DBUS_SYSTEM_BUS_ADDRESS": ENV["LMX_TESTBED_ROOT_BUS"]})
+        LIVE.append(self.p)
 
     def active(self):
         status, body = request(self.sock, "/v1/active")

@@ -393,7 +393,6 @@ public actor ConnectionManager {
         } else {
             first = [Self.encodeLine(StatusAPI.WatchLine(type: "snapshot", seq: seq, at: iso(now()), status: status()))]
         }
-        if first.isEmpty { first = [] }
         return (first, stream, id)
     }
 
