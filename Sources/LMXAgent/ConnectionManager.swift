@@ -293,11 +293,8 @@ public actor ConnectionManager {
                 broadcast(StatusAPI.WatchLine(type: "candidate-added", seq: 0, at: iso(t), route: routeStatus(state, now: t)))
             case .routeRemoved(let state, let reason):
                 logger.info("endpoint removed: \(reason)", metadata: ["route": "\(state.id)"])
-                if state.route.source == .manual || state.route.source == .pairing {
-                    try? store.deleteRoute(state.id)
-                } else if reason.contains("withdrawn") {
-                    try? store.deleteRoute(state.id)
-                }
+                // Every removal is final (deleted from the config, or forgotten after long silence).
+                try? store.deleteRoute(state.id)
                 record(kind: "candidate-removed", routeID: state.id, from: nil, to: nil, reason: reason, at: t)
                 broadcast(StatusAPI.WatchLine(type: "candidate-removed", seq: 0, at: iso(t), route: routeStatus(state, now: t), reason: reason))
             case .healthChanged(let state, let from, let reason):
