@@ -131,16 +131,6 @@ final class LiveProcess: Sendable {
     func start() throws {
         let out = Pipe()
         let err = Pipe()
-        out.fileHandleForReading.readabilityHandler = { [weak self] handle in
-            let data = handle.availableData
-            if data.isEmpty { handle.readabilityHandler = nil }
-            self?.output.withLock { if data.isEmpty { $0.openStreams -= 1 } else { $0.stdout.append(data) } }
-        }
-        err.fileHandleForReading.readabilityHandler = { [weak self] handle in
-            let data = handle.availableData
-            if data.isEmpty { handle.readabilityHandler = nil }
-            self?.output.withLock { if data.isEmpty { $0.openStreams -= 1 } else { $0.stderr.append(data) } }
-        }
         let pid = try process.withLock { process in
             process.standardOutput = out
             process.standardError = err
@@ -148,6 +138,11 @@ final class LiveProcess: Sendable {
             try process.run()
             return process.processIdentifier
         }
+        // One reader thread per pipe: poll and read until end of file, or until the child has
+        // exited and the pipe is drained (a write end inherited by another child must not
+        // hold the output back).
+        startReader(out.fileHandleForReading.fileDescriptor, handle: out.fileHandleForReading, into: \.stdout)
+        startReader(err.fileHandleForReading.fileDescriptor, handle: err.fileHandleForReading, into: \.stderr)
         Resources.current?.keep(self)
         let directory = "\(TestBed.stateDir)/publishers"
         let path = "\(directory)/\(pid).pid"
@@ -155,6 +150,40 @@ final class LiveProcess: Sendable {
         if FileManager.default.createFile(atPath: path, contents: Data("\(pid)\n".utf8)) {
             pidFile.withLock { $0 = path }
         }
+    }
+
+    private func startReader(_ fd: Int32, handle: FileHandle, into field: WritableKeyPath<Output, Data> & Sendable) {
+        let thread = Thread { [self] in
+            var buffer = [UInt8](repeating: 0, count: 65536)
+            var exitedAt: ContinuousClock.Instant?
+            while true {
+                var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+                let ready = poll(&pfd, 1, 50)
+                if ready > 0 {
+                    let count = read(fd, &buffer, buffer.count)
+                    if count > 0 {
+                        let chunk = Data(buffer[0..<count])
+                        output.withLock { $0[keyPath: field].append(chunk) }
+                        continue
+                    }
+                    if count < 0 && errno == EINTR { continue }
+                    break  // end of file or error
+                }
+                if ready < 0 && errno == EINTR { continue }
+                // Nothing to read: once the child is gone and the pipe stays empty, all of its
+                // output has been read.
+                if !isRunning {
+                    if let exitedAt {
+                        if ContinuousClock.now - exitedAt > .milliseconds(200) { break }
+                    } else {
+                        exitedAt = .now
+                    }
+                }
+            }
+            output.withLock { $0.openStreams -= 1 }
+            _ = handle  // keeps the descriptor open while reading
+        }
+        thread.start()
     }
 
     var pid: Int32 { process.withLock { $0.processIdentifier } }
@@ -195,8 +224,9 @@ final class LiveProcess: Sendable {
             forget()
             throw TestBedMissing(detail: "process \(process.withLock { $0.executableURL?.lastPathComponent ?? "?" }) did not exit within \(seconds) s")
         }
-        // Read everything the process wrote: wait for end of file on both pipes.
-        _ = await waitFor(timeout: 5) { process in process.output.withLock { $0.openStreams == 0 } }
+        // Read everything the process wrote: both readers finish at end of file, or once the
+        // exited child's pipe is drained.
+        _ = await waitFor(timeout: 10) { process in process.output.withLock { $0.openStreams == 0 } }
         forget()
         return process.withLock { $0.terminationStatus }
     }
