@@ -1,0 +1,514 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// Reads every pairing payload of CONTRACT §4 into `Pairing`s: the v1 token, a bare tunnel URL,
+/// the dashboard `/connect` link, the account `/pair` link and the `lmx-connections.json`
+/// address book. Strict about what it uses (each value is validated, the field named on error),
+/// lenient about what it does not (unknown fields are ignored).
+public struct PairingParser: Sendable {
+    /// Accept `http://` tunnels (private deployments, tests).
+    public var allowInsecure: Bool
+    /// Unix seconds, for expiry.
+    public var now: Int64
+
+    public static let maxValueBytes = 2048
+    public static let maxLinkBytes = 16 * 1024
+    public static let maxAddressBookBytes = 1024 * 1024
+    public static let maxAddressBookEntries = 1000
+
+    public init(allowInsecure: Bool = false, now: Int64) {
+        self.allowInsecure = allowInsecure
+        self.now = now
+    }
+
+    /// Parses raw bytes (a decoded QR code, a file, standard input).
+    public func parse(_ bytes: [UInt8]) throws(PairingError) -> [Pairing] {
+        var bytes = bytes[...]
+        if bytes.starts(with: [0xEF, 0xBB, 0xBF]) { bytes = bytes.dropFirst(3) }  // UTF-8 BOM
+        guard let text = String(validating: bytes, as: UTF8.self) else {
+            throw PairingError(.notText, "not a pairing: the data is not UTF-8 text (a QR image, a text file with a code or link, or an lmx-connections.json file was expected)")
+        }
+        return try parse(text)
+    }
+
+    public func parse(_ text: String) throws(PairingError) -> [Pairing] {
+        let trimmed = text.trimmingASCIIWhitespace()
+        guard !trimmed.isEmpty else {
+            throw PairingError(.empty, "empty: no pairing code or link in it")
+        }
+        if trimmed.first == "{" || trimmed.first == "[" {
+            return try parseAddressBook(trimmed)
+        }
+        guard trimmed.utf8.count <= Self.maxLinkBytes else {
+            throw PairingError(.tooLong, "longer than \(Self.maxLinkBytes) bytes: not a pairing code or link")
+        }
+        if let bad = trimmed.unicodeScalars.first(where: { $0.value < 0x20 || $0.value == 0x7F }) {
+            _ = bad
+            throw PairingError(.controlCharacter, "contains a control character (a pairing code or link is a single line of text)")
+        }
+        let lower = trimmed.lowercased()
+        if lower.hasPrefix("opta-lmx:") {
+            return [try parseToken(trimmed)]
+        }
+        if lower.hasPrefix("https://") || lower.hasPrefix("http://") {
+            return [try parseLink(trimmed)]
+        }
+        throw PairingError(
+            .unknownFormat,
+            "not a pairing code or link: expected opta-lmx://pair?v=1&…, an https:// tunnel URL, a /connect or /pair link, or an lmx-connections.json address book")
+    }
+
+    // MARK: - The v1 token
+
+    func parseToken(_ text: String) throws(PairingError) -> Pairing {
+        let url = try SplitURL(text)
+        guard url.scheme == "opta-lmx", url.authority.lowercased() == "pair", url.path.isEmpty || url.path == "/" else {
+            throw PairingError(.malformed, "an opta-lmx:// code must start with opta-lmx://pair?")
+        }
+        let query = try Query(url.query)
+        guard let version = query["v"] else {
+            throw PairingError(.missingField, field: "v", "missing: this code carries no format version (v=1)")
+        }
+        guard version == "1" else {
+            throw PairingError(
+                .unsupportedVersion, field: "v",
+                "pairing format version \(PairingError.quote(version)) is not supported (this lmx-pair reads v=1): update lmx-agent or make a v1 code")
+        }
+        guard let urlText = query["url"], !urlText.isEmpty else {
+            throw PairingError(.missingField, field: "url", "missing: a v1 code must carry the tunnel URL")
+        }
+        var wan = try tunnel(urlText, field: "url", pathAllowed: false)
+        let cfID = query["cf_id"].nonBlank, cfSecret = query["cf_secret"].nonBlank
+        if (cfID == nil) != (cfSecret == nil) {
+            throw PairingError(
+                .invalidField, field: cfID == nil ? "cf_id" : "cf_secret",
+                "missing: a Cloudflare Access service token needs both cf_id and cf_secret")
+        }
+        wan.credentials = Credentials(
+            adminKey: query["key"], inferenceKey: query["api_key"], accessClientID: cfID, accessClientSecret: cfSecret)
+        var expires: Int64?
+        if let exp = query["exp"] {
+            guard !exp.isEmpty, exp.count <= 12, exp.allSatisfy(\.isASCIIDigit), let value = Int64(exp) else {
+                throw PairingError(.invalidField, field: "exp", "\(PairingError.quote(exp)) is not a time in Unix seconds")
+            }
+            guard value > now else {
+                throw PairingError(
+                    .expired, field: "exp",
+                    "this pairing code expired at \(Timestamp.iso8601(Double(value))): ask for a new one")
+            }
+            expires = value
+        }
+        let lan = try query["lan"].nonBlank.map { text throws(PairingError) in try HostPort.parse(text, field: "lan") }
+        let instance = query["instance"].nonBlank
+        return Pairing(name: query["name", plusIsSpace: true].nonBlank, format: .token, wan: wan, lan: lan, instance: instance, expiresAt: expires)
+    }
+
+    // MARK: - Links
+
+    func parseLink(_ text: String) throws(PairingError) -> Pairing {
+        let url = try SplitURL(text)
+        let last = url.path.split(separator: "/").last.map { $0.lowercased() }
+        let query = try Query(url.query)
+        switch last {
+        case "connect":
+            // Dashboard connect link: a LAN host, and maybe a tunnel; no secrets.
+            let lan = try lanEndpoint(query)
+            var wan: WANEndpoint?
+            if let tunnelText = query["tunnel"].nonBlank {
+                guard tunnelText.lowercased().hasPrefix("https://") || (allowInsecure && tunnelText.lowercased().hasPrefix("http://")) else {
+                    throw PairingError(.insecure, field: "tunnel", "a connect link's tunnel must be an https:// URL")
+                }
+                wan = try tunnel(tunnelText, field: "tunnel", pathAllowed: true)
+            }
+            return Pairing(name: query["name", plusIsSpace: true].nonBlank, format: .connectLink, wan: wan, lan: lan)
+        case "pair":
+            // Account pairing link: only host and port matter here.
+            return Pairing(format: .pairLink, lan: try lanEndpoint(query))
+        default:
+            // A bare tunnel URL, `key` optional (the admin key); the path is dropped.
+            var wan = try tunnel(text, field: "url", pathAllowed: true)
+            wan.credentials = Credentials(adminKey: query["key"])
+            return Pairing(format: .tunnelURL, wan: wan)
+        }
+    }
+
+    private func lanEndpoint(_ query: Query) throws(PairingError) -> HostPort {
+        guard let host = query["host"].nonBlank else {
+            throw PairingError(.missingField, field: "host", "missing: the link names no server host")
+        }
+        let port: Int
+        if let portText = query["port"] {
+            port = try HostPort.parsePort(portText, field: "port")
+        } else {
+            port = HostPort.defaultPort
+        }
+        return HostPort(host: try HostPort.parseHost(host, field: "host"), port: port)
+    }
+
+    /// A tunnel base URL: `https://host[:port]`, no user info; the path is dropped.
+    func tunnel(_ text: String, field: String, pathAllowed: Bool) throws(PairingError) -> WANEndpoint {
+        let url = try SplitURL(text, field: field)
+        switch url.scheme {
+        case "https": break
+        case "http":
+            guard allowInsecure else {
+                throw PairingError(
+                    .insecure, field: field,
+                    "a plain http:// tunnel would send its keys unencrypted: refused (pass --allow-insecure for a private test setup)")
+            }
+        default:
+            throw PairingError(.invalidField, field: field, "must be an https:// URL")
+        }
+        if url.authority.contains("@") {
+            throw PairingError(.invalidField, field: field, "must not carry a user name or password (user@host)")
+        }
+        _ = pathAllowed
+        let hostPort = try HostPort.parseAuthority(url.authority, field: field)
+        var base = "\(url.scheme)://\(hostPort.isIPv6 ? "[\(hostPort.host)]" : hostPort.host)"
+        if let port = hostPort.port { base += ":\(port)" }
+        return WANEndpoint(url: base)
+    }
+
+    // MARK: - Address book
+
+    func parseAddressBook(_ text: String) throws(PairingError) -> [Pairing] {
+        guard text.utf8.count <= Self.maxAddressBookBytes else {
+            throw PairingError(.tooLong, "address book larger than 1 MiB: not an lmx-connections.json file")
+        }
+        let book: AddressBook
+        do {
+            if text.first == "[" {
+                book = AddressBook(entries: try JSONDecoder().decode([AddressBook.Entry].self, from: Data(text.utf8)))
+            } else {
+                book = try JSONDecoder().decode(AddressBook.self, from: Data(text.utf8))
+            }
+        } catch let error as PairingError {
+            throw error
+        } catch let error as DecodingError {
+            throw PairingError(.malformed, "not a valid lmx-connections.json address book: \(AgentConfiguration.describe(error))")
+        } catch {
+            throw PairingError(.malformed, "not a valid lmx-connections.json address book")
+        }
+        guard !book.entries.isEmpty else {
+            throw PairingError(.empty, field: "entries", "the address book has no entries")
+        }
+        guard book.entries.count <= Self.maxAddressBookEntries else {
+            throw PairingError(.tooLong, field: "entries", "more than \(Self.maxAddressBookEntries) entries")
+        }
+        var pairings: [Pairing] = []
+        for (index, entry) in book.entries.enumerated() {
+            let at = "entries[\(index)]"
+            for (key, value) in [("label", entry.label), ("host", entry.host), ("tunnelUrl", entry.tunnel), ("id", entry.id)] {
+                if let value { try Self.checkValue(value, field: "\(at).\(key)") }
+            }
+            var lan: HostPort?
+            if let host = entry.host.nonBlank {
+                let port = entry.port ?? HostPort.defaultPort
+                guard (1...65535).contains(port) else {
+                    throw PairingError(.invalidField, field: "\(at).port", "\(port) is not a port (1–65535)")
+                }
+                lan = HostPort(host: try HostPort.parseHost(host, field: "\(at).host"), port: port)
+            }
+            var wan: WANEndpoint?
+            if let tunnelText = entry.tunnel.nonBlank {
+                wan = try tunnel(tunnelText, field: "\(at).tunnelUrl", pathAllowed: true)
+            }
+            guard lan != nil || wan != nil else {
+                throw PairingError(.missingField, field: at, "neither host nor tunnelUrl: nothing to connect to")
+            }
+            pairings.append(Pairing(name: entry.label.nonBlank, format: .addressBook, wan: wan, lan: lan))
+        }
+        return pairings
+    }
+
+    static func checkValue(_ value: String, field: String) throws(PairingError) {
+        guard value.utf8.count <= maxValueBytes else {
+            throw PairingError(.tooLong, field: field, "longer than \(maxValueBytes) bytes")
+        }
+        if value.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
+            throw PairingError(.controlCharacter, field: field, "contains a control character")
+        }
+    }
+}
+
+/// `lmx-connections.json`, as the Opta desktop manager writes it (camelCase or snake_case).
+struct AddressBook: Decodable {
+    struct Entry: Decodable {
+        var id: String?
+        var label: String?
+        var host: String?
+        var port: Int?
+        var tunnel: String?
+
+        enum Keys: String, CodingKey {
+            case id, label, host, port, tunnelUrl, tunnel_url
+        }
+
+        init(from decoder: any Decoder) throws {
+            let c = try decoder.container(keyedBy: Keys.self)
+            id = try? c.decodeIfPresent(String.self, forKey: .id)
+            label = try c.decodeIfPresent(String.self, forKey: .label)
+            host = try c.decodeIfPresent(String.self, forKey: .host)
+            if let number = try? c.decodeIfPresent(Int.self, forKey: .port) {
+                port = number
+            } else if let text = try? c.decodeIfPresent(String.self, forKey: .port) {
+                guard let number = Int(text) else {
+                    throw DecodingError.dataCorruptedError(forKey: .port, in: c, debugDescription: "not a port number")
+                }
+                port = number
+            } else if c.contains(.port), try !c.decodeNil(forKey: .port) {
+                throw DecodingError.dataCorruptedError(forKey: .port, in: c, debugDescription: "not a port number")
+            }
+            tunnel = try c.decodeIfPresent(String.self, forKey: .tunnelUrl) ?? c.decodeIfPresent(String.self, forKey: .tunnel_url)
+        }
+    }
+
+    var entries: [Entry]
+
+    init(entries: [Entry]) { self.entries = entries }
+}
+
+// MARK: - URL pieces
+
+/// A URL split by hand, strictly: `scheme://authority/path?query#fragment`.
+struct SplitURL {
+    var scheme: String
+    var authority: String
+    var path: String
+    var query: Substring
+
+    init(_ text: String, field: String? = nil) throws(PairingError) {
+        guard let range = text.firstRange(of: "://") else {
+            throw PairingError(.malformed, field: field, "not a URL (scheme://host…)")
+        }
+        scheme = text[..<range.lowerBound].lowercased()
+        var rest = text[range.upperBound...]
+        if let hash = rest.firstIndex(of: "#") { rest = rest[..<hash] }
+        if let q = rest.firstIndex(of: "?") {
+            query = rest[rest.index(after: q)...]
+            rest = rest[..<q]
+        } else {
+            query = ""
+        }
+        if let slash = rest.firstIndex(of: "/") {
+            authority = String(rest[..<slash])
+            path = String(rest[slash...])
+        } else {
+            authority = String(rest)
+            path = ""
+        }
+    }
+}
+
+/// A URL query: `&`-separated, percent-decoded, every name at most once.
+struct Query {
+    private var values: [String: String] = [:]
+    private var raw: [String: Substring] = [:]
+
+    init(_ query: Substring) throws(PairingError) {
+        for part in query.split(separator: "&", omittingEmptySubsequences: true) {
+            let pieces = part.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            let name = try Query.decode(pieces[0], field: "query")
+            let rawValue = pieces.count > 1 ? pieces[1] : ""
+            let value = try Query.decode(rawValue, field: name)
+            guard values[name] == nil else {
+                throw PairingError(.duplicateField, field: name, "appears more than once: refused (which one would be meant?)")
+            }
+            try PairingParser.checkValue(value, field: name)
+            values[name] = value
+            raw[name] = rawValue
+        }
+    }
+
+    subscript(_ name: String) -> String? { values[name] }
+
+    /// `+` means a space only where a space can be meant (a label); in keys, URLs and hosts
+    /// a `+` is kept as it is.
+    subscript(_ name: String, plusIsSpace plusIsSpace: Bool) -> String? {
+        guard plusIsSpace, let raw = raw[name] else { return values[name] }
+        return try? Query.decode(Substring(String(raw.map { $0 == "+" ? " " : $0 })), field: name)
+    }
+
+    static func decode(_ text: Substring, field: String) throws(PairingError) -> String {
+        guard text.contains("%") else { return String(text) }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(text.utf8.count)
+        var iterator = text.utf8.makeIterator()
+        while let byte = iterator.next() {
+            guard byte == UInt8(ascii: "%") else {
+                bytes.append(byte)
+                continue
+            }
+            guard let high = iterator.next().flatMap(hexValue), let low = iterator.next().flatMap(hexValue) else {
+                throw PairingError(.malformed, field: field, "broken percent-encoding (% must be followed by two hex digits)")
+            }
+            bytes.append(high << 4 | low)
+        }
+        guard let decoded = String(validating: bytes, as: UTF8.self) else {
+            throw PairingError(.malformed, field: field, "percent-encoding does not decode to UTF-8 text")
+        }
+        return decoded
+    }
+
+    private static func hexValue(_ c: UInt8) -> UInt8? {
+        switch c {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): c - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): c - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): c - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+}
+
+// MARK: - Hosts and ports
+
+extension HostPort {
+    /// The port Opta LMX listens on by default.
+    public static let defaultPort = 1234
+
+    /// `host:port`, `[v6]:port`.
+    public static func parse(_ text: String, field: String) throws(PairingError) -> HostPort {
+        let authority = try parseAuthority(text, field: field)
+        guard let port = authority.port else {
+            throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)) has no port: write host:port")
+        }
+        return HostPort(host: authority.host, port: port)
+    }
+
+    /// `host[:port]` or `[v6][:port]`.
+    static func parseAuthority(_ text: String, field: String) throws(PairingError) -> (host: String, port: Int?, isIPv6: Bool) {
+        if text.hasPrefix("[") {
+            guard let close = text.firstIndex(of: "]") else {
+                throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)): an IPv6 address in brackets needs its closing ]")
+            }
+            let host = try parseHost(String(text[...close]), field: field)
+            let rest = text[text.index(after: close)...]
+            if rest.isEmpty { return (host, nil, true) }
+            guard rest.first == ":" else {
+                throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)) is not host:port")
+            }
+            return (host, try parsePort(String(rest.dropFirst()), field: field), true)
+        }
+        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
+        guard parts.count <= 2 else {
+            throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)): an IPv6 address must be written in brackets, [addr]:port")
+        }
+        let host = try parseHost(String(parts[0]), field: field)
+        return (host, parts.count == 2 ? try parsePort(String(parts[1]), field: field) : nil, false)
+    }
+
+    static func parsePort(_ text: String, field: String) throws(PairingError) -> Int {
+        guard !text.isEmpty, text.count <= 5, text.allSatisfy(\.isASCIIDigit), let port = Int(text), (1...65535).contains(port) else {
+            throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)) is not a port (1–65535)")
+        }
+        return port
+    }
+
+    /// An IPv4 address, a bracketed IPv6 address (returned without brackets), or a DNS name of at
+    /// most 253 characters (returned in lower case, without a trailing dot).
+    public static func parseHost(_ text: String, field: String) throws(PairingError) -> String {
+        if text.hasPrefix("[") {
+            guard text.hasSuffix("]"), text.count > 2 else {
+                throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)) is not an IPv6 address in brackets")
+            }
+            let inner = String(text.dropFirst().dropLast()).lowercased()
+            guard isIPv6(inner) else {
+                throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)) is not an IPv6 address")
+            }
+            return inner
+        }
+        if text.contains(":") {
+            throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)): an IPv6 address must be written in brackets")
+        }
+        var name = text.lowercased()
+        if name.hasSuffix(".") { name.removeLast() }
+        guard !name.isEmpty else {
+            throw PairingError(.invalidField, field: field, "empty host")
+        }
+        if name.allSatisfy({ $0.isASCIIDigit || $0 == "." }) {
+            guard isIPv4(name) else {
+                throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)) is not an IPv4 address")
+            }
+            return name
+        }
+        guard name.utf8.count <= 253 else {
+            throw PairingError(.invalidField, field: field, "host name longer than 253 characters")
+        }
+        for label in name.split(separator: ".", omittingEmptySubsequences: false) {
+            guard !label.isEmpty, label.utf8.count <= 63, label.first != "-", label.last != "-",
+                label.allSatisfy({ $0.isASCIIDigit || ("a"..."z").contains($0) || $0 == "-" })
+            else {
+                throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)) is not a valid host name")
+            }
+        }
+        return name
+    }
+
+    static func isIPv4(_ text: String) -> Bool {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        return parts.count == 4
+            && parts.allSatisfy { part in
+                !part.isEmpty && part.count <= 3 && part.allSatisfy(\.isASCIIDigit) && (part.count == 1 || part.first != "0")
+                    && Int(part)! <= 255
+            }
+    }
+
+    static func isIPv6(_ text: String) -> Bool {
+        guard text.count >= 2, text.count <= 45, text.contains(":") else { return false }
+        var groupsText = text
+        var embeddedV4 = false
+        if let lastColon = text.lastIndex(of: ":"), text[lastColon...].contains(".") {
+            guard isIPv4(String(text[text.index(after: lastColon)...])) else { return false }
+            groupsText = String(text[...lastColon]) + "0:0"
+            embeddedV4 = true
+        }
+        _ = embeddedV4
+        var halves: [String] = []
+        if let range = groupsText.firstRange(of: "::") {
+            halves = [String(groupsText[..<range.lowerBound]), String(groupsText[range.upperBound...])]
+            if halves[1].contains("::") { return false }
+        } else {
+            halves = [groupsText]
+        }
+        guard halves.count <= 2 else { return false }
+        func groups(_ s: String) -> [Substring]? {
+            if s.isEmpty { return [] }
+            let g = s.split(separator: ":", omittingEmptySubsequences: false)
+            guard g.allSatisfy({ !$0.isEmpty && $0.count <= 4 && $0.allSatisfy(\.isHexDigit) }) else { return nil }
+            return g
+        }
+        guard let first = groups(halves[0]) else { return false }
+        if halves.count == 2 {
+            guard let second = groups(halves[1]) else { return false }
+            return first.count + second.count <= 7
+        }
+        return first.count == 8
+    }
+}
+
+extension Character {
+    var isASCIIDigit: Bool { isASCII && isNumber }
+}
+
+extension Optional where Wrapped == String {
+    var nonBlank: String? {
+        guard let value = self, !value.isEmpty else { return nil }
+        return value
+    }
+}
+
+extension String {
+    func trimmingASCIIWhitespace() -> String {
+        let scalars = unicodeScalars
+        guard let start = scalars.firstIndex(where: { !Self.isSpace($0) }) else { return "" }
+        let end = scalars.lastIndex(where: { !Self.isSpace($0) })!
+        return String(scalars[start...end])
+    }
+
+    private static func isSpace(_ s: Unicode.Scalar) -> Bool {
+        s == " " || s == "\t" || s == "\n" || s == "\r" || s == "\u{0B}" || s == "\u{0C}"
+    }
+}

@@ -1,0 +1,263 @@
+import Testing
+
+@testable import LMXCore
+
+@Suite("Pairing payloads (CONTRACT §4)")
+struct PairingTests {
+    static let now: Int64 = 1_760_000_000
+    let parser = PairingParser(now: PairingTests.now)
+
+    private func one(_ text: String, _ parser: PairingParser? = nil) throws -> Pairing {
+        let all = try (parser ?? self.parser).parse(text)
+        #expect(all.count == 1)
+        return all[0]
+    }
+
+    private func error(_ text: String, _ parser: PairingParser? = nil) -> PairingError? {
+        do {
+            _ = try (parser ?? self.parser).parse(text)
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    @Test("the v1 token with every field")
+    func tokenFull() throws {
+        let p = try one(
+            "opta-lmx://pair?v=1&name=Studio&url=https%3A%2F%2Fquiet-river-1234.trycloudflare.com&key=ADMIN&api_key=INFER&cf_id=ID.access&cf_secret=SECRET&instance=Mono512%3A1234&lan=192.168.188.11%3A1234&exp=1767225600"
+        )
+        #expect(p.format == .token)
+        #expect(p.name == "Studio")
+        #expect(p.wan?.url == "https://quiet-river-1234.trycloudflare.com")
+        #expect(p.wan?.credentials == Credentials(adminKey: "ADMIN", inferenceKey: "INFER", accessClientID: "ID.access", accessClientSecret: "SECRET"))
+        #expect(p.instance == "Mono512:1234")
+        #expect(p.lan == HostPort(host: "192.168.188.11", port: 1234))
+        #expect(p.expiresAt == 1_767_225_600)
+        let routes = p.routes()
+        #expect(routes.map(\.id) == ["wan/https://quiet-river-1234.trycloudflare.com", "lan/192.168.188.11:1234"])
+        #expect(routes[1].credentials.isEmpty, "no secret goes to the LAN")
+        #expect(routes.allSatisfy { $0.pinnedInstance == "Mono512:1234" && $0.source == .pairing })
+    }
+
+    @Test("v1 token errors name the field and never the secret")
+    func tokenErrors() {
+        #expect(error("opta-lmx://pair?url=https%3A%2F%2Fa.example")?.field == "v")
+        #expect(error("opta-lmx://pair?v=2&url=https%3A%2F%2Fa.example")?.kind == .unsupportedVersion)
+        #expect(error("opta-lmx://pair?v=1")?.field == "url")
+        let insecure = error("opta-lmx://pair?v=1&url=http%3A%2F%2Fa.example&key=TOPSECRET")
+        #expect(insecure?.kind == .insecure)
+        #expect(insecure?.description.contains("TOPSECRET") == false)
+        #expect(error("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&cf_id=X")?.field == "cf_secret")
+        #expect(error("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&cf_secret=TOPSECRET")?.field == "cf_id")
+        #expect(error("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&exp=1000")?.kind == .expired)
+        #expect(error("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&exp=soon")?.field == "exp")
+        #expect(error("opta-lmx://pair?v=1&v=1&url=https%3A%2F%2Fa.example")?.kind == .duplicateField)
+        let dup = error("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&key=TOPSECRET&key=TOPSECRET2")
+        #expect(dup?.field == "key")
+        #expect(dup?.description.contains("TOPSECRET") == false)
+        let long = String(repeating: "k", count: 2049)
+        #expect(error("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&key=\(long)")?.kind == .tooLong)
+        let control = error("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&key=TOP%0ASECRET")
+        #expect(control?.kind == .controlCharacter)
+        #expect(control?.field == "key")
+        #expect(error("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&lan=10.0.0.1")?.field == "lan")
+        #expect(error("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&lan=10.0.0.1%3A70000")?.field == "lan")
+        #expect(error("opta-lmx://pair?v=1&url=https%3A%2F%2Fuser%3Apw%40a.example")?.field == "url")
+        #expect(error("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&key=%ZZ")?.kind == .malformed)
+        #expect(error("opta-lmx://other?v=1")?.kind == .malformed)
+    }
+
+    @Test("unknown fields are ignored; http tunnels pass with --allow-insecure; + is a space only in the name")
+    func tokenLenient() throws {
+        let p = try one("opta-lmx://pair?v=1&url=https%3A%2F%2FA.Example%3A8443%2Fsome%2Fpath&future=x&name=My+Box&key=a+b")
+        #expect(p.wan?.url == "https://a.example:8443")
+        #expect(p.name == "My Box")
+        #expect(p.wan?.credentials.adminKey == "a+b")
+        let insecure = try one("opta-lmx://pair?v=1&url=http%3A%2F%2F10.0.0.1%3A1234", PairingParser(allowInsecure: true, now: Self.now))
+        #expect(insecure.wan?.url == "http://10.0.0.1:1234")
+    }
+
+    @Test("a bare tunnel URL: scheme, host and port kept, path dropped, key is the admin key")
+    func tunnelURL() throws {
+        let p = try one("https://quiet-river-1234.trycloudflare.com?key=ADMIN_KEY")
+        #expect(p.format == .tunnelURL)
+        #expect(p.wan == WANEndpoint(url: "https://quiet-river-1234.trycloudflare.com", credentials: Credentials(adminKey: "ADMIN_KEY")))
+        #expect(p.lan == nil)
+        let q = try one("  https://Tunnel.Example.com:8443/v1/models\n")
+        #expect(q.wan?.url == "https://tunnel.example.com:8443")
+        #expect(q.wan?.credentials.isEmpty == true)
+        #expect(error("http://quiet-river-1234.trycloudflare.com")?.kind == .insecure)
+        #expect(error("https://bad_host.example")?.field == "url")
+        #expect(error("https://[fe80::1")?.field == "url")
+    }
+
+    @Test("the dashboard connect link: LAN host and port, optional https tunnel, via anything")
+    func connectLink() throws {
+        let p = try one(
+            "https://lmx.optalocal.com/connect?host=192.168.188.11&port=1234&via=lan&tunnel=https%3A%2F%2Fx.trycloudflare.com")
+        #expect(p.format == .connectLink)
+        #expect(p.lan == HostPort(host: "192.168.188.11", port: 1234))
+        #expect(p.wan?.url == "https://x.trycloudflare.com")
+        let v6 = try one("https://lmx.optalocal.com/connect?host=%5Bfd00%3A%3A5%5D&port=8080&via=bogus")
+        #expect(v6.lan == HostPort(host: "fd00::5", port: 8080))
+        #expect(v6.lan?.description == "[fd00::5]:8080")
+        #expect(v6.wan == nil)
+        let named = try one("https://lmx.optalocal.com/connect?host=Mono512.local&port=1234")
+        #expect(named.lan?.host == "mono512.local")
+        #expect(error("https://lmx.optalocal.com/connect?host=192.168.188.11&port=1234&tunnel=http%3A%2F%2Fx.example")?.field == "tunnel")
+        #expect(error("https://lmx.optalocal.com/connect?port=1234")?.field == "host")
+        #expect(error("https://lmx.optalocal.com/connect?host=999.1.1.1&port=1234")?.field == "host")
+        #expect(error("https://lmx.optalocal.com/connect?host=10.0.0.1&port=0")?.field == "port")
+        #expect(error("https://lmx.optalocal.com/connect?host=10.0.0.1&port=12a")?.field == "port")
+        #expect(error("https://lmx.optalocal.com/connect?host=\(String(repeating: "a", count: 254))&port=1")?.field == "host")
+        #expect(error("https://lmx.optalocal.com/connect?host=fd00::1&port=1")?.field == "host")
+    }
+
+    @Test("the account pairing link: only host and port matter")
+    func pairLink() throws {
+        let p = try one(
+            "https://lmx.optalocal.com/pair?session=2b1f8e0a-1111-4222-8333-944445555666&deviceId=7c1d-aa&host=10.1.2.3&port=1234")
+        #expect(p.format == .pairLink)
+        #expect(p.lan == HostPort(host: "10.1.2.3", port: 1234))
+        #expect(p.wan == nil)
+        #expect(p.routes().map(\.baseURL) == ["http://10.1.2.3:1234"])
+    }
+
+    @Test("the address book, camelCase and snake_case, one pairing per entry")
+    func addressBook() throws {
+        let all = try parser.parse(
+            """
+            {"entries":[
+              {"id":"192.168.188.11:1234","label":"LMX @ Studio","host":"192.168.188.11","port":1234,"tunnelUrl":"https://example.trycloudflare.com","lastConnectedVia":"mdns"},
+              {"id":"b","label":"Lab","host":"lab.local","port":"8080","tunnel_url":null,"last_connected_via":"manual","extra":[1,2]}
+            ], "version": 3}
+            """)
+        #expect(all.count == 2)
+        #expect(all[0].format == .addressBook)
+        #expect(all[0].name == "LMX @ Studio")
+        #expect(all[0].lan == HostPort(host: "192.168.188.11", port: 1234))
+        #expect(all[0].wan?.url == "https://example.trycloudflare.com")
+        #expect(all[1].lan == HostPort(host: "lab.local", port: 8080))
+        #expect(all[1].wan == nil)
+        #expect(error(#"{"entries":[{"host":"10.0.0.1","port":1234},{"host":"10.0.0.2","port":99999}]}"#)?.field == "entries[1].port")
+        #expect(error(#"{"entries":[{"label":"nothing"}]}"#)?.field == "entries[0]")
+        #expect(error(#"{"entries":[]}"#)?.kind == .empty)
+        #expect(error(#"{"entries":[{"host":"10.0.0.1","tunnelUrl":"http://x.example"}]}"#)?.field == "entries[0].tunnelUrl")
+        #expect(error(#"{"entries": 5}"#)?.kind == .malformed)
+        #expect(error("{not json")?.kind == .malformed)
+    }
+
+    @Test("not a pairing at all: empty, binary, unknown text each have their own error")
+    func notPairings() {
+        #expect(error("")?.kind == .empty)
+        #expect(error("   \n")?.kind == .empty)
+        #expect((try? parser.parse([0xFF, 0xFE, 0x00, 0x81])) == nil)
+        do {
+            _ = try parser.parse([0xFF, 0xFE, 0x00, 0x81])
+        } catch {
+            #expect(error.kind == .notText)
+        }
+        #expect(error("hello world")?.kind == .unknownFormat)
+        #expect(error("ftp://x.example")?.kind == .unknownFormat)
+        #expect(error("https://a.example/\u{07}")?.kind == .controlCharacter)
+    }
+
+    @Test("ids are stable and follow the identity: instance, else URL, else LAN address")
+    func identity() throws {
+        let a = try one("opta-lmx://pair?v=1&url=https%3A%2F%2Fone.example&instance=box")
+        let b = try one("opta-lmx://pair?v=1&url=https%3A%2F%2Ftwo.example&instance=box&key=NEW")
+        #expect(a.id == b.id)
+        #expect(a.id.count == 9 && a.id.hasPrefix("p"))
+        #expect(a.isSameServer(as: b))
+        let tunnel = try one("https://one.example?key=K")
+        let connect = try one("https://lmx.optalocal.com/connect?host=10.0.0.1&port=1234&tunnel=https%3A%2F%2Fone.example")
+        #expect(tunnel.isSameServer(as: connect))
+        let updated = tunnel.updated(by: connect)
+        #expect(updated.wan?.credentials.adminKey == "K", "a connect link carries no secrets: the old ones stay")
+        #expect(updated.lan == HostPort(host: "10.0.0.1", port: 1234))
+        let moved = try one("opta-lmx://pair?v=1&url=https%3A%2F%2Fthree.example&instance=box")
+        #expect(b.updated(by: moved).wan?.credentials.isEmpty == true, "secrets never follow a new host")
+    }
+
+    @Test("export then import gives the same pairing, for every format")
+    func roundTrip() throws {
+        let inputs = [
+            "opta-lmx://pair?v=1&name=Studio+%C3%A9%26%3D&url=https%3A%2F%2Fquiet-river-1234.trycloudflare.com&key=A%2BB%2FC%3D&api_key=INFER&cf_id=ID.access&cf_secret=SECRET&instance=Mono512%3A1234&lan=%5Bfd00%3A%3A1%5D%3A1234&exp=1767225600",
+            "https://quiet-river-1234.trycloudflare.com?key=ADMIN_KEY",
+            "https://lmx.optalocal.com/connect?host=192.168.188.11&port=1234&via=lan&tunnel=https%3A%2F%2Fx.trycloudflare.com",
+            "https://lmx.optalocal.com/pair?session=s&deviceId=d&host=10.1.2.3&port=1234",
+            #"{"entries":[{"label":"LMX @ Studio","host":"studio.local","port":1234}]}"#,
+        ]
+        for input in inputs {
+            for pairing in try parser.parse(input) {
+                let again = try one(pairing.token())
+                #expect(again.wan == pairing.wan, "\(input)")
+                #expect(again.lan == pairing.lan)
+                #expect(again.name == pairing.name)
+                #expect(again.instance == pairing.instance)
+                #expect(again.expiresAt == pairing.expiresAt)
+                #expect(again.id == pairing.id)
+            }
+        }
+    }
+
+    @Test("summaries name the secrets and never hold them")
+    func summary() throws {
+        let p = try one("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&key=TOPSECRET&cf_id=ID&cf_secret=TOPSECRET2")
+        #expect(p.summary.secrets == ["admin_key", "cf_access"])
+        let json = String(decoding: try StatusAPI.encoder.encode(p.summary), as: UTF8.self)
+        #expect(!json.contains("TOPSECRET"))
+        #expect(json.contains("\"url\":\"https://a.example\""))
+    }
+
+    @Test("tens of thousands of generated and mutated inputs: no crash, every accepted one round-trips")
+    func fuzz() throws {
+        var rng = SplitMix(seed: 0x5EED)
+        let seeds = [
+            "opta-lmx://pair?v=1&name=Studio&url=https%3A%2F%2Fquiet-river-1234.trycloudflare.com&key=ADMIN&api_key=INFER&cf_id=ID.access&cf_secret=SECRET&instance=Mono512%3A1234&lan=192.168.188.11%3A1234&exp=1767225600",
+            "https://quiet-river-1234.trycloudflare.com?key=ADMIN_KEY",
+            "https://lmx.optalocal.com/connect?host=192.168.188.11&port=1234&via=lan&tunnel=https%3A%2F%2Fx.trycloudflare.com",
+            "https://lmx.optalocal.com/pair?session=a&deviceId=b&host=%5B2001%3Adb8%3A%3A1%5D&port=1234",
+            #"{"entries":[{"id":"x","label":"L","host":"10.0.0.1","port":1234,"tunnelUrl":"https://e.example"}]}"#,
+        ]
+        let alphabet = Array("%&=?:/[]{}\",.+-_~@#0123456789abcdefABCDEF xyz\u{0}\u{7f}é".utf8)
+        var accepted = 0
+        for i in 0..<30_000 {
+            var bytes = Array(seeds[i % seeds.count].utf8)
+            for _ in 0...(rng.next() % 6) {
+                guard !bytes.isEmpty else { break }
+                let at = Int(rng.next() % UInt64(bytes.count))
+                switch rng.next() % 5 {
+                case 0: bytes[at] = alphabet[Int(rng.next() % UInt64(alphabet.count))]
+                case 1: bytes.remove(at: at)
+                case 2: bytes.insert(alphabet[Int(rng.next() % UInt64(alphabet.count))], at: at)
+                case 3: bytes.insert(contentsOf: bytes[at...].prefix(Int(rng.next() % 12)), at: at)
+                default: bytes = Array(bytes.prefix(at))
+                }
+            }
+            guard let pairings = try? parser.parse(bytes) else { continue }
+            for pairing in pairings {
+                accepted += 1
+                let again = try parser.parse(pairing.token())
+                #expect(again.count == 1)
+                #expect(again.first?.wan == pairing.wan && again.first?.lan == pairing.lan && again.first?.id == pairing.id
+                    && again.first?.name == pairing.name && again.first?.instance == pairing.instance, "\(String(decoding: bytes, as: UTF8.self))")
+            }
+        }
+        #expect(accepted > 1000)
+    }
+}
+
+/// A small deterministic generator, so a failure can be replayed.
+struct SplitMix {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
