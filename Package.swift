@@ -14,6 +14,7 @@ let package = Package(
         .executable(name: "lmx-discover", targets: ["lmx-discover"]),
         .executable(name: "lmx-agentd", targets: ["lmx-agentd"]),
         .executable(name: "lmx-status", targets: ["lmx-status"]),
+        .executable(name: "lmx-pair", targets: ["lmx-pair"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -36,6 +37,16 @@ let package = Package(
             pkgConfig: "avahi-client",
             providers: [.apt(["libavahi-client-dev"])]
         ),
+
+        // Thin module maps for pairing codes in images: zbar reads QR codes, libpng and
+        // libjpeg-turbo (TurboJPEG API) decode images, libqrencode draws codes for export.
+        .systemLibrary(name: "CZBar", pkgConfig: "zbar", providers: [.apt(["libzbar-dev"])]),
+        .systemLibrary(name: "CPNG", pkgConfig: "libpng16", providers: [.apt(["libpng-dev"])]),
+        .systemLibrary(name: "CTurboJPEG", pkgConfig: "libturbojpeg", providers: [.apt(["libturbojpeg0-dev"])]),
+        .systemLibrary(name: "CQRencode", pkgConfig: "libqrencode", providers: [.apt(["libqrencode-dev"])]),
+
+        // Adapter: images to grey pixels (limits checked from the header), QR codes in and out.
+        .target(name: "LMXImage", dependencies: ["CZBar", "CPNG", "CTurboJPEG", "CQRencode"]),
 
         // Adapter: browses and resolves through avahi-daemon, yields core events.
         .target(name: "LMXDiscovery", dependencies: ["LMXCore", "CAvahi"]),
@@ -98,6 +109,17 @@ let package = Package(
             name: "lmx-status",
             dependencies: [
                 "LMXCore",
+                "LMXStatusClient",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+
+        .executableTarget(
+            name: "lmx-pair",
+            dependencies: [
+                "LMXCore",
+                "LMXImage",
+                "LMXStore",
                 "LMXStatusClient",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]

@@ -1,8 +1,9 @@
 # Shell helpers shared by the project's scripts. Sourced, not run.
 
 # What building and running need, and what the test LAN adds.
-BUILD_PACKAGES=(avahi-daemon avahi-utils libavahi-client-dev libsqlite3-dev dbus pkg-config)
-TEST_PACKAGES=("${BUILD_PACKAGES[@]}" iproute2 python3-venv openssl curl)
+BUILD_PACKAGES=(avahi-daemon avahi-utils libavahi-client-dev libsqlite3-dev dbus pkg-config
+    libzbar-dev libpng-dev libturbojpeg0-dev libqrencode-dev)
+TEST_PACKAGES=("${BUILD_PACKAGES[@]}" iproute2 python3-venv openssl curl zbar-tools qrencode imagemagick)
 
 log() { printf '%s: %s\n' "${LOG_NAME:-lmx}" "$*" >&2; }
 die() { printf '%s: error: %s\n' "${LOG_NAME:-lmx}" "$*" >&2; exit 1; }

@@ -37,6 +37,11 @@ public actor ConnectionManager {
     /// mDNS instance → the route it is reached by.
     private var mdnsRoutes: [ServiceInstanceID: String] = [:]
     private var manualRouteIDs: Set<String> = []
+    /// Pairing id → the routes it brought.
+    private var pairingRoutes: [String: [String]] = [:]
+    /// The mDNS version of each announced route, to fall back to when a pairing of the same
+    /// address is removed.
+    private var mdnsRouteByID: [String: Route] = [:]
 
     // Watchers of `/v1/watch`: numbered lines, a ring of recent ones for `?since=`.
     private var seq: UInt64 = 0
@@ -99,6 +104,13 @@ public actor ConnectionManager {
         } catch {
             logger.error("could not read the store: \(error)")
         }
+        do {
+            for stored in try store.pairings() {
+                addPairing(stored.pairing, now: t, quiet: true)
+            }
+        } catch {
+            logger.error("could not read pairings from the store: \(error)")
+        }
         applyManualEndpoints(configuration.endpoints, now: t)
         startHeartbeat()
         pump()
@@ -154,6 +166,7 @@ public actor ConnectionManager {
                 handle(planner.withdraw(old, now: t))
             }
             mdnsRoutes[server.id] = route.id
+            mdnsRouteByID[route.id] = route
             handle(planner.upsert(route, now: t))
             do {
                 try store.saveRoute(StoredRoute(route: route, instanceID: planner.routes[route.id]?.instanceID, createdAt: wall(t), lastSeen: wall(t)))
@@ -165,6 +178,7 @@ public actor ConnectionManager {
             }
         case .removed(let server, let reason):
             guard let id = mdnsRoutes.removeValue(forKey: server.id) else { return }
+            mdnsRouteByID[id] = nil
             logger.info("mDNS \(reason == .withdrawn ? "withdrew" : "lost") \(server.name); probing to confirm", metadata: ["route": "\(id)"])
             handle(planner.withdraw(id, now: t))
         case .daemon(let state):
@@ -181,6 +195,81 @@ public actor ConnectionManager {
             broadcast(StatusAPI.WatchLine(type: "avahi", seq: 0, at: iso(t), avahi: name, reason: detail))
         }
         pump()
+    }
+
+    // MARK: - Pairings
+
+    /// Imports pairings (already parsed and validated): stored in one transaction, then their
+    /// routes are added or updated and probed at once.
+    public func importPairings(_ pairings: [Pairing]) throws -> [PairingImport] {
+        let t = now()
+        let results = try store.importPairings(pairings, at: wall(t))
+        for result in results {
+            let pairing = result.stored.pairing
+            let newIDs = Set(pairing.routes().map(\.id))
+            for old in (pairingRoutes[pairing.id] ?? []) where !newIDs.contains(old) {
+                dropPairingRoute(old, reason: "pairing \(pairing.id) updated", now: t)
+            }
+            addPairing(pairing, now: t, quiet: false)
+            for id in newIDs { planner.probeNow(id, now: t) }
+            logger.notice(
+                result.isUpdate ? "pairing updated" : "pairing imported",
+                metadata: ["pairing": "\(pairing.id)", "routes": "\(newIDs.sorted().joined(separator: " "))"])
+            record(
+                kind: result.isUpdate ? "pairing-updated" : "pairing-added", routeID: nil, from: nil, to: pairing.id,
+                reason: "\(pairing.format.rawValue): \(pairing.label)", at: t)
+        }
+        pump()
+        return results
+    }
+
+    /// Removes a pairing (by id, or by a name only one pairing has) and drops its routes at once.
+    public func removePairing(_ idOrName: String) throws -> StoredPairing? {
+        let t = now()
+        guard let removed = try store.removePairing(idOrName) else { return nil }
+        let id = removed.pairing.id
+        for routeID in pairingRoutes.removeValue(forKey: id) ?? removed.pairing.routes().map(\.id) {
+            dropPairingRoute(routeID, reason: "pairing \(id) removed", now: t)
+        }
+        logger.notice("pairing removed", metadata: ["pairing": "\(id)"])
+        record(kind: "pairing-removed", routeID: nil, from: id, to: nil, reason: removed.pairing.label, at: t)
+        pump()
+        return removed
+    }
+
+    /// Every pairing with what the agent knows of its routes (no secrets).
+    public func pairingSummaries() throws -> [PairingSummary] {
+        try store.pairings().map { stored in
+            var summary = stored.summary
+            summary.routes = stored.pairing.routes().map { route in
+                let state = planner.routes[route.id]
+                return PairingRouteState(
+                    id: route.id, baseURL: route.baseURL, via: route.via, verdict: state?.verdict,
+                    detail: state?.lastReport?.detail, active: planner.activeID == route.id)
+            }
+            return summary
+        }
+    }
+
+    private func addPairing(_ pairing: Pairing, now t: Double, quiet: Bool) {
+        if let expires = pairing.expiresAt, Double(expires) < wall(t) {
+            logger.notice("pairing expired; not probing it", metadata: ["pairing": "\(pairing.id)"])
+            return
+        }
+        let routes = pairing.routes()
+        for route in routes {
+            handle(planner.upsert(route, now: t), quiet: quiet)
+        }
+        pairingRoutes[pairing.id] = routes.map(\.id)
+    }
+
+    /// Drops a pairing's route; one that mDNS still announces goes back to being an mDNS route.
+    private func dropPairingRoute(_ routeID: String, reason: String, now t: Double) {
+        guard planner.routes[routeID]?.route.source == .pairing else { return }
+        handle(planner.remove(routeID, reason: reason, now: t))
+        if let announced = mdnsRouteByID[routeID] {
+            handle(planner.upsert(announced, now: t))
+        }
     }
 
     /// Marks discovery as not running (disabled in the configuration, or stopped).

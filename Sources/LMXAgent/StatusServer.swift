@@ -65,13 +65,63 @@ public enum StatusServer {
             return json(await manager.events(limit: limit))
         }
         router.post("/v1/refresh") { _, context -> Response in
-            guard let uid = await context.peerUID(), uid == 0 || uid == geteuid() else {
-                return json(
-                    StatusAPI.ErrorBody(error: "forbidden", reason: "only root or the agent's own user may ask for a refresh"),
-                    status: .forbidden)
-            }
+            if let denied = await forbidden(context, "ask for a refresh") { return denied }
             await manager.refresh()
             return json(["refreshing": true], status: .accepted)
+        }
+        router.get("/v1/pairings") { _, _ -> Response in
+            do {
+                return json(try await manager.pairingSummaries())
+            } catch {
+                return json(StatusAPI.ErrorBody(error: "store", reason: "could not read pairings: \(error)"), status: .internalServerError)
+            }
+        }
+        router.post("/v1/pairings") { request, context -> Response in
+            if let denied = await forbidden(context, "import a pairing") { return denied }
+            let body = try await request.body.collect(upTo: PairingParser.maxAddressBookBytes + 64 * 1024)
+            guard let upload = try? JSONDecoder().decode(PairingUpload.self, from: Data(buffer: body)) else {
+                return json(
+                    StatusAPI.ErrorBody(error: "bad-request", reason: "expected {\"payloads\": [\"opta-lmx://pair?…\", …]}"),
+                    status: .badRequest)
+            }
+            // The agent validates again: the socket is an interface of its own.
+            let parser = PairingParser(allowInsecure: upload.allowInsecure ?? false, now: Int64(time(nil)))
+            var pairings: [Pairing] = []
+            for (index, payload) in upload.payloads.enumerated() {
+                do {
+                    var parsed = try parser.parse(payload.text)
+                    if let format = payload.format {
+                        for i in parsed.indices { parsed[i].format = format }
+                    }
+                    pairings += parsed
+                } catch {
+                    return json(
+                        StatusAPI.ErrorBody(error: "invalid-pairing", reason: "payload \(index + 1): \(error)"),
+                        status: .unprocessableContent)
+                }
+            }
+            guard !pairings.isEmpty else {
+                return json(StatusAPI.ErrorBody(error: "invalid-pairing", reason: "no payloads"), status: .unprocessableContent)
+            }
+            do {
+                let results = try await manager.importPairings(pairings)
+                return json(results.map { PairingImportResult(pairing: $0.stored.summary, updated: $0.isUpdate) }, status: .created)
+            } catch {
+                return json(StatusAPI.ErrorBody(error: "store", reason: "could not save the pairing: \(error)"), status: .internalServerError)
+            }
+        }
+        router.delete("/v1/pairings/:id") { _, context -> Response in
+            if let denied = await forbidden(context, "remove a pairing") { return denied }
+            let id = context.parameters.get("id") ?? ""
+            do {
+                guard let removed = try await manager.removePairing(id) else {
+                    return json(
+                        StatusAPI.ErrorBody(error: "not-found", reason: "no pairing \(id); see lmx-pair list"), status: .notFound)
+                }
+                return json(removed.summary)
+            } catch {
+                return json(StatusAPI.ErrorBody(error: "store", reason: "could not remove the pairing: \(error)"), status: .internalServerError)
+            }
         }
         router.get("/v1/watch") { request, _ -> Response in
             let since = request.uri.queryParameters.get("since", as: UInt64.self)
@@ -95,6 +145,13 @@ public enum StatusServer {
                 body: .init(byteBuffer: ByteBuffer(string: await manager.metrics())))
         }
         return router
+    }
+
+    /// Changing requests answer only root and the daemon's own user (`SO_PEERCRED`).
+    static func forbidden(_ context: AgentRequestContext, _ what: String) async -> Response? {
+        if let uid = await context.peerUID(), uid == 0 || uid == geteuid() { return nil }
+        return json(
+            StatusAPI.ErrorBody(error: "forbidden", reason: "only root or the agent's own user may \(what)"), status: .forbidden)
     }
 
     static func json<T: Encodable>(_ value: T, status: HTTPResponse.Status = .ok) -> Response {

@@ -41,10 +41,12 @@ public struct StatusClient: Sendable {
     }
 
     /// Performs one request and reads the whole answer.
-    public func request(_ method: String = "GET", _ path: String) throws(StatusClientError) -> StatusResponse {
+    /// A JSON `body` is sent with its length.
+    public func request(_ method: String = "GET", _ path: String, body: [UInt8] = []) throws(StatusClientError) -> StatusResponse {
         let fd = try connectSocket()
         defer { close(fd) }
-        try send(fd, "\(method) \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+        let type = body.isEmpty ? "" : "Content-Type: application/json\r\n"
+        try send(fd, Array("\(method) \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\n\(type)Content-Length: \(body.count)\r\n\r\n".utf8) + body)
         var reader = Reader(fd: fd)
         let (status, headers) = try reader.readHead()
         var body: [UInt8] = []
@@ -63,7 +65,7 @@ public struct StatusClient: Sendable {
     public func stream(_ path: String, line: ([UInt8]) -> Bool) throws(StatusClientError) {
         let fd = try connectSocket(receiveTimeout: nil)
         defer { close(fd) }
-        try send(fd, "GET \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\n\r\n")
+        try send(fd, Array("GET \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\n\r\n".utf8))
         var reader = Reader(fd: fd)
         let (status, headers) = try reader.readHead()
         guard status == 200 else { throw .protocolError("HTTP \(status)") }
@@ -113,8 +115,7 @@ public struct StatusClient: Sendable {
         return fd
     }
 
-    private func send(_ fd: Int32, _ text: String) throws(StatusClientError) {
-        let bytes = Array(text.utf8)
+    private func send(_ fd: Int32, _ bytes: [UInt8]) throws(StatusClientError) {
         var sent = 0
         while sent < bytes.count {
             let n = bytes[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }

@@ -73,7 +73,7 @@ public struct StoreError: Error, CustomStringConvertible, Sendable {
 /// partial row.
 public final class AgentStore: Sendable {
     public let path: String
-    private let pool: DatabasePool
+    let pool: DatabasePool
     /// Events kept at most.
     public let eventRetention: Int
 
@@ -179,6 +179,23 @@ public final class AgentStore: Sendable {
             try db.create(table: "meta") { t in
                 t.primaryKey("key", .text)
                 t.column("value", .text).notNull()
+            }
+        }
+        migrator.registerMigration("v2-pairings") { db in
+            try db.create(table: "pairing") { t in
+                t.primaryKey("id", .text)
+                t.column("name", .text)
+                t.column("format", .text).notNull()
+                t.column("wan_url", .text)
+                t.column("admin_key", .text)
+                t.column("api_key", .text)
+                t.column("cf_id", .text)
+                t.column("cf_secret", .text)
+                t.column("lan", .text)
+                t.column("instance", .text)
+                t.column("expires_at", .integer)
+                t.column("created_at", .double).notNull()
+                t.column("updated_at", .double).notNull()
             }
         }
         return migrator

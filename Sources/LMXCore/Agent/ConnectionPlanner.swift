@@ -159,6 +159,14 @@ public struct ConnectionPlanner: Sendable {
         return events
     }
 
+    /// Makes one route due now (a pairing just imported or updated).
+    public mutating func probeNow(_ routeID: String, now: Double) {
+        guard var state = routes[routeID], !state.inFlight else { return }
+        state.nextProbeAt = now
+        state.backoff = 0
+        routes[routeID] = state
+    }
+
     /// Makes every route due now (`POST /v1/refresh`).
     public mutating func refreshAll(now: Double) {
         for id in routes.keys where !routes[id]!.inFlight {

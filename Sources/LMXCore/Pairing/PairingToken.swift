@@ -23,6 +23,9 @@ extension Pairing {
         return "https://lmx.optalocal.com/connect?" + fields.compactMap { $0 }.joined(separator: "&")
     }
 
+    /// Percent-encodes everything but RFC 3986's unreserved characters (for a URL path part).
+    public static func percentEncodeComponent(_ value: String) -> String { percentEncode(value) }
+
     /// Percent-encodes everything but RFC 3986's unreserved characters.
     static func percentEncode(_ value: String) -> String {
         var out = ""
