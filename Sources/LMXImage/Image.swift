@@ -86,6 +86,11 @@ public enum ImageDecoder {
     /// libpng's simplified API: any bit depth, palette, grey or colour, alpha (laid over white),
     /// interlaced; errors come back as a message, not a long jump.
     static func decodePNG(_ bytes: [UInt8]) throws(ImageError) -> GrayImage {
+        // The size first, straight from IHDR (always the first chunk), before libpng reads on.
+        if bytes.count >= 24, Array(bytes[12..<16]) == Array("IHDR".utf8) {
+            func be(_ at: Int) -> Int { bytes[at..<at + 4].reduce(0) { $0 << 8 | Int($1) } }
+            try checkSize(width: be(16), height: be(20))
+        }
         var image = png_image()
         image.version = png_uint_32(PNG_IMAGE_VERSION)
         let begun = bytes.withUnsafeBytes { raw in
