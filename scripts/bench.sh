@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: release build, test LAN up, discovery and agent benchmarks, test LAN down.
 # Writes the tables to Benchmarks/results-discovery.md and results-agent.md (copied into
-# Benchmarks/README.md by hand). BENCH=agent or BENCH=discovery runs only one of them.
+# Benchmarks/README.md by hand). BENCH=agent, discovery or pair runs only one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOG_NAME=make-bench
@@ -14,6 +14,9 @@ scripts/testbed.sh up
 swift build -c release --static-swift-stdlib
 case "${BENCH:-all}" in
 all | discovery) BENCH_RESULTS=Benchmarks/results-discovery.md python3 Benchmarks/discovery_bench.py ;;
+esac
+case "${BENCH:-all}" in
+all | pair) BENCH_RESULTS=Benchmarks/results-pair.md LMX_BIN_DIR=.build/release python3 Benchmarks/pair_bench.py ;;
 esac
 case "${BENCH:-all}" in
 all | agent) BENCH_RESULTS=Benchmarks/results-agent.md python3 Benchmarks/agent_bench.py ;;
