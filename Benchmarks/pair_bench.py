@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """lmx-pair decode time against `zbarimg --raw` on the same files, in one run.
 
-Files: a ~1 MP PNG (qrencode) and a 12 MP JPEG (the code on a 4000 x 3000 white "photo",
+Files: a 1.1 MP PNG (qrencode) and a 12 MP JPEG (the code on a 4000 x 3000 white "photo",
 slightly rotated and blurred, made with ImageMagick). Each tool runs RUNS times per file,
 alternating; reported: median and min wall time of the whole process, and peak RSS.
 """
@@ -39,7 +39,7 @@ def main():
     work = tempfile.mkdtemp(prefix="lmx-pair-bench-")
     png = os.path.join(work, "code-1mp.png")
     jpg = os.path.join(work, "photo-12mp.jpg")
-    subprocess.run(["qrencode", "-l", "M", "-s", "14", "-o", png, TOKEN], check=True)
+    subprocess.run(["qrencode", "-l", "M", "-s", "16", "-o", png, TOKEN], check=True)
     subprocess.run(["convert", png, "-background", "white", "-gravity", "center", "-rotate", "3", "-resize", "1800x1800",
                     "-extent", "4000x3000", "-blur", "0x1.2", "-quality", "85", jpg], check=True)
     db = os.path.join(work, "agent.db")
