@@ -65,14 +65,17 @@ extension AgentStore {
         try pool.read { db in try Self.fetchPairings(db) }
     }
 
+    /// The pairing with this id, else the only one with this name.
+    public static func match(_ idOrName: String, in all: [StoredPairing]) -> StoredPairing? {
+        if let byID = all.first(where: { $0.pairing.id == idOrName }) { return byID }
+        let byName = all.filter { $0.pairing.name == idOrName }
+        return byName.count == 1 ? byName[0] : nil
+    }
+
     /// Removes a pairing by id (or by name, when exactly one has it); returns what was removed.
     public func removePairing(_ idOrName: String) throws -> StoredPairing? {
         try pool.write { db in
-            let all = try Self.fetchPairings(db)
-            let byName = all.filter { $0.pairing.name == idOrName }
-            guard let match = all.first(where: { $0.pairing.id == idOrName }) ?? (byName.count == 1 ? byName[0] : nil) else {
-                return nil
-            }
+            guard let match = Self.match(idOrName, in: try Self.fetchPairings(db)) else { return nil }
             try db.execute(sql: "DELETE FROM pairing WHERE id = ?", arguments: [match.pairing.id])
             for route in match.pairing.routes() {
                 try db.execute(sql: "DELETE FROM route WHERE id = ? AND source = 'pairing'", arguments: [route.id])

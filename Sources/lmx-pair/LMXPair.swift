@@ -362,8 +362,7 @@ struct Export: ParsableCommand {
             do { all = try store.pairings() } catch {
                 throw Failure.unavailable("cannot read \(locations.paths.database): \(error)")
             }
-            let byName = all.filter { $0.pairing.name == id }
-            guard let match = all.first(where: { $0.pairing.id == id }) ?? (byName.count == 1 ? byName[0] : nil) else {
+            guard let match = AgentStore.match(id, in: all) else {
                 throw Failure.invalid("no pairing \(id); see lmx-pair list")
             }
             let matrix: QRMatrix

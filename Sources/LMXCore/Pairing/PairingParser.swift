@@ -45,8 +45,7 @@ public struct PairingParser: Sendable {
         guard trimmed.utf8.count <= Self.maxLinkBytes else {
             throw PairingError(.tooLong, "longer than \(Self.maxLinkBytes) bytes: not a pairing code or link")
         }
-        if let bad = trimmed.unicodeScalars.first(where: { $0.value < 0x20 || $0.value == 0x7F }) {
-            _ = bad
+        if trimmed.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
             throw PairingError(.controlCharacter, "contains a control character (a pairing code or link is a single line of text)")
         }
         let lower = trimmed.lowercased()
@@ -80,7 +79,7 @@ public struct PairingParser: Sendable {
         guard let urlText = query["url"], !urlText.isEmpty else {
             throw PairingError(.missingField, field: "url", "missing: a v1 code must carry the tunnel URL")
         }
-        var wan = try tunnel(urlText, field: "url", pathAllowed: false)
+        var wan = try tunnel(urlText, field: "url")
         let cfID = query["cf_id"].nonBlank, cfSecret = query["cf_secret"].nonBlank
         if (cfID == nil) != (cfSecret == nil) {
             throw PairingError(
@@ -121,7 +120,7 @@ public struct PairingParser: Sendable {
                 guard tunnelText.lowercased().hasPrefix("https://") || (allowInsecure && tunnelText.lowercased().hasPrefix("http://")) else {
                     throw PairingError(.insecure, field: "tunnel", "a connect link's tunnel must be an https:// URL")
                 }
-                wan = try tunnel(tunnelText, field: "tunnel", pathAllowed: true)
+                wan = try tunnel(tunnelText, field: "tunnel")
             }
             return Pairing(name: query["name", plusIsSpace: true].nonBlank, format: .connectLink, wan: wan, lan: lan)
         case "pair":
@@ -129,7 +128,7 @@ public struct PairingParser: Sendable {
             return Pairing(format: .pairLink, lan: try lanEndpoint(query))
         default:
             // A bare tunnel URL, `key` optional (the admin key); the path is dropped.
-            var wan = try tunnel(text, field: "url", pathAllowed: true)
+            var wan = try tunnel(text, field: "url")
             wan.credentials = Credentials(adminKey: query["key"])
             return Pairing(format: .tunnelURL, wan: wan)
         }
@@ -149,7 +148,7 @@ public struct PairingParser: Sendable {
     }
 
     /// A tunnel base URL: `https://host[:port]`, no user info; the path is dropped.
-    func tunnel(_ text: String, field: String, pathAllowed: Bool) throws(PairingError) -> WANEndpoint {
+    func tunnel(_ text: String, field: String) throws(PairingError) -> WANEndpoint {
         let url = try SplitURL(text, field: field)
         switch url.scheme {
         case "https": break
@@ -165,7 +164,6 @@ public struct PairingParser: Sendable {
         if url.authority.contains("@") {
             throw PairingError(.invalidField, field: field, "must not carry a user name or password (user@host)")
         }
-        _ = pathAllowed
         let hostPort = try HostPort.parseAuthority(url.authority, field: field)
         var base = "\(url.scheme)://\(hostPort.isIPv6 ? "[\(hostPort.host)]" : hostPort.host)"
         if let port = hostPort.port { base += ":\(port)" }
@@ -214,7 +212,7 @@ public struct PairingParser: Sendable {
             }
             var wan: WANEndpoint?
             if let tunnelText = entry.tunnel.nonBlank {
-                wan = try tunnel(tunnelText, field: "\(at).tunnelUrl", pathAllowed: true)
+                wan = try tunnel(tunnelText, field: "\(at).tunnelUrl")
             }
             guard lan != nil || wan != nil else {
                 throw PairingError(.missingField, field: at, "neither host nor tunnelUrl: nothing to connect to")
@@ -459,13 +457,10 @@ extension HostPort {
     static func isIPv6(_ text: String) -> Bool {
         guard text.count >= 2, text.count <= 45, text.contains(":") else { return false }
         var groupsText = text
-        var embeddedV4 = false
         if let lastColon = text.lastIndex(of: ":"), text[lastColon...].contains(".") {
             guard isIPv4(String(text[text.index(after: lastColon)...])) else { return false }
             groupsText = String(text[...lastColon]) + "0:0"
-            embeddedV4 = true
         }
-        _ = embeddedV4
         var halves: [String] = []
         if let range = groupsText.firstRange(of: "::") {
             halves = [String(groupsText[..<range.lowerBound]), String(groupsText[range.upperBound...])]
