@@ -1,7 +1,7 @@
 # lmx-agent. `make run` sets up and runs; `make test` sets up the test LAN and runs every test.
 SWIFT ?= swift
 
-.PHONY: all build release run test unit bench testbed-up testbed-down clean
+.PHONY: all build release run test unit bench deb docs docs-check demo testbed-up testbed-down clean
 
 all: build
 
@@ -26,6 +26,22 @@ unit:
 
 bench:
 	scripts/bench.sh
+
+# lmx-agent_<version>_<arch>.deb from a release build (root installs dpkg-dev if missing).
+deb:
+	scripts/build-deb.sh
+
+# Regenerate the man pages and completions in Packaging/ from the argument parsers; docs-check
+# fails when the checked-in ones differ (make test runs it).
+docs:
+	scripts/gen-docs.sh
+
+docs-check:
+	scripts/gen-docs.sh --check
+
+# Discovery, failover to the WAN and return to the LAN, live, in a private network namespace (root).
+demo:
+	examples/demo.sh
 
 testbed-up:
 	scripts/testbed.sh up

@@ -120,7 +120,31 @@ class Handler(BaseHTTPRequestHandler):
             if self.headers.get("X-Admin-Key") != args.admin_key:
                 return self.send_json(403, {"detail": "Invalid or missing admin key"})
             return self.send_json(200, {"status": "ok"})
+        if path == "/v1/models":
+            return self.send_json(200, {"object": "list", "data": [
+                {"id": "test/model", "object": "model", "created": 0, "owned_by": "opta-lmx"}]})
         return self.send_json(404, {"detail": "Not Found"})
+
+    def do_POST(self):
+        """A minimal OpenAI chat completion, so that clients (examples/) can be tried end to end."""
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            request = json.loads(self.rfile.read(min(length, 1 << 20)) or b"{}")
+        except ValueError:
+            return self.send_json(400, {"error": {"message": "invalid JSON", "type": "invalid_request_error"}})
+        say("REQ POST %s" % self.path)
+        with lock:
+            mode, instance = state["mode"], state["instance"]
+        if mode in ("dead", "hang", "notready", "overloaded") or self.path.split("?", 1)[0] != "/v1/chat/completions":
+            return self.send_json(404 if mode == "ready" else 503, {"detail": "not available"})
+        ident = instance or self.server.args.instance
+        return self.send_json(200, {
+            "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
+            "model": request.get("model", "test/model"),
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "Hello from %s." % ident}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
+        })
 
 
 class Server(ThreadingHTTPServer):

@@ -176,7 +176,9 @@ public enum SocketGuard {
         var prefix = directory.hasPrefix("/") ? "" : "."
         for component in directory.split(separator: "/") {
             prefix += "/" + component
-            if mkdir(prefix, 0o755) != 0 && errno != EEXIST {
+            if mkdir(prefix, 0o755) == 0 {
+                chmod(prefix, 0o755)  // the daemon's umask is 077
+            } else if errno != EEXIST {
                 throw ConfigurationError("cannot create directory \(prefix) for the socket: \(String(cString: strerror(errno)))")
             }
         }

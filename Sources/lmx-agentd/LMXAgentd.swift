@@ -28,8 +28,10 @@ struct LMXAgentd: AsyncParsableCommand {
             lmx-status, curl --unix-socket and any other tool.
 
             Paths, as root: /run/lmx/agent.sock, /var/lib/lmx/agent.db, /etc/lmx/agent.json; \
-            otherwise under $XDG_RUNTIME_DIR, $XDG_STATE_HOME and $XDG_CONFIG_HOME. LMX_SOCKET \
-            and LMX_DB override the socket and database paths.
+            otherwise under $XDG_RUNTIME_DIR, $XDG_STATE_HOME and $XDG_CONFIG_HOME; under systemd, \
+            in the unit's RuntimeDirectory=, StateDirectory= and ConfigurationDirectory=. LMX_SOCKET \
+            and LMX_DB override the socket and database paths. The config file is JSON; comments \
+            and trailing commas are allowed (JSON5).
 
             Signals: SIGTERM and SIGINT stop gracefully; SIGHUP reloads the config file.
 
@@ -78,7 +80,7 @@ struct LMXAgentd: AsyncParsableCommand {
     func run() async throws {
         umask(0o077)
         let environment = ProcessInfo.processInfo.environment
-        var paths = AgentPaths.standard(uid: geteuid(), environment: environment)
+        var paths = AgentPaths.daemon(uid: geteuid(), environment: environment)
         if let socket { paths.socket = socket }
         if let db { paths.database = db }
         let configPath = config ?? paths.config

@@ -45,7 +45,7 @@ struct Locations: ParsableArguments {
     var socket: String?
 
     var paths: AgentPaths {
-        var paths = AgentPaths.standard(uid: geteuid(), environment: ProcessInfo.processInfo.environment)
+        var paths = AgentPaths.client(uid: geteuid(), environment: ProcessInfo.processInfo.environment) { access($0, F_OK) == 0 }
         if let db { paths.database = db }
         if let socket { paths.socket = socket }
         return paths
@@ -61,6 +61,17 @@ struct Locations: ParsableArguments {
             throw Failure.unavailable(
                 "cannot open the agent's database \(paths.database): \(error); run as root (sudo) or as the agent's user, or pass --db")
         }
+    }
+
+    /// Root writing the database of an agent that runs as another user (the packaged service runs
+    /// as `lmx`) hands the files to the owner of their directory, so that the agent can open them.
+    func handOver() {
+        guard geteuid() == 0 else { return }
+        let path = paths.database
+        let directory = path.lastIndex(of: "/").map { String(path[..<$0]) } ?? "."
+        var info = stat()
+        guard stat(directory.isEmpty ? "/" : directory, &info) == 0, info.st_uid != 0 else { return }
+        for file in [path, path + "-wal", path + "-shm"] { _ = chown(file, info.st_uid, info.st_gid) }
     }
 
     /// Opens an existing database, or nil when there is none yet.
@@ -124,7 +135,7 @@ struct Import: ParsableCommand {
     @Option(name: .long, help: ArgumentHelp("How long --probe waits, in seconds.", valueName: "seconds"))
     var probeTimeout: Double = 15
 
-    @Option(name: .long, help: ArgumentHelp("Which code to import when an image holds several (1, 2, …).", valueName: "n"))
+    @Option(name: .long, help: ArgumentHelp("Which code to import when an image holds several, counting from 1.", valueName: "n"))
     var code: Int?
 
     @Flag(name: .long, help: "Accept plain http:// tunnels (private test setups only: keys travel unencrypted).")
@@ -187,6 +198,7 @@ struct Import: ParsableCommand {
             } catch {
                 throw Failure.unavailable("could not save to \(locations.paths.database): \(error)")
             }
+            locations.handOver()
             let summaries = results.map { PairingImportResult(pairing: $0.stored.summary, updated: $0.isUpdate) }
             report(summaries)
             if !json {
@@ -325,6 +337,7 @@ struct Remove: ParsableCommand {
                 guard let store = try locations.existingStore(), let removed = try? store.removePairing(id) else {
                     throw Failure.invalid("no pairing \(id); see lmx-pair list")
                 }
+                locations.handOver()
                 Output.out("removed \(removed.pairing.id) (\(removed.pairing.label))")
             }
         }

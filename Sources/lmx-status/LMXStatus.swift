@@ -22,8 +22,9 @@ struct LMXStatus: ParsableCommand {
 
               export OPENAI_BASE_URL="$(lmx-status --url)/v1"
 
-            The socket is /run/lmx/agent.sock for root, $XDG_RUNTIME_DIR/lmx/agent.sock otherwise; \
-            LMX_SOCKET or --socket override it.
+            The socket is /run/lmx/agent.sock for root. Other users ask their own agent at \
+            $XDG_RUNTIME_DIR/lmx/agent.sock when it runs, else the system agent at \
+            /run/lmx/agent.sock. LMX_SOCKET or --socket override it.
 
             Exit codes: 0 an endpoint is active, 1 none is, 69 lmx-agentd is not running, 64 usage error.
             """,
@@ -47,7 +48,7 @@ struct LMXStatus: ParsableCommand {
     }
 
     func run() throws {
-        var path = AgentPaths.standard(uid: geteuid(), environment: ProcessInfo.processInfo.environment).socket
+        var path = AgentPaths.client(uid: geteuid(), environment: ProcessInfo.processInfo.environment) { access($0, F_OK) == 0 }.socket
         if let socket { path = socket }
         let client = StatusClient(socketPath: path)
         do {

@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 
 @testable import LMXCore
@@ -79,5 +80,54 @@ struct ConfigurationTests {
         let overridden = AgentPaths.standard(uid: 1000, environment: ["LMX_SOCKET": "/tmp/s", "LMX_DB": "/tmp/d"])
         #expect(overridden.socket == "/tmp/s")
         #expect(overridden.database == "/tmp/d")
+    }
+
+    @Test("paths under systemd: RuntimeDirectory=, StateDirectory=, ConfigurationDirectory= place the files")
+    func systemdPaths() {
+        let unit = AgentPaths.daemon(
+            uid: 998,
+            environment: [
+                "HOME": "/var/lib/lmx", "RUNTIME_DIRECTORY": "/run/lmx", "STATE_DIRECTORY": "/var/lib/lmx:/var/lib/other",
+                "CONFIGURATION_DIRECTORY": "/etc/lmx",
+            ])
+        #expect(unit == AgentPaths.system)
+        let overridden = AgentPaths.daemon(uid: 998, environment: ["RUNTIME_DIRECTORY": "/run/lmx", "LMX_SOCKET": "/tmp/s"])
+        #expect(overridden.socket == "/tmp/s")
+        #expect(AgentPaths.daemon(uid: 1000, environment: ["HOME": "/home/a"]) == AgentPaths.standard(uid: 1000, environment: ["HOME": "/home/a"]))
+    }
+
+    @Test("client paths: a user with no agent of their own reaches the system agent")
+    func clientPaths() {
+        let environment = ["HOME": "/home/a", "XDG_RUNTIME_DIR": "/run/user/1000"]
+        let own = AgentPaths.standard(uid: 1000, environment: environment)
+        #expect(AgentPaths.client(uid: 1000, environment: environment) { $0 == "/run/lmx/agent.sock" } == AgentPaths.system)
+        #expect(AgentPaths.client(uid: 1000, environment: environment) { _ in true } == own)
+        #expect(AgentPaths.client(uid: 1000, environment: environment) { _ in false } == own)
+        let pinned = AgentPaths.client(uid: 1000, environment: environment.merging(["LMX_SOCKET": "/tmp/s"]) { $1 }) { _ in false }
+        #expect(pinned.socket == "/tmp/s")
+        #expect(AgentPaths.client(uid: 0, environment: [:]) { _ in false } == AgentPaths.system)
+    }
+
+    @Test("the config file may carry comments and trailing commas (JSON5)")
+    func commentedConfig() throws {
+        let text = """
+            // The agent's config.
+            {
+              /* a tunnel */
+              "endpoints": [{"url": "https://x.example.com",},],
+              log_level: "debug", // unquoted key
+            }
+            """
+        let configuration = try AgentConfiguration.parse(Array(text.utf8), file: "agent.json")
+        #expect(configuration.endpoints.map(\.url) == ["https://x.example.com"])
+        #expect(configuration.logLevel == "debug")
+        #expect(throws: ConfigurationError.self) { try AgentConfiguration.parse(Array("{ /* open".utf8), file: "agent.json") }
+    }
+
+    @Test("the shipped config (examples/agent.json, /etc/lmx/agent.json in the package) parses to the defaults")
+    func shippedConfig() throws {
+        let file = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../examples/agent.json")
+        let bytes = try [UInt8](Data(contentsOf: file))
+        #expect(try AgentConfiguration.parse(bytes, file: "agent.json") == AgentConfiguration())
     }
 }

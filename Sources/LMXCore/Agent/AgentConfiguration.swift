@@ -17,7 +17,7 @@ public struct AgentPaths: Sendable, Hashable {
     public static func standard(uid: UInt32, environment: [String: String]) -> AgentPaths {
         var paths: AgentPaths
         if uid == 0 {
-            paths = AgentPaths(socket: "/run/lmx/agent.sock", database: "/var/lib/lmx/agent.db", config: "/etc/lmx/agent.json")
+            paths = system
         } else {
             let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp/lmx-\(uid)"
             func xdg(_ key: String, _ fallback: String) -> String {
@@ -31,6 +31,41 @@ public struct AgentPaths: Sendable, Hashable {
                 config: xdg("XDG_CONFIG_HOME", home + "/.config") + "/lmx/agent.json")
         }
         if let socket = environment["LMX_SOCKET"], !socket.isEmpty { paths.socket = socket }
+        if let db = environment["LMX_DB"], !db.isEmpty { paths.database = db }
+        return paths
+    }
+
+    /// The system agent's paths: root's, and the packaged service's.
+    public static let system = AgentPaths(socket: "/run/lmx/agent.sock", database: "/var/lib/lmx/agent.db", config: "/etc/lmx/agent.json")
+
+    /// The daemon's paths: `standard`, except that under systemd the unit's `RuntimeDirectory=`,
+    /// `StateDirectory=` and `ConfigurationDirectory=` (their first entries) place the socket,
+    /// database and config file. `LMX_SOCKET` and `LMX_DB` still win.
+    public static func daemon(uid: UInt32, environment: [String: String]) -> AgentPaths {
+        var paths = standard(uid: uid, environment: environment)
+        func directory(_ key: String) -> String? {
+            guard let first = environment[key]?.split(separator: ":").first, first.hasPrefix("/") else { return nil }
+            return String(first)
+        }
+        if environment["LMX_SOCKET"].map(\.isEmpty) ?? true, let runtime = directory("RUNTIME_DIRECTORY") {
+            paths.socket = runtime + "/agent.sock"
+        }
+        if environment["LMX_DB"].map(\.isEmpty) ?? true, let state = directory("STATE_DIRECTORY") {
+            paths.database = state + "/agent.db"
+        }
+        if let configuration = directory("CONFIGURATION_DIRECTORY") { paths.config = configuration + "/agent.json" }
+        return paths
+    }
+
+    /// The paths a client (`lmx-status`, `lmx-pair`) uses: `standard`, except that a user who runs
+    /// no agent of their own, while the system agent runs, talks to the system agent.
+    /// - Parameter exists: whether a file exists (injected for tests).
+    public static func client(uid: UInt32, environment: [String: String], exists: (String) -> Bool) -> AgentPaths {
+        let own = standard(uid: uid, environment: environment)
+        guard uid != 0, environment["LMX_SOCKET"].map(\.isEmpty) ?? true, !exists(own.socket), exists(system.socket) else {
+            return own
+        }
+        var paths = system
         if let db = environment["LMX_DB"], !db.isEmpty { paths.database = db }
         return paths
     }
@@ -157,7 +192,10 @@ public struct AgentConfiguration: Sendable, Hashable, Codable {
         if bytes.allSatisfy({ [0x20, 0x09, 0x0A, 0x0D].contains($0) }) { return AgentConfiguration() }
         let configuration: AgentConfiguration
         do {
-            configuration = try JSONDecoder().decode(AgentConfiguration.self, from: Data(bytes))
+            // JSON5: comments, trailing commas and unquoted keys, so the shipped file can explain itself.
+            let decoder = JSONDecoder()
+            decoder.allowsJSON5 = true
+            configuration = try decoder.decode(AgentConfiguration.self, from: Data(bytes))
         } catch let error as DecodingError {
             throw ConfigurationError("\(file): \(describe(error))")
         } catch {
