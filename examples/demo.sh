@@ -50,8 +50,16 @@ START=$(date +%s.%N)
 elapsed() { awk -v s="$START" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1f s", n - s }'; }
 
 cleanup() {
-    local pid
+    local pid left
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    # Whatever does not stop within 3 s (a process started with SIGTERM blocked) is killed.
+    for _ in $(seq 1 30); do
+        left=""
+        for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && left="$left $pid"; done
+        [ -z "$left" ] && break
+        sleep 0.1
+    done
+    for pid in $left; do kill -KILL "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
     umount /run/avahi-daemon 2>/dev/null || true
     rm -rf "$WORK"

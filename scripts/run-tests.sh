@@ -11,5 +11,8 @@ command -v swift >/dev/null || export PATH="/opt/swift/usr/bin:$PATH"
 trap 'scripts/testbed.sh down' EXIT
 scripts/testbed.sh up
 swift build --build-tests
+# The checked-in man pages and completions must match the code; the package tests need the .deb.
+scripts/gen-docs.sh --check
+scripts/build-deb.sh
 # Serial: the integration suites share one test LAN (one avahi-daemon, one bridge).
 LMX_BIN_DIR="$(swift build --show-bin-path)" swift test --skip-build --no-parallel "$@"

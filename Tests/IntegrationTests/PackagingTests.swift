@@ -1,0 +1,214 @@
+import Foundation
+import LMXCore
+import LMXStatusClient
+import Testing
+
+/// The Debian package built by `make deb` (run by `make test` before the tests) and the systemd
+/// unit: lintian, a real `dpkg -i` on this machine, the packaged daemon run as its service user
+/// the way systemd starts it, then `dpkg -r` and `--purge`.
+@Suite("The Debian package and the systemd unit", .serialized)
+struct PackagingTests {
+    let bed: TestBed
+    let deb: String
+
+    init() throws {
+        bed = try TestBed.load()
+        if let path = ProcessInfo.processInfo.environment["LMX_DEB"] {
+            deb = path
+        } else {
+            let names = (try? FileManager.default.contentsOfDirectory(atPath: TestBed.repo)) ?? []
+            guard let name = names.filter({ $0.hasPrefix("lmx-agent_") && $0.hasSuffix(".deb") }).sorted().last else {
+                throw TestBedMissing(detail: "no lmx-agent_*.deb in \(TestBed.repo): run `make deb` (make test does)")
+            }
+            deb = TestBed.repo + "/" + name
+        }
+    }
+
+    private static let unit = TestBed.repo + "/Packaging/systemd/lmx-agentd.service"
+
+    private func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) async throws -> CommandResult {
+        try await Command.run(executable, arguments, environment: environment, timeout: 300)
+    }
+
+    private func exists(_ path: String) -> Bool { access(path, F_OK) == 0 }
+
+    private func mode(_ path: String) -> (mode: mode_t, uid: uid_t, gid: gid_t)? {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return nil }
+        return (info.st_mode & 0o7777, info.st_uid, info.st_gid)
+    }
+
+    private func lookup(_ database: String, _ key: String) async throws -> [String] {
+        let result = try await run("/usr/bin/getent", [database, key])
+        return result.status == 0 ? result.stdout.trimmingCharacters(in: .newlines).split(separator: ":").map(String.init) : []
+    }
+
+    @Test("lintian reports no errors and no warnings")
+    func lintian() async throws {
+        let result = try await run("/usr/bin/lintian", ["--tag-display-limit", "0", deb])
+        #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
+        let tags = result.stdout.split(separator: "\n").filter { $0.hasPrefix("E:") || $0.hasPrefix("W:") }
+        #expect(tags.isEmpty, "\(tags)")
+    }
+
+    @Test("the package's fields: version from the binaries, Depends from their libraries, the unit and docs inside")
+    func contents() async throws {
+        let fields = try await run("/usr/bin/dpkg-deb", ["--field", deb, "Package", "Version", "Depends"])
+        #expect(fields.status == 0)
+        #expect(fields.stdout.contains("Version: \(StatusAPI.version)"))
+        for dependency in ["libavahi-client3", "libzbar0", "libpng16-16", "libturbojpeg0", "libqrencode4", "libsqlite3-0", "avahi-daemon", "adduser"] {
+            #expect(fields.stdout.contains(dependency), "Depends lacks \(dependency)")
+        }
+        let listing = try await run("/usr/bin/dpkg-deb", ["--contents", deb])
+        for path in [
+            "./usr/bin/lmx-agentd", "./usr/bin/lmx-status", "./usr/bin/lmx-discover", "./usr/bin/lmx-pair",
+            "./lib/systemd/system/lmx-agentd.service", "./etc/lmx/agent.json", "./usr/share/doc/lmx-agent/copyright",
+            "./usr/share/man/man1/lmx-pair.1.gz", "./usr/share/bash-completion/completions/lmx-status",
+            "./usr/share/zsh/vendor-completions/_lmx-pair", "./usr/share/fish/vendor_completions.d/lmx-discover.fish",
+        ] {
+            #expect(listing.stdout.contains(path), "the package lacks \(path)")
+        }
+        // No Swift runtime is needed on the target: it is linked in.
+        #expect(!fields.stdout.contains("swift"))
+    }
+
+    @Test("the unit passes systemd-analyze security with a low exposure and keeps the required settings")
+    func unitHardening() async throws {
+        let text = try String(contentsOfFile: Self.unit, encoding: .utf8)
+        for line in [
+            "Type=notify", "WatchdogSec=", "Wants=avahi-daemon.service", "After=network.target avahi-daemon.service",
+            "RuntimeDirectory=lmx", "StateDirectory=lmx", "ConfigurationDirectory=lmx", "User=lmx", "Group=lmx",
+            "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "PrivateDevices=yes",
+            "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK", "MemoryDenyWriteExecute=yes",
+            "SystemCallFilter=@system-service",
+        ] {
+            #expect(text.contains(line), "the unit lacks \(line)")
+        }
+        let result = try await run("/usr/bin/systemd-analyze", ["security", "--offline=yes", "--no-pager", Self.unit])
+        let level = result.stdout.split(separator: "\n").first { $0.contains("Overall exposure level") }
+        let score = level.flatMap { line in
+            line.split(separator: ":").last?.split(separator: " ").first.flatMap { Double($0) }
+        }
+        #expect(score != nil, "\(result.stdout)\(result.stderr)")
+        #expect((score ?? 10) <= 2.0, "exposure \(score ?? -1)")
+    }
+
+    @Test("dpkg -i, the commands from /usr/bin, systemd-analyze verify, the service as user lmx, remove keeps the state, purge deletes it")
+    func installRunRemove() async throws {
+        // A clean start, whatever an earlier run left.
+        _ = try await run("/usr/bin/dpkg", ["--purge", "lmx-agent"])
+        do {
+            try await installed()
+        } catch {
+            _ = try? await run("/usr/bin/dpkg", ["--purge", "lmx-agent"])
+            throw error
+        }
+    }
+
+    private func installed() async throws {
+        try await withResources {
+            let install = try await run("/usr/bin/dpkg", ["-i", deb])
+            #expect(install.status == 0, "\(install.stdout)\(install.stderr)")
+
+            // The commands, from the package.
+            let help = try await run("/usr/bin/lmx-status", ["--help"])
+            #expect(help.status == 0)
+            #expect(help.stdout.contains("lmx-status"))
+            let version = try await run("/usr/bin/lmx-agentd", ["--version"])
+            #expect(version.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == StatusAPI.version)
+            let port = Int.random(in: 40_000...49_999)
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "packaged-\(port)")
+            let name = "packaged \(TestBed.tag())"
+            _ = try await Publish.avahi(bed, on: .h1, name: name, port: port)
+            let discover = try await run(
+                "/usr/bin/lmx-discover", ["--json", "--timeout", "5"], environment: ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(.root)])
+            #expect(discover.status == 0, "\(discover.stderr)")
+            #expect(discover.stdout.contains(name))
+            let scratch = AgentProcess.makeDirectory()
+            let dryRun = try await run(
+                "/usr/bin/lmx-pair",
+                [TestBed.repo + "/examples/pairing/v1-token.png", "--dry-run", "--db", scratch + "/agent.db", "--socket", scratch + "/x.sock"])
+            #expect(dryRun.status == 0, "\(dryRun.stderr)")
+            #expect(dryRun.stdout.contains("would import"))
+
+            // What the maintainer scripts and the package set up.
+            let user = try await lookup("passwd", "lmx")
+            #expect(user.count == 7 && user[5] == "/var/lib/lmx", "\(user)")
+            let group = try await lookup("group", "lmx")
+            #expect(!group.isEmpty)
+            let config = mode("/etc/lmx/agent.json")
+            #expect(config?.mode == 0o640)
+            #expect(config?.uid == 0 && config?.gid == gid_t(group.count > 2 ? Int(group[2]) ?? -1 : -1))
+            #expect(exists("/etc/systemd/system/multi-user.target.wants/lmx-agentd.service"), "the service was not enabled")
+            #expect(try await run("/usr/bin/man", ["-w", "lmx-pair"]).status == 0)
+
+            let verify = try await run("/usr/bin/systemd-analyze", ["verify", "/lib/systemd/system/lmx-agentd.service"])
+            #expect(verify.status == 0, "\(verify.stdout)\(verify.stderr)")
+
+            // The daemon as systemd starts it: user lmx, RuntimeDirectory=, StateDirectory=,
+            // ConfigurationDirectory=, a umask of 077; it reads the shipped (commented) config.
+            let uid = user.count > 2 ? user[2] : "0"
+            let gid = user.count > 3 ? user[3] : "0"
+            for (path, mode) in [("/run/lmx", "0755"), ("/var/lib/lmx", "0700")] {
+                _ = try await run("/usr/bin/install", ["-d", "-o", "lmx", "-g", "lmx", "-m", mode, path])
+            }
+            let daemon = LiveProcess(
+                "/usr/bin/setpriv",
+                ["--reuid", uid, "--regid", gid, "--init-groups", "--", "/bin/sh", "-c", "umask 077; exec /usr/bin/lmx-agentd"],
+                environment: [
+                    "RUNTIME_DIRECTORY": "/run/lmx", "STATE_DIRECTORY": "/var/lib/lmx", "CONFIGURATION_DIRECTORY": "/etc/lmx",
+                    "HOME": "/var/lib/lmx", "DBUS_SYSTEM_BUS_ADDRESS": bed.bus(.root), "LMX_SOCKET": "", "LMX_DB": "",
+                ])
+            try daemon.start()
+
+            // Any local user reaches the system agent with no option, and it found the server.
+            let system = StatusClient(socketPath: "/run/lmx/agent.sock", timeout: 5)
+            var found = false
+            for _ in 0..<100 where !found {
+                if let response = try? system.request("GET", "/v1/active"), response.status == 200,
+                    let active = try? JSONDecoder().decode(StatusAPI.Active.self, from: Data(response.body))
+                {
+                    found = active.baseURL == server.baseURL
+                }
+                if !found { try await Task.sleep(for: .milliseconds(100)) }
+            }
+            #expect(found, "the packaged agent did not make \(server.baseURL) active: \(daemon.stderr)")
+            let asNobody = try await run(
+                "/usr/bin/setpriv",
+                ["--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/lmx-status", "--url"],
+                environment: ["LMX_SOCKET": "", "XDG_RUNTIME_DIR": "/nonexistent", "HOME": "/nonexistent"])
+            #expect(asNobody.status == 0, "\(asNobody.stderr)")
+            #expect(asNobody.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == server.baseURL)
+            // Changes are for root and lmx: another user's import is refused, root's goes through.
+            let code = TestBed.repo + "/examples/pairing/account-link.png"
+            let refused = try await run(
+                "/usr/bin/setpriv",
+                ["--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/lmx-pair", code],
+                environment: ["LMX_SOCKET": "", "LMX_DB": "", "XDG_RUNTIME_DIR": "/nonexistent", "HOME": "/nonexistent"])
+            #expect(refused.status == 69)
+            #expect(refused.stderr.contains("sudo"))
+            let database = mode("/var/lib/lmx/agent.db")
+            #expect(database?.mode == 0o600)
+            #expect(database?.uid == uid_t(Int(uid) ?? -1))
+
+            daemon.signal(SIGTERM)
+            #expect(try await daemon.waitForExit(timeout: 10) == 0)
+            #expect(!exists("/run/lmx/agent.sock"))
+            try? FileManager.default.removeItem(atPath: "/run/lmx")
+            try? FileManager.default.removeItem(atPath: scratch)
+
+            // Remove: the commands go, the pairings and history stay.
+            let remove = try await run("/usr/bin/dpkg", ["-r", "lmx-agent"])
+            #expect(remove.status == 0, "\(remove.stderr)")
+            #expect(!exists("/usr/bin/lmx-agentd"))
+            #expect(exists("/var/lib/lmx/agent.db"))
+            #expect(!(try await lookup("passwd", "lmx")).isEmpty)
+            // Purge: the state and the config go too.
+            let purge = try await run("/usr/bin/dpkg", ["--purge", "lmx-agent"])
+            #expect(purge.status == 0, "\(purge.stderr)")
+            #expect(!exists("/var/lib/lmx"))
+            #expect(!exists("/etc/lmx"))
+            #expect(!exists("/etc/systemd/system/multi-user.target.wants/lmx-agentd.service"))
+        }
+    }
+}
