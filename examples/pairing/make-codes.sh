@@ -2,13 +2,15 @@
 # Makes the sample pairing codes in this folder, one per payload format lmx-pair accepts
 # (CONTRACT §4). Every key and token in them is a made-up example.
 #
-#   examples/pairing/make-codes.sh [BIN_DIR]     (needs qrencode; BIN_DIR holds lmx-pair)
+#   examples/pairing/make-codes.sh [BIN_DIR [OUT_DIR]]   (needs qrencode; BIN_DIR holds lmx-pair;
+#                                                         OUT_DIR defaults to this folder)
 #
 # v1-token.png is made by lmx-pair itself (import into a scratch database, then export); the
 # links by qrencode, the way other generators make them (byte mode, error correction M).
 set -euo pipefail
-cd "$(dirname "$0")"
-BIN=${1:-${LMX_BIN_DIR:-../../.build/debug}}
+BIN=$(cd "${1:-${LMX_BIN_DIR:-$(dirname "$0")/../../.build/debug}}" && pwd)
+mkdir -p "${2:-$(dirname "$0")}"
+cd "${2:-$(dirname "$0")}"
 command -v qrencode >/dev/null || { echo "make-codes: qrencode is missing: sudo apt-get install qrencode" >&2; exit 69; }
 
 scratch=$(mktemp -d)
