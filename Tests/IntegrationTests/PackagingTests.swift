@@ -197,6 +197,16 @@ struct PackagingTests {
             try? FileManager.default.removeItem(atPath: "/run/lmx")
             try? FileManager.default.removeItem(atPath: scratch)
 
+            // With the service stopped, `sudo lmx-pair` writes the database directly, and leaves
+            // it to the service's user, who must still open it at the next start.
+            let offline = try await run(
+                "/usr/bin/lmx-pair", [TestBed.repo + "/examples/pairing/account-link.png"], environment: ["LMX_SOCKET": "", "LMX_DB": ""])
+            #expect(offline.status == 0, "\(offline.stderr)")
+            #expect(offline.stdout.contains("lmx-agentd is not running: saved to /var/lib/lmx/agent.db"))
+            for file in ["/var/lib/lmx/agent.db", "/var/lib/lmx/agent.db-wal", "/var/lib/lmx/agent.db-shm"] where exists(file) {
+                #expect(mode(file)?.uid == uid_t(Int(uid) ?? -1), "\(file) is not the service user's")
+            }
+
             // Remove: the commands go, the pairings and history stay.
             let remove = try await run("/usr/bin/dpkg", ["-r", "lmx-agent"])
             #expect(remove.status == 0, "\(remove.stderr)")
