@@ -154,6 +154,8 @@ struct Import: ParsableCommand {
     }
 
     func run() throws {
+        // Whatever touched the database as root is left to the agent's user (see handOver).
+        defer { locations.handOver() }
         try reporting {
             let parser = PairingParser(allowInsecure: allowInsecure, now: Int64(time(nil)))
             // Read and validate everything first: anything refused imports nothing.
@@ -198,7 +200,6 @@ struct Import: ParsableCommand {
             } catch {
                 throw Failure.unavailable("could not save to \(locations.paths.database): \(error)")
             }
-            locations.handOver()
             let summaries = results.map { PairingImportResult(pairing: $0.stored.summary, updated: $0.isUpdate) }
             report(summaries)
             if !json {
@@ -283,6 +284,8 @@ struct List: ParsableCommand {
     @OptionGroup var locations: Locations
 
     func run() throws {
+        // Whatever touched the database as root is left to the agent's user (see handOver).
+        defer { locations.handOver() }
         try reporting {
             var summaries: [PairingSummary]
             do {
@@ -320,6 +323,8 @@ struct Remove: ParsableCommand {
     @OptionGroup var locations: Locations
 
     func run() throws {
+        // Whatever touched the database as root is left to the agent's user (see handOver).
+        defer { locations.handOver() }
         try reporting {
             let path = "/v1/pairings/" + Pairing.percentEncodeComponent(id)
             do {
@@ -337,8 +342,7 @@ struct Remove: ParsableCommand {
                 guard let store = try locations.existingStore(), let removed = try? store.removePairing(id) else {
                     throw Failure.invalid("no pairing \(id); see lmx-pair list")
                 }
-                locations.handOver()
-                Output.out("removed \(removed.pairing.id) (\(removed.pairing.label))")
+                    Output.out("removed \(removed.pairing.id) (\(removed.pairing.label))")
             }
         }
     }
@@ -366,6 +370,8 @@ struct Export: ParsableCommand {
     }
 
     func run() throws {
+        // Whatever touched the database as root is left to the agent's user (see handOver).
+        defer { locations.handOver() }
         try reporting {
             // The secrets are only in the database: read it directly (owner only).
             guard let store = try locations.existingStore() else {

@@ -56,6 +56,8 @@ struct PackagingTests {
         let fields = try await run("/usr/bin/dpkg-deb", ["--field", deb, "Package", "Version", "Depends"])
         #expect(fields.status == 0)
         #expect(fields.stdout.contains("Version: \(StatusAPI.version)"))
+        let changelog = try String(contentsOfFile: TestBed.repo + "/Packaging/debian/changelog", encoding: .utf8)
+        #expect(changelog.hasPrefix("lmx-agent (\(StatusAPI.version))"), "Packaging/debian/changelog has no entry for \(StatusAPI.version)")
         for dependency in ["libavahi-client3", "libzbar0", "libpng16-16", "libturbojpeg0", "libqrencode4", "libsqlite3-0", "avahi-daemon", "adduser"] {
             #expect(fields.stdout.contains(dependency), "Depends lacks \(dependency)")
         }
