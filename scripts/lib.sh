@@ -7,6 +7,8 @@ TEST_PACKAGES=("${BUILD_PACKAGES[@]}" iproute2 python3-venv openssl curl zbar-to
 # The package tests: building (dpkg-dev, binutils' strip), checking (lintian, systemd-analyze from
 # systemd; no running systemd is needed) and the man pages systemd-analyze verify looks up.
 TEST_PACKAGES+=(dpkg-dev binutils lintian systemd man-db util-linux)
+# ... and systemd-nspawn, which boots this machine's OS under a real systemd for the service test.
+TEST_PACKAGES+=(systemd-container)
 
 log() { printf '%s: %s\n' "${LOG_NAME:-lmx}" "$*" >&2; }
 die() { printf '%s: error: %s\n' "${LOG_NAME:-lmx}" "$*" >&2; exit 1; }

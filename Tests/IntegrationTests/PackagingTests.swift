@@ -223,4 +223,17 @@ struct PackagingTests {
             #expect(!exists("/etc/systemd/system/multi-user.target.wants/lmx-agentd.service"))
         }
     }
+
+    @Test("under a real systemd (this OS booted with systemd-nspawn): started, notify, watchdog, sandboxed, finds a server, reload, stop")
+    func underSystemd() async throws {
+        let result = try await Command.run(TestBed.repo + "/scripts/systemd-check.sh", [deb], timeout: 300)
+        #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
+        let lines = result.stdout.split(separator: "\n").map(String.init)
+        for check in [
+            "started", "enabled", "status-text", "user", "seccomp", "no-new-privileges", "no-capabilities", "finds-server",
+            "watchdog", "nobody-reads-status", "database", "reload", "stop", "journal",
+        ] {
+            #expect(lines.contains("CHECK \(check) ok"), "\(check): \(lines.first { $0.hasPrefix("CHECK \(check) ") } ?? "not reported")")
+        }
+    }
 }
