@@ -72,13 +72,11 @@ def main():
     key = os.environ.get("OPENAI_API_KEY", "")
     print(f"endpoint: {base_url}")
     try:
-        import openai
+        import openai  # noqa: F401
 
         run = with_sdk
-        print(f"client: OpenAI SDK {openai.__version__}")
     except ImportError:
         run = with_http
-        print("client: plain HTTP (pip install openai to use the SDK)")
     try:
         models, reply = run(base_url, key, prompt, models_only)
     except Exception as error:  # the SDK's errors and urllib's alike: report, exit 2

@@ -189,10 +189,10 @@ link() { # h1|h2|h3 up|down
 }
 
 make_venv() {
-    [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import zeroconf, openai' 2>/dev/null && return 0
-    log "creating the test venv at $VENV (zeroconf publishers; the OpenAI SDK for examples/openai_client.py)"
+    [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import zeroconf' 2>/dev/null && return 0
+    log "creating the zeroconf venv at $VENV"
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q 'zeroconf>=0.131' 'openai>=1.40,<2'
+    "$VENV/bin/pip" install -q 'zeroconf>=0.131'
 }
 
 write_env() {

@@ -50,19 +50,16 @@ struct ExamplesTests {
         }
     }
 
-    @Test("openai_client.py finds the endpoint with lmx-status --url, lists the models and gets a chat reply (OpenAI SDK and plain HTTP)")
+    @Test("openai_client.py finds the endpoint with lmx-status --url, lists the models and gets a chat reply")
     func openAIClient() async throws {
         try await withResources {
             let (agent, _) = try await agentWithServer(instance: "example-py")
             let environment = ["LMX_SOCKET": agent.socket, "LMX_STATUS": TestBed.binDir + "/lmx-status", "OPENAI_API_KEY": ""]
-            // The test venv has the openai package; the system Python has not.
-            for (python, client) in [(bed["LMX_TESTBED_PYTHON"], "client: OpenAI SDK"), ("/usr/bin/python3", "client: plain HTTP")] {
-                let result = try await Command.run(python, [Self.examples + "/openai_client.py", "Say hello"], environment: environment)
-                #expect(result.status == 0, "\(python): \(result.stderr)")
-                #expect(result.stdout.contains(client), "\(python): \(result.stdout)")
-                #expect(result.stdout.contains("models: test/model"))
-                #expect(result.stdout.contains("reply: Hello from example-py."))
-            }
+            let result = try await Command.run(
+                "/usr/bin/python3", [Self.examples + "/openai_client.py", "Say hello"], environment: environment)
+            #expect(result.status == 0, "stderr: \(result.stderr)")
+            #expect(result.stdout.contains("models: test/model"))
+            #expect(result.stdout.contains("reply: Hello from example-py."))
 
             await agent.stop()
             let down = try await Command.run(
