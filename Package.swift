@@ -71,7 +71,7 @@ let package = Package(
         ),
 
         // Tiny HTTP/1.1 client over the agent's Unix socket; no NIO so `lmx-status` starts fast.
-        .target(name: "LMXStatusClient"),
+        .target(name: "LMXStatusClient", dependencies: ["LMXCore"]),
 
         // The daemon: connection manager actor, services, the Unix-socket status API.
         .target(
@@ -100,6 +100,7 @@ let package = Package(
             name: "lmx-agentd",
             dependencies: [
                 "LMXAgent",
+                "LMXStatusClient",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -127,6 +128,8 @@ let package = Package(
 
         .testTarget(name: "LMXCoreTests", dependencies: ["LMXCore"]),
         .testTarget(name: "LMXStoreTests", dependencies: ["LMXCore", "LMXStore"]),
+        // Mutated-image fuzzing of the decoders (libpng, TurboJPEG, zbar) in process.
+        .testTarget(name: "LMXImageTests", dependencies: ["LMXCore", "LMXImage"]),
         // End to end: the real binaries against real avahi-daemons, namespace hosts and servers.
         .testTarget(name: "IntegrationTests", dependencies: ["LMXCore", "LMXStatusClient"]),
     ],

@@ -6,11 +6,14 @@
   - failover from a LAN server to the WAN standby: goodbye (server and publisher stopped),
     refused (server dead, mDNS still announcing), black hole (link cut, packets vanish)
   - GET /v1/active latency p50/p99 and requests per second at 1 and 50 concurrent clients
+  - a LAN server killed without goodbye and restarted with no new announcement: time from its
+    /healthz answering to usable (hysteresis) and to active again (stability window 10 s)
   - whole-process time of `lmx-status --url`
   - daemon RSS and CPU with 1, 50 and 200 live servers announced over mDNS
 Run through `make bench` (root; scripts/bench.sh brings the test LAN up and down).
 """
 import atexit
+import collections
 import json
 import os
 import shutil
@@ -218,6 +221,47 @@ def bench_failover(results):
         results["failover_" + kind + "_max"] = max([x for x in xs if x is not None] or [float("nan")])
 
 
+def bench_restart(results):
+    tunnel = lmx_server("root", 21444, tls=True)
+    wan = {"url": "https://127.0.0.1:21444", "via": "wan", "name": "tunnel"}
+    usable, back = [], []
+    for run in range(min(RUNS, 3)):
+        port = 21300 + run
+        lan = "http://%s:%d" % (ENV["LMX_TESTBED_H1_ADDR"], port)
+        route = "lan/%s:%d" % (ENV["LMX_TESTBED_H1_ADDR"], port)
+        server = lmx_server("h1", port)
+        pub = publish("h1", "bench restart %d" % run, port)  # stays: no goodbye, no new announcement
+        agent = Agent(cfg(endpoints=[wan]))
+        if agent.wait_active(lambda a: a and a["base_url"] == lan, 10) is None:
+            usable.append(None)
+            back.append(None)
+        else:
+            server.stop()
+            agent.wait_active(lambda a: a and a["via"] == "wan", 10)
+            time.sleep(25)  # down long enough for a plain backoff to have grown to 16-32 s
+            server = lmx_server("h1", port)  # returns once it prints "listening": /healthz answers
+            answering = time.perf_counter()
+            up = None
+            while time.perf_counter() - answering < 30 and up is None:
+                status, body = request(agent.sock, "/v1/status")
+                if status == 200:
+                    routes = [r for c in json.loads(body)["candidates"] for r in c["routes"]]
+                    if any(r["id"] == route and r["health"] == "up" for r in routes):
+                        up = time.perf_counter() - answering
+                time.sleep(0.01)
+            usable.append(up)
+            agent.wait_active(lambda a: a and a["base_url"] == lan, 30)
+            back.append(time.perf_counter() - answering)
+        agent.stop()
+        pub.stop()
+        server.stop()
+    tunnel.stop()
+    results["restart_usable"] = median(usable)
+    results["restart_usable_max"] = max([x for x in usable if x is not None] or [float("nan")])
+    results["restart_back"] = median(back)
+    results["restart_back_max"] = max([x for x in back if x is not None] or [float("nan")])
+
+
 def bench_api(results):
     server = lmx_server("h1", 21500)
     agent = Agent(cfg(endpoints=[{"url": "http://%s:21500" % ENV["LMX_TESTBED_H1_ADDR"]}]), ["--no-discovery"])
@@ -282,16 +326,23 @@ def bench_scale(results):
 
 def main():
     results = {}
-    for step in (bench_first_active, bench_failover, bench_api, bench_scale):
+    steps = (bench_first_active, bench_failover, bench_restart, bench_api, bench_scale)
+    only = os.environ.get("BENCH_STEPS")
+    if only:
+        steps = [step for step in steps if step.__name__.replace("bench_", "") in only.split(",")]
+    for step in steps:
         print("bench: %s" % step.__name__, file=sys.stderr, flush=True)
         step(results)
         print("bench: %s" % json.dumps(results, sort_keys=True), file=sys.stderr, flush=True)
+    results = collections.defaultdict(lambda: float("nan"), results)
     rows = [
         ("first active endpoint after start, LAN server over mDNS (fresh database)", ms(results["first_active_mdns"]), "≤ 1 s"),
         ("first active endpoint after restart, remembered last-good", ms(results["first_active_restored"]), "≤ 1 s"),
         ("failover to WAN, goodbye (median / max)", "%s / %s" % (ms(results["failover_goodbye"]), ms(results["failover_goodbye_max"])), "≤ 1 s"),
         ("failover to WAN, refused (median / max)", "%s / %s" % (ms(results["failover_refused"]), ms(results["failover_refused_max"])), "≤ 1 s"),
         ("failover to WAN, black hole (median / max)", "%s / %s" % (ms(results["failover_black hole"]), ms(results["failover_black hole_max"])), "≤ 5 s"),
+        ("restart without announcement: /healthz answers → usable (median / max)", "%s / %s" % (ms(results["restart_usable"]), ms(results["restart_usable_max"])), "≤ 3 s"),
+        ("restart without announcement: /healthz answers → active again, window 10 s (median / max)", "%s / %s" % (ms(results["restart_back"]), ms(results["restart_back_max"])), "≤ 13 s"),
         ("GET /v1/active, 1 client: req/s, p50, p99", "%.0f, %.2f ms, %.2f ms" % (results["api_1_rps"], results["api_1_p50_ms"], results["api_1_p99_ms"]), "p99 ≤ 1 ms"),
         ("GET /v1/active, 50 clients: req/s, p50, p99", "%.0f, %.2f ms, %.2f ms" % (results["api_50_rps"], results["api_50_p50_ms"], results["api_50_p99_ms"]), "≥ 10,000 req/s"),
         ("lmx-status --url, whole process (median of 30)", ms(results["lmx_status_url"]), "≤ 30 ms"),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A test server that speaks the Opta LMX HTTP contract (CONTRACT.md §2-§3), switchable at run time.
+"""A test server that speaks the Opta LMX HTTP contract (health, discovery document, readiness), switchable at run time.
 
 Usage: lmx-test-server.py --bind ADDR --port N [--instance ID] [--tls CERT KEY]
                           [--require-access ID SECRET]
@@ -8,6 +8,8 @@ Reads commands on stdin, one per line, and answers "ok <command>" on stdout:
   ready | notready | overloaded | 401 | 403 | 502 | 530 | login-redirect | wrong-service
   slow MS       every answer waits MS milliseconds
   hang          accept connections but never answer
+  stall         send the status line, headers and half a body, then never finish
+  retry-after N the Retry-After of overloaded answers (default 30)
   dead          stop listening (connections are refused)
   alive         listen again
   instance ID   report another instance_id
@@ -23,7 +25,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-state = {"mode": "ready", "delay": 0.0, "instance": None}
+state = {"mode": "ready", "delay": 0.0, "instance": None, "retry_after": "30"}
 lock = threading.RLock()
 out_lock = threading.Lock()
 
@@ -76,6 +78,16 @@ class Handler(BaseHTTPRequestHandler):
         if mode == "hang":
             time.sleep(3600)
             return
+        if mode == "stall":
+            # A peer that answers, then stops mid-body: headers promise more than ever comes.
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "4096")
+            self.end_headers()
+            self.wfile.write(b'{"status": "ok", "version": "0.1')
+            self.wfile.flush()
+            time.sleep(3600)
+            return
         if delay:
             time.sleep(delay)
         path = self.path.split("?", 1)[0]
@@ -95,7 +107,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if mode == "overloaded" and path not in ("/healthz", "/readyz", "/admin/health"):
             return self.send_json(503, {"error": {"message": "Server under memory pressure", "type": "server_error",
-                                                  "code": "overloaded"}}, {"Retry-After": "30"})
+                                                  "code": "overloaded"}}, {"Retry-After": state["retry_after"]})
         ident = instance or args.instance
         if path == "/healthz":
             return self.send_json(200, {"status": "ok", "version": "0.1.0"})
@@ -215,6 +227,8 @@ def main():
         with lock:
             if name == "slow":
                 state["delay"] = int(command[1]) / 1000.0
+            elif name == "retry-after":
+                state["retry_after"] = command[1]
             elif name == "instance":
                 state["instance"] = command[1]
             elif name == "dead":

@@ -15,6 +15,7 @@
 #
 # Network rule: no daemon started here ever touches eth0. Every avahi config sets
 # allow-interfaces to loopback or test links only, deny-interfaces=eth0, no wide-area.
+# LMX_TESTBED_OBJECTS_MAX=N (with restart-avahi root) lowers avahi-daemon's objects-per-client-max.
 # LMX_TESTBED_IPV6=yes also runs mDNS over IPv6 (link-local) on the root and h2 daemons, still
 # only on lo and the test links; off by default because dual-stack publishers make
 # avahi-browse's own resolutions racy, which the comparison tests rely on.
@@ -74,6 +75,7 @@ deny-interfaces=eth0
 enable-dbus=yes
 ratelimit-interval-usec=0
 ratelimit-burst=0
+${LMX_TESTBED_OBJECTS_MAX:+objects-per-client-max=$LMX_TESTBED_OBJECTS_MAX}
 
 [wide-area]
 enable-wide-area=no

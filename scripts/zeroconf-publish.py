@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A python-zeroconf publisher for the test LAN: an mDNS responder that is not avahi.
 
-Bound to one test address (never eth0). TXT values written "hex:ff00" are raw bytes. Prints "registered" once announced. Reads commands on
+Bound to one test address (never eth0); `--announce ADDR` puts another IPv4 address in the A
+record (a hostile announcer: loopback, metadata, broadcast), still sent only from the test address. TXT values written "hex:ff00" are raw bytes. Prints "registered" once announced. Reads commands on
 stdin: "update k=v ..." replaces the TXT record in place (prints "updated"); "quit" sends a
 goodbye and exits. Killed with SIGKILL it vanishes without a goodbye, so peers only drop it
 when its TTL runs out.
@@ -32,6 +33,7 @@ def main():
     parser.add_argument("--port", type=int, default=1234)
     parser.add_argument("--ttl", type=int, default=120)
     parser.add_argument("--host", default=None)
+    parser.add_argument("--announce", default=None, help="the IPv4 address to announce (default: --address)")
     parser.add_argument("txt", nargs="*")
     args = parser.parse_args()
 
@@ -41,7 +43,7 @@ def main():
     info = ServiceInfo(
         service_type,
         f"{args.name}.{service_type}",
-        addresses=[socket.inet_aton(args.address)],
+        addresses=[socket.inet_aton(args.announce or args.address)],
         port=args.port,
         properties=properties(args.txt),
         server=host,

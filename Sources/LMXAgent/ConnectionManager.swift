@@ -21,6 +21,8 @@ public actor ConnectionManager {
     private var configuration: AgentConfiguration
     private let prober: Prober
     private let store: AgentStore
+    /// Every write after start goes through it, so that a locked database never blocks the actor.
+    private let writer: StoreWriter
     private let logger: Logger
     private let clock = ContinuousClock()
     private let origin: ContinuousClock.Instant
@@ -39,6 +41,15 @@ public actor ConnectionManager {
     private var manualRouteIDs: Set<String> = []
     /// Pairing id → the routes it brought.
     private var pairingRoutes: [String: [String]] = [:]
+    /// Pairing id → when it expires (seconds since 1970, by the real-time clock): its routes are
+    /// dropped at that moment, not at the next start.
+    private var pairingExpiry: [String: Double] = [:]
+    /// Announced servers followed at most.
+    static let maxDiscovered = 1024
+    private var floodLogged = false
+    private var ignoredAnnouncements = 0
+    /// mDNS instances whose refused addresses were already logged.
+    private var refusalLogged: Set<ServiceInstanceID> = []
     /// The mDNS version of each announced route, to fall back to when a pairing of the same
     /// address is removed.
     private var mdnsRouteByID: [String: Route] = [:]
@@ -57,12 +68,15 @@ public actor ConnectionManager {
     private static let latencyBuckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
     private var latencyCounts = [Int](repeating: 0, count: latencyBuckets.count)
     private var latencySum = 0.0
+    /// Successful probes observed, including those longer than the largest bucket (`+Inf`).
+    private var latencyObserved = 0
 
     public init(configuration: AgentConfiguration, prober: Prober, store: AgentStore, logger: Logger) {
         self.configuration = configuration
         self.planner = ConnectionPlanner(policy: configuration.policy, seed: UInt64(truncatingIfNeeded: getpid()))
         self.prober = prober
         self.store = store
+        self.writer = StoreWriter(store: store, logger: logger)
         self.logger = logger
         self.origin = clock.now
         var ts = timespec()
@@ -78,6 +92,13 @@ public actor ConnectionManager {
     }
 
     private func wall(_ t: Double) -> Double { originWall + t }
+
+    /// The real-time clock now (expiry is a wall-clock notion: it follows clock corrections).
+    private func realtime() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+    }
     private func iso(_ t: Double) -> String { Timestamp.iso8601(wall(t)) }
 
     // MARK: - Lifecycle
@@ -127,7 +148,9 @@ public actor ConnectionManager {
         probeTasks.removeAll()
         for watcher in watchers.values { watcher.finish() }
         watchers.removeAll()
-        try? store.setMeta("last_good_route", planner.activeID ?? planner.lastGoodID)
+        let lastGood = planner.activeID ?? planner.lastGoodID
+        writer.write("remember the active endpoint") { try $0.setMeta("last_good_route", lastGood) }
+        await writer.flush(seconds: 3)
     }
 
     /// Applies a reloaded configuration (SIGHUP).
@@ -136,6 +159,8 @@ public actor ConnectionManager {
         configuration = new
         handle(planner.updatePolicy(new.policy, now: t))
         applyManualEndpoints(new.endpoints, now: t)
+        // A reload is also a sign of life: whatever was backing off is probed at once.
+        planner.refreshAll(now: t)
         startHeartbeat()
         logger.info("configuration reloaded", metadata: ["endpoints": "\(new.endpoints.count)"])
         pump()
@@ -161,25 +186,46 @@ public actor ConnectionManager {
         let t = now()
         switch event {
         case .added(let server), .updated(let server, _):
+            let refused = Route.refusedAddresses(of: server)
+            if !refused.isEmpty, refusalLogged.insert(server.id).inserted {
+                logger.notice(
+                    "ignoring announced addresses the agent never connects to",
+                    metadata: [
+                        "server": "\(ServerTable.printable(server.name))",
+                        "refused": "\(refused.map { "\(ServerTable.printable($0.address)) (\($0.reason))" }.joined(separator: ", "))",
+                    ])
+            }
             guard let route = Route.lan(for: server) else { return }
+            if mdnsRoutes[server.id] == nil, mdnsRoutes.count >= Self.maxDiscovered {
+                // A flood of announcements: memory, probes and the database stay bounded.
+                if !floodLogged {
+                    floodLogged = true
+                    logger.warning(
+                        "more than \(Self.maxDiscovered) servers announced: ignoring new ones until some go away",
+                        metadata: ["server": "\(ServerTable.printable(server.name))"])
+                }
+                ignoredAnnouncements += 1
+                return
+            }
             if let old = mdnsRoutes[server.id], old != route.id {
                 handle(planner.withdraw(old, now: t))
             }
             mdnsRoutes[server.id] = route.id
             mdnsRouteByID[route.id] = route
             handle(planner.upsert(route, now: t))
-            do {
-                try store.saveRoute(StoredRoute(route: route, instanceID: planner.routes[route.id]?.instanceID, createdAt: wall(t), lastSeen: wall(t)))
+            let instance = planner.routes[route.id]?.instanceID, at = wall(t)
+            let name = server.name, addresses = server.addresses
+            writer.write("save a discovered server", droppable: true) { store in
+                try store.saveRoute(StoredRoute(route: route, instanceID: instance, createdAt: at, lastSeen: at))
                 try store.recordServerSeen(
-                    key: planner.routes[route.id]?.instanceID ?? route.id, instanceID: planner.routes[route.id]?.instanceID,
-                    name: server.name, addresses: server.addresses, source: .mdns, at: wall(t))
-            } catch {
-                logger.warning("could not save a discovered server: \(error)")
+                    key: instance ?? route.id, instanceID: instance, name: name, addresses: addresses, source: .mdns, at: at)
             }
         case .removed(let server, let reason):
+            refusalLogged.remove(server.id)
+            if mdnsRoutes.count < Self.maxDiscovered / 2 { floodLogged = false }
             guard let id = mdnsRoutes.removeValue(forKey: server.id) else { return }
             mdnsRouteByID[id] = nil
-            logger.info("mDNS \(reason == .withdrawn ? "withdrew" : "lost") \(server.name); probing to confirm", metadata: ["route": "\(id)"])
+            logger.info("mDNS \(reason == .withdrawn ? "withdrew" : "lost") \(ServerTable.printable(server.name)); probing to confirm", metadata: ["route": "\(id)"])
             handle(planner.withdraw(id, now: t))
         case .daemon(let state):
             let (name, detail): (String, String?) =
@@ -201,9 +247,10 @@ public actor ConnectionManager {
 
     /// Imports pairings (already parsed and validated): stored in one transaction, then their
     /// routes are added or updated and probed at once.
-    public func importPairings(_ pairings: [Pairing]) throws -> [PairingImport] {
+    public func importPairings(_ pairings: [Pairing]) async throws -> [PairingImport] {
+        let at = wall(now())
+        let results = try await writer.perform { try $0.importPairings(pairings, at: at) }
         let t = now()
-        let results = try store.importPairings(pairings, at: wall(t))
         for result in results {
             let pairing = result.stored.pairing
             let newIDs = Set(pairing.routes().map(\.id))
@@ -224,10 +271,11 @@ public actor ConnectionManager {
     }
 
     /// Removes a pairing (by id, or by a name only one pairing has) and drops its routes at once.
-    public func removePairing(_ idOrName: String) throws -> StoredPairing? {
+    public func removePairing(_ idOrName: String) async throws -> StoredPairing? {
+        guard let removed = try await writer.perform({ try $0.removePairing(idOrName) }) else { return nil }
         let t = now()
-        guard let removed = try store.removePairing(idOrName) else { return nil }
         let id = removed.pairing.id
+        pairingExpiry[id] = nil
         for routeID in pairingRoutes.removeValue(forKey: id) ?? removed.pairing.routes().map(\.id) {
             dropPairingRoute(routeID, reason: "pairing \(id) removed", now: t)
         }
@@ -238,8 +286,8 @@ public actor ConnectionManager {
     }
 
     /// Every pairing with what the agent knows of its routes (no secrets).
-    public func pairingSummaries() throws -> [PairingSummary] {
-        try store.pairings().map { stored in
+    public func pairingSummaries() async throws -> [PairingSummary] {
+        try await writer.read { try $0.pairings() }.map { stored in
             var summary = stored.summary
             summary.routes = stored.pairing.routes().map { route in
                 let state = planner.routes[route.id]
@@ -261,6 +309,20 @@ public actor ConnectionManager {
             handle(planner.upsert(route, now: t), quiet: quiet)
         }
         pairingRoutes[pairing.id] = routes.map(\.id)
+        pairingExpiry[pairing.id] = pairing.expiresAt.map(Double.init)
+    }
+
+    /// Drops the routes of pairings whose expiry has passed (the pairing stays listed).
+    private func expirePairings(now t: Double) {
+        let wallNow = realtime()
+        for (id, expires) in pairingExpiry where expires <= wallNow {
+            pairingExpiry[id] = nil
+            for routeID in pairingRoutes.removeValue(forKey: id) ?? [] {
+                dropPairingRoute(routeID, reason: "pairing \(id) expired", now: t)
+            }
+            logger.notice("pairing expired; its routes are no longer used", metadata: ["pairing": "\(id)"])
+            record(kind: "pairing-expired", routeID: nil, from: id, to: nil, reason: "expired", at: t)
+        }
     }
 
     /// Drops a pairing's route; one that mDNS still announces goes back to being an mDNS route.
@@ -292,6 +354,7 @@ public actor ConnectionManager {
     private func pump(reselect: Bool = true) {
         guard !stopped else { return }
         let t = now()
+        if !pairingExpiry.isEmpty { expirePairings(now: t) }
         if reselect { handle(planner.tick(now: t)) }
         for task in planner.takeDueProbes(now: t) {
             let route = task.route, full = task.full
@@ -312,40 +375,41 @@ public actor ConnectionManager {
         probeCount += 1
         if report.verdict.isAlive {
             latencySum += report.latency
+            latencyObserved += 1
             if let i = Self.latencyBuckets.firstIndex(where: { report.latency <= $0 }) { latencyCounts[i] += 1 }
         }
         let knownInstance = planner.routes[routeID]?.instanceID
         handle(planner.record(report, for: routeID, full: full, now: t))
         if let state = planner.routes[routeID], let instance = state.instanceID, instance != knownInstance {
             // Learned who this is: remember it by instance_id, the key that merges routes.
-            do {
-                if state.route.source == .mdns || state.route.source == .remembered {
-                    var route = state.route
-                    route.source = .mdns
-                    try store.saveRoute(StoredRoute(route: route, instanceID: instance, createdAt: wall(t), lastSeen: wall(t)))
-                }
+            let at = wall(t)
+            var route = state.route
+            let remember = route.source == .mdns || route.source == .remembered
+            let source = route.source
+            route.source = .mdns
+            writer.write("save a server's identity") { [route] store in
+                if remember { try store.saveRoute(StoredRoute(route: route, instanceID: instance, createdAt: at, lastSeen: at)) }
                 try store.recordServerSeen(
-                    key: instance, instanceID: instance, name: state.route.name, addresses: state.route.addresses,
-                    source: state.route.source, at: wall(t))
-            } catch {
-                logger.warning("could not save a server's identity: \(error)")
+                    key: instance, instanceID: instance, name: route.name, addresses: route.addresses, source: source, at: at)
             }
         }
         if let state = planner.routes[routeID] {
-            do {
-                try store.saveStats(ProbeStats(
-                    routeID: routeID, probes: state.probeCount, failures: state.failureCount,
-                    smoothedLatency: state.smoothedLatency, lastVerdict: report.verdict, lastDetail: report.detail,
-                    lastProbeAt: wall(t), lastGoodAt: report.verdict.isAlive ? wall(t) : nil, instanceID: state.instanceID))
-            } catch {
-                logger.warning("could not save probe statistics: \(error)")
-            }
+            let stats = ProbeStats(
+                routeID: routeID, probes: state.probeCount, failures: state.failureCount,
+                smoothedLatency: state.smoothedLatency, lastVerdict: report.verdict, lastDetail: report.detail,
+                lastProbeAt: wall(t), lastGoodAt: report.verdict.isAlive ? wall(t) : nil, instanceID: state.instanceID)
+            writer.write("save probe statistics", droppable: true) { try $0.saveStats(stats) }
         }
         pump(reselect: false)
     }
 
     private func schedule() {
-        guard let next = planner.nextWakeup() else {
+        var next = planner.nextWakeup()
+        if let expires = pairingExpiry.values.min() {
+            let at = now() + max(0, expires - realtime())
+            next = min(next ?? at, at)
+        }
+        guard let next else {
             timer?.cancel()
             timer = nil
             timerDeadline = nil
@@ -383,7 +447,8 @@ public actor ConnectionManager {
             case .routeRemoved(let state, let reason):
                 logger.info("endpoint removed: \(reason)", metadata: ["route": "\(state.id)"])
                 // Every removal is final (deleted from the config, or forgotten after long silence).
-                try? store.deleteRoute(state.id)
+                let id = state.id
+                writer.write("forget a route") { try $0.deleteRoute(id) }
                 record(kind: "candidate-removed", routeID: state.id, from: nil, to: nil, reason: reason, at: t)
                 broadcast(StatusAPI.WatchLine(type: "candidate-removed", seq: 0, at: iso(t), route: routeStatus(state, now: t), reason: reason))
             case .healthChanged(let state, let from, let reason):
@@ -404,18 +469,15 @@ public actor ConnectionManager {
                     logger.warning("no usable endpoint", metadata: ["reason": "\(reason)", "previous": "\(from?.id ?? "none")"])
                 }
                 record(kind: "active", routeID: to?.id, from: from?.id, to: to?.id, reason: reason, at: t)
-                if to != nil { try? store.setMeta("last_good_route", to?.id) }
+                if let id = to?.id { writer.write("remember the active endpoint") { try $0.setMeta("last_good_route", id) } }
                 broadcast(StatusAPI.WatchLine(type: "active", seq: 0, at: iso(t), active: activeEndpoint(), reason: reason))
             }
         }
     }
 
     private func record(kind: String, routeID: String?, from: String?, to: String?, reason: String, at t: Double) {
-        do {
-            try store.appendEvent(kind: kind, routeID: routeID, from: from, to: to, reason: reason, at: wall(t))
-        } catch {
-            logger.warning("could not record an event: \(error)")
-        }
+        let at = wall(t)
+        writer.write("record an event") { _ = try $0.appendEvent(kind: kind, routeID: routeID, from: from, to: to, reason: reason, at: at) }
     }
 
     /// Numbers a line and sends it to every watcher. A watcher whose buffer is full has stopped
@@ -558,11 +620,12 @@ public actor ConnectionManager {
         let active = activeEndpoint()
         return StatusAPI.Status(
             agentVersion: StatusAPI.version, seq: seq, avahi: avahiState, avahiDetail: avahiDetail,
-            active: active, noActiveReason: active == nil ? noActiveReason() : nil, candidates: candidates())
+            active: active, noActiveReason: active == nil ? noActiveReason() : nil, candidates: candidates(),
+            trust: planner.policy.trust.rawValue)
     }
 
-    public func events(limit: Int) -> [StatusAPI.Event] {
-        (try? store.recentEvents(limit: limit)) ?? []
+    public nonisolated func events(limit: Int) async -> [StatusAPI.Event] {
+        (try? await writer.read { try $0.recentEvents(limit: limit) }) ?? []
     }
 
     /// Prometheus text exposition.
@@ -580,8 +643,8 @@ public actor ConnectionManager {
             cumulative += latencyCounts[i]
             out += "lmx_probe_duration_seconds_bucket{le=\"\(bound)\"} \(cumulative)\n"
         }
-        out += "lmx_probe_duration_seconds_bucket{le=\"+Inf\"} \(cumulative)\n"
-        out += "lmx_probe_duration_seconds_sum \(latencySum)\nlmx_probe_duration_seconds_count \(cumulative)\n"
+        out += "lmx_probe_duration_seconds_bucket{le=\"+Inf\"} \(latencyObserved)\n"
+        out += "lmx_probe_duration_seconds_sum \(latencySum)\nlmx_probe_duration_seconds_count \(latencyObserved)\n"
         out += "# HELP lmx_probes_total Probes completed.\n# TYPE lmx_probes_total counter\nlmx_probes_total \(probeCount)\n"
         out += "# HELP lmx_active_switches_total Changes of the active endpoint.\n# TYPE lmx_active_switches_total counter\n"
         out += "lmx_active_switches_total \(switchCount)\n"
@@ -591,6 +654,12 @@ public actor ConnectionManager {
             let current = via?.rawValue ?? "none"
             out += "lmx_active_via{via=\"\(v)\"} \(current == v ? 1 : 0)\n"
         }
+        out += "# HELP lmx_store_pending_writes Database writes waiting (the database may be locked).\n# TYPE lmx_store_pending_writes gauge\n"
+        out += "lmx_store_pending_writes \(writer.pending)\n"
+        out += "# HELP lmx_store_dropped_writes_total Statistics writes skipped while the write queue was full.\n# TYPE lmx_store_dropped_writes_total counter\n"
+        out += "lmx_store_dropped_writes_total \(writer.dropped)\n"
+        out += "# HELP lmx_ignored_announcements_total Servers announced past the limit of \(Self.maxDiscovered) and ignored.\n# TYPE lmx_ignored_announcements_total counter\n"
+        out += "lmx_ignored_announcements_total \(ignoredAnnouncements)\n"
         out += "# HELP lmx_watch_clients Connected /v1/watch clients.\n# TYPE lmx_watch_clients gauge\nlmx_watch_clients \(watchers.count)\n"
         return out
     }

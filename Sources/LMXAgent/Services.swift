@@ -147,26 +147,40 @@ public struct SystemdNotifier: Service {
 
 /// The daemon's socket file: refuses to start beside a live daemon, replaces a stale file.
 public enum SocketGuard {
-    public enum State: Equatable { case free, stale, live }
+    public enum State: Equatable {
+        case free, stale, live
+        /// Something is there that is not ours to remove (not a socket, or not reachable for a
+        /// reason other than "nobody listens"): the daemon stops rather than delete it.
+        case unusable(String)
+    }
 
-    /// Whether something answers on `path`.
+    /// Whether something answers on `path`. Only a socket that refuses connections
+    /// (`ECONNREFUSED`: its daemon is gone) is stale and may be replaced.
     public static func probe(_ path: String) -> State {
         var info = stat()
         guard lstat(path, &info) == 0 else { return .free }
+        guard (info.st_mode & S_IFMT) == S_IFSOCK else { return .unusable("it exists and is not a socket") }
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { return .stale }
+        guard fd >= 0 else { return .unusable("socket(): \(String(cString: strerror(errno)))") }
         defer { close(fd) }
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { return .stale }
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { return .unusable("the path is too long") }
         withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
+        var wait = timeval(tv_sec: 1, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
         let result = withUnsafePointer(to: &address) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
                 connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
             }
         }
-        return result == 0 ? .live : .stale
+        if result == 0 { return .live }
+        switch errno {
+        case ECONNREFUSED: return .stale
+        case EAGAIN, EINPROGRESS: return .live  // a daemon with a full backlog is still a daemon
+        case let code: return .unusable(String(cString: strerror(code)))
+        }
     }
 
     /// Creates the socket's directory if needed (0755 so other users can reach the socket).

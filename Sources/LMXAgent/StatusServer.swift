@@ -45,6 +45,9 @@ struct PeerCredentials: Sendable {
 /// Prometheus text at `/metrics`. Read endpoints answer any local user; `POST /v1/refresh`
 /// answers only root and the daemon's own user.
 public enum StatusServer {
+    /// Seconds one write to a `/v1/watch` client may wait before the client is dropped.
+    static let watchWriteTimeout: Double = 10
+
     static let jsonHeaders: HTTPFields = [.contentType: "application/json", .cacheControl: "no-store"]
 
     public static func router(manager: ConnectionManager) -> Router<AgentRequestContext> {
@@ -123,17 +126,24 @@ public enum StatusServer {
                 return json(StatusAPI.ErrorBody(error: "store", reason: "could not remove the pairing: \(error)"), status: .internalServerError)
             }
         }
-        router.get("/v1/watch") { request, _ -> Response in
+        router.get("/v1/watch") { request, context -> Response in
             let since = request.uri.queryParameters.get("since", as: UInt64.self)
             let subscription = await manager.watch(since: since)
+            let channel = context.channel
             let body = ResponseBody { writer in
                 defer { Task { await manager.unwatch(subscription.id) } }
-                for line in subscription.first {
+                // A watcher that stops reading is cut off once a write has waited this long, so
+                // it never holds a connection, its buffers and a descriptor for good.
+                func send(_ line: [UInt8]) async throws {
+                    let deadline = Task {
+                        try await Task.sleep(for: .seconds(watchWriteTimeout))
+                        channel.close(promise: nil)
+                    }
+                    defer { deadline.cancel() }
                     try await writer.write(ByteBuffer(bytes: line))
                 }
-                for await line in subscription.stream {
-                    try await writer.write(ByteBuffer(bytes: line))
-                }
+                for line in subscription.first { try await send(line) }
+                for await line in subscription.stream { try await send(line) }
                 try await writer.finish(nil)
             }
             return Response(
@@ -163,16 +173,21 @@ public enum StatusServer {
     /// Builds the application bound to `socketPath`.
     public static func application(
         manager: ConnectionManager, socketPath: String, logger: Logger,
+        limiter: ConnectionLimiter = ConnectionLimiter(perUser: 64),
         onRunning: @escaping @Sendable () async -> Void
     ) -> some ApplicationProtocol {
         Application(
             router: router(manager: manager),
             // Idle connections (slow or half-sent requests) are closed; watch streams write a
             // heartbeat more often than this.
-            server: .http1(configuration: .init(idleTimeout: .seconds(30))),
+            server: HTTPServerBuilder { responder in
+                PerUserLimitedChannel(
+                    base: HTTP1Channel(responder: responder, configuration: .init(idleTimeout: .seconds(30))),
+                    limiter: limiter)
+            },
             configuration: .init(
                 address: .unixDomainSocket(path: socketPath), serverName: "lmx-agentd",
-                availableConnectionsDelegate: .maximum(1024, logger: logger)),
+                availableConnectionsDelegate: .maximum(4096, logger: logger)),
             onServerRunning: { _ in
                 // Any local user may read the status; changes are checked per request.
                 chmod(socketPath, 0o666)

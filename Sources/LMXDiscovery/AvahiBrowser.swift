@@ -50,6 +50,21 @@ private final class AvahiSession: @unchecked Sendable {
     private var retireClient: OpaquePointer?
     private var wasConnected = false
     private var finished = false
+    /// Every sighting the browser reports as present, so that a failed resolve can be retried
+    /// while (and only while) it is still there.
+    private var browsed: [RecordKey: QueuedResolve] = [:]
+    /// Failed resolves in a row per sighting (cleared by an answer), and when each waiting one is
+    /// due again.
+    private var resolveAttempts: [RecordKey: Int] = [:]
+    private var resolveDue: [RecordKey: Double] = [:]
+    private var resolveRetryTimer: OpaquePointer?
+    /// Sightings whose resolver has answered at least once.
+    private var answered: Set<RecordKey> = []
+    /// Resolvers kept open for updates at most. avahi-daemon allows each client a fixed number
+    /// of objects (`objects-per-client-max`, 1024 by default); past this many (or past what the
+    /// daemon allowed when it said "too many objects"), a resolver is closed after its first
+    /// answer, so that every sighting is still resolved, one after the other.
+    private var persistentResolvers = 256
 
     /// A resolver and the box that lets its callback find its sighting.
     private struct Resolver {
@@ -99,6 +114,8 @@ private final class AvahiSession: @unchecked Sendable {
         retryTimer = nil
         if let resolveTimer { lmx_avahi_timeout_free(pollAPI, resolveTimer) }
         resolveTimer = nil
+        if let resolveRetryTimer { lmx_avahi_timeout_free(pollAPI, resolveRetryTimer) }
+        resolveRetryTimer = nil
         if let retireClient { avahi_client_free(retireClient) }
         if let client { avahi_client_free(client) }
         client = nil
@@ -201,7 +218,15 @@ private final class AvahiSession: @unchecked Sendable {
             }, userdata)
         guard let created else {
             let detail = String(cString: avahi_strerror(avahi_client_errno(client)))
-            finish(throwing: .browseFailed("\(detail) for service type '\(configuration.serviceType)'"))
+            if configuration.waitForDaemon {
+                // Not the end of discovery: start over on a new client, as after a daemon restart.
+                continuation.yield(.daemon(.waiting(reason: "avahi-daemon refused the browse: \(detail); retrying")))
+                retireClient = self.client
+                self.client = nil
+                scheduleReconnect(after: configuration.busRetryInterval)
+            } else {
+                finish(throwing: .browseFailed("\(detail) for service type '\(configuration.serviceType)'"))
+            }
             return
         }
         browser = created
@@ -209,6 +234,11 @@ private final class AvahiSession: @unchecked Sendable {
 
     private func closeBrowsing() {
         queuedResolves.removeAll()
+        browsed.removeAll()
+        resolveAttempts.removeAll()
+        resolveDue.removeAll()
+        answered.removeAll()
+        if let resolveRetryTimer { lmx_avahi_timeout_update(pollAPI, resolveRetryTimer, nil) }
         for resolver in resolvers.values {
             avahi_service_resolver_free(resolver.handle)
             resolver.context.release()
@@ -227,11 +257,17 @@ private final class AvahiSession: @unchecked Sendable {
             guard let key = recordKey(interface, proto, name, type, domain),
                   configuration.interfaces.allows(key.interface.name) else { return }
             if event == AVAHI_BROWSER_NEW {
-                guard resolvers[key] == nil, !queuedResolves.contains(where: { $0.key == key }) else { return }
+                guard browsed[key] == nil else { return }
+                let queued = QueuedResolve(key: key, interface: interface, proto: proto)
+                browsed[key] = queued
                 continuation.yield(.found(key))
-                queuedResolves.append(QueuedResolve(key: key, interface: interface, proto: proto))
+                queuedResolves.append(queued)
                 scheduleResolves()
             } else {
+                browsed[key] = nil
+                resolveAttempts[key] = nil
+                resolveDue[key] = nil
+                answered.remove(key)
                 queuedResolves.removeAll { $0.key == key }
                 dropResolver(key)
                 continuation.yield(.lost(key))
@@ -274,6 +310,8 @@ private final class AvahiSession: @unchecked Sendable {
 
     private func openQueuedResolvers() {
         lmx_avahi_timeout_update(pollAPI, resolveTimer, nil)
+        for key in closeSoon { dropResolver(key) }
+        closeSoon.removeAll()
         let batch = queuedResolves.prefix(Self.resolveBatch)
         queuedResolves.removeFirst(batch.count)
         for queued in batch { openResolver(queued.key, queued.interface, queued.proto) }
@@ -298,8 +336,14 @@ private final class AvahiSession: @unchecked Sendable {
             }, context.toOpaque())
         guard let handle else {
             context.release()
-            let detail = String(cString: avahi_strerror(avahi_client_errno(client)))
-            continuation.yield(.resolveFailed(key, reason: detail))
+            let code = avahi_client_errno(client)
+            if code == AVAHI_ERR_TOO_MANY_OBJECTS {
+                // The daemon's per-client limit: keep fewer resolvers open from now on.
+                persistentResolvers = max(8, resolvers.count - 8)
+                closeAnsweredBeyondLimit()
+            }
+            continuation.yield(.resolveFailed(key, reason: String(cString: avahi_strerror(code))))
+            retryResolve(key)
             return
         }
         resolvers[key] = Resolver(handle: handle, context: context)
@@ -321,14 +365,76 @@ private final class AvahiSession: @unchecked Sendable {
             // because we hold it until here.
             dropResolver(key)
             continuation.yield(.resolveFailed(key, reason: detail))
+            retryResolve(key)
             return
         }
+        resolveAttempts[key] = nil
+        answered.insert(key)
         var text = [CChar](repeating: 0, count: Int(AVAHI_ADDRESS_STR_MAX))
         avahi_address_snprint(&text, text.count, address)
         let record = ResolvedRecord(
             key: key, hostName: String(cString: host), address: Self.string(text),
             port: port, txt: TXTRecord(entries: Self.entries(txt)))
         continuation.yield(.resolved(record))
+        if resolvers.count > persistentResolvers {
+            // Past the budget: this one has answered; close it (from a timer, not inside its
+            // own callback) and make room for the next.
+            closeSoon.append(key)
+            scheduleResolves()
+        }
+    }
+
+    /// Resolvers to close after their answer (see `persistentResolvers`).
+    private var closeSoon: [RecordKey] = []
+
+    /// Closes answered resolvers until at most `persistentResolvers` stay open.
+    private func closeAnsweredBeyondLimit() {
+        var excess = resolvers.count - persistentResolvers
+        for key in resolvers.keys where excess > 0 && answered.contains(key) {
+            dropResolver(key)
+            excess -= 1
+        }
+    }
+
+    private static func monotonic() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+    }
+
+    /// Schedules another resolve of a sighting that is still browsed: 1, 2, 4 … up to 30 s.
+    private func retryResolve(_ key: RecordKey) {
+        guard browsed[key] != nil else { return }
+        let attempts = resolveAttempts[key, default: 0] + 1
+        resolveAttempts[key] = attempts
+        resolveDue[key] = Self.monotonic() + min(30, Double(1 << min(attempts - 1, 5)))
+        armRetryTimer()
+    }
+
+    private func armRetryTimer() {
+        guard let next = resolveDue.values.min() else { return }
+        var when = timeval()
+        avahi_elapse_time(&when, UInt32(max(1, (next - Self.monotonic()) * 1000)), 0)
+        if let resolveRetryTimer {
+            lmx_avahi_timeout_update(pollAPI, resolveRetryTimer, &when)
+        } else {
+            resolveRetryTimer = lmx_avahi_timeout_new(pollAPI, &when, { _, userdata in
+                guard let userdata else { return }
+                Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue().retryDueResolves()
+            }, userdata)
+        }
+    }
+
+    private func retryDueResolves() {
+        lmx_avahi_timeout_update(pollAPI, resolveRetryTimer, nil)
+        let now = Self.monotonic()
+        for (key, due) in resolveDue where due <= now {
+            resolveDue[key] = nil
+            guard let queued = browsed[key], resolvers[key] == nil else { continue }
+            if !queuedResolves.contains(where: { $0.key == key }) { queuedResolves.append(queued) }
+        }
+        scheduleResolves()
+        armRetryTimer()
     }
 
     // MARK: Conversions

@@ -4,6 +4,7 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import NIOSSL
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -71,19 +72,52 @@ public final class Prober: Sendable {
         for header in route.credentials.headers(forPath: path) {
             request.headers.add(name: header.name, value: header.value)
         }
-        do {
-            let response = try await client.execute(request, timeout: .milliseconds(Int64(timeout * 1000)))
-            var headers: [String: String] = [:]
-            for (name, value) in response.headers { headers[name.lowercased()] = headers[name.lowercased()] ?? value }
-            var body: [UInt8] = []
-            // Only small JSON documents matter; anything past 64 KiB is not an LMX answer.
-            for try await chunk in response.body {
-                if body.count < 65_536 { body.append(contentsOf: chunk.readableBytesView.prefix(65_536 - body.count)) }
+        // One deadline for the whole exchange, head and body: async-http-client's own deadline ends
+        // with the head, and a server that stalls mid-body would otherwise hold the probe forever.
+        let client = self.client, prepared = request
+        let budget = TimeAmount.milliseconds(Int64(timeout * 1000))
+        return await Self.withDeadline(seconds: timeout) {
+            do {
+                let response = try await client.execute(prepared, deadline: .now() + budget)
+                var headers: [String: String] = [:]
+                for (name, value) in response.headers { headers[name.lowercased()] = headers[name.lowercased()] ?? value }
+                var body: [UInt8] = []
+                // Only small JSON documents matter: stop reading at the cap (the connection is
+                // then closed, not reused).
+                for try await chunk in response.body {
+                    body.append(contentsOf: chunk.readableBytesView.prefix(Self.bodyLimit - body.count))
+                    if body.count >= Self.bodyLimit { break }
+                }
+                return .success(ProbeResponse(status: Int(response.status.code), headers: headers, body: body))
+            } catch {
+                return .failure(Self.classify(error))
             }
-            return .success(ProbeResponse(status: Int(response.status.code), headers: headers, body: body))
-        } catch {
-            return .failure(Self.classify(error))
         }
+    }
+
+    /// Bytes of a response body read at most.
+    static let bodyLimit = 65_536
+
+    /// Runs `operation` in its own task and answers `.timeout` if it has not finished within
+    /// `seconds`; the operation is then cancelled and not waited for, so a peer that ignores
+    /// cancellation cannot hold the caller.
+    static func withDeadline(
+        seconds: Double, _ operation: @escaping @Sendable () async -> Result<ProbeResponse, ProbeTransportFailure>
+    ) async -> Result<ProbeResponse, ProbeTransportFailure> {
+        let once = ResumeOnce()
+        var work: Task<Void, Never>?
+        var timer: Task<Void, Never>?
+        let result = await withCheckedContinuation { continuation in
+            once.set(continuation)
+            work = Task { once.resume(await operation()) }
+            timer = Task {
+                try? await Task.sleep(for: .milliseconds(Int64(seconds * 1000)))
+                if !Task.isCancelled { once.resume(.failure(.timeout)) }
+            }
+        }
+        work?.cancel()
+        timer?.cancel()
+        return result
     }
 
     /// Maps the many error types of the HTTP stack to the kinds people care about.
@@ -131,5 +165,22 @@ public final class Prober: Sendable {
         if text.contains("CERTIFICATE_VERIFY_FAILED") || text.contains("certificate verify") { return "certificate not trusted" }
         if text.contains("hostname") || text.contains("unableToValidateCertificate") { return "certificate does not match the host" }
         return "handshake failed"
+    }
+}
+
+/// A continuation resumed by whichever of two tasks finishes first.
+private final class ResumeOnce: Sendable {
+    private let continuation = Mutex<CheckedContinuation<Result<ProbeResponse, ProbeTransportFailure>, Never>?>(nil)
+
+    func set(_ c: CheckedContinuation<Result<ProbeResponse, ProbeTransportFailure>, Never>) {
+        continuation.withLock { $0 = c }
+    }
+
+    func resume(_ result: Result<ProbeResponse, ProbeTransportFailure>) {
+        let c = continuation.withLock { c in
+            defer { c = nil }
+            return c
+        }
+        c?.resume(returning: result)
     }
 }

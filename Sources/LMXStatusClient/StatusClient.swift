@@ -40,22 +40,40 @@ public struct StatusClient: Sendable {
         self.timeout = timeout
     }
 
-    /// Performs one request and reads the whole answer.
+    /// The largest answer accepted (the agent's biggest, `/v1/status` with hundreds of servers,
+    /// is far smaller).
+    public static let maxBody = 16 << 20
+
+    static func monotonic() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+    }
+
+    /// Performs one request and reads the whole answer, all within `timeout` seconds (connecting
+    /// included: a full listen backlog waits at most that long).
     /// A JSON `body` is sent with its length.
     public func request(_ method: String = "GET", _ path: String, body: [UInt8] = []) throws(StatusClientError) -> StatusResponse {
         let fd = try connectSocket()
         defer { close(fd) }
         let type = body.isEmpty ? "" : "Content-Type: application/json\r\n"
         try send(fd, Array("\(method) \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\n\(type)Content-Length: \(body.count)\r\n\r\n".utf8) + body)
-        var reader = Reader(fd: fd)
+        // The whole exchange has one deadline: a peer that drips a byte at a time cannot hold us.
+        var reader = Reader(fd: fd, deadline: Self.monotonic() + timeout)
         let (status, headers) = try reader.readHead()
         var body: [UInt8] = []
         if headers["transfer-encoding"]?.lowercased().contains("chunked") == true {
-            while let chunk = try reader.readChunk() { body += chunk }
-        } else if let length = headers["content-length"].flatMap(Int.init) {
+            while let chunk = try reader.readChunk() {
+                body += chunk
+                guard body.count <= Self.maxBody else { throw .protocolError("answer larger than \(Self.maxBody) bytes") }
+            }
+        } else if let raw = headers["content-length"] {
+            guard let length = Int(raw.trimmingASCIISpaces), length >= 0, length <= Self.maxBody else {
+                throw .protocolError("bad Content-Length")
+            }
             body = try reader.read(count: length)
         } else {
-            body = try reader.readToEnd()
+            body = try reader.readToEnd(limit: Self.maxBody)
         }
         return StatusResponse(status: status, headers: headers, body: body)
     }
@@ -95,6 +113,10 @@ public struct StatusClient: Sendable {
             throw .notRunning(socket: socketPath, reason: "path too long")
         }
         withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
+        // Set before connect: on a Unix socket whose backlog is full, connect waits for the send
+        // timeout rather than forever.
+        var sendTimeout = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - Double(Int(timeout))) * 1_000_000))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &sendTimeout, socklen_t(MemoryLayout<timeval>.size))
         let result = withUnsafePointer(to: &address) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
                 connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
@@ -104,6 +126,7 @@ public struct StatusClient: Sendable {
             let code = errno
             close(fd)
             if code == EACCES || code == EPERM { throw .forbidden(socket: socketPath) }
+            if code == EAGAIN || code == EINPROGRESS { throw .timedOut }
             throw .notRunning(socket: socketPath, reason: code == ENOENT ? "no socket file" : String(cString: strerror(code)))
         }
         let seconds = receiveTimeout == -1 ? timeout : receiveTimeout
@@ -131,13 +154,19 @@ public struct StatusClient: Sendable {
 /// Buffered reads with just enough HTTP/1.1 parsing for the agent's answers.
 private struct Reader {
     let fd: Int32
+    /// Monotonic seconds after which reading fails with `.timedOut` (nil: a stream, no end).
+    let deadline: Double?
     var buffer: [UInt8] = []
     var eof = false
 
-    init(fd: Int32) { self.fd = fd }
+    init(fd: Int32, deadline: Double? = nil) {
+        self.fd = fd
+        self.deadline = deadline
+    }
 
     mutating func fill() throws(StatusClientError) -> Bool {
         guard !eof else { return false }
+        if let deadline, StatusClient.monotonic() > deadline { throw .timedOut }
         var chunk = [UInt8](repeating: 0, count: 16_384)
         while true {
             let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
@@ -187,6 +216,7 @@ private struct Reader {
     }
 
     mutating func read(count: Int) throws(StatusClientError) -> [UInt8] {
+        guard count >= 0 else { throw .protocolError("negative length") }
         while buffer.count < count {
             guard try fill() else { throw .protocolError("the answer was cut short") }
         }
@@ -195,8 +225,10 @@ private struct Reader {
         return result
     }
 
-    mutating func readToEnd() throws(StatusClientError) -> [UInt8] {
-        while try fill() {}
+    mutating func readToEnd(limit: Int) throws(StatusClientError) -> [UInt8] {
+        while try fill() {
+            guard buffer.count <= limit else { throw .protocolError("answer larger than \(limit) bytes") }
+        }
         defer { buffer = [] }
         return buffer
     }
@@ -211,7 +243,10 @@ private struct Reader {
     /// The next chunk of a chunked body; `nil` after the last one.
     mutating func readChunk() throws(StatusClientError) -> [UInt8]? {
         let sizeLine = try readLine()
-        guard let size = Int(sizeLine.split(separator: ";").first ?? "", radix: 16) else {
+        let digits = (sizeLine.split(separator: ";").first ?? "").trimmingASCIISpaces
+        guard !digits.isEmpty, digits.count <= 8, digits.allSatisfy(\.isHexDigit), let size = Int(digits, radix: 16),
+            size <= StatusClient.maxBody
+        else {
             throw .protocolError("bad chunk size")
         }
         if size == 0 {
@@ -221,5 +256,11 @@ private struct Reader {
         let data = try read(count: size)
         _ = try readLine()
         return data
+    }
+}
+
+extension StringProtocol {
+    var trimmingASCIISpaces: String {
+        String(drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed())
     }
 }

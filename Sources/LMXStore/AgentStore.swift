@@ -76,6 +76,9 @@ public final class AgentStore: Sendable {
     let pool: DatabasePool
     /// Events kept at most.
     public let eventRetention: Int
+    /// Servers seen kept at most (the most recently seen): a flood of announcements must not
+    /// grow the file without bound.
+    public static let serverRetention = 2000
 
     /// Opens (creating if needed) the database at `path`. A file that is not a database, or a
     /// corrupt one, is moved aside to `<path>.corrupt-<time>` and a fresh one is created.
@@ -267,6 +270,13 @@ public final class AgentStore: Sendable {
                         last_seen = excluded.last_seen
                     """,
                 arguments: [key, instanceID, name, addresses.joined(separator: " "), source.rawValue, now, now])
+            // Cheap check first (the table's row id grows with inserts); prune only past the bound.
+            let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM server") ?? 0
+            if count > Self.serverRetention + 100 {
+                try db.execute(
+                    sql: "DELETE FROM server WHERE key NOT IN (SELECT key FROM server ORDER BY last_seen DESC LIMIT ?)",
+                    arguments: [Self.serverRetention])
+            }
         }
     }
 

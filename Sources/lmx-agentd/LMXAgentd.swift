@@ -3,6 +3,7 @@ import LMXAgent
 import LMXCore
 import LMXDiscovery
 import LMXProbe
+import LMXStatusClient
 import LMXStore
 import Logging
 import ServiceLifecycle
@@ -79,6 +80,13 @@ struct LMXAgentd: AsyncParsableCommand {
 
     func run() async throws {
         umask(0o077)
+        // Every local client holds a descriptor: use what the hard limit allows (systemd sets
+        // LimitNOFILE=; by hand the soft limit is often 1024, which a busy socket can exhaust).
+        var files = rlimit()
+        if getrlimit(RLIMIT_NOFILE_CONSTANT, &files) == 0, files.rlim_cur < files.rlim_max {
+            files.rlim_cur = min(files.rlim_max, 65_536)
+            _ = setrlimit(RLIMIT_NOFILE_CONSTANT, &files)
+        }
         let environment = ProcessInfo.processInfo.environment
         var paths = AgentPaths.daemon(uid: geteuid(), environment: environment)
         if let socket { paths.socket = socket }
@@ -111,6 +119,18 @@ struct LMXAgentd: AsyncParsableCommand {
         var logger = Logger(label: "lmx-agentd")
         logger.logLevel = level
 
+        // Without XDG_RUNTIME_DIR (and HOME) the files go under /tmp/lmx-<uid>: only ever a
+        // directory of our own, 0700, never one another user made first.
+        let uid = geteuid()
+        if RuntimeDirectory.fallbackContaining(paths.socket, uid: uid) != nil
+            || RuntimeDirectory.fallbackContaining(paths.database, uid: uid) != nil,
+            let problem = RuntimeDirectory.prepare(uid: uid)
+        {
+            Self.fail(
+                "lmx-agentd: refusing \(RuntimeDirectory.fallback(uid: uid)): \(problem); XDG_RUNTIME_DIR is not set and another user may have made it: set XDG_RUNTIME_DIR, or pass --socket and --db",
+                code: 73)
+        }
+
         switch SocketGuard.probe(paths.socket) {
         case .live:
             Self.fail(
@@ -121,6 +141,10 @@ struct LMXAgentd: AsyncParsableCommand {
             unlink(paths.socket)
         case .free:
             break
+        case .unusable(let why):
+            Self.fail(
+                "lmx-agentd: cannot use \(paths.socket): \(why); it is left as it is: remove it yourself if it is yours, or pick another path with --socket",
+                code: 73)
         }
         do {
             try SocketGuard.prepareDirectory(for: paths.socket)
@@ -210,3 +234,6 @@ struct LMXAgentd: AsyncParsableCommand {
         Glibc.exit(code)
     }
 }
+
+/// `RLIMIT_NOFILE` as Glibc's Swift overlay spells it.
+private let RLIMIT_NOFILE_CONSTANT = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)

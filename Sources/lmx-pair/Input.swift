@@ -20,7 +20,11 @@ enum PayloadReader {
     /// Reads FILE (or `-`): an image gives its QR code, anything else is text.
     static func read(_ file: String, code: Int?) throws -> Payload {
         let name = file == "-" ? "standard input" : file
-        let bytes = try readBytes(file, name: name)
+        return try payload(readBytes(file, name: name), name: name, code: code)
+    }
+
+    /// The payload of bytes already read: an image's QR code, or the text itself.
+    static func payload(_ bytes: [UInt8], name: String, code: Int?) throws -> Payload {
         switch ImageDecoder.kind(of: bytes) {
         case .text:
             return Payload(name: name, bytes: bytes)

@@ -45,13 +45,31 @@ struct Locations: ParsableArguments {
     var socket: String?
 
     var paths: AgentPaths {
-        var paths = AgentPaths.client(uid: geteuid(), environment: ProcessInfo.processInfo.environment) { access($0, F_OK) == 0 }
+        // The caller's user, as it was when lmx-pair started: root keeps root's paths after it
+        // has become the agent's user.
+        var paths = RuntimeDirectory.clientPaths(uid: Self.invokingUID, environment: ProcessInfo.processInfo.environment).paths
         if let db { paths.database = db }
         if let socket { paths.socket = socket }
         return paths
     }
 
     var client: StatusClient { StatusClient(socketPath: paths.socket, timeout: 10) }
+
+    /// The effective user id lmx-pair started with (read before any switch of user).
+    static let invokingUID: uid_t = geteuid()
+
+    /// Refuses (exit 69) a socket or database in an unsafe `/tmp/lmx-<uid>` (see RuntimeDirectory).
+    func validate() throws {
+        guard socket == nil || db == nil else { return }
+        let uid = geteuid()
+        let resolved = RuntimeDirectory.clientPaths(uid: uid, environment: ProcessInfo.processInfo.environment)
+        guard let warning = resolved.warning else { return }
+        let unsafeSocket = socket == nil && RuntimeDirectory.fallbackContaining(resolved.paths.socket, uid: uid) != nil
+        let unsafeDatabase = db == nil && RuntimeDirectory.fallbackContaining(resolved.paths.database, uid: uid) != nil
+        guard unsafeSocket || unsafeDatabase else { return }
+        Output.error("lmx-pair: \(warning)")
+        throw ExitCode(69)
+    }
 
     /// Opens the database for writing (creating it), or fails with 69.
     func openStore() throws -> AgentStore {
@@ -63,15 +81,23 @@ struct Locations: ParsableArguments {
         }
     }
 
-    /// Root writing the database of an agent that runs as another user (the packaged service runs
-    /// as `lmx`) hands the files to the owner of their directory, so that the agent can open them.
-    func handOver() {
-        guard geteuid() == 0 else { return }
+    /// Root working on the database of an agent that runs as another user (the packaged service
+    /// runs as `lmx` and owns `/var/lib/lmx`) acts as that user: a file or symbolic link that
+    /// user planted there (`agent.db-wal -> /etc/shadow`) can then only reach what that user
+    /// may reach, and whatever is created belongs to the agent. Nil: not root, or the directory
+    /// is missing or root's own.
+    /// - Throws: when the directory is a symbolic link or not a directory (never followed as root).
+    func stateOwner() throws -> Privileges.Identity? {
+        guard Self.invokingUID == 0, geteuid() == 0 else { return nil }
         let path = paths.database
         let directory = path.lastIndex(of: "/").map { String(path[..<$0]) } ?? "."
-        var info = stat()
-        guard stat(directory.isEmpty ? "/" : directory, &info) == 0, info.st_uid != 0 else { return }
-        for file in [path, path + "-wal", path + "-shm"] { _ = chown(file, info.st_uid, info.st_gid) }
+        return try Privileges.owner(ofDirectory: directory.isEmpty ? "/" : directory)
+    }
+
+    /// As root, becomes the agent's user for good (see `stateOwner`); otherwise does nothing.
+    func becomeStateOwner() throws {
+        _ = paths  // fixes the caller's paths before the switch
+        if let owner = try stateOwner() { try Privileges.drop(to: owner) }
     }
 
     /// Opens an existing database, or nil when there is none yet.
@@ -154,15 +180,20 @@ struct Import: ParsableCommand {
     }
 
     func run() throws {
-        // Whatever touched the database as root is left to the agent's user (see handOver).
-        defer { locations.handOver() }
         try reporting {
             let parser = PairingParser(allowInsecure: allowInsecure, now: Int64(time(nil)))
             // Read and validate everything first: anything refused imports nothing.
             var payloads: [PairingUpload.Payload] = []
             var pairings: [Pairing] = []
-            for file in files {
-                let input = try PayloadReader.read(file, code: code)
+            // The files are read with the caller's rights (sudo: root's); images are decoded,
+            // and the database and socket used, only after root has become the agent's user.
+            let raw = try files.map { file in
+                let name = file == "-" ? "standard input" : file
+                return (name, try PayloadReader.readBytes(file, name: name))
+            }
+            try locations.becomeStateOwner()
+            for (name, bytes) in raw {
+                let input = try PayloadReader.payload(bytes, name: name, code: code)
                 do {
                     let parsed = try parser.parse(input.bytes)
                     payloads.append(PairingUpload.Payload(text: String(decoding: input.bytes, as: UTF8.self), format: parsed.first?.format))
@@ -284,9 +315,8 @@ struct List: ParsableCommand {
     @OptionGroup var locations: Locations
 
     func run() throws {
-        // Whatever touched the database as root is left to the agent's user (see handOver).
-        defer { locations.handOver() }
         try reporting {
+            try locations.becomeStateOwner()
             var summaries: [PairingSummary]
             do {
                 let response = try locations.client.request("GET", "/v1/pairings")
@@ -323,9 +353,8 @@ struct Remove: ParsableCommand {
     @OptionGroup var locations: Locations
 
     func run() throws {
-        // Whatever touched the database as root is left to the agent's user (see handOver).
-        defer { locations.handOver() }
         try reporting {
+            try locations.becomeStateOwner()
             let path = "/v1/pairings/" + Pairing.percentEncodeComponent(id)
             do {
                 let response = try locations.client.request("DELETE", path)
@@ -370,16 +399,16 @@ struct Export: ParsableCommand {
     }
 
     func run() throws {
-        // Whatever touched the database as root is left to the agent's user (see handOver).
-        defer { locations.handOver() }
         try reporting {
-            // The secrets are only in the database: read it directly (owner only).
-            guard let store = try locations.existingStore() else {
-                throw Failure.invalid("no pairing \(id): there is no database at \(locations.paths.database) yet")
-            }
-            let all: [StoredPairing]
-            do { all = try store.pairings() } catch {
-                throw Failure.unavailable("cannot read \(locations.paths.database): \(error)")
+            // The secrets are only in the database: read it directly (owner only), as the agent's
+            // user when root (the output file is then written with the caller's rights).
+            let all: [StoredPairing] = try Privileges.acting(as: locations.stateOwner()) {
+                guard let store = try locations.existingStore() else {
+                    throw Failure.invalid("no pairing \(id): there is no database at \(locations.paths.database) yet")
+                }
+                do { return try store.pairings() } catch {
+                    throw Failure.unavailable("cannot read \(locations.paths.database): \(error)")
+                }
             }
             guard let match = AgentStore.match(id, in: all) else {
                 throw Failure.invalid("no pairing \(id); see lmx-pair list")

@@ -48,8 +48,14 @@ struct LMXStatus: ParsableCommand {
     }
 
     func run() throws {
-        var path = AgentPaths.client(uid: geteuid(), environment: ProcessInfo.processInfo.environment) { access($0, F_OK) == 0 }.socket
-        if let socket { path = socket }
+        let resolved = RuntimeDirectory.clientPaths(uid: geteuid(), environment: ProcessInfo.processInfo.environment)
+        var path = resolved.paths.socket
+        if let socket {
+            path = socket
+        } else if let warning = resolved.warning {
+            Output.error("lmx-status: \(warning)")
+            if RuntimeDirectory.fallbackContaining(path, uid: geteuid()) != nil { throw ExitCode(69) }
+        }
         let client = StatusClient(socketPath: path)
         do {
             if watch { return try follow(client) }
@@ -78,7 +84,7 @@ struct LMXStatus: ParsableCommand {
             return
         }
         let reason = (try? JSONDecoder().decode(StatusAPI.ErrorBody.self, from: Data(response.body)))?.reason ?? "HTTP \(response.status)"
-        Output.error("lmx-status: no active endpoint: \(reason)")
+        Output.error("lmx-status: no active endpoint: \(ServerTable.printable(reason))")
         throw ExitCode(1)
     }
 
@@ -110,10 +116,11 @@ struct LMXStatus: ParsableCommand {
     }
 
     static func summary(_ status: StatusAPI.Status) -> String {
+        let trust = status.trust.map { " Trust: \($0)." } ?? ""
         guard let active = status.active else {
-            return "No active endpoint: \(status.noActiveReason ?? "unknown"). mDNS: \(status.avahi)."
+            return "No active endpoint: \(ServerTable.printable(status.noActiveReason ?? "unknown")). mDNS: \(status.avahi).\(trust)"
         }
-        return "Active: \(active.baseURL) via \(active.via.rawValue) (\(ServerTable.printable(active.name)), \(active.verdict.rawValue)) since \(active.since). mDNS: \(status.avahi)."
+        return "Active: \(active.baseURL) via \(active.via.rawValue) (\(ServerTable.printable(active.name)), \(active.verdict.rawValue)) since \(active.since). mDNS: \(status.avahi).\(trust)"
     }
 
     /// Follows `/v1/watch`; when the daemon goes away (a restart), waits for it and follows the
@@ -147,13 +154,13 @@ struct LMXStatus: ParsableCommand {
                 if let status = line.status { Output.out("\(line.at) \(Self.summary(status))") }
             case "active":
                 if let active = line.active {
-                    Output.out("\(line.at) active → \(active.baseURL) via \(active.via.rawValue) (\(active.verdict.rawValue)): \(line.reason ?? "")")
+                    Output.out("\(line.at) active → \(active.baseURL) via \(active.via.rawValue) (\(active.verdict.rawValue)): \(ServerTable.printable(line.reason ?? ""))")
                 } else {
-                    Output.out("\(line.at) no active endpoint: \(line.reason ?? "")")
+                    Output.out("\(line.at) no active endpoint: \(ServerTable.printable(line.reason ?? ""))")
                 }
             case "health":
                 if let route = line.route {
-                    Output.out("\(line.at) \(ServerTable.printable(route.name)) [\(route.via.rawValue)] is \(route.verdict?.rawValue ?? "unknown"): \(line.reason ?? "")")
+                    Output.out("\(line.at) \(ServerTable.printable(route.name)) [\(route.via.rawValue)] is \(route.verdict?.rawValue ?? "unknown"): \(ServerTable.printable(line.reason ?? ""))")
                 }
             case "candidate-added", "candidate-removed":
                 if let route = line.route {
@@ -161,7 +168,7 @@ struct LMXStatus: ParsableCommand {
                     Output.out("\(line.at) \(verb) \(ServerTable.printable(route.name)) \(route.baseURL) (\(route.source.rawValue))")
                 }
             case "avahi":
-                Output.out("\(line.at) avahi-daemon \(line.avahi ?? "?")\(line.reason.map { ": \($0)" } ?? "")")
+                Output.out("\(line.at) avahi-daemon \(line.avahi ?? "?")\(line.reason.map { ": \(ServerTable.printable($0))" } ?? "")")
             default:
                 break
             }

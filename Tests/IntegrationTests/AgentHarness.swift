@@ -130,13 +130,15 @@ final class LMXServer: Sendable {
     /// address (or `bind`).
     static func start(
         _ bed: TestBed, on host: TestBed.Host, port: Int, instance: String? = nil, mode: String = "ready",
-        bind: String? = nil, tls: Bool = false, rogueCertificate: Bool = false, requireAccess: (String, String)? = nil
+        bind: String? = nil, tls: Bool = false, rogueCertificate: Bool = false, requireAccess: (String, String)? = nil,
+        count: Int = 1
     ) async throws -> LMXServer {
         let address = bind ?? bed.address(host)
         var arguments = [
             "\(TestBed.repo)/scripts/lmx-test-server.py", "--bind", address, "--port", String(port), "--mode", mode,
         ]
         if let instance { arguments += ["--instance", instance] }
+        if count > 1 { arguments += ["--count", String(count)] }
         if tls {
             let dir = bed["LMX_TESTBED_TLS"]
             let name = rogueCertificate ? "rogue" : "tunnel"

@@ -4,10 +4,10 @@ import LMXStatusClient
 import Testing
 
 /// Ports of this run's test servers: distinct per test, away from anything else.
-private func freePort() -> Int { Int.random(in: 20_000...39_999) }
+func freePort() -> Int { Int.random(in: 20_000...39_999) }
 
 /// A config that browses only the test bridge, with a short stability window so tests are quick.
-private func config(
+func config(
     window: Double = 3, endpoints: [String] = [], extraCA: String? = nil, extra: String = ""
 ) -> String {
     var fields = [
@@ -19,7 +19,7 @@ private func config(
     return "{" + fields.joined(separator: ", ") + "}"
 }
 
-private func wanEndpoint(_ url: String, id: String? = nil, secret: String? = nil, admin: String? = nil) -> String {
+func wanEndpoint(_ url: String, id: String? = nil, secret: String? = nil, admin: String? = nil) -> String {
     var parts = [#""url": "\#(url)""#, #""via": "wan""#, #""name": "tunnel""#]
     if let id { parts.append(#""cf_access_client_id": "\#(id)""#) }
     if let secret { parts.append(#""cf_access_client_secret": "\#(secret)""#) }

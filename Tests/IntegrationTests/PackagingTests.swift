@@ -215,6 +215,20 @@ struct PackagingTests {
             #expect(!exists("/usr/bin/lmx-agentd"))
             #expect(exists("/var/lib/lmx/agent.db"))
             #expect(!(try await lookup("passwd", "lmx")).isEmpty)
+
+            // The lmx user plants a link in its state directory; installing again (postinst runs
+            // as root) must not hand the link's target to lmx.
+            let victim = "/tmp/lmx-victim-\(TestBed.tag())"
+            try "root's\n".write(toFile: victim, atomically: true, encoding: .utf8)
+            chmod(victim, 0o640)
+            defer { unlink(victim) }
+            unlink("/var/lib/lmx/agent.db-wal")
+            symlink(victim, "/var/lib/lmx/agent.db-wal")
+            let reinstall = try await run("/usr/bin/dpkg", ["-i", deb])
+            #expect(reinstall.status == 0, "\(reinstall.stderr)")
+            #expect(mode(victim)?.uid == 0, "postinst handed \(victim) to the service user")
+            #expect(mode(victim)?.mode == 0o640)
+            unlink("/var/lib/lmx/agent.db-wal")
             // Purge: the state and the config go too.
             let purge = try await run("/usr/bin/dpkg", ["--purge", "lmx-agent"])
             #expect(purge.status == 0, "\(purge.stderr)")

@@ -266,12 +266,15 @@ enum Publish {
     }
 
     /// A python-zeroconf responder in namespace lmxh3, bound to its test address.
-    static func zeroconf(_ bed: TestBed, name: String, ttl: Int, port: Int = 1234, txt: [String]) async throws -> LiveProcess {
+    /// - Parameter announce: an IPv4 address to put in the A record instead of h3's own.
+    static func zeroconf(
+        _ bed: TestBed, name: String, ttl: Int, port: Int = 1234, txt: [String], announce: String? = nil
+    ) async throws -> LiveProcess {
         let process = LiveProcess("/usr/sbin/ip", [
             "netns", "exec", bed["LMX_TESTBED_H3_NS"], bed["LMX_TESTBED_PYTHON"],
             "\(TestBed.repo)/scripts/zeroconf-publish.py", "--address", bed["LMX_TESTBED_H3_ADDR"],
             "--name", name, "--ttl", String(ttl), "--port", String(port),
-        ] + txt)
+        ] + (announce.map { ["--announce", $0] } ?? []) + txt)
         try process.start()
         guard await process.waitForLine(containing: "registered", timeout: 15) else {
             await process.stop()

@@ -213,7 +213,7 @@ struct PairingTests {
 
     @Test("tens of thousands of generated and mutated inputs: no crash, every accepted one round-trips")
     func fuzz() throws {
-        var rng = SplitMix(seed: 0x5EED)
+        var rng = SplitMix64(seed: 0x5EED)
         let seeds = [
             "opta-lmx://pair?v=1&name=Studio&url=https%3A%2F%2Fquiet-river-1234.trycloudflare.com&key=ADMIN&api_key=INFER&cf_id=ID.access&cf_secret=SECRET&instance=Mono512%3A1234&lan=192.168.188.11%3A1234&exp=1767225600",
             "https://quiet-river-1234.trycloudflare.com?key=ADMIN_KEY",
@@ -246,18 +246,5 @@ struct PairingTests {
             }
         }
         #expect(accepted > 1000)
-    }
-}
-
-/// A small deterministic generator, so a failure can be replayed.
-struct SplitMix {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }

@@ -12,7 +12,9 @@ struct PlannerHarness {
     /// Scripted results: route id → verdict at a time.
     var script: (String, Double) -> HealthVerdict
     var latency: (String) -> Double = { _ in 0.005 }
-    var instance: (String) -> String? = { _ in nil }
+    /// Every scripted server reports the paired instance unless a test says otherwise, so the
+    /// trust policy treats the LAN routes as the paired server.
+    var instance: (String) -> String? = { _ in "home" }
 
     init(policy: HealthPolicy = HealthPolicy(), script: @escaping (String, Double) -> HealthVerdict) {
         planner = ConnectionPlanner(policy: policy)
@@ -54,8 +56,8 @@ func lan(_ host: String, name: String? = nil) -> Route {
     Route(baseURL: "http://\(host):1234", via: .lan, source: .mdns, name: name ?? host, announced: true)
 }
 
-func wan(_ url: String) -> Route {
-    Route(baseURL: url, via: .wan, source: .pairing, name: "tunnel")
+func wan(_ url: String, pin: String? = "home") -> Route {
+    Route(baseURL: url, via: .wan, source: .pairing, name: "tunnel", pinnedInstance: pin)
 }
 
 @Suite("Connection planner")
@@ -264,7 +266,7 @@ struct PlannerTests {
         #expect(h.planner.activeID == nil)
     }
 
-    @Test("overloaded is alive but loses to ready, and Retry-After delays the next probe")
+    @Test("overloaded is alive but loses to ready; Retry-After (capped) spares standbys, never the active route")
     func overloaded() {
         var h = PlannerHarness { id, _ in id.contains("10.0.0.1") ? .overloaded : .ready }
         h.add(lan("10.0.0.1"))
@@ -272,11 +274,21 @@ struct PlannerTests {
         h.run(until: 1)
         #expect(h.planner.activeID == "lan/10.0.0.1:1234")  // LAN alive beats WAN ready
         var state = h.planner.routes["lan/10.0.0.1:1234"]!
-        let report = ProbeReport(verdict: .overloaded, latency: 0.01, retryAfter: 30)
         _ = h.planner.takeDueProbes(now: 100)
-        h.absorb(h.planner.record(report, for: state.id, now: 100))
+        h.absorb(h.planner.record(ProbeReport(verdict: .overloaded, latency: 0.01, retryAfter: 3600), for: state.id, now: 100))
         state = h.planner.routes[state.id]!
-        #expect(state.nextProbeAt >= 130)
+        // The active route keeps its liveness checks whatever Retry-After says.
+        #expect(state.nextProbeAt <= 100 + HealthPolicy().activeInterval * 1.2)
+
+        // A standby that says Retry-After: 3600 is left alone for at most max_retry_after (60 s).
+        h.add(lan("10.0.0.2"))
+        h.run(until: 102)
+        #expect(h.planner.activeID == "lan/10.0.0.2:1234")
+        _ = h.planner.takeDueProbes(now: 200)
+        h.absorb(h.planner.record(ProbeReport(verdict: .overloaded, latency: 0.01, retryAfter: 3600), for: state.id, now: 200))
+        let standby = h.planner.routes[state.id]!
+        #expect(standby.nextProbeAt >= 260)
+        #expect(standby.nextProbeAt <= 260.001)
     }
 
     @Test("one failure of the active route does not switch; the failover needs it confirmed")

@@ -30,6 +30,15 @@ private func run(
 
 @Suite("Probe sequence (the LMX contract)")
 struct ProbeSequenceTests {
+    @Test("a pinned route whose server reports no instance_id (no discovery document) has not proved it")
+    func pinNotProved() {
+        let (report, _) = run(["/healthz": .success(healthz), "/readyz": .success(readyz)], pinned: "Mono512:1234")
+        #expect(report.verdict == .wrongService)
+        #expect(report.detail?.contains("did not report an instance_id") == true)
+        let (unpinned, _) = run(["/healthz": .success(healthz), "/readyz": .success(readyz)])
+        #expect(unpinned.verdict == .ready)  // older servers without the document still work
+    }
+
     @Test("a ready server: healthz, discovery document, readyz, with the facts learned")
     func ready() {
         let (report, asked) = run([

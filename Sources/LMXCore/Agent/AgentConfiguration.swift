@@ -19,12 +19,12 @@ public struct AgentPaths: Sendable, Hashable {
         if uid == 0 {
             paths = system
         } else {
-            let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? "/tmp/lmx-\(uid)"
+            let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? fallbackRuntimeDirectory(uid: uid)
             func xdg(_ key: String, _ fallback: String) -> String {
                 guard let value = environment[key], value.hasPrefix("/") else { return fallback }
                 return value
             }
-            let runtime = xdg("XDG_RUNTIME_DIR", "/tmp/lmx-\(uid)")
+            let runtime = xdg("XDG_RUNTIME_DIR", fallbackRuntimeDirectory(uid: uid))
             paths = AgentPaths(
                 socket: runtime + "/lmx/agent.sock",
                 database: xdg("XDG_STATE_HOME", home + "/.local/state") + "/lmx/agent.db",
@@ -34,6 +34,10 @@ public struct AgentPaths: Sendable, Hashable {
         if let db = environment["LMX_DB"], !db.isEmpty { paths.database = db }
         return paths
     }
+
+    /// Where a user's files go when neither `XDG_RUNTIME_DIR` nor `HOME` is set. It lies in the
+    /// shared `/tmp`: the daemon and clients use it only as a directory of the user's own, 0700.
+    public static func fallbackRuntimeDirectory(uid: UInt32) -> String { "/tmp/lmx-\(uid)" }
 
     /// The system agent's paths: root's, and the packaged service's.
     public static let system = AgentPaths(socket: "/run/lmx/agent.sock", database: "/var/lib/lmx/agent.db", config: "/etc/lmx/agent.json")
@@ -82,9 +86,11 @@ public struct ManualEndpoint: Sendable, Hashable, Codable {
     public var apiKey: String?
     public var accessClientID: String?
     public var accessClientSecret: String?
+    /// Send the keys over plain `http://` anyway (anyone on the path can read them).
+    public var allowInsecure: Bool?
 
     enum CodingKeys: String, CodingKey {
-        case url, via, name, path, instance
+        case url, via, name, path, instance, allowInsecure = "allow_insecure"
         case adminKey = "admin_key", apiKey = "api_key"
         case accessClientID = "cf_access_client_id", accessClientSecret = "cf_access_client_secret"
     }
@@ -122,6 +128,11 @@ public struct ManualEndpoint: Sendable, Hashable, Codable {
         if (accessClientID == nil) != (accessClientSecret == nil) {
             throw ConfigurationError("endpoint \(shown): cf_access_client_id and cf_access_client_secret go together")
         }
+        let hasKeys = [adminKey, apiKey, accessClientID, accessClientSecret].contains { !($0 ?? "").isEmpty }
+        if base.hasPrefix("http://"), hasKeys, allowInsecure != true {
+            throw ConfigurationError(
+                "endpoint \(shown): keys over plain http:// can be read by anyone on the network; use https://, or set \"allow_insecure\": true on this endpoint")
+        }
         let via = self.via ?? (base.hasPrefix("https://") ? .wan : .lan)
         return Route(
             baseURL: base, via: via, source: .manual, name: name ?? afterScheme,
@@ -138,7 +149,7 @@ public struct ConfigurationError: Error, CustomStringConvertible, Sendable, Hash
 }
 
 /// The agent's configuration: every key optional, every default documented in the README.
-public struct AgentConfiguration: Sendable, Hashable, Codable {
+public struct AgentConfiguration: Sendable, Hashable, Decodable {
     public var policy = HealthPolicy()
     public var endpoints: [ManualEndpoint] = []
     /// Interface globs for mDNS (empty: all but container and VPN links).
@@ -160,12 +171,18 @@ public struct AgentConfiguration: Sendable, Hashable, Codable {
     enum CodingKeys: String, CodingKey {
         case policy = "health", endpoints, interfaces, excludeInterfaces = "exclude_interfaces", discovery
         case extraCAFile = "extra_ca_file", watchHeartbeat = "watch_heartbeat", eventRetention = "event_retention"
-        case logLevel = "log_level"
+        case logLevel = "log_level", trust
     }
 
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: CodingKeys.self)
         policy = try c.decodeIfPresent(HealthPolicy.self, forKey: .policy) ?? HealthPolicy()
+        if let raw = try c.decodeIfPresent(String.self, forKey: .trust) {
+            guard let trust = TrustPolicy(rawValue: raw) else {
+                throw DecodingError.dataCorruptedError(forKey: .trust, in: c, debugDescription: "must be one of paired, pinned, lan")
+            }
+            policy.trust = trust
+        }
         endpoints = try c.decodeIfPresent([ManualEndpoint].self, forKey: .endpoints) ?? []
         interfaces = try c.decodeIfPresent([String].self, forKey: .interfaces) ?? []
         excludeInterfaces = try c.decodeIfPresent([String].self, forKey: .excludeInterfaces) ?? []

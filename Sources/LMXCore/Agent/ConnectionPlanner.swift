@@ -44,6 +44,9 @@ public struct RouteState: Sendable, Hashable, Identifiable {
     public var inFlight = false
     /// Exponentially smoothed probe latency, seconds.
     public var smoothedLatency: Double?
+    /// When the last good probe finished: a route good within `restartWatch` is watched for
+    /// its return on a short schedule instead of backing off.
+    public var lastGoodAt: Double?
     public var probeCount = 0
     public var failureCount = 0
     /// When the last full probe (healthz, discovery document, readyz) finished.
@@ -92,6 +95,12 @@ public struct ConnectionPlanner: Sendable {
     public var lastGoodID: String?
     private var random: SplitMix64
     private var nextSweep: Double = 0
+    /// Instances the user's routes (pairings, configured endpoints) pin or have reported, kept
+    /// current on every change so that ranking is O(1) per route.
+    public private(set) var pinnedInstances: Set<String> = []
+    /// Whether a pairing, or a configured endpoint naming its instance, exists: the routes the
+    /// trust policy protects from announcers.
+    public private(set) var hasUserRoutes = false
 
     public init(policy: HealthPolicy = HealthPolicy(), seed: UInt64 = 0x5EED) {
         self.policy = policy
@@ -124,19 +133,42 @@ public struct ConnectionPlanner: Sendable {
                 merged.credentials = state.route.credentials
                 merged.pinnedInstance = state.route.pinnedInstance
             }
+            let sourceChanged = merged.source != state.route.source || merged.pinnedInstance != state.route.pinnedInstance
             state.route = merged
             if state.instanceID == nil { state.instanceID = instanceID }
-            if route.announced && !wasAnnounced && !state.inFlight {
+            // A sign of life (a new announcement, a resolver answer, a pairing imported again):
+            // a route that is not known to be up is probed at once, its backoff forgotten.
+            if (route.announced && !wasAnnounced || state.health != .up) && !state.inFlight {
                 state.nextProbeAt = now
                 state.backoff = 0
             }
             routes[route.id] = state
+            if sourceChanged {
+                refreshUserRoutes()
+                return [.routeUpdated(state)] + select(now: now)
+            }
             return [.routeUpdated(state)]
         }
         var state = RouteState(route: route, now: now)
         state.instanceID = instanceID
         routes[route.id] = state
-        return [.routeAdded(state)]
+        guard route.source == .pairing || route.source == .manual else { return [.routeAdded(state)] }
+        refreshUserRoutes()
+        return [.routeAdded(state)] + select(now: now)
+    }
+
+    /// Recomputes what the trust policy protects: every pairing, and configured endpoints that
+    /// name their instance; trusted are the instances those routes pin or have reported.
+    private mutating func refreshUserRoutes() {
+        var pins = Set<String>()
+        var protected = false
+        for state in routes.values where state.route.source == .pairing || state.route.source == .manual {
+            if state.route.source == .pairing || state.route.pinnedInstance != nil { protected = true }
+            if let pin = state.route.pinnedInstance { pins.insert(pin) }
+            if let learned = state.instanceID { pins.insert(learned) }
+        }
+        pinnedInstances = pins
+        hasUserRoutes = protected
     }
 
     /// mDNS no longer announces the route. Liveness is decided by probes, never by mDNS alone, so
@@ -152,10 +184,9 @@ public struct ConnectionPlanner: Sendable {
     /// Removes a route for good (a pairing or manual entry deleted).
     public mutating func remove(_ routeID: String, reason: String, now: Double) -> [PlannerEvent] {
         guard let state = routes.removeValue(forKey: routeID) else { return [] }
+        refreshUserRoutes()
         var events: [PlannerEvent] = [.routeRemoved(state, reason: reason)]
-        if activeID == routeID {
-            events += select(now: now, lostReason: "\(state.route.name) removed: \(reason)")
-        }
+        events += select(now: now, lostReason: activeID == routeID ? "\(state.route.name) removed: \(reason)" : nil)
         return events
     }
 
@@ -179,17 +210,38 @@ public struct ConnectionPlanner: Sendable {
     /// The active route comes first, then the last-good one, then the most overdue.
     public mutating func takeDueProbes(now: Double) -> [ProbeTask] {
         // Lazy everywhere on the hot paths: RouteState copies (strings, arrays) dominate otherwise.
-        let inFlight = routes.values.lazy.filter(\.inFlight).count
+        // One pass for the counts: probes in flight, those of LAN-found routes, and the others.
+        var inFlight = 0, bulkInFlight = 0, others = 0
+        for state in routes.values {
+            let bulk = isBulk(state)
+            if state.inFlight {
+                inFlight += 1
+                if bulk { bulkInFlight += 1 }
+            }
+            if !bulk { others += 1 }
+        }
         let room = policy.maxConcurrentProbes - inFlight
         guard room > 0 else { return [] }
-        let due = routes.values.lazy.filter { !$0.inFlight && $0.nextProbeAt <= now }
+        let sorted = routes.values.lazy.filter { !$0.inFlight && $0.nextProbeAt <= now }
             .sorted { a, b in
                 let pa = priority(a), pb = priority(b)
                 if pa != pb { return pa < pb }
                 if a.nextProbeAt != b.nextProbeAt { return a.nextProbeAt < b.nextProbeAt }
                 return a.id < b.id
             }
-            .prefix(room)
+        // Routes merely found on the LAN never take the last slots: however many a flood of
+        // announcements brings (each a black hole costing a whole timeout), the active route,
+        // the paired and configured ones and the WAN standbys keep their own budget.
+        let bulkLimit = max(1, policy.maxConcurrentProbes - min(Self.reservedSlots, others))
+        var due: [RouteState] = []
+        for state in sorted {
+            guard due.count < room else { break }
+            if isBulk(state) {
+                guard bulkInFlight < bulkLimit else { continue }
+                bulkInFlight += 1
+            }
+            due.append(state)
+        }
         for state in due { routes[state.id]!.inFlight = true }
         return due.map { state in
             // The active route is checked often and cheaply; every stable interval, in full.
@@ -197,6 +249,14 @@ public struct ConnectionPlanner: Sendable {
                 && state.lastFullProbeAt.map { now - $0 < policy.stableInterval } == true
             return ProbeTask(route: state.route, full: !quick)
         }
+    }
+
+    /// Probe slots that routes found on the LAN may not use (see `takeDueProbes`).
+    static let reservedSlots = 2
+
+    /// A route found on the LAN (or remembered from it) that is neither active nor last-good.
+    private func isBulk(_ state: RouteState) -> Bool {
+        (state.route.source == .mdns || state.route.source == .remembered) && state.id != activeID && state.id != lastGoodID
     }
 
     private func priority(_ state: RouteState) -> Int {
@@ -256,6 +316,7 @@ public struct ConnectionPlanner: Sendable {
         state.lastReport = report
         state.lastProbeAt = now
         state.probeCount += 1
+        let learned = report.instanceID.map { $0 != state.instanceID } ?? false
         if let instance = report.instanceID { state.instanceID = instance }
 
         let good = report.verdict.isAlive
@@ -273,6 +334,7 @@ public struct ConnectionPlanner: Sendable {
             state.goodStreak = 0
             state.healthySince = nil
         }
+        if good { state.lastGoodAt = now }
 
         switch (state.health, good) {
         case (.unknown, _):
@@ -295,6 +357,7 @@ public struct ConnectionPlanner: Sendable {
         if state.health != beforeHealth { state.healthSince = now }
         schedule(&state, report: report, now: now)
         routes[routeID] = state
+        if learned, state.route.source == .pairing || state.route.source == .manual { refreshUserRoutes() }
 
         var events: [PlannerEvent] = []
         if state.verdict != before || state.health != beforeHealth {
@@ -324,27 +387,57 @@ public struct ConnectionPlanner: Sendable {
             let base = isActive ? policy.activeInterval
                 : state.route.via == .wan ? policy.wanStandbyInterval : policy.stableInterval
             delay = jittered(base)
+        } else if let lastGood = state.lastGoodAt, now - lastGood <= policy.restartWatch {
+            // Good not long ago: most likely a restart, crash or reboot that sends no goodbye and
+            // no new announcement. Look again soon, so it is back within seconds of answering.
+            state.backoff = 0
+            delay = jittered(policy.restartInterval, spread: 0.25)
         } else {
             state.backoff = state.backoff == 0 ? policy.pendingInterval * 2 : min(policy.maxBackoff, state.backoff * 2)
             delay = jittered(state.backoff)
         }
-        if let retryAfter = report.retryAfter, report.verdict == .overloaded { delay = max(delay, retryAfter) }
+        // Retry-After steers preference (an overloaded server ranks lower) and spares standbys;
+        // it never blinds the agent to its active route, and never for more than maxRetryAfter.
+        if let retryAfter = report.retryAfter, report.verdict == .overloaded, !isActive {
+            delay = max(delay, min(retryAfter, policy.maxRetryAfter))
+        }
         state.nextProbeAt = now + delay
     }
 
-    private mutating func jittered(_ base: Double) -> Double {
-        guard policy.jitter > 0 else { return base }
+    private mutating func jittered(_ base: Double, spread: Double? = nil) -> Double {
+        let spread = spread ?? policy.jitter
+        guard spread > 0 else { return base }
         let unit = Double(random.next() >> 11) / Double(1 << 53)  // [0, 1)
-        return base * (1 - policy.jitter + 2 * policy.jitter * unit)
+        return base * (1 - spread + 2 * spread * unit)
     }
 
     // MARK: - Selection
 
-    /// Lower is better: LAN ready, LAN alive, WAN ready, WAN alive. `nil`: not selectable.
+    /// Lower is better: LAN ready, LAN alive, WAN ready, WAN alive, then (under the `paired` trust
+    /// policy, once the user has set up routes) LAN servers the user never paired. `nil`: not
+    /// selectable.
     public func rank(_ state: RouteState) -> Int? {
         guard state.health == .up, let verdict = state.verdict, verdict.isAlive else { return nil }
-        let base = state.route.via == .lan ? 0 : 2
+        var base = state.route.via == .lan ? 0 : 2
+        if !isTrusted(state) {
+            switch policy.trust {
+            case .lan: break
+            case .paired: base = 4
+            case .pinned: return nil
+            }
+        }
         return base + (verdict == .ready ? 0 : 1)
+    }
+
+    /// Set up by the user (paired, configured), or a server reporting an instance the user
+    /// paired. Under the `paired` policy with nothing set up, every server is trusted.
+    public func isTrusted(_ state: RouteState) -> Bool {
+        switch state.route.source {
+        case .pairing, .manual: return true
+        case .mdns, .remembered:
+            if let instance = state.instanceID, pinnedInstances.contains(instance) { return true }
+            return policy.trust == .paired && !hasUserRoutes || policy.trust == .lan
+        }
     }
 
     /// Up, and not in the middle of failing (a route failing its probes is left for a usable
@@ -361,8 +454,7 @@ public struct ConnectionPlanner: Sendable {
 
     private func isPreferred(_ state: RouteState) -> Bool {
         guard let instance = state.instanceID else { return false }
-        if policy.preferredInstances.contains(instance) { return true }
-        return routes.values.contains { $0.route.pinnedInstance == instance }
+        return pinnedInstances.contains(instance) || policy.preferredInstances.contains(instance)
     }
 
     /// Orders equals: preferred or pinned instance first, then lowest smoothed latency.
@@ -443,7 +535,13 @@ public struct ConnectionPlanner: Sendable {
             let detail = state.lastReport.map(describe) ?? "down"
             return "\(detail)"
         case .up:
+            if !isTrusted(state), policy.trust == .pinned {
+                return "not used: announced over mDNS, not a paired server (trust: pinned)"
+            }
             guard isUsable(state) else { return "failing: \(state.badStreak) bad probe(s) in a row" }
+            if !isTrusted(state), policy.trust == .paired, let active, active.id != state.id, rank(active) != nil {
+                return "standby: announced over mDNS, not a paired server; paired routes come first (trust: paired)"
+            }
             guard let active, let activeRank = rank(active), let r = rank(state) else { return "standby" }
             if r > activeRank { return "standby: active endpoint ranks higher" }
             if r < activeRank {
@@ -456,8 +554,9 @@ public struct ConnectionPlanner: Sendable {
     }
 }
 
-/// A small deterministic generator for probe jitter, so the core's tests replay exactly.
-struct SplitMix64: Sendable, Hashable {
+/// A small deterministic generator for probe jitter, so the core's tests replay exactly (and the
+/// fuzz tests can replay a failure from its seed).
+struct SplitMix64: Sendable, Hashable, RandomNumberGenerator {
     private var state: UInt64
     init(seed: UInt64) { state = seed }
     mutating func next() -> UInt64 {

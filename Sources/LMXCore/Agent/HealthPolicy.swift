@@ -1,3 +1,18 @@
+/// Which servers found on the LAN the agent may choose over the routes the user set up (pairings
+/// and configured endpoints). Anyone on the LAN, and any local user through `avahi-publish`, can
+/// announce an `_opta-lmx._tcp` service: an announcement alone proves nothing.
+public enum TrustPolicy: String, Sendable, Hashable, Codable, CaseIterable {
+    /// Once a pairing exists, only LAN servers reporting a paired `instance_id` outrank the paired
+    /// routes; other announcers are used only when nothing the user set up is usable. Without any
+    /// pairing every LAN server is used, LAN first (there is nothing to protect yet).
+    case paired
+    /// Only servers the user set up (paired or configured, or reporting a paired `instance_id`)
+    /// are ever used; other announcers are listed but never chosen.
+    case pinned
+    /// Every LAN server outranks every tunnel (the behaviour before 0.4).
+    case lan
+}
+
 /// The numbers that govern probing, hysteresis and switching. A value type read from the config
 /// file; every field has the default documented in the README.
 public struct HealthPolicy: Sendable, Hashable, Codable {
@@ -23,6 +38,13 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
     public var jitter: Double = 0.1
     /// Longest delay between probes of a dead route (backoff doubles up to this).
     public var maxBackoff: Double = 60
+    /// A route that answered well within this many seconds is watched for its return: real
+    /// servers restart, crash and reboot without an mDNS goodbye and without a new announcement.
+    public var restartWatch: Double = 600
+    /// Re-probe delay (jittered by ±25 %) of a route under the restart watch, instead of backoff.
+    public var restartInterval: Double = 1
+    /// Longest wait a `Retry-After` may impose on a standby route (never on the active one).
+    public var maxRetryAfter: Double = 60
     /// How long a better route must stay healthy before the agent moves to it from a working one.
     public var stabilityWindow: Double = 10
     /// Probes in flight at once.
@@ -35,6 +57,8 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
     public var forgetAfter: Double = 3600
     /// Instances preferred among equals (after "stay on the current one").
     public var preferredInstances: [String] = []
+    /// Which discovered servers may be chosen (the config file's top-level `trust`).
+    public var trust: TrustPolicy = .paired
 
     public init() {}
 
@@ -43,6 +67,7 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
         case pendingInterval = "pending_interval", confirmInterval = "confirm_interval"
         case activeInterval = "active_interval", stableInterval = "stable_interval"
         case wanStandbyInterval = "wan_standby_interval", jitter, maxBackoff = "max_backoff"
+        case restartWatch = "restart_watch", restartInterval = "restart_interval", maxRetryAfter = "max_retry_after"
         case stabilityWindow = "stability_window", maxConcurrentProbes = "max_concurrent_probes"
         case lanTimeout = "lan_timeout", wanTimeout = "wan_timeout", forgetAfter = "forget_after"
         case preferredInstances = "preferred_instances"
@@ -75,6 +100,9 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
         stableInterval = try seconds(.stableInterval, d.stableInterval)
         wanStandbyInterval = try seconds(.wanStandbyInterval, d.wanStandbyInterval)
         maxBackoff = try seconds(.maxBackoff, d.maxBackoff)
+        restartWatch = try seconds(.restartWatch, d.restartWatch)
+        restartInterval = try seconds(.restartInterval, d.restartInterval, max: 60)
+        maxRetryAfter = try seconds(.maxRetryAfter, d.maxRetryAfter, max: 3600)
         stabilityWindow = try seconds(.stabilityWindow, d.stabilityWindow)
         lanTimeout = try seconds(.lanTimeout, d.lanTimeout, max: 120)
         wanTimeout = try seconds(.wanTimeout, d.wanTimeout, max: 120)

@@ -125,6 +125,11 @@ public struct ProbeSequence: Sendable {
                 stage = .discovery(index + 1)
                 return .request(path: discoveryPaths[index + 1])
             }
+            if let pinned = pinnedInstance, report.instanceID == nil {
+                // The user paired a particular server: one that cannot say who it is is not it.
+                return finish(
+                    .wrongService, detail: "did not report an instance_id (expected \"\(Self.printable(pinned))\")")
+            }
             stage = .readyz
             return .request(path: "/readyz")
 

@@ -154,9 +154,13 @@ public struct Route: Sendable, Hashable, Identifiable {
 
 extension Route {
     /// The LAN route to a discovered server: its first non-loopback IPv4 address, else a global
-    /// IPv6 one, else loopback. Link-local IPv6 needs a zone that URLs handle badly: last resort.
+    /// IPv6 one, else loopback (a server on this machine, seen on `lo`). Link-local IPv6 needs a
+    /// zone that URLs handle badly: last resort. Addresses the `AddressPolicy` refuses (loopback
+    /// announced from another host, unspecified, multicast, broadcast, metadata) are never used.
     public static func lan(for server: DiscoveredServer) -> Route? {
-        let records = server.records
+        let records = server.records.filter {
+            AddressPolicy.refusal($0.address, onLoopbackInterface: $0.key.interface.isLoopback) == nil
+        }
         let record =
             records.first { $0.key.ipProtocol == .ipv4 && !$0.key.interface.isLoopback && !$0.address.hasPrefix("127.") }
             ?? records.first {
@@ -167,7 +171,16 @@ extension Route {
         guard let record, record.port != 0 else { return nil }
         let host = ServerAddress.hostPort(record.address, port: record.port)
         return Route(
-            baseURL: "http://\(host)", via: .lan, source: .mdns, name: server.name, servicePath: record.txt.servicePath,
+            baseURL: "http://\(host)", via: .lan, source: .mdns, name: ServerTable.printable(server.name),
+            servicePath: record.txt.servicePath,
             addresses: server.addresses, announced: true)
+    }
+
+    /// The addresses of a discovered server that the agent refuses to connect to, with why.
+    public static func refusedAddresses(of server: DiscoveredServer) -> [(address: String, reason: String)] {
+        server.records.compactMap { record in
+            AddressPolicy.refusal(record.address, onLoopbackInterface: record.key.interface.isLoopback)
+                .map { (record.address, $0) }
+        }
     }
 }

@@ -143,8 +143,14 @@ public enum StatusAPI {
         public var active: Active?
         public var noActiveReason: String?
         public var candidates: [Candidate]
+        /// The trust policy in force (`paired`, `pinned`, `lan`).
+        public var trust: String?
 
-        public init(agentVersion: String, seq: UInt64, avahi: String, avahiDetail: String?, active: Active?, noActiveReason: String?, candidates: [Candidate]) {
+        public init(
+            agentVersion: String, seq: UInt64, avahi: String, avahiDetail: String?, active: Active?, noActiveReason: String?,
+            candidates: [Candidate], trust: String? = nil
+        ) {
+            self.trust = trust
             self.agentVersion = agentVersion
             self.seq = seq
             self.avahi = avahi
@@ -156,7 +162,7 @@ public enum StatusAPI {
 
         enum CodingKeys: String, CodingKey {
             case agentVersion = "agent_version", seq, avahi, avahiDetail = "avahi_detail", active
-            case noActiveReason = "no_active_reason", candidates
+            case noActiveReason = "no_active_reason", candidates, trust
         }
     }
 

@@ -27,12 +27,19 @@ public enum ServerTable {
         return TextTable.render(headers: columns, rows: rows)
     }
 
-    /// Control characters in names from the network must not reach a terminal as-is.
+    private static let invisible: Set<UInt32> = [0x200E, 0x200F, 0x2028, 0x2029, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E,
+        0x2066, 0x2067, 0x2068, 0x2069, 0xFEFF]
+
+    /// Control characters in names from the network must not reach a terminal or a log as-is:
+    /// C0 and C1 controls become `\xNN`, bidirectional controls and line separators `\u{NNNN}`.
     public static func printable(_ text: String) -> String {
         var out = ""
         for scalar in text.unicodeScalars {
             if scalar.value < 0x20 || (0x7F..<0xA0).contains(scalar.value) {
                 out += "\\x" + String(scalar.value, radix: 16, uppercase: false).leftPadded(to: 2)
+            } else if Self.invisible.contains(scalar.value) {
+                // Bidirectional overrides and line separators rewrite what a terminal or log shows.
+                out += "\\u{" + String(scalar.value, radix: 16, uppercase: false) + "}"
             } else {
                 out.unicodeScalars.append(scalar)
             }

@@ -1,0 +1,72 @@
+import HummingbirdCore
+import Logging
+import NIOCore
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Connections per local user on the agent's socket. Any local user may connect (reading the
+/// status is for everyone), so one user must not be able to take every connection, descriptor
+/// or watcher: past `perUser` open connections, a user's next one is closed at once. Root and
+/// the daemon's own user are not limited (they administer the agent).
+public final class ConnectionLimiter: Sendable {
+    public let perUser: Int
+    private let open = Mutex<[UInt32: Int]>([:])
+    private let refusedCount = Mutex(0)
+
+    public init(perUser: Int) { self.perUser = perUser }
+
+    /// Counts a new connection of `uid`; false when that user is at the limit.
+    func admit(_ uid: UInt32) -> Bool {
+        if uid == 0 || uid == geteuid() { return true }
+        let admitted = open.withLock { counts in
+            guard counts[uid, default: 0] < perUser else { return false }
+            counts[uid, default: 0] += 1
+            return true
+        }
+        if !admitted { refusedCount.withLock { $0 += 1 } }
+        return admitted
+    }
+
+    func release(_ uid: UInt32) {
+        if uid == 0 || uid == geteuid() { return }
+        open.withLock { counts in
+            let left = counts[uid, default: 1] - 1
+            counts[uid] = left > 0 ? left : nil
+        }
+    }
+
+    /// Connections refused so far for being over a user's limit.
+    public var refused: Int { refusedCount.withLock { $0 } }
+}
+
+/// A child channel that admits a connection only while its peer's user is under the limit,
+/// then hands it to the HTTP/1 channel.
+struct PerUserLimitedChannel<Base: ServerChildChannel>: ServerChildChannel {
+    typealias Value = Base.Value
+    let base: Base
+    let limiter: ConnectionLimiter
+
+    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
+        guard let provider = channel as? any SocketOptionProvider else {
+            return base.setup(channel: channel, logger: logger)
+        }
+        let credentials: EventLoopFuture<PeerCredentials> = provider.unsafeGetSocketOption(
+            level: .socket, name: NIOBSDSocket.Option(rawValue: SO_PEERCRED))
+        return credentials.flatMap { peer in
+            guard limiter.admit(peer.uid) else {
+                logger.debug("refused a connection over the per-user limit", metadata: ["uid": "\(peer.uid)"])
+                channel.close(promise: nil)
+                return channel.eventLoop.makeFailedFuture(ChannelError.inputClosed)
+            }
+            channel.closeFuture.whenComplete { _ in limiter.release(peer.uid) }
+            return base.setup(channel: channel, logger: logger)
+        }
+    }
+
+    func handle(value: Value, logger: Logger) async {
+        await base.handle(value: value, logger: logger)
+    }
+}

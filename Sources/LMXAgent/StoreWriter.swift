@@ -1,0 +1,104 @@
+import Dispatch
+import LMXStore
+import Logging
+import Synchronization
+
+/// Writes to the store off the connection manager: every write is queued and performed, in
+/// order, on a serial dispatch queue of its own (not Swift's cooperative pool, which blocking
+/// SQLite calls would starve). A database held locked by another process (a backup, `sqlite3`
+/// left in a transaction) then delays only the writes: the manager keeps deciding and the socket
+/// keeps answering from memory. The queue is bounded; past the bound the oldest droppable
+/// writes (probe statistics, sightings) are dropped and counted, never events or pairings.
+public final class StoreWriter: Sendable {
+    public let store: AgentStore
+    private let queue = DispatchQueue(label: "lmx.store-writer")
+    private let logger: Logger
+    private struct State {
+        var pending = 0
+        var droppable = 0
+        var dropped = 0
+        var failing = false
+    }
+    private let state = Box(State())
+    /// Writes waiting at most; past it droppable ones are skipped.
+    let limit: Int
+
+    public init(store: AgentStore, logger: Logger, limit: Int = 10_000) {
+        self.store = store
+        self.logger = logger
+        self.limit = limit
+    }
+
+    /// Writes waiting to be performed.
+    public var pending: Int { state.withLock { $0.pending } }
+    /// Droppable writes skipped because the queue was full.
+    public var dropped: Int { state.withLock { $0.dropped } }
+
+    /// Queues a write. `droppable`: may be skipped when the queue is full (statistics that the
+    /// next probe rewrites anyway).
+    public func write(_ what: String, droppable: Bool = false, _ body: @escaping @Sendable (AgentStore) throws -> Void) {
+        let skip: Bool = state.withLock { s in
+            if droppable && s.pending >= limit {
+                s.dropped += 1
+                return true
+            }
+            s.pending += 1
+            return false
+        }
+        guard !skip else { return }
+        queue.async { [store, logger, state] in
+            defer { state.withLock { $0.pending -= 1 } }
+            do {
+                try body(store)
+                let recovered = state.withLock { s in
+                    defer { s.failing = false }
+                    return s.failing
+                }
+                if recovered { logger.notice("the database accepts writes again") }
+            } catch {
+                // One line per episode, not one per write, while the database stays locked.
+                let first = state.withLock { s in
+                    defer { s.failing = true }
+                    return !s.failing
+                }
+                if first { logger.warning("could not \(what); carrying on from memory: \(error)") }
+            }
+        }
+    }
+
+    /// Runs `body` after every write queued so far, off the caller's thread, and returns its
+    /// result (pairing imports and removals, whose answer depends on the database).
+    public func perform<T: Sendable>(_ body: @escaping @Sendable (AgentStore) throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            queue.async { [store] in
+                continuation.resume(with: Result { try body(store) })
+            }
+        }
+    }
+
+    /// A read off the caller's thread (it waits for nothing queued: WAL readers do not block).
+    public func read<T: Sendable>(_ body: @escaping @Sendable (AgentStore) throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            DispatchQueue.global().async { [store] in
+                continuation.resume(with: Result { try body(store) })
+            }
+        }
+    }
+
+    /// Waits until the queued writes are done, at most `seconds` (the daemon is stopping).
+    public func flush(seconds: Double) async {
+        let done = Box(false)
+        queue.async { done.withLock { $0 = true } }
+        let deadline = ContinuousClock.now + .milliseconds(Int64(seconds * 1000))
+        while !done.withLock({ $0 }), ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+    }
+}
+
+/// A mutex-guarded value that closures can capture.
+private final class Box<Value: Sendable>: Sendable {
+    private let value: Mutex<Value>
+    init(_ initial: Value) { value = Mutex(initial) }
+    func withLock<R>(_ body: (inout sending Value) throws -> sending R) rethrows -> sending R { try value.withLock(body) }
+}

@@ -1,0 +1,252 @@
+import Testing
+
+@testable import LMXCore
+
+private func announced(_ host: String) -> Route {
+    Route(baseURL: "http://\(host):1234", via: .lan, source: .mdns, name: host, announced: true)
+}
+
+@Suite("Restarts without an announcement (the restart watch)")
+struct RestartWatchTests {
+    /// LAN server at 10.0.0.1, a paired tunnel always ready; the LAN server answers only while
+    /// `alive(t)` holds.
+    private func harness(alive: @escaping (Double) -> Bool) -> PlannerHarness {
+        var h = PlannerHarness { id, t in id.hasPrefix("wan") ? .ready : (alive(t) ? .ready : .down) }
+        h.add(wan("https://t.example.com"))
+        h.add(announced("10.0.0.1"))
+        return h
+    }
+
+    @Test("a server killed without goodbye and restarted with no announcement is usable ≤ 3 s after it answers")
+    func restartWithoutAnnouncement() {
+        // Down from 100 to 127.3 (a restart that takes its time to load), then answering again.
+        var h = harness { t in t < 100 || t >= 127.3 }
+        h.run(until: 99)
+        #expect(h.planner.activeID == "lan/10.0.0.1:1234")
+        h.run(until: 127.3)
+        #expect(h.planner.activeID == "wan/https://t.example.com")
+        var usableAt: Double?
+        while h.now < 140 {
+            h.run(until: h.now + 0.05)
+            if usableAt == nil, let s = h.planner.routes["lan/10.0.0.1:1234"], s.health == .up { usableAt = h.now }
+        }
+        let delay = (usableAt ?? 999) - 127.3
+        #expect(delay <= 3.0, "usable \(delay) s after answering")
+        // …and back as the active endpoint after the stability window (10 s) plus at most 3 s.
+        var backAt: Double?
+        while h.now < 160, backAt == nil {
+            h.run(until: h.now + 0.05)
+            if h.planner.activeID == "lan/10.0.0.1:1234" { backAt = h.now }
+        }
+        let back = (backAt ?? 999) - 127.3
+        #expect(back >= 10)
+        #expect(back <= 13, "back \(back) s after answering")
+    }
+
+    @Test("probe load: about one a second while watched, then the backoff ceiling (≤ 1.1 per minute)")
+    func probeLoad() {
+        var h = harness { t in t < 10 }
+        h.run(until: 10)
+        let id = "lan/10.0.0.1:1234"
+        let atWatchStart = h.planner.routes[id]!.probeCount
+        h.run(until: 600)
+        let watched = h.planner.routes[id]!.probeCount - atWatchStart
+        #expect(watched >= 450 && watched <= 800, "\(watched) probes in the 10-minute watch")
+        h.run(until: 1200)
+        let before = h.planner.routes[id]!.probeCount
+        h.run(until: 4800)
+        let perMinute = Double(h.planner.routes[id]!.probeCount - before) / 60
+        #expect(perMinute <= 1.1 && perMinute >= 0.9, "\(perMinute) probes a minute once long dead")
+    }
+
+    @Test("a route that was never good backs off as before: 2, 4, 8 … up to 60 s")
+    func neverGoodBacksOff() {
+        var h = PlannerHarness { _, _ in .down }
+        var policy = HealthPolicy()
+        policy.jitter = 0
+        h.planner = ConnectionPlanner(policy: policy)
+        h.add(announced("10.0.0.9"))
+        var times: [Double] = []
+        var last = -1
+        while h.now < 400 {
+            h.run(until: h.now + 0.5)
+            let count = h.planner.routes["lan/10.0.0.9:1234"]!.probeCount
+            if count != last { times.append(h.now); last = count }
+        }
+        let gaps = zip(times.dropFirst(), times).map { ($0 - $1).rounded() }
+        #expect(Array(gaps.prefix(6)) == [2, 4, 8, 16, 32, 60])
+    }
+
+    @Test("a sign of life (a resolver answer, a re-announcement) probes a backed-off route at once")
+    func signOfLife() {
+        var h = PlannerHarness { _, _ in .down }
+        h.add(announced("10.0.0.9"))
+        h.run(until: 300)
+        let id = "lan/10.0.0.9:1234"
+        #expect(h.planner.routes[id]!.nextProbeAt > 301)
+        h.add(announced("10.0.0.9"))  // the same sighting again (updated TXT, say)
+        #expect(h.planner.routes[id]!.nextProbeAt == 300)
+        #expect(h.planner.takeDueProbes(now: 300).map(\.route.id) == [id])
+    }
+}
+
+@Suite("Trust policy for announced servers")
+struct TrustPolicyTests {
+    private func run(trust: TrustPolicy = .paired, pairing: Route?, announcers: [String: String?]) -> PlannerHarness {
+        var policy = HealthPolicy()
+        policy.trust = trust
+        var h = PlannerHarness(policy: policy) { _, _ in .ready }
+        h.instance = { id in
+            if id.hasPrefix("wan") { return "home" }
+            return announcers.first { id.contains($0.key) }?.value ?? nil
+        }
+        if let pairing { h.add(pairing) }
+        for host in announcers.keys.sorted() { h.add(announced(host)) }
+        h.run(until: 30)
+        return h
+    }
+
+    @Test("an announcer that is not the paired server never outranks the paired tunnel")
+    func announcerDoesNotOutrankPairing() {
+        let h = run(pairing: wan("https://t.example.com"), announcers: ["10.0.0.66": "evil:1234", "10.0.0.67": nil])
+        #expect(h.planner.activeID == "wan/https://t.example.com")
+        let evil = h.planner.routes["lan/10.0.0.66:1234"]!
+        #expect(h.planner.explain(evil, now: 30).contains("not a paired server"))
+    }
+
+    @Test("the paired server on the LAN (same instance_id, pinned or learned through the tunnel) comes first")
+    func pairedServerOnLAN() {
+        let pinned = run(pairing: wan("https://t.example.com"), announcers: ["10.0.0.1": "home", "10.0.0.66": "evil"])
+        #expect(pinned.planner.activeID == "lan/10.0.0.1:1234")
+        // A bare tunnel URL pins nothing: the instance it reports through the tunnel counts.
+        let learned = run(pairing: wan("https://t.example.com", pin: nil), announcers: ["10.0.0.1": "home", "10.0.0.66": "evil"])
+        #expect(learned.planner.activeID == "lan/10.0.0.1:1234")
+    }
+
+    @Test("announcers are still used when nothing the user set up is usable (paired), never under pinned")
+    func fallbackAndPinned() {
+        var h = run(pairing: wan("https://t.example.com"), announcers: ["10.0.0.66": "evil"])
+        h.script = { id, _ in id.hasPrefix("wan") ? .tunnelDown : .ready }
+        h.run(until: 60)
+        #expect(h.planner.activeID == "lan/10.0.0.66:1234")
+
+        var strict = run(trust: .pinned, pairing: wan("https://t.example.com"), announcers: ["10.0.0.66": "evil"])
+        strict.script = { id, _ in id.hasPrefix("wan") ? .tunnelDown : .ready }
+        strict.run(until: 60)
+        #expect(strict.planner.activeID == nil)
+        let evil = strict.planner.routes["lan/10.0.0.66:1234"]!
+        #expect(strict.planner.explain(evil, now: 60).contains("trust: pinned"))
+    }
+
+    @Test("without any pairing every LAN server is used, LAN first; trust lan keeps that even with pairings")
+    func noPairingAndLanPolicy() {
+        let none = run(pairing: nil, announcers: ["10.0.0.66": "whoever"])
+        #expect(none.planner.activeID == "lan/10.0.0.66:1234")
+        let lan = run(trust: .lan, pairing: wan("https://t.example.com"), announcers: ["10.0.0.66": "whoever"])
+        #expect(lan.planner.activeID == "lan/10.0.0.66:1234")
+    }
+
+    @Test("the trust key: paired by default, pinned and lan accepted, anything else refused with the key named")
+    func configKey() throws {
+        #expect(try AgentConfiguration.parse(Array("{}".utf8), file: "f").policy.trust == .paired)
+        #expect(try AgentConfiguration.parse(Array(#"{"trust": "pinned"}"#.utf8), file: "f").policy.trust == .pinned)
+        #expect(try AgentConfiguration.parse(Array(#"{"trust": "lan"}"#.utf8), file: "f").policy.trust == .lan)
+        #expect(throws: ConfigurationError.self) { try AgentConfiguration.parse(Array(#"{"trust": "all"}"#.utf8), file: "f") }
+        do {
+            _ = try AgentConfiguration.parse(Array(#"{"trust": "all"}"#.utf8), file: "f")
+        } catch {
+            #expect(error.description.contains("trust"))
+        }
+    }
+}
+
+@Suite("Addresses the agent never probes")
+struct AddressPolicyTests {
+    @Test("loopback from another host, unspecified, multicast, broadcast and metadata are refused in every spelling")
+    func refused() {
+        let bad = [
+            "127.0.0.1", "127.1.2.3", "0.0.0.0", "::1", "0:0:0:0:0:0:0:1", "::", "::ffff:127.0.0.1", "::ffff:7f00:1",
+            "::127.0.0.1", "::ffff:0.0.0.0", "169.254.169.254", "169.254.170.2", "fd00:ec2::254", "224.0.0.251",
+            "239.255.255.250", "255.255.255.255", "ff02::fb", "::ffff:169.254.169.254", "240.0.0.1",
+        ]
+        for address in bad {
+            #expect(AddressPolicy.refusal(address, onLoopbackInterface: false) != nil, "\(address)")
+        }
+        #expect(AddressPolicy.refusal("not-an-address", onLoopbackInterface: false) != nil)
+    }
+
+    @Test("LAN addresses pass; loopback only when seen on lo (a server on this machine)")
+    func accepted() {
+        for address in ["10.0.0.5", "192.168.1.20", "169.254.3.4", "fe80::1%eth0", "2001:db8::5", "::ffff:10.0.0.5"] {
+            #expect(AddressPolicy.refusal(address, onLoopbackInterface: false) == nil, "\(address)")
+        }
+        #expect(AddressPolicy.refusal("127.0.0.1", onLoopbackInterface: true) == nil)
+        #expect(AddressPolicy.refusal("::1", onLoopbackInterface: true) == nil)
+        #expect(AddressPolicy.refusal("0.0.0.0", onLoopbackInterface: true) != nil)
+    }
+
+    @Test("names shown to people: control, bidi and line-separator characters are escaped")
+    func printable() {
+        #expect(ServerTable.printable("evil\u{1B}[2J\nname") == "evil\\x1b[2J\\x0aname")
+        #expect(ServerTable.printable("abc\u{202E}gpj.exe") == "abc\\u{202e}gpj.exe")
+        #expect(ServerTable.printable("Mono512 Studio ü") == "Mono512 Studio ü")
+    }
+}
+
+@Suite("Configured endpoints and plain HTTP")
+struct InsecureEndpointTests {
+    @Test("keys on an http:// endpoint are refused without allow_insecure, named without the secret")
+    func keysOverHTTP() throws {
+        let bad = #"{"endpoints": [{"url": "http://10.0.0.5:1234", "api_key": "S3CRET-KEY"}]}"#
+        do {
+            _ = try AgentConfiguration.parse(Array(bad.utf8), file: "agent.json")
+            Issue.record("accepted keys over http://")
+        } catch {
+            #expect(error.description.contains("allow_insecure"))
+            #expect(!error.description.contains("S3CRET-KEY"))
+        }
+        let allowed = #"{"endpoints": [{"url": "http://10.0.0.5:1234", "api_key": "k", "allow_insecure": true}]}"#
+        #expect(try AgentConfiguration.parse(Array(allowed.utf8), file: "f").endpoints.count == 1)
+        let plain = #"{"endpoints": [{"url": "http://10.0.0.5:1234"}, {"url": "https://t.example.com", "api_key": "k"}]}"#
+        #expect(try AgentConfiguration.parse(Array(plain.utf8), file: "f").endpoints.count == 2)
+    }
+}
+
+@Suite("Floods of announcements")
+struct FloodTests {
+    @Test("1,000 black-hole announcements never take the WAN standby's probe slots")
+    func wanKeepsItsBudget() {
+        var policy = HealthPolicy()
+        policy.wanStandbyInterval = 5
+        var planner = ConnectionPlanner(policy: policy)
+        _ = planner.upsert(wan("https://t.example.com"), now: 0)
+        for i in 0..<1000 {
+            _ = planner.upsert(Route(baseURL: "http://10.9.\(i / 250).\(i % 250):1234", via: .lan, source: .mdns, name: "junk \(i)", announced: true), now: 0)
+        }
+        // Probes complete after 1.5 s (a black hole) for junk, at once for the tunnel.
+        var inFlight: [(done: Double, id: String)] = []
+        var wanProbes: [Double] = []
+        var now = 0.0
+        while now < 60 {
+            for finished in inFlight.filter({ $0.done <= now }) {
+                let good = finished.id.hasPrefix("wan")
+                _ = planner.record(
+                    ProbeReport(verdict: good ? .ready : .down, latency: 0.01, detail: good ? nil : "timed out", instanceID: good ? "home" : nil),
+                    for: finished.id, now: now)
+            }
+            inFlight.removeAll { $0.done <= now }
+            for task in planner.takeDueProbes(now: now) {
+                let isWAN = task.route.id.hasPrefix("wan")
+                if isWAN { wanProbes.append(now) }
+                inFlight.append((now + (isWAN ? 0.05 : 1.5), task.route.id))
+            }
+            now += 0.1
+        }
+        #expect(planner.activeID == "wan/https://t.example.com")
+        // Every 5 s ± 10 % (plus the 100 ms step), from the start.
+        let gaps = zip(wanProbes.dropFirst(), wanProbes).map { $0 - $1 }
+        #expect(wanProbes.first ?? 99 <= 0.1)
+        #expect(gaps.allSatisfy { $0 <= 5.7 }, "WAN probe gaps: \(gaps)")
+        #expect(wanProbes.count >= 10)
+    }
+}
