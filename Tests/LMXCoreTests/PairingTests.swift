@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 
 @testable import LMXCore
@@ -122,6 +123,38 @@ struct PairingTests {
         #expect(p.lan == HostPort(host: "10.1.2.3", port: 1234))
         #expect(p.wan == nil)
         #expect(p.routes().map(\.baseURL) == ["http://10.1.2.3:1234"])
+    }
+
+    @Test("the desktop manager's sign-in link is unwrapped to the /pair link inside it")
+    func signInLink() throws {
+        let inner = "https://lmx.optalocal.com/pair?host=192.168.188.11&port=1234"
+        let encoded = inner.addingPercentEncoding(withAllowedCharacters: .alphanumerics)!
+        let p = try one("https://accounts.optalocal.com/sign-in?redirect_to=\(encoded)")
+        #expect(p.format == .pairLink)
+        #expect(p.lan == HostPort(host: "192.168.188.11", port: 1234))
+        #expect(p.wan == nil)
+        // A relative target is on the same site; a connect link inside keeps its tunnel.
+        let connect = "/connect?host=10.1.2.3&port=1234&tunnel=https%3A%2F%2Fx.trycloudflare.com"
+        let c = try one("https://accounts.optalocal.com/sign-in?redirect_to=\(connect.addingPercentEncoding(withAllowedCharacters: .alphanumerics)!)")
+        #expect(c.format == .connectLink)
+        #expect(c.wan?.url == "https://x.trycloudflare.com")
+        #expect(c.lan == HostPort(host: "10.1.2.3", port: 1234))
+    }
+
+    @Test("an Opta web-app host is never a tunnel")
+    func optaWebAppIsNoTunnel() throws {
+        // Before: these were imported as a tunnel to https://accounts.optalocal.com.
+        #expect(error("https://accounts.optalocal.com/sign-in")?.kind == .unknownFormat)
+        #expect(error("https://lmx.optalocal.com")?.kind == .unknownFormat)
+        #expect(error("https://OPTALOCAL.com./?key=x")?.kind == .unknownFormat)
+        #expect(error("https://accounts.optalocal.com/sign-in?redirect_to=https%3A%2F%2Faccounts.optalocal.com%2Fsign-in")?.field == "redirect_to")
+        #expect(error("https://accounts.optalocal.com/sign-in?redirect_to=http%3A%2F%2Flmx.optalocal.com%2Fpair%3Fhost%3D10.0.0.1")?.field == "redirect_to")
+        #expect(error("opta-lmx://pair?v=1&url=https%3A%2F%2Flmx.optalocal.com")?.field == "url")
+        #expect(error("https://lmx.optalocal.com/connect?host=10.0.0.1&tunnel=https%3A%2F%2Faccounts.optalocal.com")?.field == "tunnel")
+        #expect(error(#"{"entries":[{"host":"10.0.0.1","tunnelUrl":"https://lmx.optalocal.com"}]}"#)?.field == "entries[0].tunnelUrl")
+        // Look-alikes are ordinary hosts.
+        #expect(try one("https://optalocal.com.evil.example").wan?.url == "https://optalocal.com.evil.example")
+        #expect(try one("https://notoptalocal.com").wan?.url == "https://notoptalocal.com")
     }
 
     @Test("the address book, camelCase and snake_case, one pairing per entry")

@@ -107,10 +107,39 @@ public struct PairingParser: Sendable {
 
     // MARK: - Links
 
-    func parseLink(_ text: String) throws(PairingError) -> Pairing {
+    func parseLink(_ text: String, unwrapped: Int = 0) throws(PairingError) -> Pairing {
         let url = try SplitURL(text)
         let last = url.path.split(separator: "/").last.map { $0.lowercased() }
         let query = try Query(url.query)
+        if Self.isOptaWebApp(authority: url.authority) && last != "connect" && last != "pair" {
+            // The desktop manager's and dashboard's pairing link: the /pair (or /connect) link
+            // wrapped in a sign-in redirect. An Opta web-app page is never a tunnel.
+            guard let target = query["redirect_to"].nonBlank ?? query["redirect"].nonBlank ?? query["next"].nonBlank else {
+                throw PairingError(
+                    .unknownFormat,
+                    "\(url.scheme)://\(url.authority) is an Opta web-app page, not a server or tunnel: use the pairing link or QR code the desktop manager or dashboard shows")
+            }
+            guard unwrapped < 2 else {
+                throw PairingError(.malformed, field: "redirect_to", "redirects more than twice: not a pairing link")
+            }
+            // A relative target is on the same site.
+            let absolute = target.hasPrefix("/") ? "https://\(url.authority)\(target)" : target
+            guard absolute.lowercased().hasPrefix("https://") else {
+                throw PairingError(.invalidField, field: "redirect_to", "must be an https:// /pair or /connect link")
+            }
+            let inner: Pairing
+            do {
+                inner = try parseLink(absolute, unwrapped: unwrapped + 1)
+            } catch {
+                var error = error
+                error.field = error.field.map { "redirect_to.\($0)" } ?? "redirect_to"
+                throw error
+            }
+            guard inner.format == .pairLink || inner.format == .connectLink else {
+                throw PairingError(.invalidField, field: "redirect_to", "does not lead to a /pair or /connect link")
+            }
+            return inner
+        }
         switch last {
         case "connect":
             // Dashboard connect link: a LAN host, and maybe a tunnel; no secrets.
@@ -163,6 +192,11 @@ public struct PairingParser: Sendable {
         }
         if url.authority.contains("@") {
             throw PairingError(.invalidField, field: field, "must not carry a user name or password (user@host)")
+        }
+        if Self.isOptaWebApp(authority: url.authority) {
+            throw PairingError(
+                .invalidField, field: field,
+                "\(url.authority) is an Opta web-app address (optalocal.com), never a tunnel: use the server's trycloudflare.com or own tunnel URL")
         }
         let hostPort = try HostPort.parseAuthority(url.authority, field: field)
         var base = "\(url.scheme)://\(hostPort.isIPv6 ? "[\(hostPort.host)]" : hostPort.host)"
@@ -220,6 +254,17 @@ public struct PairingParser: Sendable {
             pairings.append(Pairing(name: entry.label.nonBlank, format: .addressBook, wan: wan, lan: lan))
         }
         return pairings
+    }
+
+    /// `optalocal.com` and its subdomains serve the Opta web apps (sign-in, dashboard, the
+    /// /connect and /pair pages), not LMX servers.
+    static func isOptaWebApp(authority: String) -> Bool {
+        var host = Substring(authority.lowercased())
+        if let at = host.lastIndex(of: "@") { host = host[host.index(after: at)...] }
+        if host.hasPrefix("[") { return false }
+        if let colon = host.firstIndex(of: ":") { host = host[..<colon] }
+        while host.hasSuffix(".") { host = host.dropLast() }
+        return host == "optalocal.com" || host.hasSuffix(".optalocal.com")
     }
 
     static func checkValue(_ value: String, field: String) throws(PairingError) {
