@@ -58,6 +58,9 @@ public actor ConnectionManager {
     private var seq: UInt64 = 0
     private var recent: [(seq: UInt64, line: [UInt8])] = []
     private let recentLimit = 1024
+    /// `endpoint.env` beside the socket, when the daemon keeps one.
+    private var endpointFile: EndpointFile?
+    private var endpointFileFailed = false
     private var watchers: [UInt64: AsyncStream<[UInt8]>.Continuation] = [:]
     private var nextWatcherID: UInt64 = 0
     private let watcherBuffer = 4096
@@ -471,7 +474,27 @@ public actor ConnectionManager {
                 record(kind: "active", routeID: to?.id, from: from?.id, to: to?.id, reason: reason, at: t)
                 if let id = to?.id { writer.write("remember the active endpoint") { try $0.setMeta("last_good_route", id) } }
                 broadcast(StatusAPI.WatchLine(type: "active", seq: 0, at: iso(t), active: activeEndpoint(), reason: reason))
+                writeEndpointFile(at: t)
             }
+        }
+    }
+
+    /// Keeps `endpoint.env` (beside the socket) in step with the active endpoint; nil removes it.
+    public func setEndpointFile(_ file: EndpointFile?) {
+        if file == nil { endpointFile?.remove() }
+        endpointFile = file
+        writeEndpointFile(at: now())
+    }
+
+    private func writeEndpointFile(at t: Double) {
+        guard let endpointFile else { return }
+        let active = activeEndpoint()
+        let text = EndpointFile.render(active, reason: active == nil ? noActiveReason() : nil, updated: iso(t))
+        if let problem = endpointFile.write(text) {
+            if !endpointFileFailed { logger.warning("\(problem)") }
+            endpointFileFailed = true
+        } else {
+            endpointFileFailed = false
         }
     }
 

@@ -168,6 +168,8 @@ struct LMXAgentd: AsyncParsableCommand {
         }
 
         let manager = ConnectionManager(configuration: configuration, prober: prober, store: store, logger: logger)
+        // endpoint.env beside the socket: the active endpoint for shells and EnvironmentFile=.
+        await manager.setEndpointFile(EndpointFile.beside(socket: paths.socket))
         let (readyStream, readyContinuation) = AsyncStream<Void>.makeStream()
         let app = StatusServer.application(manager: manager, socketPath: paths.socket, logger: logger) {
             readyContinuation.yield()
@@ -206,6 +208,7 @@ struct LMXAgentd: AsyncParsableCommand {
             logger.error("stopped on an error: \(error)")
         }
         await prober.shutdown()
+        await manager.setEndpointFile(nil)
         try? store.close()
         unlink(paths.socket)
         logger.info("stopped")

@@ -26,9 +26,35 @@ struct LMXStatus: ParsableCommand {
             $XDG_RUNTIME_DIR/lmx/agent.sock when it runs, else the system agent at \
             /run/lmx/agent.sock. LMX_SOCKET or --socket override it.
 
-            Exit codes: 0 an endpoint is active, 1 none is, 69 lmx-agentd is not running, 64 usage error.
+            In scripts and units, wait until an endpoint is usable (like nm-online -t):
+
+              lmx-status --wait=30 --url
+
+            Exit codes: 0 an endpoint is active, 1 none is (with --wait: none became usable in \
+            time), 69 lmx-agentd is not running (with --wait: it never answered), 64 usage error.
             """,
         version: StatusAPI.version)
+
+    /// The wait when `--wait` comes without a value, as nm-online's default.
+    static let defaultWait = 30.0
+
+    /// `--wait` may come bare (`--wait`, `--wait --url`) or with seconds (`--wait=10`,
+    /// `--wait 10`); the argument parser wants a value, so a bare one gets the default.
+    static func main() {
+        var arguments = Array(CommandLine.arguments.dropFirst())
+        var index = 0
+        while index < arguments.count {
+            if arguments[index] == "--" { break }
+            if arguments[index] == "--wait" {
+                let next = index + 1 < arguments.count ? arguments[index + 1] : nil
+                if next.flatMap(Double.init) == nil {
+                    arguments[index] = "--wait=\(Int(defaultWait))"
+                }
+            }
+            index += 1
+        }
+        main(arguments)
+    }
 
     @Flag(name: .long, help: "Print only the active base URL (append /v1 for OpenAI clients).")
     var url = false
@@ -39,12 +65,21 @@ struct LMXStatus: ParsableCommand {
     @Flag(name: .long, help: "Keep running and print every change.")
     var watch = false
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Wait until an endpoint is usable, at most this many seconds (30 when given alone), then act as without it.",
+            valueName: "seconds"))
+    var wait: Double?
+
     @Option(name: .long, help: ArgumentHelp("The agent's socket.", valueName: "path"))
     var socket: String?
 
     func validate() throws {
         if url && json { throw ValidationError("--url and --json cannot be used together") }
         if url && watch { throw ValidationError("--url and --watch cannot be used together") }
+        if wait != nil && watch { throw ValidationError("--wait and --watch cannot be used together") }
+        if let wait, !(wait >= 0 && wait <= 86_400) { throw ValidationError("--wait takes 0 to 86400 seconds") }
     }
 
     func run() throws {
@@ -59,6 +94,16 @@ struct LMXStatus: ParsableCommand {
         let client = StatusClient(socketPath: path)
         do {
             if watch { return try follow(client) }
+            if let wait {
+                try waitForEndpoint(client, seconds: wait)
+                if !url && !json {
+                    let response = try client.request("GET", "/v1/status")
+                    if let status = try? JSONDecoder().decode(StatusAPI.Status.self, from: Data(response.body)) {
+                        Output.out(Self.summary(status))
+                    }
+                    return
+                }
+            }
             if url { return try printURL(client) }
             try printStatus(client)
         } catch let error as StatusClientError {
@@ -75,6 +120,37 @@ struct LMXStatus: ParsableCommand {
                 throw ExitCode(69)
             }
         }
+    }
+
+    /// Polls `/v1/active` until it names an endpoint. Exits 1 when the time is up with the
+    /// agent answering "none", and rethrows (69) when the agent never answered at all.
+    private func waitForEndpoint(_ client: StatusClient, seconds: Double) throws {
+        let clock = ContinuousClock()
+        let deadline = clock.now + .milliseconds(Int64(seconds * 1000))
+        var answered = false
+        var reason = "unknown"
+        while true {
+            do {
+                let response = try client.request("GET", "/v1/active")
+                answered = true
+                if response.status == 200 { return }
+                reason = (try? JSONDecoder().decode(StatusAPI.ErrorBody.self, from: Data(response.body)))?.reason ?? "HTTP \(response.status)"
+            } catch {
+                if case .forbidden = error { throw error }
+                // Not running yet (boot): keep waiting; if it never answers, say so at the end.
+                if clock.now >= deadline && !answered { throw error }
+            }
+            if clock.now >= deadline {
+                Output.error("lmx-status: no usable endpoint after \(Self.seconds(seconds)): \(ServerTable.printable(reason))")
+                throw ExitCode(1)
+            }
+            let left = deadline - clock.now
+            try? sleepBlocking(min(left, .milliseconds(100)))
+        }
+    }
+
+    private static func seconds(_ value: Double) -> String {
+        value == value.rounded() ? "\(Int(value)) s" : "\(value) s"
     }
 
     private func printURL(_ client: StatusClient) throws {
@@ -183,6 +259,15 @@ extension String {
         while s.hasSuffix("\n") { s.removeLast() }
         return s
     }
+}
+
+/// A blocking sleep for a command-line tool with no event loop.
+private func sleepBlocking(_ duration: Duration) throws {
+    let (seconds, attoseconds) = duration.components
+    guard seconds > 0 || attoseconds > 0 else { return }
+    var request = timespec(tv_sec: Int(seconds), tv_nsec: Int(attoseconds / 1_000_000_000))
+    var remaining = timespec()
+    while nanosleep(&request, &remaining) != 0 && errno == EINTR { request = remaining }
 }
 
 enum Output {

@@ -353,6 +353,62 @@ struct AgentTests {
         }
     }
 
+    @Test("lmx-status --wait returns as soon as an endpoint is usable, 1 on timeout, 69 with no agent; endpoint.env follows the active endpoint")
+    func waitAndEndpointFile() async throws {
+        try await withResources {
+            let port = freePort()
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [#"{"url": "http://10.254.0.11:\#(port)", "name": "Later"}"#]),
+                arguments: ["--no-discovery"])
+            let status = "\(TestBed.binDir)/lmx-status"
+            let envPath = agent.directory + "/endpoint.env"
+
+            // Nothing answers: --wait=1 gives up with 1 after about a second, naming the reason.
+            let timedOut = try await Command.run(status, ["--wait=1", "--url", "--socket", agent.socket])
+            #expect(timedOut.status == 1)
+            #expect(timedOut.stdout.isEmpty)
+            #expect(timedOut.stderr.contains("no usable endpoint after 1 s"))
+            #expect(timedOut.seconds >= 0.9 && timedOut.seconds < 3)
+            let before = try String(contentsOfFile: envPath, encoding: .utf8)
+            #expect(before.contains("LMX_ACTIVE='0'\n"))
+            #expect(before.contains("LMX_BASE_URL=''\n"))
+
+            // A waiter started first returns once the server comes up and is probed good.
+            async let waited = Command.run(status, ["--wait", "--url", "--socket", agent.socket])
+            try await Task.sleep(for: .seconds(1.5))
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "wait-\(port)")
+            let result = try await waited
+            #expect(result.status == 0)
+            #expect(result.stdout == "http://10.254.0.11:\(port)\n")
+            #expect(result.seconds >= 1.5 && result.seconds < 12)
+
+            let file = try String(contentsOfFile: envPath, encoding: .utf8)
+            #expect(file.contains("LMX_ACTIVE='1'\n"))
+            #expect(file.contains("LMX_BASE_URL='http://10.254.0.11:\(port)'\n"))
+            #expect(file.contains("OPENAI_BASE_URL='http://10.254.0.11:\(port)/v1'\n"))
+            #expect(file.contains("LMX_INSTANCE_ID='wait-\(port)'\n"))
+            let mode = (try FileManager.default.attributesOfItem(atPath: envPath)[.posixPermissions] as? Int) ?? 0
+            #expect(mode == 0o644)
+            // A shell reads it as it is.
+            let sourced = try await Command.run("/bin/sh", ["-c", ". \"$0\" && printf '%s %s' \"$LMX_VIA\" \"$OPENAI_BASE_URL\"", envPath])
+            #expect(sourced.stdout == "lan http://10.254.0.11:\(port)/v1")
+
+            await server.set("dead")
+            #expect(await agent.waitForActive(timeout: 10) { $0 == nil } != nil)
+            let after = try String(contentsOfFile: envPath, encoding: .utf8)
+            #expect(after.contains("LMX_ACTIVE='0'\n"))
+
+            // No agent at all: 69 once the wait is over.
+            let missing = try await Command.run(status, ["--wait=1", "--socket", agent.directory + "/nothing.sock"])
+            #expect(missing.status == 69)
+            #expect(missing.seconds >= 0.9)
+
+            // A clean stop removes the file: no daemon, no answer.
+            await agent.stop()
+            #expect(!FileManager.default.fileExists(atPath: envPath))
+        }
+    }
+
     @Test("200 watch clients all get every change in order while garbage and half-sent requests get errors")
     func watchClientsAndGarbage() async throws {
         try await withResources {
