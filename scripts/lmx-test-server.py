@@ -15,6 +15,11 @@ Reads commands on stdin, one per line, and answers "ok <command>" on stdout:
   instance ID   report another instance_id
   quit
 Every request is logged on stdout as "REQ <path> <header names that carry credentials>".
+
+For the gateway tests: POST /v1/chat/completions answers a completion, or with "stream": true
+server-sent events (--stream-chunks chunks, --stream-interval ms apart, then [DONE]);
+GET /v1/echo answers the request's headers; with --api-key every /v1/ path needs that key
+(Authorization: Bearer or X-Api-Key), as a server with an inference key does.
 """
 import argparse
 import json
@@ -132,6 +137,12 @@ class Handler(BaseHTTPRequestHandler):
             if self.headers.get("X-Admin-Key") != args.admin_key:
                 return self.send_json(403, {"detail": "Invalid or missing admin key"})
             return self.send_json(200, {"status": "ok"})
+        if path.startswith("/v1/") and not self.authorized():
+            return self.send_json(401, {"error": {"message": "Invalid or missing API key", "type": "authentication_error"}})
+        if path == "/v1/bytes":
+            return self.send_bytes()
+        if path == "/v1/echo":
+            return self.send_json(200, {"headers": {k.lower(): v for k, v in self.headers.items()}, "instance": ident})
         if path == "/v1/models":
             return self.send_json(200, {"object": "list", "data": [
                 {"id": "test/model", "object": "model", "created": 0, "owned_by": "opta-lmx"}]})
@@ -144,12 +155,21 @@ class Handler(BaseHTTPRequestHandler):
             request = json.loads(self.rfile.read(min(length, 1 << 20)) or b"{}")
         except ValueError:
             return self.send_json(400, {"error": {"message": "invalid JSON", "type": "invalid_request_error"}})
-        say("REQ POST %s" % self.path)
+        creds = [h for h in ("CF-Access-Client-Id", "CF-Access-Client-Secret", "X-Admin-Key", "Authorization", "X-Api-Key")
+                 if self.headers.get(h) is not None]
+        say("REQ POST %s %s" % (self.path, ",".join(creds) or "-"))
         with lock:
             mode, instance = state["mode"], state["instance"]
-        if mode in ("dead", "hang", "notready", "overloaded") or self.path.split("?", 1)[0] != "/v1/chat/completions":
+        if mode == "overloaded":
+            return self.send_json(503, {"error": {"message": "Server under memory pressure", "type": "server_error",
+                                                  "code": "overloaded"}}, {"Retry-After": state["retry_after"]})
+        if mode in ("dead", "hang", "notready") or self.path.split("?", 1)[0] != "/v1/chat/completions":
             return self.send_json(404 if mode == "ready" else 503, {"detail": "not available"})
+        if not self.authorized():
+            return self.send_json(401, {"error": {"message": "Invalid or missing API key", "type": "authentication_error"}})
         ident = instance or self.server.args.instance
+        if request.get("stream"):
+            return self.stream_completion(request, ident)
         return self.send_json(200, {
             "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
             "model": request.get("model", "test/model"),
@@ -157,6 +177,59 @@ class Handler(BaseHTTPRequestHandler):
                          "message": {"role": "assistant", "content": "Hello from %s." % ident}}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
         })
+
+
+    def authorized(self):
+        key = self.server.args.api_key
+        if not key:
+            return True
+        return self.headers.get("Authorization") == "Bearer " + key or self.headers.get("X-Api-Key") == key
+
+    def send_bytes(self):
+        """GET /v1/bytes?n=N: N deterministic bytes (every value 0-255) in uneven chunks, to check
+        that a proxy passes a body through unchanged."""
+        query = dict(p.split("=", 1) for p in (self.path.split("?", 1)[1:] or [""])[0].split("&") if "=" in p)
+        n = int(query.get("n", "65536"))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        sent, size = 0, 1
+        while sent < n:
+            data = bytes((sent + i) * 131 % 256 for i in range(min(size, n - sent)))
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            sent += len(data)
+            size = size * 3 % 8191 + 1
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def stream_completion(self, request, ident):
+        """Server-sent events in HTTP/1.1 chunks, one event per chunk, flushed as it is made."""
+        args = self.server.args
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def chunk(data):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        try:
+            for i in range(args.stream_chunks):
+                event = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": int(time.time()),
+                         "model": request.get("model", "test/model"),
+                         "choices": [{"index": 0, "delta": {"content": "t%d " % i}, "finish_reason": None}],
+                         "lmx_sent_ns": time.time_ns(), "lmx_instance": ident}
+                chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+                if args.stream_interval:
+                    time.sleep(args.stream_interval / 1000.0)
+            chunk(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            pass
 
 
 class Server(ThreadingHTTPServer):
@@ -205,6 +278,9 @@ def main():
     parser.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     parser.add_argument("--require-access", nargs=2, metavar=("ID", "SECRET"))
     parser.add_argument("--mode", default="ready")
+    parser.add_argument("--api-key", default=None, help="require this inference key on /v1/*")
+    parser.add_argument("--stream-chunks", type=int, default=20)
+    parser.add_argument("--stream-interval", type=int, default=50, help="milliseconds between streamed chunks")
     args = parser.parse_args()
     if args.instance is None:
         args.instance = "%s:%d" % (socket.gethostname(), args.port)

@@ -58,6 +58,8 @@ public actor ConnectionManager {
     private var seq: UInt64 = 0
     private var recent: [(seq: UInt64, line: [UInt8])] = []
     private let recentLimit = 1024
+    private var gatewayStats: GatewayStats?
+    private var gatewayInfo: StatusAPI.Gateway?
     /// `endpoint.env` beside the socket, when the daemon keeps one.
     private var endpointFile: EndpointFile?
     private var endpointFileFailed = false
@@ -479,6 +481,14 @@ public actor ConnectionManager {
         }
     }
 
+    public func setGatewayStats(_ stats: GatewayStats) { gatewayStats = stats }
+
+    /// Where the gateway listens, for `/v1/status` and `endpoint.env`.
+    public func setGatewayInfo(url: String?, socket: String?) {
+        gatewayInfo = StatusAPI.Gateway(openAIBaseURL: url.map { $0 + "/v1" }, socket: socket)
+        writeEndpointFile(at: now())
+    }
+
     /// Keeps `endpoint.env` (beside the socket) in step with the active endpoint; nil removes it.
     public func setEndpointFile(_ file: EndpointFile?) {
         if file == nil { endpointFile?.remove() }
@@ -489,7 +499,8 @@ public actor ConnectionManager {
     private func writeEndpointFile(at t: Double) {
         guard let endpointFile else { return }
         let active = activeEndpoint()
-        let text = EndpointFile.render(active, reason: active == nil ? noActiveReason() : nil, updated: iso(t))
+        let text = EndpointFile.render(
+            active, reason: active == nil ? noActiveReason() : nil, gateway: gatewayInfo?.openAIBaseURL, updated: iso(t))
         if let problem = endpointFile.write(text) {
             if !endpointFileFailed { logger.warning("\(problem)") }
             endpointFileFailed = true
@@ -579,6 +590,23 @@ public actor ConnectionManager {
 
     public var watcherCount: Int { watchers.count }
 
+    /// The routes a gateway request may use, best first (the active one, then fallbacks), with
+    /// what is needed to reach them. Stays inside the daemon: credentials never leave it.
+    public func gatewayTargets(limit: Int) -> [GatewayTarget] {
+        planner.requestOrder().prefix(limit).map { state in
+            GatewayTarget(routeID: state.id, baseURL: state.route.baseURL, via: state.route.via, credentials: state.route.credentials)
+        }
+    }
+
+    /// The gateway could not reach a route (refused, reset, timed out): probe it now rather
+    /// than at its next turn, so the active endpoint moves on quickly.
+    public func gatewayFailed(_ routeID: String, reason: String) {
+        guard planner.routes[routeID] != nil, probeTasks[routeID] == nil else { return }
+        logger.info("gateway could not reach a route: probing it now", metadata: ["route": "\(routeID)", "reason": "\(reason)"])
+        planner.probeNow(routeID, now: now())
+        pump(reselect: false)
+    }
+
     public func activeEndpoint() -> StatusAPI.Active? {
         guard let state = planner.active, let verdict = state.verdict else { return nil }
         return StatusAPI.Active(
@@ -644,7 +672,7 @@ public actor ConnectionManager {
         return StatusAPI.Status(
             agentVersion: StatusAPI.version, seq: seq, avahi: avahiState, avahiDetail: avahiDetail,
             active: active, noActiveReason: active == nil ? noActiveReason() : nil, candidates: candidates(),
-            trust: planner.policy.trust.rawValue)
+            trust: planner.policy.trust.rawValue, gateway: gatewayInfo)
     }
 
     public nonisolated func events(limit: Int) async -> [StatusAPI.Event] {
@@ -684,6 +712,7 @@ public actor ConnectionManager {
         out += "# HELP lmx_ignored_announcements_total Servers announced past the limit of \(Self.maxDiscovered) and ignored.\n# TYPE lmx_ignored_announcements_total counter\n"
         out += "lmx_ignored_announcements_total \(ignoredAnnouncements)\n"
         out += "# HELP lmx_watch_clients Connected /v1/watch clients.\n# TYPE lmx_watch_clients gauge\nlmx_watch_clients \(watchers.count)\n"
+        if let gatewayStats { out += gatewayStats.metrics() }
         return out
     }
 

@@ -15,6 +15,11 @@ public struct EndpointFile: Sendable {
         self.path = path
     }
 
+    /// The directory holding the file.
+    public var directory: String {
+        path.lastIndex(of: "/").map { String(path[..<$0]) } ?? "."
+    }
+
     /// The file beside a socket path.
     public static func beside(socket: String) -> EndpointFile {
         let directory = socket.lastIndex(of: "/").map { String(socket[..<$0]) } ?? "."
@@ -22,7 +27,7 @@ public struct EndpointFile: Sendable {
     }
 
     /// The file's text for an active endpoint, or for none.
-    public static func render(_ active: StatusAPI.Active?, reason: String?, updated: String) -> String {
+    public static func render(_ active: StatusAPI.Active?, reason: String?, gateway: String? = nil, updated: String) -> String {
         var lines = ["# lmx-agentd's active endpoint; rewritten on every change. No secrets."]
         func add(_ key: String, _ value: String?) {
             // Values come partly from the network (an instance id): anything that could end the
@@ -40,6 +45,8 @@ public struct EndpointFile: Sendable {
         add("LMX_INSTANCE_ID", active?.instanceID ?? "")
         add("LMX_ROUTE_ID", active?.routeID ?? "")
         add("LMX_REASON", active == nil ? (reason ?? "") : "")
+        // The gateway's fixed URL: follows failover and adds the route's credentials.
+        add("LMX_GATEWAY_URL", gateway ?? "")
         add("LMX_UPDATED", updated)
         return lines.joined(separator: "\n") + "\n"
     }

@@ -121,7 +121,7 @@ public final class Prober: Sendable {
     }
 
     /// Maps the many error types of the HTTP stack to the kinds people care about.
-    static func classify(_ error: any Error) -> ProbeTransportFailure {
+    public static func classify(_ error: any Error) -> ProbeTransportFailure {
         if let error = error as? HTTPClientError {
             switch error {
             case .deadlineExceeded, .connectTimeout, .readTimeout, .writeTimeout, .getConnectionFromPoolTimeout:

@@ -69,9 +69,27 @@ struct LMXAgentd: AsyncParsableCommand {
     @Option(name: .customLong("log-level"), help: "trace, debug, info, notice, warning or error.")
     var logLevel: String?
 
+    @Option(
+        name: .customLong("gateway"),
+        help: ArgumentHelp(
+            "The local OpenAI-compatible gateway's TCP address, loopback only (default 127.0.0.1:1235), or off.",
+            valueName: "host:port|off"))
+    var gateway: String?
+
+    @Option(
+        name: .customLong("gateway-socket"),
+        help: ArgumentHelp("The gateway's Unix socket (default: gateway.sock beside the status socket).", valueName: "path"))
+    var gatewaySocket: String?
+
+    @Flag(name: .customLong("no-gateway"), help: "Do not serve the local gateway at all.")
+    var noGateway = false
+
     func validate() throws {
         for url in endpoints {
             do { _ = try ManualEndpoint(url: url).route() } catch { throw ValidationError("--endpoint: \(error.description)") }
+        }
+        if let gateway {
+            do { _ = try GatewayConfiguration.parseListen(gateway) } catch { throw ValidationError("--gateway: \(error.description)") }
         }
         if let logLevel, Logger.Level(rawValue: logLevel) == nil {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")
@@ -94,8 +112,11 @@ struct LMXAgentd: AsyncParsableCommand {
         let configPath = config ?? paths.config
         let explicitConfig = config != nil
 
-        let load: @Sendable () throws -> AgentConfiguration = { [endpoints, noDiscovery, interface, extraCAFile, logLevel] in
+        let load: @Sendable () throws -> AgentConfiguration = { [endpoints, noDiscovery, interface, extraCAFile, logLevel, gateway, gatewaySocket, noGateway] in
             var configuration = try Self.loadConfiguration(configPath, required: explicitConfig)
+            if let gateway { configuration.gateway.listen = try GatewayConfiguration.parseListen(gateway) }
+            if let gatewaySocket { configuration.gateway.socket = gatewaySocket }
+            if noGateway { configuration.gateway.enabled = false }
             configuration.endpoints += endpoints.map { ManualEndpoint(url: $0) }
             if noDiscovery { configuration.discovery = false }
             if !interface.isEmpty { configuration.interfaces = interface }
@@ -188,6 +209,39 @@ struct LMXAgentd: AsyncParsableCommand {
         }
         services.append(.init(service: ReloadService(manager: manager, logger: logger, load: load), serviceName: "reload"))
         services.append(.init(service: app, serviceName: "status-api"))
+        var gatewayService: Gateway?
+        if configuration.gateway.enabled {
+            do {
+                let gateway = try Gateway(
+                    manager: manager, configuration: configuration.gateway, extraCAFile: configuration.extraCAFile, logger: logger)
+                gatewayService = gateway
+                await manager.setGatewayStats(gateway.stats)
+                let socketPath = configuration.gateway.socket ?? EndpointFile.beside(socket: paths.socket).directory + "/gateway.sock"
+                var usableSocket: String? = socketPath
+                switch SocketGuard.probe(socketPath) {
+                case .free: break
+                case .stale: unlink(socketPath)
+                case .live:
+                    logger.warning("gateway socket already served by another process: the gateway is on TCP only", metadata: ["socket": "\(socketPath)"])
+                    usableSocket = nil
+                case .unusable(let why):
+                    logger.warning("gateway socket unusable (\(why)): the gateway is on TCP only", metadata: ["socket": "\(socketPath)"])
+                    usableSocket = nil
+                }
+                if configuration.gateway.group != nil, configuration.gateway.listen != nil {
+                    logger.notice("gateway.group is set: no TCP listener (a TCP caller cannot be identified); use the gateway socket")
+                }
+                for (name, service) in gateway.applications(socketPath: usableSocket) {
+                    // A port in use (another agent) costs the TCP listener, not the daemon.
+                    services.append(.init(service: SoftFailService(base: service, name: name, logger: logger), serviceName: name))
+                }
+                await manager.setGatewayInfo(
+                    url: configuration.gateway.group == nil ? configuration.gateway.listen.map { "http://\($0.description)" } : nil,
+                    socket: usableSocket)
+            } catch {
+                Self.fail("lmx-agentd: \(error)", code: 78)
+            }
+        }
         services.append(.init(service: WatchDrainService(manager: manager), serviceName: "watch-drain"))
         services.append(.init(
             service: SystemdNotifier(manager: manager, environment: environment) {
@@ -208,6 +262,7 @@ struct LMXAgentd: AsyncParsableCommand {
             logger.error("stopped on an error: \(error)")
         }
         await prober.shutdown()
+        await gatewayService?.shutdown()
         await manager.setEndpointFile(nil)
         try? store.close()
         unlink(paths.socket)

@@ -46,7 +46,10 @@ final class AgentProcess: Sendable {
         let process = LiveProcess(
             "\(TestBed.binDir)/lmx-agentd",
             ["--socket", dir + "/agent.sock", "--db", dir + "/state/agent.db", "--config", dir + "/agent.json",
-             "--log-level", "debug"] + arguments,
+             "--log-level", "debug"]
+                // Many agents run at once in the tests: only those that test the gateway take a port.
+                + (arguments.contains { $0.hasPrefix("--gateway") || $0 == "--no-gateway" } ? [] : ["--gateway", "off"])
+                + arguments,
             environment: env)
         let agent = AgentProcess(directory: dir, process: process)
         Resources.current?.keep(agent)

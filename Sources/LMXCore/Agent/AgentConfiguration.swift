@@ -165,13 +165,15 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
     public var eventRetention = 5000
     /// `trace`, `debug`, `info`, `notice`, `warning`, `error`.
     public var logLevel = "info"
+    /// The local OpenAI-compatible gateway.
+    public var gateway = GatewayConfiguration()
 
     public init() {}
 
     enum CodingKeys: String, CodingKey {
         case policy = "health", endpoints, interfaces, excludeInterfaces = "exclude_interfaces", discovery
         case extraCAFile = "extra_ca_file", watchHeartbeat = "watch_heartbeat", eventRetention = "event_retention"
-        case logLevel = "log_level", trust
+        case logLevel = "log_level", trust, gateway
     }
 
     public init(from decoder: any Decoder) throws {
@@ -196,6 +198,7 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
         guard eventRetention >= 100 else {
             throw DecodingError.dataCorruptedError(forKey: .eventRetention, in: c, debugDescription: "must be at least 100")
         }
+        gateway = try c.decodeIfPresent(GatewayConfiguration.self, forKey: .gateway) ?? GatewayConfiguration()
         logLevel = try c.decodeIfPresent(String.self, forKey: .logLevel) ?? "info"
         guard ["trace", "debug", "info", "notice", "warning", "error", "critical"].contains(logLevel) else {
             throw DecodingError.dataCorruptedError(forKey: .logLevel, in: c, debugDescription: "must be one of trace, debug, info, notice, warning, error")

@@ -446,6 +446,16 @@ public struct ConnectionPlanner: Sendable {
         rank(state) != nil && state.badStreak < policy.failoverAfter
     }
 
+    /// Where a request goes, best first: the active route, then every other usable route in
+    /// the order selection would pick them (the gateway's fallbacks before a response starts).
+    public func requestOrder() -> [RouteState] {
+        var order: [RouteState] = []
+        if let active { order.append(active) }
+        let others = routes.values.filter { $0.id != activeID && isUsable($0) }.sorted(by: better)
+        order.append(contentsOf: others)
+        return order
+    }
+
     /// Ranks better than the active route, so it will replace it once it has proved itself.
     private func isPendingUpgrade(_ state: RouteState) -> Bool {
         guard let active, active.id != state.id, let activeRank = rank(active), let r = rank(state) else { return false }

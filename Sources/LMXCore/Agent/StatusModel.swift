@@ -145,12 +145,15 @@ public enum StatusAPI {
         public var candidates: [Candidate]
         /// The trust policy in force (`paired`, `pinned`, `lan`).
         public var trust: String?
+        /// The local gateway, when it runs.
+        public var gateway: Gateway?
 
         public init(
             agentVersion: String, seq: UInt64, avahi: String, avahiDetail: String?, active: Active?, noActiveReason: String?,
-            candidates: [Candidate], trust: String? = nil
+            candidates: [Candidate], trust: String? = nil, gateway: Gateway? = nil
         ) {
             self.trust = trust
+            self.gateway = gateway
             self.agentVersion = agentVersion
             self.seq = seq
             self.avahi = avahi
@@ -162,8 +165,23 @@ public enum StatusAPI {
 
         enum CodingKeys: String, CodingKey {
             case agentVersion = "agent_version", seq, avahi, avahiDetail = "avahi_detail", active
-            case noActiveReason = "no_active_reason", candidates, trust
+            case noActiveReason = "no_active_reason", candidates, trust, gateway
         }
+    }
+
+    /// Where the local gateway listens: the fixed URL for OpenAI clients.
+    public struct Gateway: Codable, Sendable, Hashable {
+        /// `http://127.0.0.1:1235/v1`, or nil when there is no TCP listener.
+        public var openAIBaseURL: String?
+        /// The gateway's Unix socket.
+        public var socket: String?
+
+        public init(openAIBaseURL: String?, socket: String?) {
+            self.openAIBaseURL = openAIBaseURL
+            self.socket = socket
+        }
+
+        enum CodingKeys: String, CodingKey { case openAIBaseURL = "openai_base_url", socket }
     }
 
     /// A recorded event (`GET /v1/events`).

@@ -1,0 +1,339 @@
+import AsyncHTTPClient
+import Hummingbird
+import HummingbirdCore
+import LMXCore
+import LMXProbe
+import Logging
+import ServiceLifecycle
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import NIOSSL
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where a gateway request may go: one route and what it takes to reach it.
+public struct GatewayTarget: Sendable {
+    public var routeID: String
+    public var baseURL: String
+    public var via: Via
+    public var credentials: Credentials
+}
+
+/// Counters for `/metrics`.
+public final class GatewayStats: Sendable {
+    private let state = Mutex(Counts())
+
+    struct Counts {
+        var requests = 0
+        var retried = 0
+        var failed = 0
+        var refused = 0
+        var inFlight = 0
+    }
+
+    public init() {}
+
+    func update(_ change: (inout Counts) -> Void) { state.withLock { change(&$0) } }
+    var snapshot: Counts { state.withLock { $0 } }
+
+    /// Prometheus text lines.
+    public func metrics() -> String {
+        let c = snapshot
+        return """
+            # HELP lmx_gateway_requests_total Requests the local gateway forwarded (the first attempt).
+            # TYPE lmx_gateway_requests_total counter
+            lmx_gateway_requests_total \(c.requests)
+            # HELP lmx_gateway_retries_total Requests the gateway sent to a fallback route before any byte of an answer.
+            # TYPE lmx_gateway_retries_total counter
+            lmx_gateway_retries_total \(c.retried)
+            # HELP lmx_gateway_upstream_failures_total Requests answered 502/503 by the gateway itself (no route reachable).
+            # TYPE lmx_gateway_upstream_failures_total counter
+            lmx_gateway_upstream_failures_total \(c.failed)
+            # HELP lmx_gateway_refused_total Requests the gateway refused (path, origin, group, size).
+            # TYPE lmx_gateway_refused_total counter
+            lmx_gateway_refused_total \(c.refused)
+            # HELP lmx_gateway_in_flight Requests being forwarded now.
+            # TYPE lmx_gateway_in_flight gauge
+            lmx_gateway_in_flight \(c.inFlight)
+
+            """
+    }
+}
+
+/// The local OpenAI-compatible gateway: forwards `/v1/*` (and `/admin/*` when enabled) to the
+/// active endpoint with that route's credentials, streams answers through as they come, and
+/// tries the next usable route only before any byte of an answer has reached the client.
+public final class Gateway: Sendable {
+    let manager: ConnectionManager
+    let configuration: GatewayConfiguration
+    let logger: Logger
+    public let stats = GatewayStats()
+    private let lanClient: HTTPClient
+    private let wanClient: HTTPClient
+    /// Users allowed when `gateway.group` is set (resolved once at start).
+    private let allowedUIDs: Set<UInt32>?
+
+    public init(manager: ConnectionManager, configuration: GatewayConfiguration, extraCAFile: String?, logger: Logger) throws {
+        self.manager = manager
+        self.configuration = configuration
+        self.logger = logger
+        var tls = TLSConfiguration.makeClientConfiguration()
+        if let extraCAFile { tls.additionalTrustRoots = [.file(extraCAFile)] }
+        func client(connect: Double) -> HTTPClient {
+            var c = HTTPClient.Configuration(
+                tlsConfiguration: tls,
+                redirectConfiguration: .disallow,  // a redirect is the server's answer, passed on
+                timeout: .init(connect: .milliseconds(Int64(connect * 1000))),
+                decompression: .disabled)  // bytes pass through as the server sent them
+            c.connectionPool = .init(idleTimeout: .seconds(60))
+            // A refused connection moves the request to the next route at once.
+            c.connectionPool.retryConnectionEstablishment = false
+            c.httpVersion = .http1Only
+            return HTTPClient(eventLoopGroupProvider: .singleton, configuration: c)
+        }
+        lanClient = client(connect: configuration.connectTimeout)
+        wanClient = client(connect: max(configuration.connectTimeout, 8))
+        if let group = configuration.group {
+            guard let members = GroupMembers.uids(ofGroup: group) else {
+                throw ConfigurationError("gateway.group: no group named \(group) on this machine")
+            }
+            allowedUIDs = members.union([0, geteuid()])
+        } else {
+            allowedUIDs = nil
+        }
+    }
+
+    public func shutdown() async {
+        try? await lanClient.shutdown()
+        try? await wanClient.shutdown()
+    }
+
+    /// The applications to run: the Unix socket always, TCP on loopback when configured.
+    public func applications(socketPath: String?) -> [(name: String, app: any Service)] {
+        var apps: [(String, any Service)] = []
+        let responder = GatewayResponder(gateway: self)
+        if let socketPath {
+            let app = Application(
+                responder: responder,
+                server: .http1(configuration: .init(idleTimeout: .seconds(60))),
+                configuration: .init(
+                    address: .unixDomainSocket(path: socketPath), serverName: nil,
+                    availableConnectionsDelegate: .maximum(2048, logger: logger)),
+                onServerRunning: { [logger, group = configuration.group] _ in
+                    // With a group gate the check is per request (SO_PEERCRED); the file itself
+                    // stays connectable, as the status socket is.
+                    chmod(socketPath, 0o666)
+                    logger.info("gateway serving", metadata: ["socket": "\(socketPath)", "group": "\(group ?? "any local user")"])
+                },
+                logger: logger)
+            apps.append(("gateway-socket", app))
+        }
+        if let listen = configuration.listen, configuration.group == nil {
+            let app = Application(
+                responder: responder,
+                server: .http1(configuration: .init(idleTimeout: .seconds(60))),
+                configuration: .init(
+                    address: .hostname(listen.host, port: listen.port), serverName: nil,
+                    availableConnectionsDelegate: .maximum(2048, logger: logger)),
+                onServerRunning: { [logger] _ in
+                    logger.info("gateway serving", metadata: ["url": "http://\(listen.description)"])
+                },
+                logger: logger)
+            apps.append(("gateway-tcp", app))
+        }
+        return apps
+    }
+
+    // MARK: - Forwarding
+
+    func forward(_ request: Request, context: AgentRequestContext) async -> Response {
+        let overTCP = context.isTCP
+        let method = request.method.rawValue
+        let path = request.uri.path
+        let clientHeaders = request.headers.map { (name: $0.name.canonicalName, value: $0.value) }
+        if let refusal = GatewayPolicy.refusal(
+            method: method, path: path, authority: request.head.authority, headers: clientHeaders,
+            adminEnabled: configuration.admin, overTCP: overTCP)
+        {
+            stats.update { $0.refused += 1 }
+            return Self.error(refusal.status, code: refusal.code, message: refusal.message)
+        }
+        if let allowedUIDs {
+            let uid = await context.peerUID()
+            guard let uid, allowedUIDs.contains(uid) else {
+                stats.update { $0.refused += 1 }
+                return Self.error(403, code: "forbidden", message: "only members of the group \(configuration.group ?? "") may use this gateway")
+            }
+        }
+        // The body is read first (up to the cap): a request is only ever retried whole.
+        let body: ByteBuffer
+        do {
+            body = try await request.body.collect(upTo: configuration.maxRequestBytes)
+        } catch {
+            stats.update { $0.refused += 1 }
+            return Self.error(413, code: "request_too_large", message: "request bodies are limited to \(configuration.maxRequestBytes) bytes (gateway.max_request_bytes)")
+        }
+        let targets = await manager.gatewayTargets(limit: configuration.attempts)
+        guard !targets.isEmpty else {
+            stats.update { $0.failed += 1 }
+            let reason = await manager.noActiveReason()
+            var response = Self.error(503, code: "no_endpoint", message: "no Opta LMX endpoint is usable now: \(reason)")
+            response.headers[.retryAfter] = "2"
+            return response
+        }
+        stats.update { $0.requests += 1 }
+        // Counted until the answer's body is done or dropped (a client that went away).
+        let inFlight = InFlightToken(stats)
+        var lastFailure = ""
+        for (index, target) in targets.enumerated() {
+            if index > 0 { stats.update { $0.retried += 1 } }
+            let outgoing = Self.upstreamRequest(
+                target: target, method: method, uri: request.uri, headers: clientHeaders, body: body)
+            let client = target.via == .lan ? lanClient : wanClient
+            do {
+                // No overall deadline: a long generation is normal; the client decides when to
+                // give up (closing its connection cancels the upstream request).
+                let upstream = try await client.execute(outgoing, timeout: .hours(24))
+                return Self.passThrough(upstream, target: target, holding: inFlight)
+            } catch {
+                let failure = Prober.classify(error)
+                lastFailure = failure.detail
+                await manager.gatewayFailed(target.routeID, reason: failure.detail)
+                let canRetry = GatewayPolicy.isIdempotent(method) || Self.failedBeforeSending(error, failure)
+                logger.notice(
+                    "gateway: route failed before answering",
+                    metadata: ["route": "\(target.routeID)", "reason": "\(failure.detail)", "retry": "\(canRetry && index + 1 < targets.count)"])
+                if !canRetry { break }
+            }
+        }
+        stats.update { $0.failed += 1 }
+        return Self.error(502, code: "upstream_unreachable", message: "the Opta LMX server could not be reached (\(lastFailure)); the agent is probing it again")
+    }
+
+    /// Connection-level failures where the request cannot have reached the server: safe to send
+    /// elsewhere even when it is not idempotent.
+    static func failedBeforeSending(_ error: any Error, _ failure: ProbeTransportFailure) -> Bool {
+        if let error = error as? HTTPClientError, error == .connectTimeout { return true }
+        if let error = error as? ChannelError, case .connectTimeout = error { return true }
+        if error is NIOConnectionError { return true }
+        switch failure {
+        case .refused, .unreachable, .nameResolution, .tls: return true
+        case .reset, .timeout, .other: return false
+        }
+    }
+
+    static func upstreamRequest(
+        target: GatewayTarget, method: String, uri: URI, headers: [(name: String, value: String)], body: ByteBuffer
+    ) -> HTTPClientRequest {
+        var outgoing = HTTPClientRequest(url: target.baseURL + uri.description)
+        outgoing.method = HTTPMethod(rawValue: method)
+        for header in GatewayPolicy.upstreamHeaders(
+            client: headers, credentials: target.credentials, path: uri.path, userAgent: "lmx-agent/\(StatusAPI.version)")
+        {
+            outgoing.headers.add(name: header.name, value: header.value)
+        }
+        if body.readableBytes > 0 || !["GET", "HEAD", "OPTIONS", "DELETE"].contains(method) {
+            outgoing.body = .bytes(body)
+        }
+        return outgoing
+    }
+
+    /// The server's answer as it comes: status and headers, then each chunk as soon as it
+    /// arrives (server-sent events are never held back).
+    static func passThrough(_ upstream: HTTPClientResponse, target: GatewayTarget, holding token: InFlightToken) -> Response {
+        var headers = HTTPFields()
+        for (name, value) in GatewayPolicy.downstreamHeaders(upstream.headers.map { (name: $0.name, value: $0.value) }) {
+            if let field = HTTPFields.Element.Name(name) { headers[values: field].append(value) }
+        }
+        if let via = HTTPFields.Element.Name("X-LMX-Via") { headers[via] = target.via.rawValue }
+        let length = upstream.headers.first(name: "content-length").flatMap(Int.init)
+        let body = upstream.body
+        let response = ResponseBody(contentLength: length) { writer in
+            withExtendedLifetime(token) {}
+            for try await chunk in body {
+                try await writer.write(chunk)
+            }
+            try await writer.finish(nil)
+        }
+        return Response(status: HTTPResponse.Status(code: Int(upstream.status.code)), headers: headers, body: response)
+    }
+
+    /// An error in the OpenAI API's shape, so clients show the message.
+    static func error(_ status: Int, code: String, message: String) -> Response {
+        struct Body: Encodable {
+            struct Detail: Encodable {
+                var message: String
+                var type: String
+                var code: String
+            }
+            var error: Detail
+        }
+        let body = Body(error: .init(message: message, type: "lmx_gateway_error", code: code))
+        var bytes = (try? StatusAPI.encoder.encode(body)).map { Array($0) } ?? Array("{}".utf8)
+        bytes.append(0x0A)
+        return Response(
+            status: HTTPResponse.Status(code: status),
+            headers: [.contentType: "application/json", .cacheControl: "no-store"],
+            body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+    }
+}
+
+/// One request in flight, for the gauge: released with the answer's body (or with the request
+/// when no answer is passed on).
+final class InFlightToken: Sendable {
+    let stats: GatewayStats
+
+    init(_ stats: GatewayStats) {
+        self.stats = stats
+        stats.update { $0.inFlight += 1 }
+    }
+
+    deinit { stats.update { $0.inFlight -= 1 } }
+}
+
+struct GatewayResponder: HTTPResponder {
+    typealias Context = AgentRequestContext
+    let gateway: Gateway
+
+    func respond(to request: Request, context: AgentRequestContext) async throws -> Response {
+        await gateway.forward(request, context: context)
+    }
+}
+
+extension AgentRequestContext {
+    /// Came in over TCP (the loopback listener), not the Unix socket.
+    var isTCP: Bool {
+        switch channel.localAddress {
+        case .v4, .v6: true
+        default: false
+        }
+    }
+}
+
+/// Members of a group: its listed members and the users whose primary group it is.
+enum GroupMembers {
+    static func uids(ofGroup name: String) -> Set<UInt32>? {
+        guard let group = getgrnam(name) else { return nil }
+        let gid = group.pointee.gr_gid
+        var names: Set<String> = []
+        if var member = group.pointee.gr_mem {
+            while let pointer = member.pointee {
+                names.insert(String(cString: pointer))
+                member += 1
+            }
+        }
+        var uids: Set<UInt32> = []
+        setpwent()
+        while let entry = getpwent() {
+            if entry.pointee.pw_gid == gid || names.contains(String(cString: entry.pointee.pw_name)) {
+                uids.insert(entry.pointee.pw_uid)
+            }
+        }
+        endpwent()
+        return uids
+    }
+}

@@ -1,0 +1,94 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// The local OpenAI-compatible gateway (`"gateway": {…}` in the config file): one fixed local
+/// URL that forwards `/v1/*` to whichever endpoint is active, with that route's credentials.
+public struct GatewayConfiguration: Sendable, Hashable, Decodable {
+    /// Serve the gateway at all.
+    public var enabled = true
+    /// TCP listener, loopback only: `127.0.0.1:1235`, `[::1]:1235`; nil: no TCP listener.
+    public var listen: HostPort? = GatewayConfiguration.defaultListen
+    /// The gateway's Unix socket; nil: `gateway.sock` beside the status socket.
+    public var socket: String?
+    /// Forward `/admin/*` too (with the route's admin key). Off: the gateway answers 403.
+    public var admin = false
+    /// Only members of this group (and root, and the daemon's user) may use the gateway; the
+    /// Unix socket checks the caller (`SO_PEERCRED`), and the TCP listener is then off because
+    /// a TCP caller cannot be identified.
+    public var group: String?
+    /// Largest request body forwarded, in bytes.
+    public var maxRequestBytes = 32 * 1024 * 1024
+    /// Routes tried for one request (the active one, then fallbacks) before giving up.
+    public var attempts = 3
+    /// Seconds to connect to a route before trying the next (LAN; tunnels get 8).
+    public var connectTimeout = 1.5
+
+    public static let defaultListen = HostPort(host: "127.0.0.1", port: 1235)
+
+    public init() {}
+
+    enum CodingKeys: String, CodingKey {
+        case enabled, listen, socket, admin, group, maxRequestBytes = "max_request_bytes", attempts
+        case connectTimeout = "connect_timeout"
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        enabled = try c.decodeIfPresent(Bool.self, forKey: .enabled) ?? true
+        if c.contains(.listen) {
+            if try c.decodeNil(forKey: .listen) {
+                listen = nil
+            } else {
+                let text = try c.decode(String.self, forKey: .listen)
+                do {
+                    listen = try Self.parseListen(text)
+                } catch {
+                    throw DecodingError.dataCorruptedError(forKey: .listen, in: c, debugDescription: error.description)
+                }
+            }
+        }
+        socket = try c.decodeIfPresent(String.self, forKey: .socket)
+        admin = try c.decodeIfPresent(Bool.self, forKey: .admin) ?? false
+        group = try c.decodeIfPresent(String.self, forKey: .group)
+        if let group, group.isEmpty || group.contains(where: { $0 == ":" || $0 == "/" || $0.isWhitespace }) {
+            throw DecodingError.dataCorruptedError(forKey: .group, in: c, debugDescription: "must be a group name")
+        }
+        maxRequestBytes = try c.decodeIfPresent(Int.self, forKey: .maxRequestBytes) ?? maxRequestBytes
+        guard (1024...(1 << 30)).contains(maxRequestBytes) else {
+            throw DecodingError.dataCorruptedError(forKey: .maxRequestBytes, in: c, debugDescription: "must be between 1024 and 1073741824")
+        }
+        attempts = try c.decodeIfPresent(Int.self, forKey: .attempts) ?? attempts
+        guard (1...10).contains(attempts) else {
+            throw DecodingError.dataCorruptedError(forKey: .attempts, in: c, debugDescription: "must be between 1 and 10")
+        }
+        connectTimeout = try c.decodeIfPresent(Double.self, forKey: .connectTimeout) ?? connectTimeout
+        guard connectTimeout >= 0.1, connectTimeout <= 60 else {
+            throw DecodingError.dataCorruptedError(forKey: .connectTimeout, in: c, debugDescription: "must be between 0.1 and 60 seconds")
+        }
+    }
+
+    /// `127.0.0.1:1235`, `[::1]:1235`, `localhost:1235`, or `off`. Only loopback: the gateway
+    /// lends the routes' credentials to whoever connects, so it never listens on a network.
+    public static func parseListen(_ text: String) throws(ConfigurationError) -> HostPort? {
+        let lower = text.lowercased()
+        if lower == "off" || lower == "none" || lower.isEmpty { return nil }
+        let parsed: (host: String, port: Int?, isIPv6: Bool)
+        do {
+            parsed = try HostPort.parseAuthority(text, field: "listen")
+        } catch {
+            throw ConfigurationError("gateway.listen: \(text) is not host:port (127.0.0.1:1235)")
+        }
+        guard let port = parsed.port else { throw ConfigurationError("gateway.listen: \(text) needs a port (127.0.0.1:1235)") }
+        let hostPort = HostPort(host: parsed.host, port: port)
+        let host = hostPort.host.lowercased()
+        let loopback = host == "localhost" || host == "::1" || host.hasPrefix("127.")
+        guard loopback else {
+            throw ConfigurationError(
+                "gateway.listen: \(text) is not a loopback address: the gateway lends its routes' keys to every caller, so it listens on 127.0.0.1 or ::1 only")
+        }
+        return HostPort(host: host == "localhost" ? "127.0.0.1" : host, port: hostPort.port)
+    }
+}

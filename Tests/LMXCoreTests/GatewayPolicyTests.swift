@@ -1,0 +1,105 @@
+import Testing
+
+@testable import LMXCore
+
+@Suite("The gateway's forwarding rules")
+struct GatewayPolicyTests {
+    private func refusal(
+        _ path: String, method: String = "GET", authority: String? = "127.0.0.1:1235", headers: [(String, String)] = [],
+        admin: Bool = false, tcp: Bool = true
+    ) -> String? {
+        GatewayPolicy.refusal(
+            method: method, path: path, authority: authority, headers: headers.map { (name: $0.0, value: $0.1) },
+            adminEnabled: admin, overTCP: tcp)?.code
+    }
+
+    @Test("/v1/* is forwarded; the WebSocket path never is, in any spelling")
+    func paths() {
+        #expect(refusal("/v1/models") == nil)
+        #expect(refusal("/v1/chat/completions", method: "POST") == nil)
+        for path in ["/v1/chat/stream", "/v1/chat/stream/", "/V1/Chat/Stream", "/v1/chat/stream//"] {
+            #expect(refusal(path) != nil, "\(path)")
+        }
+        #expect(refusal("/v1/chat/stream") == "websocket_refused")
+        for path in ["/v1//chat/stream", "/v1/./chat/stream", "/v1/x/../chat/stream", "/v1/chat%2Fstream", "/v1/chat/%73tream/..", "/v1\\chat"] {
+            #expect(refusal(path) == "bad_path", "\(path)")
+        }
+        #expect(refusal("/v1/models", headers: [("Upgrade", "websocket")]) == "upgrade_refused")
+        #expect(refusal("/healthz") == "not_found")
+        #expect(refusal("/") == "not_found")
+        #expect(refusal("/admin/models") == "admin_disabled")
+        #expect(refusal("/admin/models", admin: true) == nil)
+    }
+
+    @Test("over TCP only loopback Host names; a foreign Origin is refused everywhere")
+    func browsers() {
+        for host in ["127.0.0.1:1235", "localhost:1235", "[::1]:1235", "127.0.0.1", "LOCALHOST", "127.1.2.3:80"] {
+            #expect(refusal("/v1/models", authority: host) == nil, "\(host)")
+        }
+        for host in ["evil.example", "evil.example:1235", "127.0.0.1.evil.example", "localhost.evil", "[::2]:1235", "127.0.0.1:12a", "10.0.0.1:1235"] {
+            #expect(refusal("/v1/models", authority: host) == "forbidden_host", "\(host)")
+        }
+        #expect(refusal("/v1/models", authority: nil) == "forbidden_host")
+        // Over the Unix socket any Host is fine (curl --unix-socket sends localhost; others vary).
+        #expect(refusal("/v1/models", authority: "whatever", tcp: false) == nil)
+        #expect(refusal("/v1/models", headers: [("Origin", "https://evil.example")]) == "forbidden_origin")
+        #expect(refusal("/v1/models", headers: [("Origin", "https://evil.example")], tcp: false) == "forbidden_origin")
+        #expect(refusal("/v1/models", headers: [("Origin", "http://localhost:3000")]) == nil)
+        #expect(refusal("/v1/models", headers: [("Origin", "null")]) == "forbidden_origin")
+    }
+
+    @Test("credentials are added by path; the client's own auth wins; hop-by-hop headers go")
+    func headers() {
+        let credentials = Credentials(adminKey: "ADMIN", inferenceKey: "INFER", accessClientID: "ID", accessClientSecret: "SECRET")
+        func upstream(_ path: String, _ client: [(String, String)]) -> [String: String] {
+            var out: [String: String] = [:]
+            for header in GatewayPolicy.upstreamHeaders(
+                client: client.map { (name: $0.0, value: $0.1) }, credentials: credentials, path: path, userAgent: "lmx-agent/test")
+            {
+                #expect(out[header.name.lowercased()] == nil, "one \(header.name)")
+                out[header.name.lowercased()] = header.value
+            }
+            return out
+        }
+        let v1 = upstream("/v1/models", [("Accept", "application/json"), ("Connection", "keep-alive, X-Private"), ("X-Private", "1"), ("Host", "127.0.0.1:1235"), ("Transfer-Encoding", "chunked")])
+        #expect(v1["authorization"] == "Bearer INFER")
+        #expect(v1["cf-access-client-id"] == "ID" && v1["cf-access-client-secret"] == "SECRET")
+        #expect(v1["x-admin-key"] == nil)
+        #expect(v1["accept"] == "application/json")
+        #expect(v1["connection"] == nil && v1["x-private"] == nil && v1["host"] == nil && v1["transfer-encoding"] == nil)
+        #expect(v1["user-agent"] == "lmx-agent/test")
+
+        let own = upstream("/v1/models", [("Authorization", "Bearer MINE"), ("User-Agent", "openai-python")])
+        #expect(own["authorization"] == "Bearer MINE")
+        #expect(own["user-agent"] == "openai-python")
+        let apiKey = upstream("/v1/models", [("X-Api-Key", "MINE")])
+        #expect(apiKey["authorization"] == nil && apiKey["x-api-key"] == "MINE")
+
+        let admin = upstream("/admin/models", [])
+        #expect(admin["x-admin-key"] == "ADMIN")
+        #expect(admin["authorization"] == nil)
+        #expect(admin["cf-access-client-id"] == "ID")
+    }
+
+    @Test("only idempotent methods are retried after the request may have been sent")
+    func idempotence() {
+        for method in ["GET", "HEAD", "OPTIONS", "PUT", "DELETE", "get"] { #expect(GatewayPolicy.isIdempotent(method)) }
+        for method in ["POST", "PATCH"] { #expect(!GatewayPolicy.isIdempotent(method)) }
+    }
+
+    @Test("gateway.listen: loopback only")
+    func listen() throws {
+        #expect(try GatewayConfiguration.parseListen("127.0.0.1:1235") == HostPort(host: "127.0.0.1", port: 1235))
+        #expect(try GatewayConfiguration.parseListen("[::1]:8080") == HostPort(host: "::1", port: 8080))
+        #expect(try GatewayConfiguration.parseListen("localhost:9") == HostPort(host: "127.0.0.1", port: 9))
+        #expect(try GatewayConfiguration.parseListen("off") == nil)
+        for bad in ["0.0.0.0:1235", "10.0.0.1:1235", "[::]:1235", "127.0.0.1", "example.com:80", "127.0.0.1:0"] {
+            #expect(throws: ConfigurationError.self, "\(bad)") { try GatewayConfiguration.parseListen(bad) }
+        }
+        let configuration = try AgentConfiguration.parse(Array(#"{"gateway": {"listen": "127.0.0.1:4000", "admin": true, "attempts": 2}}"#.utf8), file: "t.json")
+        #expect(configuration.gateway.listen == HostPort(host: "127.0.0.1", port: 4000))
+        #expect(configuration.gateway.admin && configuration.gateway.attempts == 2)
+        #expect(throws: ConfigurationError.self) { try AgentConfiguration.parse(Array(#"{"gateway": {"listen": "0.0.0.0:80"}}"#.utf8), file: "t.json") }
+        #expect(AgentConfiguration().gateway.listen == GatewayConfiguration.defaultListen)
+    }
+}
