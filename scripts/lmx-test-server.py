@@ -137,10 +137,10 @@ class Handler(BaseHTTPRequestHandler):
             if self.headers.get("X-Admin-Key") != args.admin_key:
                 return self.send_json(403, {"detail": "Invalid or missing admin key"})
             return self.send_json(200, {"status": "ok"})
-        if path.startswith("/v1/") and not self.authorized():
-            return self.send_json(401, {"error": {"message": "Invalid or missing API key", "type": "authentication_error"}})
         if path == "/v1/bytes":
             return self.send_bytes()
+        if path.startswith("/v1/") and not self.authorized():
+            return self.send_json(401, {"error": {"message": "Invalid or missing API key", "type": "authentication_error"}})
         if path == "/v1/echo":
             return self.send_json(200, {"headers": {k.lower(): v for k, v in self.headers.items()}, "instance": ident})
         if path == "/v1/models":

@@ -134,7 +134,7 @@ final class LMXServer: Sendable {
     static func start(
         _ bed: TestBed, on host: TestBed.Host, port: Int, instance: String? = nil, mode: String = "ready",
         bind: String? = nil, tls: Bool = false, rogueCertificate: Bool = false, requireAccess: (String, String)? = nil,
-        count: Int = 1
+        count: Int = 1, apiKey: String? = nil, extra: [String] = []
     ) async throws -> LMXServer {
         let address = bind ?? bed.address(host)
         var arguments = [
@@ -148,6 +148,8 @@ final class LMXServer: Sendable {
             arguments += ["--tls", "\(dir)/\(name).pem", "\(dir)/\(name).key"]
         }
         if let (id, secret) = requireAccess { arguments += ["--require-access", id, secret] }
+        if let apiKey { arguments += ["--api-key", apiKey] }
+        arguments += extra
         let process: LiveProcess
         switch host {
         case .root:

@@ -8,7 +8,7 @@ func freePort() -> Int { Int.random(in: 20_000...39_999) }
 
 /// A config that browses only the test bridge, with a short stability window so tests are quick.
 func config(
-    window: Double = 3, endpoints: [String] = [], extraCA: String? = nil, extra: String = ""
+    window: Double = 3, endpoints: [String] = [], extraCA: String? = nil, extra: String = "", top: String? = nil
 ) -> String {
     var fields = [
         #""interfaces": ["lmxbr0"]"#,
@@ -16,6 +16,7 @@ func config(
         #""endpoints": [\#(endpoints.joined(separator: ","))]"#,
     ]
     if let extraCA { fields.append(#""extra_ca_file": "\#(extraCA)""#) }
+    if let top { fields.append(top) }
     return "{" + fields.joined(separator: ", ") + "}"
 }
 

@@ -1,0 +1,148 @@
+import Foundation
+import LMXCore
+import LMXStatusClient
+import Testing
+
+/// The local gateway against real test servers on the test LAN: what it forwards, with which
+/// credentials, how streams pass, what it refuses, and a client loop across a failover.
+@Suite("The local gateway (real servers, real failover)", .serialized)
+struct GatewayTests {
+    let bed: TestBed
+
+    init() throws {
+        bed = try TestBed.load()
+    }
+
+    private var caFile: String { bed["LMX_TESTBED_TLS"] + "/ca.pem" }
+    private var client: String { "\(TestBed.repo)/scripts/gateway-client.py" }
+
+    private func json(_ result: CommandResult) -> [String: Any] {
+        let line = result.stdout.split(separator: "\n").last.map(String.init) ?? ""
+        return (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]) ?? [:]
+    }
+
+    private func curl(_ arguments: [String]) async throws -> (status: Int, body: String) {
+        let result = try await Command.run("/usr/bin/curl", ["-s", "-o", "-", "-w", "\n%{http_code}"] + arguments, timeout: 20)
+        var lines = result.stdout.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        let status = Int(lines.popLast() ?? "") ?? 0
+        return (status, lines.joined(separator: "\n"))
+    }
+
+    @Test("forwards /v1/* to the active server with its key, over TCP and the socket; streams and bodies pass unchanged; refuses what it must")
+    func forwarding() async throws {
+        try await withResources {
+            let port = freePort(), gatewayPort = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "gw-\(port)", apiKey: "lan-inference-key")
+            let endpoint = #"{"url": "http://10.254.0.11:\#(port)", "name": "Studio", "api_key": "lan-inference-key", "admin_key": "lan-admin-key", "allow_insecure": true}"#
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [endpoint], top: #""gateway": {"max_request_bytes": 4096}"#),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            let base = "http://127.0.0.1:\(gatewayPort)/v1"
+            let socket = agent.directory + "/gateway.sock"
+
+            // The key is added on the way; the client needs none.
+            let echo = try await curl([base + "/echo"])
+            #expect(echo.status == 200)
+            let headers = (try JSONSerialization.jsonObject(with: Data(echo.body.utf8)) as? [String: Any])?["headers"] as? [String: String]
+            #expect(headers?["authorization"] == "Bearer lan-inference-key")
+            #expect(headers?["x-admin-key"] == nil)
+            #expect(headers?["host"] == "10.254.0.11:\(port)")
+            // The client's own key wins.
+            let own = try await curl(["-H", "Authorization: Bearer wrong", base + "/models"])
+            #expect(own.status == 401)
+            // The same over the Unix socket.
+            let viaSocket = try await curl(["--unix-socket", socket, "http://localhost/v1/models"])
+            #expect(viaSocket.status == 200)
+            #expect(viaSocket.body.contains("test/model"))
+
+            // Bodies byte for byte (uneven chunks), streams event by event.
+            let direct = json(try await Command.run("/usr/bin/python3", [client, "fetch", server.baseURL + "/v1/bytes?n=300000"]))
+            let proxied = json(try await Command.run("/usr/bin/python3", [client, "fetch", base + "/bytes?n=300000"]))
+            #expect(proxied["status"] as? Int == 200)
+            #expect(proxied["length"] as? Int == 300_000)
+            #expect(proxied["sha256"] as? String == direct["sha256"] as? String)
+            let stream = json(try await Command.run("/usr/bin/python3", [client, "stream", base]))
+            #expect(stream["events"] as? Int == 20)
+            #expect(stream["done"] as? Bool == true)
+            #expect(stream["content_type"] as? String == "text/event-stream")
+            // Each event reaches the client as the server writes it, not at the end (50 ms apart).
+            let delivery = stream["delivery_p50_ms"] as? Double ?? 999
+            #expect(delivery < 40)
+            print("figure: gateway stream: first event \(stream["first_event_ms"] ?? "?") ms, server-to-client delivery p50 \(delivery) ms")
+
+            // Refused: the WebSocket path (never reaches the server), foreign Host and Origin,
+            // /admin/* (off by default), bodies over the cap, paths outside /v1.
+            let ws = try await curl([base + "/chat/stream"])
+            #expect(ws.status == 403)
+            let upgrade = try await curl(["-H", "Connection: Upgrade", "-H", "Upgrade: websocket", base + "/models"])
+            #expect(upgrade.status == 403)
+            let rebinding = try await curl(["-H", "Host: attacker.example", base + "/models"])
+            #expect(rebinding.status == 403)
+            let crossSite = try await curl(["-H", "Origin: https://attacker.example", "-X", "POST", "-d", "{}", base + "/chat/completions"])
+            #expect(crossSite.status == 403)
+            let admin = try await curl(["http://127.0.0.1:\(gatewayPort)/admin/models"])
+            #expect(admin.status == 403)
+            let big = try await curl(["-H", "Content-Type: application/json", "--data-binary", String(repeating: "x", count: 10_000), base + "/chat/completions"])
+            #expect(big.status == 413)
+            let health = try await curl(["http://127.0.0.1:\(gatewayPort)/healthz"])
+            #expect(health.status == 404)
+            #expect(!server.requests.contains { $0.contains("/v1/chat/stream") || $0.contains("/admin/") })
+
+            // Where the gateway is, in the status and endpoint.env; no key anywhere.
+            let status = try agent.status()
+            #expect(status.gateway?.openAIBaseURL == base)
+            #expect(status.gateway?.socket == socket)
+            let env = try String(contentsOfFile: agent.directory + "/endpoint.env", encoding: .utf8)
+            #expect(env.contains("LMX_GATEWAY_URL='\(base)'"))
+            let metrics = try agent.client.request("GET", "/metrics")
+            let text = String(decoding: metrics.body, as: UTF8.self)
+            #expect(text.contains("lmx_gateway_refused_total 7"))
+            for secret in ["lan-inference-key", "lan-admin-key"] {
+                #expect(!agent.process.stderr.contains(secret))
+                #expect(!env.contains(secret))
+                #expect(!String(decoding: try agent.client.request("GET", "/v1/status").body, as: UTF8.self).contains(secret))
+            }
+        }
+    }
+
+    @Test("a client loop through the gateway sees no error while the LAN server is killed; it goes on through the tunnel")
+    func failoverUnderLoad() async throws {
+        try await withResources {
+            let wanPort = freePort(), lanPort = freePort(), gatewayPort = freePort()
+            let tunnel = try await LMXServer.start(
+                bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true,
+                requireAccess: ("id.access", "access-secret"), apiKey: "wan-inference-key")
+            let lan = try await LMXServer.start(bed, on: .h1, port: lanPort, instance: "lan-\(lanPort)", apiKey: "lan-inference-key")
+            let wan = #"{"url": "https://127.0.0.1:\#(wanPort)", "via": "wan", "name": "tunnel", "cf_access_client_id": "id.access", "cf_access_client_secret": "access-secret", "api_key": "wan-inference-key"}"#
+            let local = #"{"url": "http://10.254.0.11:\#(lanPort)", "name": "Studio", "api_key": "lan-inference-key", "allow_insecure": true}"#
+            let agent = try await AgentProcess.start(
+                bed, config: config(window: 3, endpoints: [wan, local], extraCA: caFile),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 8) { $0?.baseURL == lan.baseURL } != nil)
+            #expect(await agent.waitForRoute(timeout: 8) { $0.baseURL == "https://127.0.0.1:\(wanPort)" && $0.verdict == .ready } != nil)
+
+            async let loop = Command.run(
+                "/usr/bin/python3",
+                [client, "loop", "http://127.0.0.1:\(gatewayPort)/v1", "--seconds", "8", "--concurrency", "4", "--pause", "5"],
+                timeout: 40)
+            try await Task.sleep(for: .seconds(3))
+            await lan.set("dead")
+            let result = json(try await loop)
+            let ok = result["ok"] as? Int ?? 0
+            let errors = (result["errors"] as? [String: Int] ?? [:]).values.reduce(0, +)
+            let instances = result["instances"] as? [String] ?? []
+            print("figure: gateway failover under load: \(ok) requests answered, \(errors) failed (\(result["errors"] ?? [:])), answered by \(instances)")
+            #expect(ok > 100)
+            // Requests in flight at the kill may fail (at most one per client); none other may.
+            #expect(errors <= 4)
+            for line in agent.process.stderr.split(separator: "\n") where line.contains("gateway:") { print("agent: \(line)") }
+            #expect(instances.first == "lan-\(lanPort)")
+            #expect(instances.last == "tunnel-\(wanPort)")
+            // Through the tunnel with its Access token and key.
+            #expect(tunnel.requests.contains { $0.hasPrefix("REQ POST /v1/chat/completions") && $0.contains("CF-Access-Client-Id") && $0.contains("Authorization") })
+            #expect(!agent.process.stderr.contains("access-secret"))
+            #expect(!agent.process.stderr.contains("inference-key"))
+        }
+    }
+}
