@@ -123,8 +123,10 @@ class Handler(BaseHTTPRequestHandler):
                 "schema_version": "2026-03-02", "instance_id": ident,
                 "continuity": {"event_resume_supported": True},
                 "service": "something-else" if mode == "wrong-service" else "opta-lmx",
-                "version": "0.1.0", "security_profile": "lan", "ready": ready,
-                "loaded_models": ["test/model"] if ready else [], "loaded_model_count": 1 if ready else 0,
+                "version": "0.1.0", "security_profile": args.profile, "ready": ready,
+                # Under the cloud profile the document names no models (the count stays right).
+                "loaded_models": (args.models if args.profile == "lan" else []) if ready else [],
+                "loaded_model_count": len(args.models) if ready else 0,
                 "in_flight_requests": 0,
                 "auth": {"admin_key_required": True, "inference_key_required": False, "supabase_jwt_enabled": False},
                 "endpoints": {"preferred_base_url": "http://%s:%d" % (host, args.port), "base_urls": []},
@@ -145,7 +147,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(200, {"headers": {k.lower(): v for k, v in self.headers.items()}, "instance": ident})
         if path == "/v1/models":
             return self.send_json(200, {"object": "list", "data": [
-                {"id": "test/model", "object": "model", "created": 0, "owned_by": "opta-lmx"}]})
+                {"id": name, "object": "model", "created": 0, "owned_by": "opta-lmx"} for name in args.models]})
         return self.send_json(404, {"detail": "Not Found"})
 
     def do_POST(self):
@@ -168,6 +170,11 @@ class Handler(BaseHTTPRequestHandler):
         if not self.authorized():
             return self.send_json(401, {"error": {"message": "Invalid or missing API key", "type": "authentication_error"}})
         ident = instance or self.server.args.instance
+        model = request.get("model", "test/model")
+        routed = model in ("auto", "chat", "code", "reasoning") or model.startswith(("preset:", "copilot/"))
+        if model not in self.server.args.models and not routed:
+            return self.send_json(404, {"error": {"message": "model %s not found" % model, "type": "invalid_request_error",
+                                                  "code": "model_not_found"}})
         if request.get("stream"):
             return self.stream_completion(request, ident)
         return self.send_json(200, {
@@ -279,9 +286,12 @@ def main():
     parser.add_argument("--require-access", nargs=2, metavar=("ID", "SECRET"))
     parser.add_argument("--mode", default="ready")
     parser.add_argument("--api-key", default=None, help="require this inference key on /v1/*")
+    parser.add_argument("--models", default="test/model", help="comma-separated loaded models")
+    parser.add_argument("--profile", default="lan", choices=["lan", "cloud"], help="security_profile")
     parser.add_argument("--stream-chunks", type=int, default=20)
     parser.add_argument("--stream-interval", type=int, default=50, help="milliseconds between streamed chunks")
     args = parser.parse_args()
+    args.models = [m for m in args.models.split(",") if m]
     if args.instance is None:
         args.instance = "%s:%d" % (socket.gethostname(), args.port)
     state["mode"] = args.mode

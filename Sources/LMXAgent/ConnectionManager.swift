@@ -592,8 +592,8 @@ public actor ConnectionManager {
 
     /// The routes a gateway request may use, best first (the active one, then fallbacks), with
     /// what is needed to reach them. Stays inside the daemon: credentials never leave it.
-    public func gatewayTargets(limit: Int) -> [GatewayTarget] {
-        planner.requestOrder().prefix(limit).map { state in
+    public func gatewayTargets(limit: Int, model: String? = nil) -> [GatewayTarget] {
+        planner.requestOrder(model: model).prefix(limit).map { state in
             GatewayTarget(routeID: state.id, baseURL: state.route.baseURL, via: state.route.via, credentials: state.route.credentials)
         }
     }
@@ -607,12 +607,23 @@ public actor ConnectionManager {
         pump(reselect: false)
     }
 
+    /// `GET /v1/resolve?model=`: the best usable endpoint that has `model`, with the reason.
+    public func resolve(model: String) -> StatusAPI.Resolved {
+        let (state, reason) = planner.resolve(model: model)
+        return StatusAPI.Resolved(model: model, endpoint: state.flatMap(endpoint), reason: reason)
+    }
+
     public func activeEndpoint() -> StatusAPI.Active? {
-        guard let state = planner.active, let verdict = state.verdict else { return nil }
+        planner.active.flatMap(endpoint)
+    }
+
+    private func endpoint(_ state: RouteState) -> StatusAPI.Active? {
+        guard let verdict = state.verdict else { return nil }
         return StatusAPI.Active(
             baseURL: state.route.baseURL, openAIBaseURL: state.route.openAIBaseURL, via: state.route.via,
             instanceID: state.instanceID, name: state.route.name, verdict: verdict,
-            since: iso(planner.activeSince ?? now()), routeID: state.id, source: state.route.source)
+            since: iso(state.id == planner.activeID ? (planner.activeSince ?? now()) : (state.healthySince ?? now())),
+            routeID: state.id, source: state.route.source)
     }
 
     /// Why there is no active endpoint, for `/v1/active`'s 503.
@@ -642,7 +653,7 @@ public actor ConnectionManager {
             },
             version: state.lastReport?.version, models: state.lastReport?.modelCount, ready: state.lastReport?.ready,
             probes: state.probeCount, failures: state.failureCount, credentials: state.route.credentials.setNames,
-            pinnedInstance: state.route.pinnedInstance)
+            pinnedInstance: state.route.pinnedInstance, loadedModels: state.lastReport?.models)
     }
 
     /// Candidates: routes merged into servers by `instance_id`.
@@ -672,7 +683,8 @@ public actor ConnectionManager {
         return StatusAPI.Status(
             agentVersion: StatusAPI.version, seq: seq, avahi: avahiState, avahiDetail: avahiDetail,
             active: active, noActiveReason: active == nil ? noActiveReason() : nil, candidates: candidates(),
-            trust: planner.policy.trust.rawValue, gateway: gatewayInfo)
+            trust: planner.policy.trust.rawValue, gateway: gatewayInfo,
+            prefer: planner.policy.preferredInstances.isEmpty ? nil : planner.policy.preferredInstances)
     }
 
     public nonisolated func events(limit: Int) async -> [StatusAPI.Event] {

@@ -11,6 +11,11 @@ import NIOPosix
 import NIOSSL
 import Synchronization
 
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -177,7 +182,9 @@ public final class Gateway: Sendable {
             stats.update { $0.refused += 1 }
             return Self.error(413, code: "request_too_large", message: "request bodies are limited to \(configuration.maxRequestBytes) bytes (gateway.max_request_bytes)")
         }
-        let targets = await manager.gatewayTargets(limit: configuration.attempts)
+        // Routed by the JSON `model` field, like the server itself: to a server that has it.
+        let model = method == "POST" ? Self.modelField(body) : nil
+        let targets = await manager.gatewayTargets(limit: configuration.attempts, model: model)
         guard !targets.isEmpty else {
             stats.update { $0.failed += 1 }
             let reason = await manager.noActiveReason()
@@ -212,6 +219,15 @@ public final class Gateway: Sendable {
         }
         stats.update { $0.failed += 1 }
         return Self.error(502, code: "upstream_unreachable", message: "the Opta LMX server could not be reached (\(lastFailure)); the agent is probing it again")
+    }
+
+    /// The `model` of a JSON request body (OpenAI requests name it at the top level).
+    static func modelField(_ body: ByteBuffer) -> String? {
+        guard body.readableBytes > 0, body.readableBytes <= 4 * 1024 * 1024 else { return nil }
+        struct Model: Decodable { var model: String? }
+        let bytes = body.readableBytesView
+        guard bytes.first(where: { $0 != 0x20 && $0 != 0x0A && $0 != 0x0D && $0 != 0x09 }) == UInt8(ascii: "{") else { return nil }
+        return (try? JSONDecoder().decode(Model.self, from: Data(bytes)))?.model
     }
 
     /// Connection-level failures where the request cannot have reached the server: safe to send

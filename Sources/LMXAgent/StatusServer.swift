@@ -62,6 +62,14 @@ public enum StatusServer {
             return json(StatusAPI.ErrorBody(error: "no-active-endpoint", reason: reason), status: .serviceUnavailable)
         }
         router.get("/v1/status") { _, _ in json(await manager.status()) }
+        router.get("/v1/resolve") { request, _ -> Response in
+            guard let model = request.uri.queryParameters.get("model"), !model.isEmpty, model.utf8.count <= 256 else {
+                return json(
+                    StatusAPI.ErrorBody(error: "bad-request", reason: "give the model: /v1/resolve?model=NAME"), status: .badRequest)
+            }
+            let resolved = await manager.resolve(model: model)
+            return json(resolved, status: resolved.endpoint == nil ? .serviceUnavailable : .ok)
+        }
         router.get("/v1/servers") { _, _ in json(await manager.candidates()) }
         router.get("/v1/events") { request, _ -> Response in
             let limit = request.uri.queryParameters.get("limit", as: Int.self).map { min(max($0, 1), 1000) } ?? 100

@@ -49,7 +49,8 @@ public final class Prober: Sendable {
     public func probe(_ route: Route, timeout: Double, full: Bool = true) async -> ProbeReport {
         let start = ContinuousClock.now
         var sequence = ProbeSequence(
-            servicePath: route.servicePath, via: route.via, pinnedInstance: route.pinnedInstance, quick: !full)
+            servicePath: route.servicePath, via: route.via, pinnedInstance: route.pinnedInstance, quick: !full,
+            hasInferenceKey: route.credentials.inferenceKey != nil)
         var path = sequence.firstPath
         while true {
             let result = await get(route, path: path, timeout: timeout)

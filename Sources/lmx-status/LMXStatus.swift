@@ -72,6 +72,11 @@ struct LMXStatus: ParsableCommand {
             valueName: "seconds"))
     var wait: Double?
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp("The best usable endpoint that has this model loaded (with --url: only its URL).", valueName: "name"))
+    var model: String?
+
     @Option(name: .long, help: ArgumentHelp("The agent's socket.", valueName: "path"))
     var socket: String?
 
@@ -79,6 +84,8 @@ struct LMXStatus: ParsableCommand {
         if url && json { throw ValidationError("--url and --json cannot be used together") }
         if url && watch { throw ValidationError("--url and --watch cannot be used together") }
         if wait != nil && watch { throw ValidationError("--wait and --watch cannot be used together") }
+        if model != nil && watch { throw ValidationError("--model and --watch cannot be used together") }
+        if let model, model.isEmpty || model.utf8.count > 256 { throw ValidationError("--model takes a model name (1 to 256 bytes)") }
         if let wait, !(wait >= 0 && wait <= 86_400) { throw ValidationError("--wait takes 0 to 86400 seconds") }
     }
 
@@ -96,7 +103,7 @@ struct LMXStatus: ParsableCommand {
             if watch { return try follow(client) }
             if let wait {
                 try waitForEndpoint(client, seconds: wait)
-                if !url && !json {
+                if !url && !json && model == nil {
                     let response = try client.request("GET", "/v1/status")
                     if let status = try? JSONDecoder().decode(StatusAPI.Status.self, from: Data(response.body)) {
                         Output.out(Self.summary(status))
@@ -104,6 +111,7 @@ struct LMXStatus: ParsableCommand {
                     return
                 }
             }
+            if let model { return try printModel(client, model) }
             if url { return try printURL(client) }
             try printStatus(client)
         } catch let error as StatusClientError {
@@ -153,6 +161,31 @@ struct LMXStatus: ParsableCommand {
         value == value.rounded() ? "\(Int(value)) s" : "\(value) s"
     }
 
+    private func printModel(_ client: StatusClient, _ model: String) throws {
+        var query = URLComponents()
+        query.queryItems = [URLQueryItem(name: "model", value: model)]
+        let response = try client.request("GET", "/v1/resolve" + (query.percentEncodedQuery.map { "?" + $0 } ?? ""))
+        guard let resolved = try? JSONDecoder().decode(StatusAPI.Resolved.self, from: Data(response.body)) else {
+            let reason = (try? JSONDecoder().decode(StatusAPI.ErrorBody.self, from: Data(response.body)))?.reason ?? "HTTP \(response.status)"
+            Output.error("lmx-status: \(ServerTable.printable(reason))")
+            throw ExitCode(response.status == 404 ? 69 : 1)
+        }
+        if json {
+            Output.out(String(decoding: response.body, as: UTF8.self).trimmingNewline)
+        } else if let endpoint = resolved.endpoint {
+            if url {
+                Output.out(endpoint.baseURL)
+            } else {
+                Output.out(
+                    "\(ServerTable.printable(model)): \(endpoint.baseURL) via \(endpoint.via.rawValue) (\(ServerTable.printable(endpoint.name))): \(ServerTable.printable(resolved.reason))")
+            }
+        }
+        guard resolved.endpoint != nil else {
+            if !json { Output.error("lmx-status: no endpoint for \(ServerTable.printable(model)): \(ServerTable.printable(resolved.reason))") }
+            throw ExitCode(1)
+        }
+    }
+
     private func printURL(_ client: StatusClient) throws {
         let response = try client.request("GET", "/v1/active")
         if response.status == 200, let active = try? JSONDecoder().decode(StatusAPI.Active.self, from: Data(response.body)) {
@@ -192,7 +225,11 @@ struct LMXStatus: ParsableCommand {
     }
 
     static func summary(_ status: StatusAPI.Status) -> String {
-        let trust = status.trust.map { " Trust: \($0)." } ?? ""
+        var trust = status.trust.map { " Trust: \($0)." } ?? ""
+        if let prefer = status.prefer, !prefer.isEmpty {
+            trust += " Prefer: \(prefer.map { ServerTable.printable($0) }.joined(separator: ", "))."
+        }
+        if let gateway = status.gateway?.openAIBaseURL { trust += " Gateway: \(gateway)." }
         guard let active = status.active else {
             return "No active endpoint: \(ServerTable.printable(status.noActiveReason ?? "unknown")). mDNS: \(status.avahi).\(trust)"
         }

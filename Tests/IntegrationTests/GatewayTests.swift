@@ -145,4 +145,68 @@ struct GatewayTests {
             #expect(!agent.process.stderr.contains("inference-key"))
         }
     }
+
+    @Test("model-aware: /v1/resolve, lmx-status --model and the gateway pick the server that has the model; prefer orders equals")
+    func modelRouting() async throws {
+        try await withResources {
+            let portA = freePort(), portB = freePort(), gatewayPort = freePort()
+            let a = try await LMXServer.start(bed, on: .h1, port: portA, instance: "alpha-\(portA)", extra: ["--models", "alpha,shared"])
+            // B runs the cloud profile: its document lists no models, /v1/models does (with the key).
+            let b = try await LMXServer.start(
+                bed, on: .h2, port: portB, instance: "beta-\(portB)", apiKey: "b-inference-key",
+                extra: ["--models", "beta,shared", "--profile", "cloud"])
+            let endpoints = [
+                #"{"url": "http://10.254.0.11:\#(portA)", "name": "Alpha"}"#,
+                #"{"url": "http://10.254.0.12:\#(portB)", "name": "Beta", "api_key": "b-inference-key", "allow_insecure": true}"#,
+            ]
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: endpoints, top: #""prefer": ["beta-\#(portB)", "alpha-\#(portA)"]"#),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForRoute(timeout: 8) { $0.baseURL == a.baseURL && $0.verdict == .ready } != nil)
+            #expect(await agent.waitForRoute(timeout: 8) { $0.baseURL == b.baseURL && $0.loadedModels == ["beta", "shared"] } != nil)
+            // prefer: B first among equals.
+            #expect(await agent.waitForActive(timeout: 8) { $0?.baseURL == b.baseURL } != nil)
+            let routes = try agent.status().candidates.flatMap(\.routes)
+            #expect(routes.first { $0.baseURL == a.baseURL }?.loadedModels == ["alpha", "shared"])
+
+            let resolve = try agent.client.request("GET", "/v1/resolve?model=alpha")
+            #expect(resolve.status == 200)
+            let resolved = try JSONDecoder().decode(StatusAPI.Resolved.self, from: Data(resolve.body))
+            #expect(resolved.endpoint?.baseURL == a.baseURL)
+            #expect(resolved.reason.contains("the active endpoint does not"))
+            let missing = try agent.client.request("GET", "/v1/resolve?model=gamma")
+            #expect(missing.status == 503)
+
+            let status = "\(TestBed.binDir)/lmx-status"
+            let alpha = try await Command.run(status, ["--model", "alpha", "--url", "--socket", agent.socket])
+            #expect(alpha.status == 0 && alpha.stdout == a.baseURL + "\n")
+            let shared = try await Command.run(status, ["--model", "shared", "--url", "--socket", agent.socket])
+            #expect(shared.stdout == b.baseURL + "\n")  // both have it: the active one
+            let auto = try await Command.run(status, ["--model", "auto", "--url", "--socket", agent.socket])
+            #expect(auto.stdout == b.baseURL + "\n")
+            let none = try await Command.run(status, ["--model", "gamma", "--socket", agent.socket])
+            #expect(none.status == 1)
+            #expect(none.stderr.contains("no usable server has gamma loaded"))
+            let summary = try await Command.run(status, ["--socket", agent.socket])
+            #expect(summary.stdout.contains("Prefer: beta-\(portB), alpha-\(portA)."))
+            #expect(summary.stdout.contains("Gateway: http://127.0.0.1:\(gatewayPort)/v1."))
+
+            // The gateway routes each request by its model.
+            func ask(_ model: String) async throws -> (Int, String) {
+                let r = try await curl([
+                    "-H", "Content-Type: application/json", "-d", #"{"model": "\#(model)", "messages": []}"#,
+                    "http://127.0.0.1:\(gatewayPort)/v1/chat/completions",
+                ])
+                return (r.status, r.body)
+            }
+            let viaA = try await ask("alpha")
+            #expect(viaA.0 == 200 && viaA.1.contains("Hello from alpha-\(portA)"))
+            let viaB = try await ask("beta")
+            #expect(viaB.0 == 200 && viaB.1.contains("Hello from beta-\(portB)"))
+            let routed = try await ask("preset:fast")
+            #expect(routed.1.contains("Hello from beta-\(portB)"))
+            let unknown = try await ask("gamma")
+            #expect(unknown.0 == 404)  // the server's own answer, from the active endpoint
+        }
+    }
 }

@@ -15,9 +15,9 @@ private let readyz = ProbeResponse(status: 200, body: json(#"{"status":"ready","
 /// Runs a sequence against answers keyed by path; returns the report and the paths asked.
 private func run(
     _ answers: [String: Result<ProbeResponse, ProbeTransportFailure>], via: Via = .lan,
-    path: String = "/.well-known/opta-lmx", pinned: String? = nil
+    path: String = "/.well-known/opta-lmx", pinned: String? = nil, key: Bool = false
 ) -> (ProbeReport, [String]) {
-    var sequence = ProbeSequence(servicePath: path, via: via, pinnedInstance: pinned)
+    var sequence = ProbeSequence(servicePath: path, via: via, pinnedInstance: pinned, hasInferenceKey: key)
     var asked = [sequence.firstPath]
     var step = sequence.receive(answers[sequence.firstPath] ?? .success(ProbeResponse(status: 404)))
     while case .request(let p) = step {
@@ -51,6 +51,36 @@ struct ProbeSequenceTests {
         #expect(report.modelCount == 1)
         #expect(report.adminKeyRequired == true)
         #expect(report.inferenceKeyRequired == false)
+    }
+
+    @Test("models: from the document, else /v1/models with the key (cloud profile); a failed list keeps the verdict")
+    func models() {
+        let (lan, asked) = run(["/healthz": .success(healthz), "/.well-known/opta-lmx": .success(document), "/readyz": .success(readyz)])
+        #expect(lan.models == ["m"])
+        #expect(!asked.contains("/v1/models"))
+        let cloud = ProbeResponse(status: 200, body: json(#"""
+            {"instance_id":"c:1","service":"opta-lmx","security_profile":"cloud","ready":true,"loaded_models":[],
+             "loaded_model_count":2,"auth":{"inference_key_required":true}}
+            """#))
+        let list = ProbeResponse(status: 200, body: json(#"{"object":"list","data":[{"id":"a"},{"id":"b"},{"id":"a"},{"id":"bad\u0001"}]}"#))
+        let answers: [String: Result<ProbeResponse, ProbeTransportFailure>] = [
+            "/healthz": .success(healthz), "/.well-known/opta-lmx": .success(cloud), "/readyz": .success(readyz), "/v1/models": .success(list),
+        ]
+        let (withKey, askedWithKey) = run(answers, key: true)
+        #expect(askedWithKey.last == "/v1/models")
+        #expect(withKey.verdict == .ready)
+        #expect(withKey.models == ["a", "b"])
+        // No key and one is required: not asked, models unknown.
+        let (noKey, askedNoKey) = run(answers)
+        #expect(!askedNoKey.contains("/v1/models"))
+        #expect(noKey.models == nil)
+        // A 401 or a dropped connection on the list leaves a ready server ready.
+        var failing = answers
+        failing["/v1/models"] = .success(ProbeResponse(status: 401))
+        #expect(run(failing, key: true).0.verdict == .ready)
+        failing["/v1/models"] = .failure(.reset)
+        let (reset, _) = run(failing, key: true)
+        #expect(reset.verdict == .ready && reset.models == nil)
     }
 
     @Test("readyz 503 is alive, not ready")

@@ -173,7 +173,7 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
     enum CodingKeys: String, CodingKey {
         case policy = "health", endpoints, interfaces, excludeInterfaces = "exclude_interfaces", discovery
         case extraCAFile = "extra_ca_file", watchHeartbeat = "watch_heartbeat", eventRetention = "event_retention"
-        case logLevel = "log_level", trust, gateway
+        case logLevel = "log_level", trust, gateway, prefer
     }
 
     public init(from decoder: any Decoder) throws {
@@ -185,6 +185,8 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
             }
             policy.trust = trust
         }
+        // `prefer`: instance ids in order of preference among equally healthy servers.
+        if let prefer = try c.decodeIfPresent([String].self, forKey: .prefer) { policy.preferredInstances = prefer }
         endpoints = try c.decodeIfPresent([ManualEndpoint].self, forKey: .endpoints) ?? []
         interfaces = try c.decodeIfPresent([String].self, forKey: .interfaces) ?? []
         excludeInterfaces = try c.decodeIfPresent([String].self, forKey: .excludeInterfaces) ?? []

@@ -312,6 +312,7 @@ public struct ConnectionPlanner: Sendable {
             report.adminKeyRequired = report.adminKeyRequired ?? previous.adminKeyRequired
             report.inferenceKeyRequired = report.inferenceKeyRequired ?? previous.inferenceKeyRequired
             report.modelCount = report.modelCount ?? previous.modelCount
+            report.models = report.models ?? previous.models
         }
         state.lastReport = report
         state.lastProbeAt = now
@@ -456,23 +457,60 @@ public struct ConnectionPlanner: Sendable {
         return order
     }
 
+    /// Model names the server itself routes (to presets or cloud services) and never lists:
+    /// they go wherever a request would go anyway.
+    public static func isServerRoutedModel(_ model: String) -> Bool {
+        let lower = model.lowercased()
+        if ["auto", "chat", "code", "reasoning"].contains(lower) { return true }
+        return ["preset:", "copilot/", "github-copilot/", "gemini-cli/"].contains { lower.hasPrefix($0) }
+    }
+
+    /// Where a request for `model` goes, best first: usable routes whose server has the model
+    /// loaded, then those whose models are not known; when no server reports it, the usual
+    /// order (the server then answers "model not found" itself).
+    public func requestOrder(model: String?) -> [RouteState] {
+        let order = requestOrder()
+        guard let model, !model.isEmpty, !Self.isServerRoutedModel(model) else { return order }
+        let having = order.filter { $0.lastReport?.models?.contains(model) == true && isUsable($0) }
+        guard !having.isEmpty else { return order }
+        return having + order.filter { $0.lastReport?.models == nil && isUsable($0) }
+    }
+
+    /// The best usable route for `model`, and why.
+    public func resolve(model: String) -> (state: RouteState?, reason: String) {
+        if Self.isServerRoutedModel(model) {
+            return (active, "\(model) is routed by the server itself: the active endpoint")
+        }
+        let order = requestOrder()
+        if let best = order.first(where: { $0.lastReport?.models?.contains(model) == true && isUsable($0) }) {
+            let note = best.id == activeID ? "the active endpoint has it loaded" : "\(best.route.name) has it loaded (the active endpoint does not)"
+            return (best, note)
+        }
+        if let unknown = order.first(where: { $0.lastReport?.models == nil && isUsable($0) }) {
+            return (unknown, "no server reports \(model); \(unknown.route.name) does not list its models (no inference key?)")
+        }
+        return (nil, order.isEmpty ? "no usable endpoint" : "no usable server has \(model) loaded")
+    }
+
     /// Ranks better than the active route, so it will replace it once it has proved itself.
     private func isPendingUpgrade(_ state: RouteState) -> Bool {
         guard let active, active.id != state.id, let activeRank = rank(active), let r = rank(state) else { return false }
         return r < activeRank
     }
 
-    private func isPreferred(_ state: RouteState) -> Bool {
-        guard let instance = state.instanceID else { return false }
-        return pinnedInstances.contains(instance) || policy.preferredInstances.contains(instance)
+    /// Lower is preferred: the position in the `prefer` list, then pinned instances, then the rest.
+    private func preference(_ state: RouteState) -> Int {
+        guard let instance = state.instanceID else { return Int.max }
+        if let index = policy.preferredInstances.firstIndex(of: instance) { return index }
+        return pinnedInstances.contains(instance) ? policy.preferredInstances.count : Int.max
     }
 
     /// Orders equals: preferred or pinned instance first, then lowest smoothed latency.
     private func better(_ a: RouteState, _ b: RouteState) -> Bool {
         let ra = rank(a) ?? 9, rb = rank(b) ?? 9
         if ra != rb { return ra < rb }
-        let pa = isPreferred(a), pb = isPreferred(b)
-        if pa != pb { return pa }
+        let pa = preference(a), pb = preference(b)
+        if pa != pb { return pa < pb }
         let la = a.smoothedLatency ?? .infinity, lb = b.smoothedLatency ?? .infinity
         if la != lb { return la < lb }
         return a.id < b.id

@@ -47,6 +47,8 @@ public struct ProbeReport: Sendable, Hashable, Codable {
     public var inferenceKeyRequired: Bool?
     /// Seconds the server asked us to wait (`Retry-After` on an overloaded answer).
     public var retryAfter: Double?
+    /// The models the server has loaded (discovery document, else `/v1/models`); nil: not known.
+    public var models: [String]?
 
     public init(
         verdict: HealthVerdict, latency: Double, detail: String? = nil, instanceID: String? = nil,

@@ -1,3 +1,9 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
 /// One HTTP answer as the prober saw it.
 public struct ProbeResponse: Sendable, Hashable {
     public var status: Int
@@ -53,13 +59,21 @@ public struct ProbeSequence: Sendable {
     private var report = ProbeReport(verdict: .down, latency: 0)
     private let discoveryPaths: [String]
 
-    private enum Stage: Sendable { case healthz, discovery(Int), readyz, done }
+    private enum Stage: Sendable { case healthz, discovery(Int), readyz, models, done }
+    /// The route carries an inference key (for `/v1/models` under the `cloud` profile).
+    private let hasInferenceKey: Bool
+
+    /// Model names kept per server, and their length: enough for any real server.
+    public static let maxModels = 512
+    public static let maxModelNameBytes = 256
 
     /// - Parameters:
     ///   - quick: a liveness check of a route already known to be this server: `/readyz` alone.
-    public init(servicePath: String, via: Via, pinnedInstance: String? = nil, quick: Bool = false) {
+    ///   - hasInferenceKey: the route can list models on a server that requires a key.
+    public init(servicePath: String, via: Via, pinnedInstance: String? = nil, quick: Bool = false, hasInferenceKey: Bool = false) {
         self.via = via
         self.pinnedInstance = pinnedInstance
+        self.hasInferenceKey = hasInferenceKey
         var path = servicePath.isEmpty ? TXTRecord.defaultServicePath : servicePath
         if !path.hasPrefix("/") { path = "/" + path }
         discoveryPaths = path == "/v1/discovery" ? [path] : [path, "/v1/discovery"]
@@ -74,6 +88,14 @@ public struct ProbeSequence: Sendable {
 
     /// Feeds the answer (or failure) to the request last asked for; returns what to do next.
     public mutating func receive(_ result: Result<ProbeResponse, ProbeTransportFailure>) -> Step {
+        if case .models = stage {
+            // Only the model list was asked for: the verdict stands whatever the answer.
+            if case .success(let response) = result, response.status == 200, let names = Self.modelIDs(response.body) {
+                report.models = names
+            }
+            stage = .done
+            return .finished(report)
+        }
         let response: ProbeResponse
         switch result {
         case .failure(let failure):
@@ -120,6 +142,9 @@ public struct ProbeSequence: Sendable {
                 report.inferenceKeyRequired = document.auth?.inferenceKeyRequired
                 report.modelCount = document.loadedModelCount ?? document.loadedModels?.count
                 report.ready = document.ready
+                if let names = document.loadedModels, !names.isEmpty || document.loadedModelCount == 0 {
+                    report.models = Self.cleanModels(names)
+                }
             } else if index + 1 < discoveryPaths.count {
                 // 404 on servers older than 2026-02-28, or another path: try the fallback.
                 stage = .discovery(index + 1)
@@ -140,6 +165,16 @@ public struct ProbeSequence: Sendable {
                 report.ready = true
                 if let count = body?.modelsLoaded { report.modelCount = count }
                 if let version = body?.version, report.version == nil { report.version = version }
+                // Under the `cloud` profile the document lists no models; /v1/models does, with
+                // the inference key when one is required.
+                if report.models == nil, (report.modelCount ?? 1) > 0, report.instanceID != nil || report.securityProfile != nil,
+                    hasInferenceKey || report.inferenceKeyRequired == false
+                {
+                    report.verdict = .ready
+                    report.detail = nil
+                    stage = .models
+                    return .request(path: "/v1/models")
+                }
                 return finish(.ready, detail: nil)
             case 503:
                 report.ready = false
@@ -150,7 +185,7 @@ public struct ProbeSequence: Sendable {
                 return finish(.down, detail: "/readyz answered HTTP \(response.status)")
             }
 
-        case .done:
+        case .models, .done:
             return .finished(report)
         }
     }
@@ -160,6 +195,25 @@ public struct ProbeSequence: Sendable {
         report.verdict = verdict
         report.detail = detail
         return .finished(report)
+    }
+
+    /// The ids of an OpenAI `/v1/models` list.
+    static func modelIDs(_ body: [UInt8]) -> [String]? {
+        struct List: Decodable {
+            struct Model: Decodable { var id: String? }
+            var data: [Model]?
+        }
+        guard let list = try? JSONDecoder().decode(List.self, from: Data(body)), let data = list.data else { return nil }
+        return cleanModels(data.compactMap(\.id))
+    }
+
+    /// At most `maxModels` names, each printable and at most `maxModelNameBytes` long.
+    static func cleanModels(_ names: [String]) -> [String] {
+        var seen = Set<String>()
+        return names.filter { name in
+            !name.isEmpty && name.utf8.count <= maxModelNameBytes
+                && !name.unicodeScalars.contains { $0.value < 0x20 || $0.value == 0x7F } && seen.insert(name).inserted
+        }.prefix(maxModels).map { $0 }
     }
 
     /// Statuses that end the probe whatever was asked: auth, tunnel and overload answers.

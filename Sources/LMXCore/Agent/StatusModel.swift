@@ -83,8 +83,10 @@ public enum StatusAPI {
         /// Names of the secrets configured for the route (`admin_key`, `api_key`, `cf_access`), never values.
         public var credentials: [String]
         public var pinnedInstance: String?
+        /// The models the server has loaded, when known.
+        public var loadedModels: [String]?
 
-        public init(id: String, baseURL: String, via: Via, source: RouteSource, name: String, addresses: [String], announced: Bool, health: RouteHealth, verdict: HealthVerdict?, active: Bool, reason: String, latencyMS: Double?, lastProbe: Probe?, version: String?, models: Int?, ready: Bool?, probes: Int, failures: Int, credentials: [String], pinnedInstance: String?) {
+        public init(id: String, baseURL: String, via: Via, source: RouteSource, name: String, addresses: [String], announced: Bool, health: RouteHealth, verdict: HealthVerdict?, active: Bool, reason: String, latencyMS: Double?, lastProbe: Probe?, version: String?, models: Int?, ready: Bool?, probes: Int, failures: Int, credentials: [String], pinnedInstance: String?, loadedModels: [String]? = nil) {
             self.id = id
             self.baseURL = baseURL
             self.via = via
@@ -105,12 +107,13 @@ public enum StatusAPI {
             self.failures = failures
             self.credentials = credentials
             self.pinnedInstance = pinnedInstance
+            self.loadedModels = loadedModels
         }
 
         enum CodingKeys: String, CodingKey {
             case id, baseURL = "base_url", via, source, name, addresses, announced, health, verdict, active, reason
             case latencyMS = "latency_ms", lastProbe = "last_probe", version, models, ready, probes, failures
-            case credentials, pinnedInstance = "pinned_instance"
+            case credentials, pinnedInstance = "pinned_instance", loadedModels = "loaded_models"
         }
     }
 
@@ -147,11 +150,14 @@ public enum StatusAPI {
         public var trust: String?
         /// The local gateway, when it runs.
         public var gateway: Gateway?
+        /// Instances preferred among equals (`prefer` in the config), in order.
+        public var prefer: [String]?
 
         public init(
             agentVersion: String, seq: UInt64, avahi: String, avahiDetail: String?, active: Active?, noActiveReason: String?,
-            candidates: [Candidate], trust: String? = nil, gateway: Gateway? = nil
+            candidates: [Candidate], trust: String? = nil, gateway: Gateway? = nil, prefer: [String]? = nil
         ) {
+            self.prefer = prefer
             self.trust = trust
             self.gateway = gateway
             self.agentVersion = agentVersion
@@ -165,7 +171,20 @@ public enum StatusAPI {
 
         enum CodingKeys: String, CodingKey {
             case agentVersion = "agent_version", seq, avahi, avahiDetail = "avahi_detail", active
-            case noActiveReason = "no_active_reason", candidates, trust, gateway
+            case noActiveReason = "no_active_reason", candidates, trust, gateway, prefer
+        }
+    }
+
+    /// `GET /v1/resolve?model=NAME`: the best usable endpoint that has the model.
+    public struct Resolved: Codable, Sendable, Hashable {
+        public var model: String
+        public var endpoint: Active?
+        public var reason: String
+
+        public init(model: String, endpoint: Active?, reason: String) {
+            self.model = model
+            self.endpoint = endpoint
+            self.reason = reason
         }
     }
 
