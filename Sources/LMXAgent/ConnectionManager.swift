@@ -290,6 +290,11 @@ public actor ConnectionManager {
         return removed
     }
 
+    /// The stored pairings (inside the daemon only: they hold secrets).
+    public func storedPairings() async throws -> [Pairing] {
+        try await writer.read { try $0.pairings() }.map(\.pairing)
+    }
+
     /// Every pairing with what the agent knows of its routes (no secrets).
     public func pairingSummaries() async throws -> [PairingSummary] {
         try await writer.read { try $0.pairings() }.map { stored in

@@ -84,6 +84,13 @@ struct LMXAgentd: AsyncParsableCommand {
     @Flag(name: .customLong("no-gateway"), help: "Do not serve the local gateway at all.")
     var noGateway = false
 
+    @Option(
+        name: .customLong("address-book"),
+        help: ArgumentHelp(
+            "An lmx-connections.json address book to follow: a rewritten tunnel URL updates its pairing (repeatable).",
+            valueName: "path"))
+    var addressBooks: [String] = []
+
     func validate() throws {
         for url in endpoints {
             do { _ = try ManualEndpoint(url: url).route() } catch { throw ValidationError("--endpoint: \(error.description)") }
@@ -112,8 +119,9 @@ struct LMXAgentd: AsyncParsableCommand {
         let configPath = config ?? paths.config
         let explicitConfig = config != nil
 
-        let load: @Sendable () throws -> AgentConfiguration = { [endpoints, noDiscovery, interface, extraCAFile, logLevel, gateway, gatewaySocket, noGateway] in
+        let load: @Sendable () throws -> AgentConfiguration = { [endpoints, noDiscovery, interface, extraCAFile, logLevel, gateway, gatewaySocket, noGateway, addressBooks] in
             var configuration = try Self.loadConfiguration(configPath, required: explicitConfig)
+            configuration.addressBooks += addressBooks
             if let gateway { configuration.gateway.listen = try GatewayConfiguration.parseListen(gateway) }
             if let gatewaySocket { configuration.gateway.socket = gatewaySocket }
             if noGateway { configuration.gateway.enabled = false }
@@ -207,6 +215,18 @@ struct LMXAgentd: AsyncParsableCommand {
         } else {
             await manager.setDiscoveryState("disabled", detail: nil)
         }
+        let home = environment["HOME"].flatMap { $0.hasPrefix("/") ? $0 : nil }
+        let books = configuration.addressBooks.compactMap { path -> String? in
+            guard path.hasPrefix("~/") else { return path }
+            guard let home else {
+                logger.warning("address book \(path) not followed: HOME is not set")
+                return nil
+            }
+            return home + path.dropFirst(1)
+        }
+        services.append(.init(
+            service: AddressBookWatcher(paths: books, manager: manager, logger: logger), successTerminationBehavior: .ignore,
+            serviceName: "address-books"))
         services.append(.init(service: ReloadService(manager: manager, logger: logger, load: load), serviceName: "reload"))
         services.append(.init(service: app, serviceName: "status-api"))
         var gatewayService: Gateway?

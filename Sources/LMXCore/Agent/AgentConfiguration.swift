@@ -167,13 +167,16 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
     public var logLevel = "info"
     /// The local OpenAI-compatible gateway.
     public var gateway = GatewayConfiguration()
+    /// Address books (`lmx-connections.json`) followed for changes: a rewritten tunnel URL
+    /// updates the pairing of the same entry. `~/` is the daemon user's home.
+    public var addressBooks: [String] = []
 
     public init() {}
 
     enum CodingKeys: String, CodingKey {
         case policy = "health", endpoints, interfaces, excludeInterfaces = "exclude_interfaces", discovery
         case extraCAFile = "extra_ca_file", watchHeartbeat = "watch_heartbeat", eventRetention = "event_retention"
-        case logLevel = "log_level", trust, gateway, prefer
+        case logLevel = "log_level", trust, gateway, prefer, addressBooks = "address_books"
     }
 
     public init(from decoder: any Decoder) throws {
@@ -201,6 +204,11 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
             throw DecodingError.dataCorruptedError(forKey: .eventRetention, in: c, debugDescription: "must be at least 100")
         }
         gateway = try c.decodeIfPresent(GatewayConfiguration.self, forKey: .gateway) ?? GatewayConfiguration()
+        addressBooks = try c.decodeIfPresent([String].self, forKey: .addressBooks) ?? []
+        guard addressBooks.count <= 16, addressBooks.allSatisfy({ $0.hasPrefix("/") || $0.hasPrefix("~/") }) else {
+            throw DecodingError.dataCorruptedError(
+                forKey: .addressBooks, in: c, debugDescription: "at most 16 absolute paths (or ~/…)")
+        }
         logLevel = try c.decodeIfPresent(String.self, forKey: .logLevel) ?? "info"
         guard ["trace", "debug", "info", "notice", "warning", "error", "critical"].contains(logLevel) else {
             throw DecodingError.dataCorruptedError(forKey: .logLevel, in: c, debugDescription: "must be one of trace, debug, info, notice, warning, error")

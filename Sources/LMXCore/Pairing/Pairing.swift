@@ -53,6 +53,9 @@ public struct Pairing: Sendable, Hashable {
     /// tunnel URL, or (neither has a tunnel) the same LAN address.
     public func isSameServer(as other: Pairing) -> Bool {
         if let a = instance, let b = other.instance { return a == b }
+        // The desktop manager's address book keys entries by LAN host:port and rewrites the
+        // quick tunnel's URL when cloudflared restarts: same entry, new tunnel.
+        if format == .addressBook || other.format == .addressBook, let a = lan, let b = other.lan { return a == b }
         if let a = wan?.url, let b = other.wan?.url { return a == b }
         if wan == nil, other.wan == nil, let a = lan, let b = other.lan { return a == b }
         return false
