@@ -9,6 +9,9 @@
   - a LAN server killed without goodbye and restarted with no new announcement: time from its
     /healthz answering to usable (hysteresis) and to active again (stability window 10 s)
   - whole-process time of `lmx-status --url`
+  - the local gateway against the server directly (same run): chat completions req/s and
+    p50/p99 at 1 and 8 clients, streaming first event and per-event delivery, and a client loop
+    across a LAN server kill
   - daemon RSS and CPU with 1, 50 and 200 live servers announced over mDNS
 Run through `make bench` (root; scripts/bench.sh brings the test LAN up and down).
 """
@@ -285,6 +288,61 @@ def bench_api(results):
     server.stop()
 
 
+CLIENT = os.path.join(REPO, "scripts", "gateway-client.py")
+
+
+def client(*args):
+    out = subprocess.run(["python3", CLIENT, *args], capture_output=True, text=True, timeout=120).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def bench_gateway(results):
+    """The local gateway against the server directly, in the same run: added latency, throughput,
+    streaming delivery, and a client loop across a LAN server kill (failover to the tunnel)."""
+    lan_addr = ENV["LMX_TESTBED_H1_ADDR"]
+    lan = lmx_server("h1", 21600)
+    wan = lmx_server("root", 21601, tls=True)
+    config = cfg(window=3, endpoints=[{"url": "https://127.0.0.1:21601", "via": "wan", "name": "tunnel"},
+                                      {"url": "http://%s:21600" % lan_addr, "name": "Studio"}])
+    agent = Agent(config, ["--no-discovery", "--gateway", "127.0.0.1:21602"])
+    agent.wait_active(lambda a: a is not None and a["via"] == "lan")
+    time.sleep(2)  # the tunnel is probed good too
+    direct, gateway = "http://%s:21600/v1" % lan_addr, "http://127.0.0.1:21602/v1"
+    for concurrency in (1, 8):
+        for name, url in (("direct", direct), ("gateway", gateway)):
+            r = client("loop", url, "--seconds", "5", "--concurrency", str(concurrency))
+            results["gw_%s_%d_rps" % (name, concurrency)] = r["requests_per_second"]
+            results["gw_%s_%d_p50_ms" % (name, concurrency)] = r["p50_ms"]
+            results["gw_%s_%d_p99_ms" % (name, concurrency)] = r["p99_ms"]
+    firsts = {"direct": [], "gateway": []}
+    deliveries = {"direct": [], "gateway": []}
+    for _ in range(RUNS):
+        for name, url in (("direct", direct), ("gateway", gateway)):
+            r = client("stream", url)
+            firsts[name].append(r["first_event_ms"])
+            deliveries[name].append(r["delivery_p50_ms"])
+    for name in ("direct", "gateway"):
+        results["gw_stream_first_%s_ms" % name] = median(firsts[name])
+        results["gw_stream_delivery_%s_ms" % name] = median(deliveries[name])
+    oks, errors = [], []
+    for _ in range(3):
+        lan.send("alive")
+        agent.wait_active(lambda a: a is not None and a["via"] == "lan", timeout=30)
+        loop = subprocess.Popen(["python3", CLIENT, "loop", gateway, "--seconds", "10", "--concurrency", "4",
+                                 "--pause", "5"], stdout=subprocess.PIPE, text=True)
+        time.sleep(4)
+        lan.send("dead")
+        r = json.loads(loop.communicate()[0].strip().splitlines()[-1])
+        oks.append(r["ok"])
+        errors.append(sum(r["errors"].values()))
+    results["gw_failover_ok"] = sum(oks)
+    results["gw_failover_errors"] = sum(errors)
+    results["gw_failover_errors_max"] = max(errors)
+    agent.stop()
+    lan.stop()
+    wan.stop()
+
+
 def proc_stats(pid):
     with open("/proc/%d/status" % pid) as f:
         fields = dict(line.split(":", 1) for line in f if ":" in line)
@@ -326,7 +384,7 @@ def bench_scale(results):
 
 def main():
     results = {}
-    steps = (bench_first_active, bench_failover, bench_restart, bench_api, bench_scale)
+    steps = (bench_first_active, bench_failover, bench_restart, bench_api, bench_gateway, bench_scale)
     only = os.environ.get("BENCH_STEPS")
     if only:
         steps = [step for step in steps if step.__name__.replace("bench_", "") in only.split(",")]
@@ -347,6 +405,20 @@ def main():
         ("GET /v1/active, 50 clients: req/s, p50, p99", "%.0f, %.2f ms, %.2f ms" % (results["api_50_rps"], results["api_50_p50_ms"], results["api_50_p99_ms"]), "≥ 10,000 req/s"),
         ("lmx-status --url, whole process (median of 30)", ms(results["lmx_status_url"]), "≤ 30 ms"),
     ]
+    for c in (1, 8):
+        rows.append(("gateway vs direct, chat completions, %d client(s): req/s, p50, p99" % c,
+                     "%.0f vs %.0f, %.2f vs %.2f ms, %.2f vs %.2f ms" % (
+                         results["gw_gateway_%d_rps" % c], results["gw_direct_%d_rps" % c],
+                         results["gw_gateway_%d_p50_ms" % c], results["gw_direct_%d_p50_ms" % c],
+                         results["gw_gateway_%d_p99_ms" % c], results["gw_direct_%d_p99_ms" % c]),
+                     "added p50 ≤ 1 ms"))
+    rows.append(("gateway vs direct, streaming: first event; server write → client read (p50)",
+                 "%.2f vs %.2f ms; %.2f vs %.2f ms" % (results["gw_stream_first_gateway_ms"], results["gw_stream_first_direct_ms"],
+                                                      results["gw_stream_delivery_gateway_ms"], results["gw_stream_delivery_direct_ms"]),
+                 "added ≤ 1 ms"))
+    rows.append(("gateway client loop across a LAN server kill (3 runs, 4 clients): answered, failed (max per run)",
+                 "%d, %d (%d)" % (results["gw_failover_ok"], results["gw_failover_errors"], results["gw_failover_errors_max"]),
+                 "failed ≤ requests in flight at the kill"))
     for n in SIZES:
         rows.append(("daemon with %d live servers: RSS (peak), idle CPU" % n,
                      "%.1f MiB (%.1f), %.2f %%" % (results["scale_%d_rss_mib" % n], results["scale_%d_peak_rss_mib" % n],

@@ -13,6 +13,7 @@ scripts/testbed.sh up
 swift build --build-tests
 # The checked-in man pages and completions must match the code; the package tests need the .deb.
 scripts/gen-docs.sh --check
+python3 scripts/check-docs.py
 scripts/build-deb.sh
 # Serial: the integration suites share one test LAN (one avahi-daemon, one bridge).
 LMX_BIN_DIR="$(swift build --show-bin-path)" swift test --skip-build --no-parallel "$@"

@@ -122,9 +122,15 @@ public final class Gateway: Sendable {
         var apps: [(String, any Service)] = []
         let responder = GatewayResponder(gateway: self)
         if let socketPath {
+            let limiter = ConnectionLimiter(perUser: 64)
             let app = Application(
                 responder: responder,
-                server: .http1(configuration: .init(idleTimeout: .seconds(60))),
+                // Per user, as on the status socket: one user's idle connections cannot crowd out another's.
+                server: HTTPServerBuilder { responder in
+                    PerUserLimitedChannel(
+                        base: HTTP1Channel(responder: responder, configuration: .init(idleTimeout: .seconds(60))),
+                        limiter: limiter)
+                },
                 configuration: .init(
                     address: .unixDomainSocket(path: socketPath), serverName: nil,
                     availableConnectionsDelegate: .maximum(2048, logger: logger)),

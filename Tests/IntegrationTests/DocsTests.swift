@@ -1,0 +1,43 @@
+import Foundation
+import Testing
+
+/// The documentation a newcomer meets: the README's first screen and every link in the docs.
+@Suite("Documentation")
+struct DocsTests {
+    private let checker = "\(TestBed.repo)/scripts/check-docs.py"
+
+    @Test("every link in the Markdown files resolves inside the repository")
+    func links() async throws {
+        let result = try await Command.run("/usr/bin/python3", [checker, TestBed.repo])
+        #expect(result.status == 0, "\(result.stderr)")
+        #expect(result.stdout.contains("resolve inside the repository"))
+    }
+
+    @Test("the checker finds a missing file, a missing heading and a link out of the repository")
+    func checkerFails() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("lmx-docs-\(getpid())").path
+        try FileManager.default.createDirectory(atPath: directory + "/docs", withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try "# Title\n\n## A heading\n".write(toFile: directory + "/docs/a.md", atomically: true, encoding: .utf8)
+        try """
+            # Project
+            [fine](docs/a.md#a-heading) [missing](docs/b.md) [heading](docs/a.md#nowhere) [outside](../shared/CONTRACT.md)
+            """.write(toFile: directory + "/README.md", atomically: true, encoding: .utf8)
+        let result = try await Command.run("/usr/bin/python3", [checker, directory])
+        #expect(result.status == 1)
+        #expect(result.stderr.contains("docs/b.md does not exist"))
+        #expect(result.stderr.contains("has no heading #nowhere"))
+        #expect(result.stderr.contains("leaves the repository"))
+        #expect(!result.stderr.contains("fine"))
+    }
+
+    @Test("the README is a front page: the two commands on its first screen, at most 250 lines")
+    func frontPage() throws {
+        let readme = try String(contentsOfFile: TestBed.repo + "/README.md", encoding: .utf8)
+        let lines = readme.split(separator: "\n", omittingEmptySubsequences: false)
+        #expect(lines.count <= 250)
+        let firstScreen = lines.prefix(24).joined(separator: "\n")
+        #expect(firstScreen.contains("sudo make run"))
+        #expect(firstScreen.contains("sudo make test"))
+    }
+}
