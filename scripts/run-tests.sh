@@ -16,4 +16,23 @@ scripts/gen-docs.sh --check
 python3 scripts/check-docs.py
 scripts/build-deb.sh
 # Serial: the integration suites share one test LAN (one avahi-daemon, one bridge).
-LMX_BIN_DIR="$(swift build --show-bin-path)" swift test --skip-build --no-parallel "$@"
+log=".build/test-output.log"
+status=0
+LMX_BIN_DIR="$(swift build --show-bin-path)" swift test --skip-build --no-parallel "$@" 2>&1 | tee "$log" || status=$?
+if [ "$status" -ne 0 ]; then
+    # The end of a long log is what a CI page shows: say there what failed, and if the test
+    # process crashed, in which test and where.
+    {
+        echo "---- make test: summary of the failure (full log: $log) ----"
+        grep -E '^✘ Test .* (recorded an issue|failed)' "$log" | cut -c1-300 | tail -8 || true
+        started=$(grep -E '^◇ Test .* started\.$' "$log" | sed -E 's/^◇ Test (.*) started\.$/\1/' || true)
+        while IFS= read -r name; do
+            [ -n "$name" ] || continue
+            grep -qF "Test $name passed" "$log" || grep -qF "Test $name failed" "$log" || echo "unfinished (running when the process ended): $name"
+        done <<<"$started" | tail -4
+        grep -E 'Fatal error|Program crashed|Thread [0-9]+ crashed' "$log" | cut -c1-200 | head -3 || true
+        # The crashed thread's frames in our own code (file:line).
+        grep -E '^[0-9]+ .*(Sources|Tests)/[A-Za-z/_-]+\.swift:[0-9]+' "$log" | sed -E 's/^([0-9]+) .* in (.*) at .*\/((Sources|Tests)\/.*)$/\1 \2 at \3/' | cut -c1-200 | head -6 || true
+    } >&2
+    exit "$status"
+fi
