@@ -13,6 +13,8 @@ Reads commands on stdin, one per line, and answers "ok <command>" on stdout:
   dead          stop listening (connections are refused)
   alive         listen again
   instance ID   report another instance_id
+  load M | unload M   a model loaded or unloaded (discovery document and /admin/events)
+  mute | unmute       stop or resume /admin/events heartbeats (the connection stays open)
   quit
 Every request is logged on stdout as "REQ <path> <header names that carry credentials>".
 
@@ -31,6 +33,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 state = {"mode": "ready", "delay": 0.0, "instance": None, "retry_after": "30"}
+subscribers = []  # queues of /admin/events clients
 lock = threading.RLock()
 out_lock = threading.Lock()
 
@@ -138,6 +141,8 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/admin/"):
             if self.headers.get("X-Admin-Key") != args.admin_key:
                 return self.send_json(403, {"detail": "Invalid or missing admin key"})
+            if path == "/admin/events":
+                return self.send_events()
             return self.send_json(200, {"status": "ok"})
         if path == "/v1/bytes":
             return self.send_bytes()
@@ -191,6 +196,40 @@ class Handler(BaseHTTPRequestHandler):
         if not key:
             return True
         return self.headers.get("Authorization") == "Bearer " + key or self.headers.get("X-Api-Key") == key
+
+    def send_events(self):
+        """GET /admin/events: server-sent events as the real server sends them (event: TYPE,
+        data: JSON), a heartbeat every --heartbeat seconds unless muted."""
+        import queue
+        q = queue.Queue()
+        with lock:
+            subscribers.append(q)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            while True:
+                try:
+                    kind, data = q.get(timeout=self.server.args.heartbeat)
+                except queue.Empty:
+                    with lock:
+                        muted = state.get("muted", False)
+                    if muted:
+                        continue
+                    kind, data = "heartbeat", {"ts": time.time()}
+                if kind is None:
+                    break
+                event = b"event: %s\ndata: %s\n\n" % (kind.encode(), json.dumps(data).encode())
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+        except OSError:
+            pass
+        finally:
+            with lock:
+                if q in subscribers:
+                    subscribers.remove(q)
 
     def send_bytes(self):
         """GET /v1/bytes?n=N: N deterministic bytes (every value 0-255) in uneven chunks, to check
@@ -287,6 +326,7 @@ def main():
     parser.add_argument("--mode", default="ready")
     parser.add_argument("--api-key", default=None, help="require this inference key on /v1/*")
     parser.add_argument("--models", default="test/model", help="comma-separated loaded models")
+    parser.add_argument("--heartbeat", type=float, default=30, help="seconds between /admin/events heartbeats")
     parser.add_argument("--profile", default="lan", choices=["lan", "cloud"], help="security_profile")
     parser.add_argument("--stream-chunks", type=int, default=20)
     parser.add_argument("--stream-interval", type=int, default=50, help="milliseconds between streamed chunks")
@@ -317,6 +357,18 @@ def main():
                 state["retry_after"] = command[1]
             elif name == "instance":
                 state["instance"] = command[1]
+            elif name in ("load", "unload"):
+                # A model loaded or unloaded: the discovery document changes and every
+                # /admin/events subscriber is told.
+                model = command[1]
+                if name == "load" and model not in args.models:
+                    args.models.append(model)
+                if name == "unload" and model in args.models:
+                    args.models.remove(model)
+                for q in subscribers:
+                    q.put(("model_loaded" if name == "load" else "model_unloaded", {"model_id": model}))
+            elif name in ("mute", "unmute"):
+                state["muted"] = name == "mute"
             elif name == "dead":
                 if server is not None:
                     server.kill()

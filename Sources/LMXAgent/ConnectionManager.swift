@@ -58,6 +58,10 @@ public actor ConnectionManager {
     private var seq: UInt64 = 0
     private var recent: [(seq: UInt64, line: [UInt8])] = []
     private let recentLimit = 1024
+    /// Following the active server's `/admin/events` (when its admin key is known).
+    private var eventTask: Task<Void, Never>?
+    private var eventRouteID: String?
+    private var serverEventCount = 0
     private var gatewayStats: GatewayStats?
     private var gatewayInfo: StatusAPI.Gateway?
     /// `endpoint.env` beside the socket, when the daemon keeps one.
@@ -147,6 +151,9 @@ public actor ConnectionManager {
         stopped = true
         timer?.cancel()
         heartbeat?.cancel()
+        eventTask?.cancel()
+        if let eventTask { await eventTask.value }
+        eventTask = nil
         let tasks = Array(probeTasks.values)
         for task in tasks { task.cancel() }
         for task in tasks { await task.value }
@@ -482,6 +489,7 @@ public actor ConnectionManager {
                 if let id = to?.id { writer.write("remember the active endpoint") { try $0.setMeta("last_good_route", id) } }
                 broadcast(StatusAPI.WatchLine(type: "active", seq: 0, at: iso(t), active: activeEndpoint(), reason: reason))
                 writeEndpointFile(at: t)
+                followEvents(of: to?.route)
             }
         }
     }
@@ -492,6 +500,82 @@ public actor ConnectionManager {
     public func setGatewayInfo(url: String?, socket: String?) {
         gatewayInfo = StatusAPI.Gateway(openAIBaseURL: url.map { $0 + "/v1" }, socket: socket)
         writeEndpointFile(at: now())
+    }
+
+    // MARK: - Passive health: the active server's event stream
+
+    /// Follows the active server's `/admin/events` when its admin key is known: model and
+    /// readiness events update the agent at once, and silence where a heartbeat was due counts
+    /// as a failed probe. Reconnects with backoff; each connection starts with a full probe
+    /// (snapshot), then follows the diffs.
+    private func followEvents(of route: Route?) {
+        let wanted = route.flatMap { $0.credentials.adminKey == nil ? nil : $0 }
+        guard wanted?.id != eventRouteID else { return }
+        eventTask?.cancel()
+        eventTask = nil
+        eventRouteID = wanted?.id
+        guard let route = wanted, !stopped else { return }
+        let prober = self.prober
+        let silence = planner.policy.eventHeartbeatTimeout
+        let connect = planner.policy.timeout(for: route.via)
+        eventTask = Task {
+            var backoff = 1.0
+            while !Task.isCancelled {
+                let end = await prober.followEvents(route, silence: silence, connectTimeout: connect) { event in
+                    await self.serverEvent(event, routeID: route.id)
+                }
+                guard !Task.isCancelled else { return }
+                let pause = await self.eventStreamEnded(end, routeID: route.id, backoff: backoff)
+                try? await Task.sleep(for: .milliseconds(Int64(pause * 1000)))
+                backoff = min(backoff * 2, 30)
+            }
+        }
+    }
+
+    private func serverEvent(_ event: ServerEvent, routeID: String) {
+        guard routeID == eventRouteID, !stopped else { return }
+        serverEventCount += 1
+        let t = now()
+        switch event.type {
+        case "heartbeat":
+            return
+        case "model_loaded", "model_unloaded":
+            if let model = event.model {
+                planner.applyModelEvent(routeID, model: model, loaded: event.type == "model_loaded")
+            }
+            logger.info("server event", metadata: ["route": "\(routeID)", "event": "\(event.type)"])
+            planner.resync(routeID, now: t)
+        case "readiness_changed", "config_reloaded", "ttl_evicted":
+            logger.info("server event", metadata: ["route": "\(routeID)", "event": "\(event.type)"])
+            planner.resync(routeID, now: t)
+        default:
+            return
+        }
+        pump(reselect: false)
+    }
+
+    /// Returns the pause before reconnecting.
+    private func eventStreamEnded(_ end: EventStreamEnd, routeID: String, backoff: Double) -> Double {
+        guard routeID == eventRouteID, !stopped else { return backoff }
+        let t = now()
+        switch end {
+        case .silent(let seconds):
+            let detail = "no heartbeat on /admin/events for \(Int(seconds)) s"
+            logger.warning("\(detail): counted as a failed probe; reconnecting", metadata: ["route": "\(routeID)"])
+            handle(planner.recordPassiveFailure(routeID, detail: detail, now: t))
+            planner.probeNow(routeID, now: t)
+            pump(reselect: false)
+            return 0.5
+        case .refused(let status):
+            logger.notice("the server refused its event stream (HTTP \(status)): relying on probes", metadata: ["route": "\(routeID)"])
+            return 300
+        case .closed(let why):
+            logger.info("event stream closed (\(why)); reconnecting", metadata: ["route": "\(routeID)"])
+            // Whatever happened meanwhile is learned from a full probe after reconnecting.
+            planner.resync(routeID, now: t)
+            pump(reselect: false)
+            return backoff
+        }
     }
 
     /// Keeps `endpoint.env` (beside the socket) in step with the active endpoint; nil removes it.
@@ -728,6 +812,8 @@ public actor ConnectionManager {
         out += "lmx_store_dropped_writes_total \(writer.dropped)\n"
         out += "# HELP lmx_ignored_announcements_total Servers announced past the limit of \(Self.maxDiscovered) and ignored.\n# TYPE lmx_ignored_announcements_total counter\n"
         out += "lmx_ignored_announcements_total \(ignoredAnnouncements)\n"
+        out += "# HELP lmx_server_events_total Events received on the active server's /admin/events stream.\n# TYPE lmx_server_events_total counter\n"
+        out += "lmx_server_events_total \(serverEventCount)\n"
         out += "# HELP lmx_watch_clients Connected /v1/watch clients.\n# TYPE lmx_watch_clients gauge\nlmx_watch_clients \(watchers.count)\n"
         if let gatewayStats { out += gatewayStats.metrics() }
         return out

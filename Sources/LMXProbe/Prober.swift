@@ -14,6 +14,9 @@ import Glibc
 /// One shared client, so connections to each server are pooled and reused between probes.
 public final class Prober: Sendable {
     private let client: HTTPClient
+    /// A client of its own for `/admin/events`: a stream holds its connection for as long as it
+    /// lasts and must not take one from the probes.
+    let eventClient: HTTPClient
 
     /// - Parameter extraCAFile: a PEM file of certificate authorities trusted in addition to the
     ///   system trust store (private deployments and tests).
@@ -34,11 +37,13 @@ public final class Prober: Sendable {
         configuration.connectionPool.retryConnectionEstablishment = false
         configuration.httpVersion = .http1Only
         client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+        eventClient = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
     }
 
     /// Closes pooled connections. Call once, before the process exits.
     public func shutdown() async {
         try? await client.shutdown()
+        try? await eventClient.shutdown()
     }
 
     /// Probes one route; never throws: every failure is a verdict.

@@ -198,6 +198,35 @@ public struct ConnectionPlanner: Sendable {
         routes[routeID] = state
     }
 
+    /// Probes a route in full now (its discovery document again): after the server said that
+    /// something changed (an `/admin/events` event), or to resync after reconnecting to them.
+    public mutating func resync(_ routeID: String, now: Double) {
+        guard routes[routeID] != nil else { return }
+        routes[routeID]!.lastFullProbeAt = nil
+        probeNow(routeID, now: now)
+    }
+
+    /// Applies a `model_loaded` / `model_unloaded` event to what is known of a server's models
+    /// (a full probe confirms it soon after).
+    public mutating func applyModelEvent(_ routeID: String, model: String, loaded: Bool) {
+        guard var report = routes[routeID]?.lastReport, var models = report.models else { return }
+        if loaded {
+            if !models.contains(model), models.count < ProbeSequence.maxModels { models.append(model) }
+        } else {
+            models.removeAll { $0 == model }
+        }
+        report.models = models
+        report.modelCount = models.count
+        routes[routeID]!.lastReport = report
+    }
+
+    /// Passive health: a silence where a heartbeat was due counts as one failed probe.
+    public mutating func recordPassiveFailure(_ routeID: String, detail: String, now: Double) -> [PlannerEvent] {
+        guard let state = routes[routeID], !state.inFlight else { return [] }
+        routes[routeID]!.inFlight = true
+        return record(ProbeReport(verdict: .down, latency: 0, detail: detail), for: routeID, full: false, now: now)
+    }
+
     /// Makes every route due now (`POST /v1/refresh`).
     public mutating func refreshAll(now: Double) {
         for id in routes.keys where !routes[id]!.inFlight {

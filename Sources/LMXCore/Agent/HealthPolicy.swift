@@ -45,6 +45,9 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
     public var restartInterval: Double = 1
     /// Longest wait a `Retry-After` may impose on a standby route (never on the active one).
     public var maxRetryAfter: Double = 60
+    /// The active server's `/admin/events` stream (followed when its admin key is known) sends
+    /// a heartbeat every 30 s; silence this long counts as a failed probe and reconnects.
+    public var eventHeartbeatTimeout: Double = 60
     /// How long a better route must stay healthy before the agent moves to it from a working one.
     public var stabilityWindow: Double = 10
     /// Probes in flight at once.
@@ -68,6 +71,7 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
         case activeInterval = "active_interval", stableInterval = "stable_interval"
         case wanStandbyInterval = "wan_standby_interval", jitter, maxBackoff = "max_backoff"
         case restartWatch = "restart_watch", restartInterval = "restart_interval", maxRetryAfter = "max_retry_after"
+        case eventHeartbeatTimeout = "event_heartbeat_timeout"
         case stabilityWindow = "stability_window", maxConcurrentProbes = "max_concurrent_probes"
         case lanTimeout = "lan_timeout", wanTimeout = "wan_timeout", forgetAfter = "forget_after"
         case preferredInstances = "preferred_instances"
@@ -103,6 +107,7 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
         restartWatch = try seconds(.restartWatch, d.restartWatch)
         restartInterval = try seconds(.restartInterval, d.restartInterval, max: 60)
         maxRetryAfter = try seconds(.maxRetryAfter, d.maxRetryAfter, max: 3600)
+        eventHeartbeatTimeout = try seconds(.eventHeartbeatTimeout, d.eventHeartbeatTimeout, max: 3600)
         stabilityWindow = try seconds(.stabilityWindow, d.stabilityWindow)
         lanTimeout = try seconds(.lanTimeout, d.lanTimeout, max: 120)
         wanTimeout = try seconds(.wanTimeout, d.wanTimeout, max: 120)

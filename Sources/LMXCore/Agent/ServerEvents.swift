@@ -1,0 +1,73 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// One event of a server's `/admin/events` stream (server-sent events).
+public struct ServerEvent: Sendable, Hashable {
+    public var type: String
+    public var data: [UInt8]
+
+    /// The model an event names (`model_loaded`, `model_unloaded`), whatever the field is called.
+    public var model: String? {
+        struct Fields: Decodable {
+            var model_id: String?
+            var model: String?
+            var id: String?
+            var name: String?
+        }
+        guard let fields = try? JSONDecoder().decode(Fields.self, from: Data(data)) else { return nil }
+        return fields.model_id ?? fields.model ?? fields.id ?? fields.name
+    }
+}
+
+/// Splits a server-sent event stream into events: `event:` and `data:` lines, a blank line
+/// ends one; comments (`:`) and unknown fields are skipped. Lines end with LF or CRLF.
+public struct ServerEventParser: Sendable {
+    private var pending: [UInt8] = []
+    private var type: String?
+    private var data: [UInt8] = []
+    private var hasData = false
+    /// An event larger than this is dropped (the server's are small JSON documents).
+    public static let maxEventBytes = 256 * 1024
+
+    public init() {}
+
+    public mutating func feed(_ bytes: some Sequence<UInt8>) -> [ServerEvent] {
+        var events: [ServerEvent] = []
+        pending.append(contentsOf: bytes)
+        while let newline = pending.firstIndex(of: 0x0A) {
+            var line = Array(pending[..<newline])
+            pending.removeSubrange(...newline)
+            if line.last == 0x0D { line.removeLast() }
+            if line.isEmpty {
+                if type != nil || hasData {
+                    events.append(ServerEvent(type: type ?? "message", data: data))
+                }
+                type = nil
+                data = []
+                hasData = false
+                continue
+            }
+            if line.first == UInt8(ascii: ":") { continue }
+            let colon = line.firstIndex(of: UInt8(ascii: ":")) ?? line.count
+            let field = String(decoding: line[..<colon], as: UTF8.self)
+            var value = colon < line.count ? Array(line[(colon + 1)...]) : []
+            if value.first == 0x20 { value.removeFirst() }
+            switch field {
+            case "event":
+                type = String(decoding: value, as: UTF8.self)
+            case "data":
+                if hasData { data.append(0x0A) }
+                data += value
+                hasData = true
+                if data.count > Self.maxEventBytes { data = []; hasData = false; type = nil }
+            default:
+                break
+            }
+        }
+        if pending.count > Self.maxEventBytes { pending = [] }
+        return events
+    }
+}
