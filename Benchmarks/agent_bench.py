@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,15 +60,34 @@ class Proc:
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                   env={**os.environ, **(env or {})})
         LIVE.append(self.p)
+        # Read its output all the time: a test server logs every request, and a full pipe
+        # would stall it in the middle of a load step.
+        self.lines = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        for line in self.p.stdout:
+            with self.cond:
+                self.lines.append(line)
+                if len(self.lines) > 10000:
+                    del self.lines[:5000]
+                self.cond.notify_all()
+        with self.cond:
+            self.lines.append(None)
+            self.cond.notify_all()
 
     def wait_line(self, text, timeout=15):
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.p.stdout.readline()
-            if text in line:
-                return True
-            if not line and self.p.poll() is not None:
-                return False
+        with self.cond:
+            while time.monotonic() < deadline:
+                for i, line in enumerate(self.lines):
+                    if line is None:
+                        return False
+                    if text in line:
+                        del self.lines[:i + 1]
+                        return True
+                self.cond.wait(max(0.0, deadline - time.monotonic()))
         return False
 
     def send(self, command):
@@ -98,7 +118,6 @@ def lmx_server(host, port, count=1, tls=False):
 def publish(host, name, port):
     p = Proc(["avahi-publish", "-s", name, "_opta-lmx._tcp", str(port), "path=/.well-known/opta-lmx",
               "service=opta-lmx"], env={"DBUS_SYSTEM_BUS_ADDRESS": ENV["LMX_TESTBED_%s_BUS" % host.upper()]})
-    p.p.stdout.close()
     time.sleep(1.2)  # probing and announcing take about a second
     return p
 
@@ -292,8 +311,11 @@ CLIENT = os.path.join(REPO, "scripts", "gateway-client.py")
 
 
 def client(*args):
-    out = subprocess.run(["python3", CLIENT, *args], capture_output=True, text=True, timeout=120).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run(["python3", CLIENT, *args], capture_output=True, text=True, timeout=120)
+    lines = done.stdout.strip().splitlines()
+    if not lines:
+        raise RuntimeError("gateway-client %s: %s" % (" ".join(args), done.stderr.strip()[-400:]))
+    return json.loads(lines[-1])
 
 
 def bench_gateway(results):
