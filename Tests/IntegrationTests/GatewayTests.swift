@@ -87,7 +87,20 @@ struct GatewayTests {
             #expect(big.status == 413)
             let health = try await curl(["http://127.0.0.1:\(gatewayPort)/healthz"])
             #expect(health.status == 404)
-            #expect(!server.requests.contains { $0.contains("/v1/chat/stream") || $0.contains("/admin/") })
+            // (The agent's own /admin/events follower is not the gateway: only what clients asked.)
+            #expect(!server.requests.contains { $0.contains("/v1/chat/stream") || $0.contains("/admin/models") })
+
+            // The server's own "busy" answers pass through as they are: never retried in a loop.
+            await server.set("overloaded")
+            let postsBefore = server.requests.filter { $0.hasPrefix("REQ POST") }.count
+            let busy = try await Command.run(
+                "/usr/bin/curl",
+                ["-s", "-D", "-", "-o", "/dev/null", "-H", "Content-Type: application/json", "-d", #"{"model": "test/model", "messages": []}"#,
+                 base + "/chat/completions"])
+            #expect(busy.stdout.hasPrefix("HTTP/1.1 503"))
+            #expect(busy.stdout.lowercased().contains("retry-after: 30"))
+            #expect(server.requests.filter { $0.hasPrefix("REQ POST") }.count == postsBefore + 1)
+            await server.set("ready")
 
             // Where the gateway is, in the status and endpoint.env; no key anywhere.
             let status = try agent.status()
@@ -207,6 +220,36 @@ struct GatewayTests {
             #expect(routed.1.contains("Hello from beta-\(portB)"))
             let unknown = try await ask("gamma")
             #expect(unknown.0 == 404)  // the server's own answer, from the active endpoint
+        }
+    }
+
+    @Test("gateway.group: no TCP listener; on the socket only root, the agent's user and the group's members")
+    func groupGate() async throws {
+        let group = "lmxgw\(getpid() % 100_000)"
+        let added = try await Command.run("/usr/sbin/groupadd", ["-U", "nobody", group])
+        #expect(added.status == 0, "\(added.stderr)")
+        defer { _ = try? Process.run(URL(fileURLWithPath: "/usr/sbin/groupdel"), arguments: [group]).waitUntilExit() }
+        try await withResources {
+            let port = freePort(), gatewayPort = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "grp-\(port)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [#"{"url": "http://10.254.0.11:\#(port)"}"#], top: #""gateway": {"group": "\#(group)"}"#),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 8) { $0?.baseURL == server.baseURL } != nil)
+            chmod(agent.directory, 0o755)  // let other users reach the sockets (the directory is the test's)
+            let socket = agent.directory + "/gateway.sock"
+            func curl(as user: [String]) async throws -> String {
+                let r = try await Command.run(
+                    "/usr/bin/setpriv", user + ["/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket, "http://localhost/v1/models"])
+                return r.stdout
+            }
+            // nobody is a member; uid 12345 (primary group 12345) is not; root always may.
+            #expect(try await curl(as: ["--reuid=65534", "--regid=65534", "--clear-groups"]) == "200")
+            #expect(try await curl(as: ["--reuid=12345", "--regid=12345", "--clear-groups"]) == "403")
+            #expect(try await curl(as: []) == "200")
+            let tcp = try await Command.run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(gatewayPort)/v1/models"])
+            #expect(tcp.stdout == "000")  // nothing listens: a TCP caller cannot be identified
+            #expect(try agent.status().gateway?.openAIBaseURL == nil)
         }
     }
 }

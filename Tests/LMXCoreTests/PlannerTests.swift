@@ -100,6 +100,28 @@ struct PlannerTests {
         #expect(h.planner.activeID == "lan/10.0.0.2:1234")
     }
 
+    @Test("prefer: the preferred server is moved to among equals; after a failure, only after the stability window")
+    func preferUpgrades() {
+        var policy = HealthPolicy()
+        policy.preferredInstances = ["B:1234"]
+        // B is down from 3 s to 8 s; A (faster) stays up.
+        var h = PlannerHarness(policy: policy) { id, t in id.contains("10.0.0.2") && t > 3 && t < 8 ? .down : .ready }
+        h.instance = { $0.contains("10.0.0.1") ? "A:1234" : "B:1234" }
+        h.latency = { $0.contains("10.0.0.1") ? 0.001 : 0.050 }
+        h.add(lan("10.0.0.1"))
+        h.add(lan("10.0.0.2"))
+        h.run(until: 1)
+        #expect(h.planner.activeID == "lan/10.0.0.2:1234")
+        h.run(until: 7)
+        #expect(h.planner.activeID == "lan/10.0.0.1:1234")
+        // Back at 8 s: the window (10 s) must pass before B is preferred again.
+        h.run(until: 15)
+        #expect(h.planner.activeID == "lan/10.0.0.1:1234")
+        h.run(until: 22)
+        #expect(h.planner.activeID == "lan/10.0.0.2:1234")
+        #expect(h.switches.last?.reason.contains("in prefer") == true)
+    }
+
     @Test("a preferred instance wins among equals when the active route goes away")
     func preferredInstance() {
         var policy = HealthPolicy()
@@ -111,7 +133,8 @@ struct PlannerTests {
         h.add(lan("10.0.0.2"))
         h.add(lan("10.0.0.3"))
         h.run(until: 1)
-        #expect(h.planner.activeID == "lan/10.0.0.3:1234")
+        // An explicit prefer list is followed at once for a server that never failed.
+        #expect(h.planner.activeID == "lan/10.0.0.2:1234")
         h.run(until: 10)
         #expect(h.planner.activeID == "lan/10.0.0.2:1234")
     }

@@ -83,6 +83,29 @@ struct ProbeSequenceTests {
         #expect(reset.verdict == .ready && reset.models == nil)
     }
 
+    @Test("a WAN probe never takes the document's endpoints (LAN addresses) as the route's URL")
+    func wanKeepsItsURL() {
+        let lanEndpoints = ProbeResponse(status: 200, body: json(#"""
+            {"instance_id":"Mono512:1234","service":"opta-lmx","ready":true,"loaded_models":["m"],"loaded_model_count":1,
+             "endpoints":{"preferred_base_url":"http://192.168.188.11:1234","base_urls":["http://192.168.188.11:1234","http://localhost:1234"],
+             "openai_base_url":"http://192.168.188.11:1234/v1"}}
+            """#))
+        let (report, asked) = run(
+            ["/healthz": .success(healthz), "/.well-known/opta-lmx": .success(lanEndpoints), "/readyz": .success(readyz)], via: .wan)
+        #expect(report.verdict == .ready)
+        #expect(asked == ["/healthz", "/.well-known/opta-lmx", "/readyz"])
+        // The route the probe belongs to is unchanged whatever the document says.
+        var planner = ConnectionPlanner(policy: HealthPolicy())
+        let tunnel = Route(baseURL: "https://quiet-river-1234.trycloudflare.com", via: .wan, source: .pairing, name: "t")
+        _ = planner.upsert(tunnel, now: 0)
+        _ = planner.takeDueProbes(now: 0)
+        _ = planner.record(report, for: tunnel.id, now: 0)
+        _ = planner.takeDueProbes(now: 1)
+        _ = planner.record(report, for: tunnel.id, now: 1)
+        #expect(planner.routes.values.map(\.route.baseURL) == ["https://quiet-river-1234.trycloudflare.com"])
+        #expect(planner.active?.route.baseURL == "https://quiet-river-1234.trycloudflare.com")
+    }
+
     @Test("readyz 503 is alive, not ready")
     func notReady() {
         let (report, _) = run([

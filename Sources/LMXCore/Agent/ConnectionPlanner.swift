@@ -299,7 +299,9 @@ public struct ConnectionPlanner: Sendable {
         var next = routes.values.lazy.filter { !$0.inFlight }.map(\.nextProbeAt).min()
         if let active = activeID.flatMap({ routes[$0] }), let activeRank = rank(active) {
             let windowEnd = routes.values.lazy
-                .filter { self.rank($0).map { $0 < activeRank } ?? false }
+                .filter { state in
+                    self.rank(state).map { $0 < activeRank || ($0 == activeRank && self.isPreferredOver(state, active)) } ?? false
+                }
                 .compactMap { $0.healthySince.map { $0 + self.policy.stabilityWindow } }
                 .min()
             if let windowEnd { next = min(next ?? windowEnd, windowEnd) }
@@ -527,6 +529,13 @@ public struct ConnectionPlanner: Sendable {
         return r < activeRank
     }
 
+    /// `a` comes before `b` in the user's `prefer` list (or `b` is not in it): among routes of
+    /// equal rank, worth moving to, after the stability window like any return.
+    func isPreferredOver(_ a: RouteState, _ b: RouteState) -> Bool {
+        let pa = preference(a)
+        return pa < policy.preferredInstances.count && pa < preference(b)
+    }
+
     /// Lower is preferred: the position in the `prefer` list, then pinned instances, then the rest.
     private func preference(_ state: RouteState) -> Int {
         guard let instance = state.instanceID else { return Int.max }
@@ -553,7 +562,9 @@ public struct ConnectionPlanner: Sendable {
             // Stay among equals; move up only to a route that has been healthy for the window.
             let window = policy.stabilityWindow
             let upgrades = usable.filter { state in
-                guard let r = planner.rank(state), r < currentRank, let since = state.healthySince else { return false }
+                guard let r = planner.rank(state), let since = state.healthySince,
+                    r < currentRank || (r == currentRank && planner.isPreferredOver(state, current))
+                else { return false }
                 // A route that has never failed has no flapping to guard against (a server that
                 // just appeared); one that came back must stay healthy for the window.
                 return state.failureCount == 0 || now - since >= window
@@ -561,7 +572,9 @@ public struct ConnectionPlanner: Sendable {
             guard let best = upgrades.min(by: planner.better) else { return [] }
             return switchActive(
                 to: best, now: now,
-                reason: best.failureCount == 0
+                reason: planner.rank(best) == currentRank
+                ? "\(describe(best)) comes before \(describe(current)) in prefer"
+                : best.failureCount == 0
                 ? "\(describe(best)) is better than \(describe(current))"
                 : "\(describe(best)) healthy for \(Int(policy.stabilityWindow)) s, better than \(describe(current))")
         }
