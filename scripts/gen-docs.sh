@@ -32,7 +32,10 @@ for cmd in "${COMMANDS[@]}"; do
     [ -n "$page" ] || die "generate-manual made no page for $cmd"
     # The generator writes its run date (replaced by a fixed one, so the check is stable) and
     # blank lines between paragraphs, which mdoc spells .Pp.
-    sed -e "s/^\.Dd .*/.Dd $MAN_DATE/" -e 's/^$/.Pp/' "$page" > "$out/man/$cmd.1"
+    sed -e "s/^\.Dd .*/.Dd $MAN_DATE/" -e 's/^$/.Pp/' "$page" > "$out/$cmd.generated"
+    # Real EXIT STATUS, ENVIRONMENT and FILES sections (hand-written, Packaging/man-sections).
+    python3 scripts/man-sections.py "$cmd" "$out/$cmd.generated" "Packaging/man-sections/$cmd.mdoc" > "$out/man/$cmd.1"
+    rm "$out/$cmd.generated"
     "$bin/$cmd" --generate-completion-script bash > "$out/completions/bash/$cmd"
     "$bin/$cmd" --generate-completion-script zsh > "$out/completions/zsh/_$cmd"
     "$bin/$cmd" --generate-completion-script fish > "$out/completions/fish/$cmd.fish"

@@ -35,8 +35,18 @@ struct LMXDiscover: AsyncParsableCommand {
     @Flag(name: .long, help: "Print one JSON array of servers.")
     var json = false
 
-    @Flag(name: .long, help: "Print avahi-browse -rtp resolved lines (=;iface;proto;name;type;domain;host;address;port;txt).")
+    @Flag(name: [.customShort("p"), .long], help: "Print avahi-browse -rtp resolved lines (=;iface;proto;name;type;domain;host;address;port;txt).")
     var parsable = false
+
+    // avahi-browse habits: `lmx-discover -rt`, `-art`, `-rtp` work as typed.
+    @Flag(name: .customShort("r"), help: "Resolve (always done; accepted as in avahi-browse).")
+    var resolve = false
+
+    @Flag(name: .customShort("t"), help: "Exit after the listing (the default without --watch; accepted as in avahi-browse).")
+    var terminate = false
+
+    @Flag(name: .customShort("a"), help: "All services (lmx-discover browses its one type; accepted as in avahi-browse).")
+    var allServices = false
 
     @Flag(name: .long, help: "Keep running; print one JSON object per event (added, updated, removed, daemon) until SIGINT or SIGTERM.")
     var watch = false
@@ -68,12 +78,13 @@ struct LMXDiscover: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("The DNS-SD service type.", valueName: "type"))
     var type: String = BrowseConfiguration.defaultServiceType
 
-    @Option(name: .long, help: ArgumentHelp("The browse domain (default: local).", valueName: "domain"))
+    @Option(name: [.customShort("d"), .long], help: ArgumentHelp("The browse domain (default: local).", valueName: "domain"))
     var domain: String?
 
     func validate() throws {
         if json && parsable { throw ValidationError("--json and --parsable are different formats: choose one.") }
         if watch && parsable { throw ValidationError("--watch prints JSON lines; --parsable does not apply to it.") }
+        if watch && terminate { throw ValidationError("-t (exit after the listing) and --watch exclude each other.") }
         if probe && (watch || parsable) { throw ValidationError("--probe applies to the table and --json listings only.") }
         guard probeTimeout.isFinite, probeTimeout > 0, probeTimeout <= 120 else {
             throw ValidationError("--probe-timeout must be between 0 and 120 seconds (got \(probeTimeout)).")

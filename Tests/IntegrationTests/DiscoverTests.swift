@@ -84,6 +84,12 @@ struct DiscoverTests {
         let ours = Set(parsable.stdout.split(separator: "\n").map(String.init).filter { $0.contains(tag) })
         #expect(ours == avahi)
         #expect(avahi.count == 4) // Local on lo and lmxbr0, the two LAN hosts on lmxbr0
+        // The flags avahi-browse users type work as typed: -rtp, -art -p, -d local.
+        for flags in [["-rtp"], ["-art", "-p"], ["-p", "-d", "local"]] {
+            let typed = try await Command.discover(flags)
+            #expect(typed.status == 0, "\(flags)")
+            #expect(Set(typed.stdout.split(separator: "\n").map(String.init).filter { $0.contains(tag) }) == avahi, "\(flags)")
+        }
 
         // JSON carries the same records as avahi-browse: name, interface, address, port, TXT.
         let fromJSON = Set(found.flatMap { server in
@@ -241,7 +247,7 @@ struct DiscoverTests {
     }
 
     @Test("usage errors exit 64", arguments: [
-        ["--json", "--parsable"], ["--timeout", "-1"], ["--type", "opta-lmx"], ["-4", "-6"], ["--watch", "--parsable"], ["--bogus"],
+        ["--json", "--parsable"], ["--timeout", "-1"], ["--type", "opta-lmx"], ["-4", "-6"], ["--watch", "--parsable"], ["--bogus"], ["--watch", "-t"],
     ])
     func usageErrors(arguments: [String]) async throws {
         let result = try await Command.discover(arguments)

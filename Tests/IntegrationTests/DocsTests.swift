@@ -40,4 +40,18 @@ struct DocsTests {
         #expect(firstScreen.contains("sudo make run"))
         #expect(firstScreen.contains("sudo make test"))
     }
+
+    @Test("man pages: real EXIT STATUS, ENVIRONMENT and FILES sections; no subcommands claimed where there are none")
+    func manPages() throws {
+        for command in ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair"] {
+            let page = try String(contentsOfFile: "\(TestBed.repo)/Packaging/man/\(command).1", encoding: .utf8)
+            #expect(!page.contains(".Ex -std"), "\(command): the generic exit status")
+            for section in [".Sh ENVIRONMENT", ".Sh FILES", ".Sh \"EXIT STATUS\"", ".Sh \"SEE ALSO\""] {
+                #expect(page.contains(section), "\(command): \(section)")
+            }
+            let synopsis = page.components(separatedBy: ".Sh SYNOPSIS")[1].components(separatedBy: ".Sh DESCRIPTION")[0]
+            #expect(synopsis.contains(".Ar subcommand") == (command == "lmx-pair"), "\(command)")
+            #expect(page.contains(".It 64"), "\(command): usage errors")
+        }
+    }
 }

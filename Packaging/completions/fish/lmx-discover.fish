@@ -20,7 +20,7 @@ function __lmx-discover_parse_tokens -S
     set -l unparsed_tokens (__lmx-discover_tokens -pc)
     switch $unparsed_tokens[1]
     case 'lmx-discover'
-        __lmx-discover_parse_subcommand 0 'json' 'parsable' 'watch' 'timeout=' 'i/interface=+' 'exclude-interface=+' 'all-interfaces' '4' '6' 'probe' 'probe-timeout=' 'type=' 'domain=' 'h/help'
+        __lmx-discover_parse_subcommand 0 'json' 'p/parsable' 'r' 't' 'a' 'watch' 'timeout=' 'i/interface=+' 'exclude-interface=+' 'all-interfaces' '4' '6' 'probe' 'probe-timeout=' 'type=' 'd/domain=' 'h/help'
         switch $unparsed_tokens[1]
         case 'help'
             __lmx-discover_parse_subcommand -r 1 
@@ -78,7 +78,10 @@ end
 
 complete -c 'lmx-discover' -f
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" json' -l 'json' -d 'Print one JSON array of servers.'
-complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" parsable' -l 'parsable' -d 'Print avahi-browse -rtp resolved lines (=;iface;proto;name;type;domain;host;address;port;txt).'
+complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" p parsable' -s 'p' -l 'parsable' -d 'Print avahi-browse -rtp resolved lines (=;iface;proto;name;type;domain;host;address;port;txt).'
+complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" r' -s 'r' -d 'Resolve (always done; accepted as in avahi-browse).'
+complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" t' -s 't' -d 'Exit after the listing (the default without --watch; accepted as in avahi-browse).'
+complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" a' -s 'a' -d 'All services (lmx-discover browses its one type; accepted as in avahi-browse).'
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" watch' -l 'watch' -d 'Keep running; print one JSON object per event (added, updated, removed, daemon) until SIGINT or SIGTERM.'
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" timeout' -l 'timeout' -d 'Seconds to wait for a complete listing.' -rfka ''
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover"' -s 'i' -l 'interface' -d 'Only use this interface (repeatable; globs like \'en*\').' -rfka ''
@@ -89,6 +92,6 @@ complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" probe' -l 'probe' -d 'Probe every server by the LMX contract and add verdict, version, instance_id, models and latency.'
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" probe-timeout' -l 'probe-timeout' -d 'Per-request probe timeout.' -rfka ''
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" type' -l 'type' -d 'The DNS-SD service type.' -rfka ''
-complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" domain' -l 'domain' -d 'The browse domain (default: local).' -rfka ''
+complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" d domain' -s 'd' -l 'domain' -d 'The browse domain (default: local).' -rfka ''
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" h help' -s 'h' -l 'help' -d 'Show help information.'
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_positional "lmx-discover" -eq 1' -fa 'help' -d 'Show subcommand help information.'
