@@ -76,6 +76,22 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 [ "$url" = http://127.0.0.1:18081 ] && check finds-server ok || check finds-server FAIL "active: '$url'"
+# The gateway: one fixed local URL that reaches the active server, for any local user.
+models=$(runuser -u nobody -- curl -s --max-time 5 http://127.0.0.1:1235/v1/models)
+echo "$models" | grep -q '"test/model"' && check gateway ok || check gateway FAIL "127.0.0.1:1235 answered '$models'"
+models=$(runuser -u nobody -- curl -s --max-time 5 --unix-socket /run/lmx/gateway.sock http://localhost/v1/models)
+echo "$models" | grep -q '"test/model"' && check gateway-socket ok || check gateway-socket FAIL "gateway.sock answered '$models'"
+env_url=$(. /run/lmx/endpoint.env && echo "$LMX_BASE_URL $LMX_GATEWAY_URL")
+[ "$env_url" = "http://127.0.0.1:18081 http://127.0.0.1:1235/v1" ] && check endpoint-env ok || check endpoint-env FAIL "'$env_url'"
+# journald: the lines carry sd-daemon priorities (so -p filters them) and no timestamp of their own.
+sleep 0.5
+notices=$(journalctl -u lmx-agentd -p notice --no-pager -o cat)
+if echo "$notices" | grep -q 'active endpoint: http://127.0.0.1:18081' && ! echo "$notices" | grep -q '^starting' &&
+    ! journalctl -u lmx-agentd --no-pager -o cat | grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}T'; then
+    check journal-priorities ok
+else
+    check journal-priorities FAIL "$(echo "$notices" | head -n 3 | tr '\n' ' ')"
+fi
 sleep 5
 [ "$(systemctl show -p NRestarts --value lmx-agentd)" = 0 ] && [ "$(systemctl show -p MainPID --value lmx-agentd)" = "$pid" ] &&
     check watchdog ok || check watchdog FAIL "restarted within 5 s under WatchdogSec=2s"

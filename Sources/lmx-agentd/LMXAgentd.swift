@@ -140,7 +140,14 @@ struct LMXAgentd: AsyncParsableCommand {
         }
 
         let level = Logger.Level(rawValue: configuration.logLevel) ?? .info
+        // Under systemd, stderr is the journal: lines carry sd-daemon priorities, no timestamps.
+        let journal = JournalLogHandler.stderrIsJournal(environment: environment)
         LoggingSystem.bootstrap { label in
+            if journal {
+                var handler = JournalLogHandler(label: label)
+                handler.logLevel = level
+                return handler
+            }
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
             return handler

@@ -410,6 +410,39 @@ struct AgentTests {
         }
     }
 
+    @Test("under systemd's journal (JOURNAL_STREAM matches stderr) lines carry <N> priorities and no timestamp; elsewhere the usual format")
+    func journalPriorities() async throws {
+        let directory = AgentProcess.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let log = directory + "/stderr"
+        // A warning at start: an address book whose directory cannot be watched.
+        let script = """
+            : > "$1"; export JOURNAL_STREAM="$(stat -c '%d:%i' "$1")"
+            exec "$2" --no-discovery --gateway off --socket "$3/agent.sock" --db "$3/agent.db" --config /dev/null \\
+                --address-book /nonexistent/lmx-connections.json 2>>"$1"
+            """
+        let agent = LiveProcess("/bin/sh", ["-c", script, "sh", log, "\(TestBed.binDir)/lmx-agentd", directory])
+        try agent.start()
+        _ = await agent.waitFor(timeout: 5) { _ in ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains("not followed") }
+        await agent.stop()
+        let lines = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").map(String.init)
+        #expect(lines.contains { $0.hasPrefix("<6>starting") })
+        #expect(lines.contains { $0.hasPrefix("<4>address book directory not followed") })
+        #expect(lines.allSatisfy { $0.range(of: #"^<[0-7]>"#, options: .regularExpression) != nil }, "\(lines.prefix(3))")
+        #expect(!lines.contains { $0.range(of: #"\d{4}-\d\d-\d\dT\d\d:"#, options: .regularExpression) != nil })
+
+        // Not the journal (JOURNAL_STREAM names another file): timestamps, no prefixes.
+        let other = directory + "/other"
+        let plain = LiveProcess(
+            "/bin/sh", ["-c", "JOURNAL_STREAM=1:1 exec \"$1\" --no-discovery --gateway off --socket \"$2/b.sock\" --db \"$2/b.db\" --config /dev/null 2>\"$3\"", "sh", "\(TestBed.binDir)/lmx-agentd", directory, other])
+        try plain.start()
+        _ = await plain.waitFor(timeout: 5) { _ in ((try? String(contentsOfFile: other, encoding: .utf8)) ?? "").contains("starting") }
+        await plain.stop()
+        let text = try String(contentsOfFile: other, encoding: .utf8)
+        #expect(text.range(of: #"^\d{4}-\d\d-\d\dT"#, options: .regularExpression) != nil)
+        #expect(!text.contains("<6>"))
+    }
+
     @Test("200 watch clients all get every change in order while garbage and half-sent requests get errors")
     func watchClientsAndGarbage() async throws {
         try await withResources {

@@ -245,7 +245,8 @@ struct PackagingTests {
         let lines = result.stdout.split(separator: "\n").map(String.init)
         for check in [
             "started", "enabled", "status-text", "user", "seccomp", "no-new-privileges", "no-capabilities", "finds-server",
-            "watchdog", "nobody-reads-status", "database", "reload", "stop", "journal",
+            "watchdog", "nobody-reads-status", "database", "reload", "stop", "journal", "gateway", "gateway-socket",
+            "endpoint-env", "journal-priorities",
         ] {
             #expect(lines.contains("CHECK \(check) ok"), "\(check): \(lines.first { $0.hasPrefix("CHECK \(check) ") } ?? "not reported")")
         }
