@@ -1,7 +1,7 @@
 # lmx-agent. `make run` sets up and runs; `make test` sets up the test LAN and runs every test.
 SWIFT ?= swift
 
-.PHONY: all build release run test unit bench deb docs docs-check demo testbed-up testbed-down clean
+.PHONY: all build release run test unit bench deb docs docs-check demo testbed-up testbed-down clean install uninstall
 
 all: build
 
@@ -51,3 +51,40 @@ testbed-down:
 
 clean:
 	$(SWIFT) package clean
+
+# `make install` (after `make release`): the commands, man pages, completions and both systemd
+# units (the system one runs as the user `lmx`, which must exist; the user one for
+# `systemctl --user`). PREFIX=/usr/local by default; DESTDIR for staging.
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR = $(PREFIX)/bin
+RELEASE_BIN = .build/release
+COMMANDS = lmx-agentd lmx-status lmx-discover lmx-pair
+
+install:
+	@test -x $(RELEASE_BIN)/lmx-agentd || { echo "make install: no release build: run 'make release' first" >&2; exit 1; }
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PREFIX)/share/man/man1 \
+		$(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
+		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d $(DESTDIR)$(PREFIX)/lib/systemd/system \
+		$(DESTDIR)$(PREFIX)/lib/systemd/user $(DESTDIR)$(PREFIX)/share/doc/lmx-agent
+	for c in $(COMMANDS); do \
+		install -m 0755 $(RELEASE_BIN)/$$c $(DESTDIR)$(BINDIR)/$$c && \
+		install -m 0644 Packaging/man/$$c.1 $(DESTDIR)$(PREFIX)/share/man/man1/$$c.1 && \
+		install -m 0644 Packaging/completions/bash/$$c $(DESTDIR)$(PREFIX)/share/bash-completion/completions/$$c && \
+		install -m 0644 Packaging/completions/zsh/_$$c $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_$$c && \
+		install -m 0644 Packaging/completions/fish/$$c.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/$$c.fish || exit 1; \
+	done
+	sed 's|^ExecStart=/usr/bin/|ExecStart=$(BINDIR)/|' Packaging/systemd/lmx-agentd.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/lmx-agentd.service
+	sed 's|@BINDIR@|$(BINDIR)|' Packaging/systemd/user/lmx-agentd.service > $(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-agentd.service
+	chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/lmx-agentd.service $(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-agentd.service
+	install -m 0644 examples/agent.json $(DESTDIR)$(PREFIX)/share/doc/lmx-agent/agent.json
+
+uninstall:
+	for c in $(COMMANDS); do \
+		rm -f $(DESTDIR)$(BINDIR)/$$c $(DESTDIR)$(PREFIX)/share/man/man1/$$c.1 \
+			$(DESTDIR)$(PREFIX)/share/bash-completion/completions/$$c $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_$$c \
+			$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/$$c.fish; \
+	done
+	rm -f $(DESTDIR)$(PREFIX)/lib/systemd/system/lmx-agentd.service $(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-agentd.service
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/lmx-agent
+

@@ -39,6 +39,10 @@ for cmd in "${COMMANDS[@]}"; do
     install -m 0644 "Packaging/completions/fish/$cmd.fish" "$ROOT/usr/share/fish/vendor_completions.d/$cmd.fish"
 done
 install -m 0644 Packaging/systemd/lmx-agentd.service "$ROOT/lib/systemd/system/lmx-agentd.service"
+# The per-user unit (systemctl --user enable --now lmx-agentd), not enabled by the package.
+mkdir -p "$ROOT/usr/lib/systemd/user"
+sed 's|@BINDIR@|/usr/bin|' Packaging/systemd/user/lmx-agentd.service > "$ROOT/usr/lib/systemd/user/lmx-agentd.service"
+chmod 0644 "$ROOT/usr/lib/systemd/user/lmx-agentd.service"
 install -m 0644 examples/agent.json "$ROOT/etc/lmx/agent.json"
 install -m 0644 Packaging/debian/copyright "$ROOT/usr/share/doc/lmx-agent/copyright"
 mkdir -p "$ROOT/usr/share/lintian/overrides"

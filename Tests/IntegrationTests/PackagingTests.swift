@@ -238,6 +238,32 @@ struct PackagingTests {
         }
     }
 
+    @Test("make install (PREFIX, DESTDIR): commands, man pages, completions, the system and user units; make uninstall removes them")
+    func makeInstall() async throws {
+        let stage = FileManager.default.temporaryDirectory.appendingPathComponent("lmx-install-\(getpid())").path
+        defer { try? FileManager.default.removeItem(atPath: stage) }
+        let install = try await Command.run("/usr/bin/make", ["-C", TestBed.repo, "install", "DESTDIR=\(stage)", "PREFIX=/opt/lmx"], timeout: 120)
+        #expect(install.status == 0, "\(install.stderr)")
+        var expected = ["/opt/lmx/lib/systemd/system/lmx-agentd.service", "/opt/lmx/lib/systemd/user/lmx-agentd.service",
+                        "/opt/lmx/share/doc/lmx-agent/agent.json"]
+        for command in ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair"] {
+            expected += ["/opt/lmx/bin/\(command)", "/opt/lmx/share/man/man1/\(command).1",
+                         "/opt/lmx/share/bash-completion/completions/\(command)", "/opt/lmx/share/zsh/site-functions/_\(command)",
+                         "/opt/lmx/share/fish/vendor_completions.d/\(command).fish"]
+        }
+        for path in expected { #expect(FileManager.default.fileExists(atPath: stage + path), "\(path)") }
+        for unit in ["system", "user"] {
+            let text = try String(contentsOfFile: stage + "/opt/lmx/lib/systemd/\(unit)/lmx-agentd.service", encoding: .utf8)
+            #expect(text.contains("ExecStart=/opt/lmx/bin/lmx-agentd\n"), "\(unit) unit")
+            #expect(!text.contains("@BINDIR@"))
+        }
+        let version = try await Command.run(stage + "/opt/lmx/bin/lmx-status", ["--version"])
+        #expect(version.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == StatusAPI.version)
+        let uninstall = try await Command.run("/usr/bin/make", ["-C", TestBed.repo, "uninstall", "DESTDIR=\(stage)", "PREFIX=/opt/lmx"])
+        #expect(uninstall.status == 0)
+        for path in expected { #expect(!FileManager.default.fileExists(atPath: stage + path), "\(path) left behind") }
+    }
+
     @Test("under a real systemd (this OS booted with systemd-nspawn): started, notify, watchdog, sandboxed, finds a server, reload, stop")
     func underSystemd() async throws {
         let result = try await Command.run(TestBed.repo + "/scripts/systemd-check.sh", [deb], timeout: 300)
