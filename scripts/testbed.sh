@@ -191,10 +191,12 @@ link() { # h1|h2|h3 up|down
 }
 
 make_venv() {
-    [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import zeroconf' 2>/dev/null && return 0
-    log "creating the zeroconf venv at $VENV"
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q 'zeroconf>=0.131'
+    # zeroconf publishes arbitrary records; PyYAML and jsonschema check the daemon's answers
+    # against docs/openapi.yaml.
+    [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import zeroconf, yaml, jsonschema' 2>/dev/null && return 0
+    log "creating the test venv at $VENV (zeroconf, PyYAML, jsonschema)"
+    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q 'zeroconf>=0.131' 'PyYAML>=6' 'jsonschema>=4.18'
 }
 
 write_env() {

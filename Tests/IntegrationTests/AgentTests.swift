@@ -443,6 +443,36 @@ struct AgentTests {
         #expect(!text.contains("<6>"))
     }
 
+    @Test("every answer of the status API matches docs/openapi.yaml (scripts/check-openapi.py against a running daemon)")
+    func openAPI() async throws {
+        try await withResources {
+            let port = freePort()
+            _ = try await LMXServer.start(bed, on: .h1, port: port, instance: "openapi-\(port)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [#"{"url": "http://10.254.0.11:\#(port)", "name": "Studio"}"#]),
+                arguments: ["--no-discovery"])
+            #expect(await agent.waitForActive(timeout: 5) { $0 != nil } != nil)
+            let check = try await Command.run(
+                bed["LMX_TESTBED_PYTHON"],
+                ["\(TestBed.repo)/scripts/check-openapi.py", agent.socket, "https://quiet-river-1234.trycloudflare.com?key=made-up-admin-key"])
+            #expect(check.status == 0, "\(check.stderr)")
+            #expect(check.stdout.contains("match docs/openapi.yaml"))
+            #expect(!agent.process.stderr.contains("made-up-admin-key"))
+            // The check can fail: a document that lost a field the daemon sends is caught.
+            let stale = agent.directory + "/stale.yaml"
+            let edit = try await Command.run(
+                bed["LMX_TESTBED_PYTHON"],
+                ["-c", "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); del d['components']['schemas']['Active']['properties']['route_id']; d['components']['schemas']['Active']['required'].remove('route_id'); yaml.safe_dump(d, open(sys.argv[2], 'w'))",
+                 "\(TestBed.repo)/docs/openapi.yaml", stale])
+            #expect(edit.status == 0, "\(edit.stderr)")
+            let caught = try await Command.run(
+                bed["LMX_TESTBED_PYTHON"],
+                ["\(TestBed.repo)/scripts/check-openapi.py", agent.socket, "https://quiet-river-1234.trycloudflare.com", "--spec", stale])
+            #expect(caught.status == 1)
+            #expect(caught.stderr.contains("route_id"))
+        }
+    }
+
     @Test("200 watch clients all get every change in order while garbage and half-sent requests get errors")
     func watchClientsAndGarbage() async throws {
         try await withResources {
