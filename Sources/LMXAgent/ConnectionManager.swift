@@ -61,8 +61,6 @@ public actor ConnectionManager {
     /// Following the active server's `/admin/events` (when its admin key is known).
     private var eventTask: Task<Void, Never>?
     private var eventRouteID: String?
-    private var serverEventCount = 0
-    private var gatewayStats: GatewayStats?
     private var gatewayInfo: StatusAPI.Gateway?
     /// `endpoint.env` beside the socket, when the daemon keeps one.
     private var endpointFile: EndpointFile?
@@ -71,14 +69,9 @@ public actor ConnectionManager {
     private var nextWatcherID: UInt64 = 0
     private let watcherBuffer = 4096
 
-    // Metrics.
-    private var switchCount = 0
-    private var probeCount = 0
-    private static let latencyBuckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
-    private var latencyCounts = [Int](repeating: 0, count: latencyBuckets.count)
-    private var latencySum = 0.0
-    /// Successful probes observed, including those longer than the largest bucket (`+Inf`).
-    private var latencyObserved = 0
+    // Metrics (counted as they happen; states sampled at each scrape).
+    public let metricsRegistry = AgentMetrics()
+    private var lastDroppedWrites = 0
 
     public init(configuration: AgentConfiguration, prober: Prober, store: AgentStore, logger: Logger) {
         self.configuration = configuration
@@ -217,6 +210,7 @@ public actor ConnectionManager {
                         metadata: ["server": "\(ServerTable.printable(server.name))"])
                 }
                 ignoredAnnouncements += 1
+                metricsRegistry.ignoredAnnouncements.increment()
                 return
             }
             if let old = mdnsRoutes[server.id], old != route.id {
@@ -389,12 +383,8 @@ public actor ConnectionManager {
         probeTasks[routeID] = nil
         guard !stopped else { return }
         let t = now()
-        probeCount += 1
-        if report.verdict.isAlive {
-            latencySum += report.latency
-            latencyObserved += 1
-            if let i = Self.latencyBuckets.firstIndex(where: { report.latency <= $0 }) { latencyCounts[i] += 1 }
-        }
+        metricsRegistry.probes.increment()
+        if report.verdict.isAlive { metricsRegistry.probeDuration.record(report.latency) }
         let knownInstance = planner.routes[routeID]?.instanceID
         handle(planner.record(report, for: routeID, full: full, now: t))
         if let state = planner.routes[routeID], let instance = state.instanceID, instance != knownInstance {
@@ -477,7 +467,7 @@ public actor ConnectionManager {
             case .routeUpdated:
                 break
             case .activeChanged(let from, let to, let reason):
-                switchCount += 1
+                metricsRegistry.switches.increment()
                 if let to {
                     logger.notice(
                         "active endpoint: \(to.route.baseURL) via \(to.route.via.rawValue)",
@@ -493,8 +483,6 @@ public actor ConnectionManager {
             }
         }
     }
-
-    public func setGatewayStats(_ stats: GatewayStats) { gatewayStats = stats }
 
     /// Where the gateway listens, for `/v1/status` and `endpoint.env`.
     public func setGatewayInfo(url: String?, socket: String?) {
@@ -534,7 +522,7 @@ public actor ConnectionManager {
 
     private func serverEvent(_ event: ServerEvent, routeID: String) {
         guard routeID == eventRouteID, !stopped else { return }
-        serverEventCount += 1
+        metricsRegistry.serverEvents.increment()
         let t = now()
         switch event.type {
         case "heartbeat":
@@ -780,43 +768,23 @@ public actor ConnectionManager {
         (try? await writer.read { try $0.recentEvents(limit: limit) }) ?? []
     }
 
-    /// Prometheus text exposition.
+    /// Prometheus text exposition: states sampled now, then everything swift-prometheus holds.
     public func metrics() -> String {
-        var out = ""
-        out += "# HELP lmx_candidates Endpoints known to the agent, by established verdict.\n# TYPE lmx_candidates gauge\n"
+        let m = metricsRegistry
         var byVerdict: [String: Int] = [:]
         for state in planner.routes.values { byVerdict[state.verdict?.rawValue ?? "unknown", default: 0] += 1 }
-        for verdict in HealthVerdict.allCases.map(\.rawValue) + ["unknown"] {
-            out += "lmx_candidates{verdict=\"\(verdict)\"} \(byVerdict[verdict] ?? 0)\n"
+        for (verdict, gauge) in m.routes { gauge.set(Double(byVerdict[verdict] ?? 0)) }
+        m.candidates.set(Double(Set(planner.routes.values.map { $0.instanceID.map { "i:" + $0 } ?? "r:" + $0.id }).count))
+        let via = planner.active?.route.via.rawValue ?? "none"
+        for (name, gauge) in m.activeVia { gauge.set(to: name == via ? 1.0 : 0.0) }
+        m.storePendingWrites.set(Double(writer.pending))
+        let dropped = writer.dropped
+        if dropped > lastDroppedWrites {
+            m.storeDroppedWrites.increment(by: Int64(dropped - lastDroppedWrites))
+            lastDroppedWrites = dropped
         }
-        out += "# HELP lmx_probe_duration_seconds Duration of successful probes.\n# TYPE lmx_probe_duration_seconds histogram\n"
-        var cumulative = 0
-        for (i, bound) in Self.latencyBuckets.enumerated() {
-            cumulative += latencyCounts[i]
-            out += "lmx_probe_duration_seconds_bucket{le=\"\(bound)\"} \(cumulative)\n"
-        }
-        out += "lmx_probe_duration_seconds_bucket{le=\"+Inf\"} \(latencyObserved)\n"
-        out += "lmx_probe_duration_seconds_sum \(latencySum)\nlmx_probe_duration_seconds_count \(latencyObserved)\n"
-        out += "# HELP lmx_probes_total Probes completed.\n# TYPE lmx_probes_total counter\nlmx_probes_total \(probeCount)\n"
-        out += "# HELP lmx_active_switches_total Changes of the active endpoint.\n# TYPE lmx_active_switches_total counter\n"
-        out += "lmx_active_switches_total \(switchCount)\n"
-        out += "# HELP lmx_active_via The active endpoint's path (1 for the current one).\n# TYPE lmx_active_via gauge\n"
-        let via = planner.active?.route.via
-        for v in ["lan", "wan", "none"] {
-            let current = via?.rawValue ?? "none"
-            out += "lmx_active_via{via=\"\(v)\"} \(current == v ? 1 : 0)\n"
-        }
-        out += "# HELP lmx_store_pending_writes Database writes waiting (the database may be locked).\n# TYPE lmx_store_pending_writes gauge\n"
-        out += "lmx_store_pending_writes \(writer.pending)\n"
-        out += "# HELP lmx_store_dropped_writes_total Statistics writes skipped while the write queue was full.\n# TYPE lmx_store_dropped_writes_total counter\n"
-        out += "lmx_store_dropped_writes_total \(writer.dropped)\n"
-        out += "# HELP lmx_ignored_announcements_total Servers announced past the limit of \(Self.maxDiscovered) and ignored.\n# TYPE lmx_ignored_announcements_total counter\n"
-        out += "lmx_ignored_announcements_total \(ignoredAnnouncements)\n"
-        out += "# HELP lmx_server_events_total Events received on the active server's /admin/events stream.\n# TYPE lmx_server_events_total counter\n"
-        out += "lmx_server_events_total \(serverEventCount)\n"
-        out += "# HELP lmx_watch_clients Connected /v1/watch clients.\n# TYPE lmx_watch_clients gauge\nlmx_watch_clients \(watchers.count)\n"
-        if let gatewayStats { out += gatewayStats.metrics() }
-        return out
+        m.watchClients.set(Double(watchers.count))
+        return m.text()
     }
 
     /// One line for systemd's `STATUS=`.

@@ -9,6 +9,7 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import NIOSSL
+import Prometheus
 import Synchronization
 
 #if canImport(FoundationEssentials)
@@ -28,47 +29,6 @@ public struct GatewayTarget: Sendable {
     public var credentials: Credentials
 }
 
-/// Counters for `/metrics`.
-public final class GatewayStats: Sendable {
-    private let state = Mutex(Counts())
-
-    struct Counts {
-        var requests = 0
-        var retried = 0
-        var failed = 0
-        var refused = 0
-        var inFlight = 0
-    }
-
-    public init() {}
-
-    func update(_ change: (inout Counts) -> Void) { state.withLock { change(&$0) } }
-    var snapshot: Counts { state.withLock { $0 } }
-
-    /// Prometheus text lines.
-    public func metrics() -> String {
-        let c = snapshot
-        return """
-            # HELP lmx_gateway_requests_total Requests the local gateway forwarded (the first attempt).
-            # TYPE lmx_gateway_requests_total counter
-            lmx_gateway_requests_total \(c.requests)
-            # HELP lmx_gateway_retries_total Requests the gateway sent to a fallback route before any byte of an answer.
-            # TYPE lmx_gateway_retries_total counter
-            lmx_gateway_retries_total \(c.retried)
-            # HELP lmx_gateway_upstream_failures_total Requests answered 502/503 by the gateway itself (no route reachable).
-            # TYPE lmx_gateway_upstream_failures_total counter
-            lmx_gateway_upstream_failures_total \(c.failed)
-            # HELP lmx_gateway_refused_total Requests the gateway refused (path, origin, group, size).
-            # TYPE lmx_gateway_refused_total counter
-            lmx_gateway_refused_total \(c.refused)
-            # HELP lmx_gateway_in_flight Requests being forwarded now.
-            # TYPE lmx_gateway_in_flight gauge
-            lmx_gateway_in_flight \(c.inFlight)
-
-            """
-    }
-}
-
 /// The local OpenAI-compatible gateway: forwards `/v1/*` (and `/admin/*` when enabled) to the
 /// active endpoint with that route's credentials, streams answers through as they come, and
 /// tries the next usable route only before any byte of an answer has reached the client.
@@ -76,7 +36,7 @@ public final class Gateway: Sendable {
     let manager: ConnectionManager
     let configuration: GatewayConfiguration
     let logger: Logger
-    public let stats = GatewayStats()
+    let metrics: AgentMetrics
     private let lanClient: HTTPClient
     private let wanClient: HTTPClient
     /// Users allowed when `gateway.group` is set (resolved once at start).
@@ -84,6 +44,7 @@ public final class Gateway: Sendable {
 
     public init(manager: ConnectionManager, configuration: GatewayConfiguration, extraCAFile: String?, logger: Logger) throws {
         self.manager = manager
+        self.metrics = manager.metricsRegistry
         self.configuration = configuration
         self.logger = logger
         var tls = TLSConfiguration.makeClientConfiguration()
@@ -170,13 +131,13 @@ public final class Gateway: Sendable {
             method: method, path: path, authority: request.head.authority, headers: clientHeaders,
             adminEnabled: configuration.admin, overTCP: overTCP)
         {
-            stats.update { $0.refused += 1 }
+            metrics.gatewayRefused.increment()
             return Self.error(refusal.status, code: refusal.code, message: refusal.message)
         }
         if let allowedUIDs {
             let uid = await context.peerUID()
             guard let uid, allowedUIDs.contains(uid) else {
-                stats.update { $0.refused += 1 }
+                metrics.gatewayRefused.increment()
                 return Self.error(403, code: "forbidden", message: "only members of the group \(configuration.group ?? "") may use this gateway")
             }
         }
@@ -185,25 +146,25 @@ public final class Gateway: Sendable {
         do {
             body = try await request.body.collect(upTo: configuration.maxRequestBytes)
         } catch {
-            stats.update { $0.refused += 1 }
+            metrics.gatewayRefused.increment()
             return Self.error(413, code: "request_too_large", message: "request bodies are limited to \(configuration.maxRequestBytes) bytes (gateway.max_request_bytes)")
         }
         // Routed by the JSON `model` field, like the server itself: to a server that has it.
         let model = method == "POST" ? Self.modelField(body) : nil
         let targets = await manager.gatewayTargets(limit: configuration.attempts, model: model)
         guard !targets.isEmpty else {
-            stats.update { $0.failed += 1 }
+            metrics.gatewayFailures.increment()
             let reason = await manager.noActiveReason()
             var response = Self.error(503, code: "no_endpoint", message: "no Opta LMX endpoint is usable now: \(reason)")
             response.headers[.retryAfter] = "2"
             return response
         }
-        stats.update { $0.requests += 1 }
+        metrics.gatewayRequests.increment()
         // Counted until the answer's body is done or dropped (a client that went away).
-        let inFlight = InFlightToken(stats)
+        let inFlight = InFlightToken(metrics.gatewayInFlight)
         var lastFailure = ""
         for (index, target) in targets.enumerated() {
-            if index > 0 { stats.update { $0.retried += 1 } }
+            if index > 0 { metrics.gatewayRetries.increment() }
             let outgoing = Self.upstreamRequest(
                 target: target, method: method, uri: request.uri, headers: clientHeaders, body: body)
             let client = target.via == .lan ? lanClient : wanClient
@@ -223,7 +184,7 @@ public final class Gateway: Sendable {
                 if !canRetry { break }
             }
         }
-        stats.update { $0.failed += 1 }
+        metrics.gatewayFailures.increment()
         return Self.error(502, code: "upstream_unreachable", message: "the Opta LMX server could not be reached (\(lastFailure)); the agent is probing it again")
     }
 
@@ -307,14 +268,14 @@ public final class Gateway: Sendable {
 /// One request in flight, for the gauge: released with the answer's body (or with the request
 /// when no answer is passed on).
 final class InFlightToken: Sendable {
-    let stats: GatewayStats
+    let gauge: Gauge
 
-    init(_ stats: GatewayStats) {
-        self.stats = stats
-        stats.update { $0.inFlight += 1 }
+    init(_ gauge: Gauge) {
+        self.gauge = gauge
+        gauge.increment()
     }
 
-    deinit { stats.update { $0.inFlight -= 1 } }
+    deinit { gauge.decrement() }
 }
 
 struct GatewayResponder: HTTPResponder {

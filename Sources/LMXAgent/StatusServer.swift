@@ -205,6 +205,24 @@ public enum StatusServer {
     }
 }
 
+extension StatusServer {
+    /// `/metrics` alone over TCP (`--metrics-address`), for a Prometheus server to scrape.
+    public static func metricsApplication(manager: ConnectionManager, address: HostPort, logger: Logger) -> some ApplicationProtocol {
+        let router = Router()
+        router.get("/metrics") { _, _ -> Response in
+            Response(
+                status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
+                body: .init(byteBuffer: ByteBuffer(string: await manager.metrics())))
+        }
+        return Application(
+            router: router,
+            server: .http1(configuration: .init(idleTimeout: .seconds(60))),
+            configuration: .init(address: .hostname(address.host, port: address.port), serverName: nil),
+            onServerRunning: { _ in logger.info("metrics served", metadata: ["url": "http://\(address.description)/metrics"]) },
+            logger: logger)
+    }
+}
+
 /// Renders every error as the API's one JSON shape.
 struct ErrorShapeMiddleware: RouterMiddleware {
     typealias Context = AgentRequestContext

@@ -85,6 +85,11 @@ struct LMXAgentd: AsyncParsableCommand {
     var noGateway = false
 
     @Option(
+        name: .customLong("metrics-address"),
+        help: ArgumentHelp("Also serve /metrics over TCP for Prometheus, e.g. 127.0.0.1:9466 (default: only on the socket).", valueName: "host:port"))
+    var metricsAddress: String?
+
+    @Option(
         name: .customLong("address-book"),
         help: ArgumentHelp(
             "An lmx-connections.json address book to follow: a rewritten tunnel URL updates its pairing (repeatable).",
@@ -97,6 +102,9 @@ struct LMXAgentd: AsyncParsableCommand {
         }
         if let gateway {
             do { _ = try GatewayConfiguration.parseListen(gateway) } catch { throw ValidationError("--gateway: \(error.description)") }
+        }
+        if let metricsAddress {
+            do { _ = try AgentConfiguration.parseMetricsAddress(metricsAddress) } catch { throw ValidationError("--metrics-address: \(error.description)") }
         }
         if let logLevel, Logger.Level(rawValue: logLevel) == nil {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")
@@ -119,8 +127,9 @@ struct LMXAgentd: AsyncParsableCommand {
         let configPath = config ?? paths.config
         let explicitConfig = config != nil
 
-        let load: @Sendable () throws -> AgentConfiguration = { [endpoints, noDiscovery, interface, extraCAFile, logLevel, gateway, gatewaySocket, noGateway, addressBooks] in
+        let load: @Sendable () throws -> AgentConfiguration = { [endpoints, noDiscovery, interface, extraCAFile, logLevel, gateway, gatewaySocket, noGateway, addressBooks, metricsAddress] in
             var configuration = try Self.loadConfiguration(configPath, required: explicitConfig)
+            if let metricsAddress { configuration.metricsAddress = try AgentConfiguration.parseMetricsAddress(metricsAddress) }
             configuration.addressBooks += addressBooks
             if let gateway { configuration.gateway.listen = try GatewayConfiguration.parseListen(gateway) }
             if let gatewaySocket { configuration.gateway.socket = gatewaySocket }
@@ -222,6 +231,11 @@ struct LMXAgentd: AsyncParsableCommand {
         } else {
             await manager.setDiscoveryState("disabled", detail: nil)
         }
+        if let address = configuration.metricsAddress {
+            services.append(.init(
+                service: SoftFailService(base: StatusServer.metricsApplication(manager: manager, address: address, logger: logger), name: "metrics listener", logger: logger),
+                serviceName: "metrics"))
+        }
         let home = environment["HOME"].flatMap { $0.hasPrefix("/") ? $0 : nil }
         let books = configuration.addressBooks.compactMap { path -> String? in
             guard path.hasPrefix("~/") else { return path }
@@ -242,7 +256,6 @@ struct LMXAgentd: AsyncParsableCommand {
                 let gateway = try Gateway(
                     manager: manager, configuration: configuration.gateway, extraCAFile: configuration.extraCAFile, logger: logger)
                 gatewayService = gateway
-                await manager.setGatewayStats(gateway.stats)
                 let socketPath = configuration.gateway.socket ?? EndpointFile.beside(socket: paths.socket).directory + "/gateway.sock"
                 var usableSocket: String? = socketPath
                 switch SocketGuard.probe(socketPath) {

@@ -473,6 +473,39 @@ struct AgentTests {
         }
     }
 
+    @Test("/metrics (socket and --metrics-address) parses with the Prometheus client's parser; lmx_build_info; histograms count every probe")
+    func metrics() async throws {
+        try await withResources {
+            let port = freePort(), metricsPort = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "metrics-\(port)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [#"{"url": "http://10.254.0.11:\#(port)", "name": "Studio"}"#]),
+                arguments: ["--no-discovery", "--metrics-address", "127.0.0.1:\(metricsPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0 != nil } != nil)
+            // Probes slower than the largest bucket (10 s) cannot be made here; 12 s ones at 2 s
+            // timeouts cannot either: slow answers of 300 ms land in the 0.5 s bucket instead.
+            await server.set("slow 300")
+            try await Task.sleep(for: .seconds(2))
+            await server.set("ready")
+            let socketText = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
+            let tcp = try await Command.run("/usr/bin/curl", ["-s", "http://127.0.0.1:\(metricsPort)/metrics"])
+            for text in [socketText, tcp.stdout] {
+                let stdin = agent.directory + "/metrics.txt"
+                try text.write(toFile: stdin, atomically: true, encoding: .utf8)
+                let check = try await Command.run("/bin/sh", ["-c", "\"$0\" \"$1\" < \"$2\"", bed["LMX_TESTBED_PYTHON"], "\(TestBed.repo)/scripts/check-metrics.py", stdin])
+                #expect(check.status == 0, "\(check.stderr)")
+                for name in ["lmx_build_info", "lmx_probes", "lmx_probe_duration_seconds", "lmx_routes", "lmx_candidates", "lmx_active_via",
+                             "lmx_active_switches", "lmx_store_pending_writes", "lmx_watch_clients", "lmx_gateway_requests"] {
+                    #expect(check.stdout.split(separator: "\n").contains { $0 == name }, "\(name) missing")
+                }
+            }
+            #expect(socketText.contains("lmx_build_info{version=\"\(StatusAPI.version)\"} 1"))
+            #expect(socketText.contains("lmx_routes{verdict=\"ready\"} 1"))
+            #expect(socketText.contains("lmx_candidates 1"))
+            #expect(socketText.contains("lmx_active_via{via=\"lan\"} 1"))
+        }
+    }
+
     @Test("200 watch clients all get every change in order while garbage and half-sent requests get errors")
     func watchClientsAndGarbage() async throws {
         try await withResources {

@@ -20,7 +20,7 @@ function __lmx-agentd_parse_tokens -S
     set -l unparsed_tokens (__lmx-agentd_tokens -pc)
     switch $unparsed_tokens[1]
     case 'lmx-agentd'
-        __lmx-agentd_parse_subcommand 0 'socket=' 'db=' 'config=' 'endpoint=+' 'no-discovery' 'i/interface=+' 'extra-ca-file=' 'log-level=' 'gateway=' 'gateway-socket=' 'no-gateway' 'address-book=+' 'version' 'h/help'
+        __lmx-agentd_parse_subcommand 0 'socket=' 'db=' 'config=' 'endpoint=+' 'no-discovery' 'i/interface=+' 'extra-ca-file=' 'log-level=' 'gateway=' 'gateway-socket=' 'no-gateway' 'metrics-address=' 'address-book=+' 'version' 'h/help'
         switch $unparsed_tokens[1]
         case 'help'
             __lmx-agentd_parse_subcommand -r 1 'version'
@@ -88,6 +88,7 @@ complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_
 complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd" gateway' -l 'gateway' -d 'The local OpenAI-compatible gateway\'s TCP address, loopback only (default 127.0.0.1:1235), or off.' -rfka ''
 complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd" gateway-socket' -l 'gateway-socket' -d 'The gateway\'s Unix socket (default: gateway.sock beside the status socket).' -rfka ''
 complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd" no-gateway' -l 'no-gateway' -d 'Do not serve the local gateway at all.'
+complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd" metrics-address' -l 'metrics-address' -d 'Also serve /metrics over TCP for Prometheus, e.g. 127.0.0.1:9466 (default: only on the socket).' -rfka ''
 complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd"' -l 'address-book' -d 'An lmx-connections.json address book to follow: a rewritten tunnel URL updates its pairing (repeatable).' -rfka ''
 complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd" version' -l 'version' -d 'Show the version.'
 complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd" h help' -s 'h' -l 'help' -d 'Show help information.'

@@ -167,6 +167,8 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
     public var logLevel = "info"
     /// The local OpenAI-compatible gateway.
     public var gateway = GatewayConfiguration()
+    /// Also serve `/metrics` over TCP here (Prometheus cannot scrape a Unix socket).
+    public var metricsAddress: HostPort?
     /// Address books (`lmx-connections.json`) followed for changes: a rewritten tunnel URL
     /// updates the pairing of the same entry. `~/` is the daemon user's home.
     public var addressBooks: [String] = []
@@ -176,7 +178,7 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
     enum CodingKeys: String, CodingKey {
         case policy = "health", endpoints, interfaces, excludeInterfaces = "exclude_interfaces", discovery
         case extraCAFile = "extra_ca_file", watchHeartbeat = "watch_heartbeat", eventRetention = "event_retention"
-        case logLevel = "log_level", trust, gateway, prefer, addressBooks = "address_books"
+        case logLevel = "log_level", trust, gateway, prefer, addressBooks = "address_books", metricsAddress = "metrics_address"
     }
 
     public init(from decoder: any Decoder) throws {
@@ -205,6 +207,13 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
         }
         gateway = try c.decodeIfPresent(GatewayConfiguration.self, forKey: .gateway) ?? GatewayConfiguration()
         addressBooks = try c.decodeIfPresent([String].self, forKey: .addressBooks) ?? []
+        if let text = try c.decodeIfPresent(String.self, forKey: .metricsAddress) {
+            do {
+                metricsAddress = try Self.parseMetricsAddress(text)
+            } catch {
+                throw DecodingError.dataCorruptedError(forKey: .metricsAddress, in: c, debugDescription: error.description)
+            }
+        }
         guard addressBooks.count <= 16, addressBooks.allSatisfy({ $0.hasPrefix("/") || $0.hasPrefix("~/") }) else {
             throw DecodingError.dataCorruptedError(
                 forKey: .addressBooks, in: c, debugDescription: "at most 16 absolute paths (or ~/…)")
@@ -213,6 +222,16 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
         guard ["trace", "debug", "info", "notice", "warning", "error", "critical"].contains(logLevel) else {
             throw DecodingError.dataCorruptedError(forKey: .logLevel, in: c, debugDescription: "must be one of trace, debug, info, notice, warning, error")
         }
+    }
+
+    /// `127.0.0.1:9466`, `[::1]:9466`, `0.0.0.0:9466` (to be scraped from elsewhere: the metrics
+    /// carry no secret, but say which servers exist), or `off`.
+    public static func parseMetricsAddress(_ text: String) throws(ConfigurationError) -> HostPort? {
+        if text.lowercased() == "off" || text.isEmpty { return nil }
+        guard let parsed = try? HostPort.parseAuthority(text, field: "metrics_address"), let port = parsed.port else {
+            throw ConfigurationError("metrics_address: \(text) is not host:port (127.0.0.1:9466)")
+        }
+        return HostPort(host: parsed.host.lowercased() == "localhost" ? "127.0.0.1" : parsed.host, port: port)
     }
 
     /// Parses a config file's bytes.

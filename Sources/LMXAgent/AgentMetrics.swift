@@ -1,0 +1,71 @@
+import LMXCore
+import Prometheus
+
+/// The daemon's metrics, kept by swift-prometheus and exposed as Prometheus text at `/metrics`
+/// (status socket) and, with `--metrics-address`, over TCP for a Prometheus server. Events are
+/// counted as they happen; states (routes by verdict, queue lengths) are sampled at each scrape.
+public final class AgentMetrics: Sendable {
+    public let registry = PrometheusCollectorRegistry()
+
+    let probes: Counter
+    let probeDuration: ValueHistogram
+    let switches: Counter
+    let serverEvents: Counter
+    let ignoredAnnouncements: Counter
+    let storeDroppedWrites: Counter
+    let storePendingWrites: Gauge
+    let watchClients: Gauge
+    let candidates: Gauge
+    let routes: [String: Gauge]
+    let activeVia: [String: Gauge]
+    // The gateway.
+    let gatewayRequests: Counter
+    let gatewayRetries: Counter
+    let gatewayFailures: Counter
+    let gatewayRefused: Counter
+    let gatewayInFlight: Gauge
+
+    public static let latencyBuckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
+
+    public init(version: String = StatusAPI.version) {
+        let r = registry
+        r.makeGauge(name: "lmx_build_info", labels: [("version", version)], help: "The running lmx-agentd's version (always 1).").set(to: 1.0)
+        probes = r.makeCounter(name: "lmx_probes_total", help: "Probes completed, whatever their verdict.")
+        probeDuration = r.makeValueHistogram(
+            name: "lmx_probe_duration_seconds", buckets: Self.latencyBuckets,
+            help: "Duration of probes that found the server alive.")
+        switches = r.makeCounter(name: "lmx_active_switches_total", help: "Changes of the active endpoint.")
+        serverEvents = r.makeCounter(
+            name: "lmx_server_events_total", help: "Events received on the active server's /admin/events stream.")
+        ignoredAnnouncements = r.makeCounter(
+            name: "lmx_ignored_announcements_total", help: "Servers announced past the limit of followed ones, ignored.")
+        storeDroppedWrites = r.makeCounter(
+            name: "lmx_store_dropped_writes_total", help: "Statistics writes skipped while the database write queue was full.")
+        storePendingWrites = r.makeGauge(
+            name: "lmx_store_pending_writes", help: "Database writes waiting (the database may be locked).")
+        watchClients = r.makeGauge(name: "lmx_watch_clients", help: "Connected /v1/watch clients.")
+        candidates = r.makeGauge(name: "lmx_candidates", help: "Servers known (routes merged by instance_id).")
+        var routes: [String: Gauge] = [:]
+        for verdict in HealthVerdict.allCases.map(\.rawValue) + ["unknown"] {
+            routes[verdict] = r.makeGauge(
+                name: "lmx_routes", labels: [("verdict", verdict)], help: "Routes (ways to reach a server) by established verdict.")
+        }
+        self.routes = routes
+        var via: [String: Gauge] = [:]
+        for v in ["lan", "wan", "none"] {
+            via[v] = r.makeGauge(name: "lmx_active_via", labels: [("via", v)], help: "How the active endpoint is reached (1 for the current one).")
+        }
+        activeVia = via
+        gatewayRequests = r.makeCounter(name: "lmx_gateway_requests_total", help: "Requests the local gateway forwarded.")
+        gatewayRetries = r.makeCounter(
+            name: "lmx_gateway_retries_total", help: "Requests sent to a fallback route before any byte of an answer.")
+        gatewayFailures = r.makeCounter(
+            name: "lmx_gateway_upstream_failures_total", help: "Requests the gateway answered 502 or 503 itself (no route reachable).")
+        gatewayRefused = r.makeCounter(
+            name: "lmx_gateway_refused_total", help: "Requests the gateway refused (path, origin, host, group, size).")
+        gatewayInFlight = r.makeGauge(name: "lmx_gateway_in_flight", help: "Gateway requests being forwarded now.")
+    }
+
+    /// The Prometheus text exposition.
+    public func text() -> String { registry.emitToString() }
+}
