@@ -345,7 +345,7 @@ public final class AgentStore: Sendable {
         try pool.read { db in
             try Row.fetchAll(db, sql: "SELECT * FROM event ORDER BY id DESC LIMIT ?", arguments: [limit]).map { row in
                 StatusAPI.Event(
-                    id: row["id"], at: Timestamp.iso8601(row["at"]), kind: row["kind"], routeID: row["route_id"],
+                    id: row["id"], at: Timestamp.iso8601(row["at"] as Double), kind: row["kind"], routeID: row["route_id"],
                     from: row["from_value"], to: row["to_value"], reason: row["reason"])
             }.reversed()
         }

@@ -198,7 +198,7 @@ struct LMXDiscover: AsyncParsableCommand {
                     if case .daemon(.waiting(let reason)) = change {
                         Console.error("lmx-discover: waiting for avahi-daemon (\(reason)); start it with `systemctl start avahi-daemon`")
                     }
-                    let line = DiscoveryEventJSON(change, time: Date.now.formatted(.iso8601.time(includingFractionalSeconds: true).year().month().day().timeZone(separator: .omitted)))
+                    let line = DiscoveryEventJSON(change, time: Timestamp.iso8601(Date.now))
                     Console.out(String(decoding: try encoder.encode(line), as: UTF8.self))
                 }
             }

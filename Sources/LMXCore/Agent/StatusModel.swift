@@ -270,28 +270,16 @@ public enum StatusAPI {
     }
 }
 
-/// ISO 8601 UTC text for unix seconds, millisecond precision, without Foundation's formatters.
+/// The one ISO 8601 form every timestamp of the agent uses: UTC, milliseconds, `Z`
+/// (`2026-11-23T13:07:41.844Z`), by Foundation's ISO 8601 format style.
 public enum Timestamp {
+    static let style = Date.ISO8601FormatStyle(includingFractionalSeconds: true, timeZone: .gmt)
+
     public static func iso8601(_ unixSeconds: Double) -> String {
-        let millis = Int64((unixSeconds * 1000).rounded(.down))
-        var days = millis / 86_400_000
-        var rem = millis % 86_400_000
-        if rem < 0 { rem += 86_400_000; days -= 1 }
-        // Civil-from-days (Howard Hinnant's algorithm).
-        let z = days + 719_468
-        let era = (z >= 0 ? z : z - 146_096) / 146_097
-        let doe = z - era * 146_097
-        let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
-        let mp = (5 * doy + 2) / 153
-        let d = doy - (153 * mp + 2) / 5 + 1
-        let m = mp < 10 ? mp + 3 : mp - 9
-        let y = yoe + era * 400 + (m <= 2 ? 1 : 0)
-        let h = rem / 3_600_000, mi = rem / 60_000 % 60, s = rem / 1000 % 60, ms = rem % 1000
-        func pad(_ v: Int64, _ n: Int) -> String {
-            let t = String(v)
-            return String(repeating: "0", count: max(0, n - t.count)) + t
-        }
-        return "\(pad(y, 4))-\(pad(m, 2))-\(pad(d, 2))T\(pad(h, 2)):\(pad(mi, 2)):\(pad(s, 2)).\(pad(ms, 3))Z"
+        Date(timeIntervalSince1970: unixSeconds).formatted(style)
+    }
+
+    public static func iso8601(_ date: Date) -> String {
+        date.formatted(style)
     }
 }
