@@ -9,7 +9,7 @@ LOG_NAME=make-bench
 require_root "make bench"
 command -v swift >/dev/null || export PATH="/opt/swift/usr/bin:$PATH"
 trap 'scripts/testbed.sh down' EXIT
-install_packages time
+install_packages time hyperfine
 scripts/testbed.sh up
 swift build -c release --static-swift-stdlib
 case "${BENCH:-all}" in
