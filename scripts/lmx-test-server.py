@@ -157,6 +157,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         """A minimal OpenAI chat completion, so that clients (examples/) can be tried end to end."""
+        if self.path.split("?", 1)[0] == "/v1/upload":
+            return self.receive_upload()
         length = int(self.headers.get("Content-Length") or 0)
         try:
             request = json.loads(self.rfile.read(min(length, 1 << 20)) or b"{}")
@@ -230,6 +232,33 @@ class Handler(BaseHTTPRequestHandler):
             with lock:
                 if q in subscribers:
                     subscribers.remove(q)
+
+    def receive_upload(self):
+        """POST /v1/upload: reads the whole body (Content-Length or chunked) and answers its length
+        and SHA-256, so that a proxy's streaming of request bodies can be checked."""
+        import hashlib
+        digest, total = hashlib.sha256(), 0
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    break
+                data = self.rfile.read(size)
+                self.rfile.readline()
+                digest.update(data)
+                total += len(data)
+        else:
+            left = int(self.headers.get("Content-Length") or 0)
+            while left > 0:
+                data = self.rfile.read(min(left, 65536))
+                if not data:
+                    break
+                digest.update(data)
+                total += len(data)
+                left -= len(data)
+        say("REQ POST /v1/upload %d" % total)
+        return self.send_json(200, {"length": total, "sha256": digest.hexdigest()})
 
     def send_bytes(self):
         """GET /v1/bytes?n=N: N deterministic bytes (every value 0-255) in uneven chunks, to check

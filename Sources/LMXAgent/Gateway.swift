@@ -141,17 +141,46 @@ public final class Gateway: Sendable {
                 return Self.error(403, code: "forbidden", message: "only members of the group \(configuration.group ?? "") may use this gateway")
             }
         }
-        // The body is read first (up to the cap): a request is only ever retried whole.
-        let body: ByteBuffer
-        do {
-            body = try await request.body.collect(upTo: configuration.maxRequestBytes)
-        } catch {
+        let tooLarge = Self.error(
+            413, code: "request_too_large", message: "request bodies are limited to \(configuration.maxRequestBytes) bytes (gateway.max_request_bytes)")
+        if let declared = request.headers[.contentLength].flatMap(Int.init), declared > configuration.maxRequestBytes {
             metrics.gatewayRefused.increment()
-            return Self.error(413, code: "request_too_large", message: "request bodies are limited to \(configuration.maxRequestBytes) bytes (gateway.max_request_bytes)")
+            return tooLarge
+        }
+        // A body up to `bufferedBodyBytes` is read whole: such a request can be sent again to
+        // another route and routed by its `model`. A larger one streams through as it comes
+        // (still capped), to the best route, and is never repeated.
+        var iterator = request.body.makeAsyncIterator()
+        var prefix: [ByteBuffer] = []
+        var prefixBytes = 0
+        var ended = false
+        do {
+            while prefixBytes <= Self.bufferedBodyBytes {
+                guard let chunk = try await iterator.next() else {
+                    ended = true
+                    break
+                }
+                prefixBytes += chunk.readableBytes
+                prefix.append(chunk)
+            }
+        } catch {
+            return Self.error(400, code: "bad_request", message: "the request body could not be read")
+        }
+        if prefixBytes > configuration.maxRequestBytes {
+            metrics.gatewayRefused.increment()
+            return tooLarge
+        }
+        var body = ByteBuffer()
+        var streamed: StreamedBody?
+        if ended {
+            for var chunk in prefix { body.writeBuffer(&chunk) }
+        } else {
+            streamed = StreamedBody(prefix: prefix, rest: UnsafeSendableIterator(iterator), limit: configuration.maxRequestBytes)
         }
         // Routed by the JSON `model` field, like the server itself: to a server that has it.
-        let model = method == "POST" ? Self.modelField(body) : nil
-        let targets = await manager.gatewayTargets(limit: configuration.attempts, model: model)
+        let model = method == "POST" && streamed == nil ? Self.modelField(body) : nil
+        var targets = await manager.gatewayTargets(limit: configuration.attempts, model: model)
+        if streamed != nil { targets = Array(targets.prefix(1)) }
         guard !targets.isEmpty else {
             metrics.gatewayFailures.increment()
             let reason = await manager.noActiveReason()
@@ -165,8 +194,12 @@ public final class Gateway: Sendable {
         var lastFailure = ""
         for (index, target) in targets.enumerated() {
             if index > 0 { metrics.gatewayRetries.increment() }
-            let outgoing = Self.upstreamRequest(
+            var outgoing = Self.upstreamRequest(
                 target: target, method: method, uri: request.uri, headers: clientHeaders, body: body)
+            if let streamed {
+                let length = request.headers[.contentLength].flatMap(Int.init)
+                outgoing.body = .stream(streamed, length: length.map { .known(Int64($0)) } ?? .unknown)
+            }
             let client = target.via == .lan ? lanClient : wanClient
             do {
                 // No overall deadline: a long generation is normal; the client decides when to
@@ -174,6 +207,10 @@ public final class Gateway: Sendable {
                 let upstream = try await client.execute(outgoing, timeout: .hours(24))
                 return Self.passThrough(upstream, target: target, holding: inFlight)
             } catch {
+                if error is RequestBodyTooLarge {
+                    metrics.gatewayRefused.increment()
+                    return tooLarge
+                }
                 let failure = Prober.classify(error)
                 lastFailure = failure.detail
                 await manager.gatewayFailed(target.routeID, reason: failure.detail)
@@ -187,6 +224,9 @@ public final class Gateway: Sendable {
         metrics.gatewayFailures.increment()
         return Self.error(502, code: "upstream_unreachable", message: "the Opta LMX server could not be reached (\(lastFailure)); the agent is probing it again")
     }
+
+    /// Request bodies up to this size are read whole before forwarding (retry, routing by model).
+    static let bufferedBodyBytes = 1024 * 1024
 
     /// The `model` of a JSON request body (OpenAI requests name it at the top level).
     static func modelField(_ body: ByteBuffer) -> String? {
@@ -263,6 +303,49 @@ public final class Gateway: Sendable {
             headers: [.contentType: "application/json", .cacheControl: "no-store"],
             body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
     }
+}
+
+/// A request body past its first megabyte: what was read, then the rest as the client sends it,
+/// failing once it passes the cap.
+struct StreamedBody: AsyncSequence, Sendable {
+    typealias Element = ByteBuffer
+    let prefix: [ByteBuffer]
+    let rest: UnsafeSendableIterator
+    let limit: Int
+
+    struct AsyncIterator: AsyncIteratorProtocol {
+        var prefix: [ByteBuffer]
+        let rest: UnsafeSendableIterator
+        let limit: Int
+        var total = 0
+
+        mutating func next() async throws -> ByteBuffer? {
+            let chunk: ByteBuffer?
+            if !prefix.isEmpty {
+                chunk = prefix.removeFirst()
+            } else {
+                chunk = try await rest.next()
+            }
+            guard let chunk else { return nil }
+            total += chunk.readableBytes
+            if total > limit { throw RequestBodyTooLarge() }
+            return chunk
+        }
+    }
+
+    func makeAsyncIterator() -> AsyncIterator { AsyncIterator(prefix: prefix, rest: rest, limit: limit) }
+}
+
+struct RequestBodyTooLarge: Error {}
+
+/// The request body's iterator, handed to the HTTP client that reads it from one task at a time
+/// (the body is consumed once, in order).
+final class UnsafeSendableIterator: @unchecked Sendable {
+    private var iterator: RequestBody.AsyncIterator
+
+    init(_ iterator: RequestBody.AsyncIterator) { self.iterator = iterator }
+
+    func next() async throws -> ByteBuffer? { try await iterator.next() }
 }
 
 /// One request in flight, for the gauge: released with the answer's body (or with the request

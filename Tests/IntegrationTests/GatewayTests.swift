@@ -252,4 +252,32 @@ struct GatewayTests {
             #expect(try agent.status().gateway?.openAIBaseURL == nil)
         }
     }
+
+    @Test("request bodies past 1 MiB stream through (byte for byte), and the cap holds with or without Content-Length")
+    func streamedUploads() async throws {
+        try await withResources {
+            let port = freePort(), gatewayPort = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "up-\(port)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [#"{"url": "http://10.254.0.11:\#(port)"}"#], top: #""gateway": {"max_request_bytes": 2097152}"#),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            let file = agent.directory + "/upload.bin"
+            let big = agent.directory + "/big.bin"
+            _ = try await Command.run("/bin/sh", ["-c", "head -c 1800000 /dev/urandom > \"$0\"; head -c 3000000 /dev/urandom > \"$1\"", file, big])
+            let expected = try await Command.run("/usr/bin/sha256sum", [file])
+            let url = "http://127.0.0.1:\(gatewayPort)/v1/upload"
+            let sent = try await Command.run("/usr/bin/curl", ["-s", "--data-binary", "@" + file, url])
+            let answer = (try? JSONSerialization.jsonObject(with: Data(sent.stdout.utf8)) as? [String: Any]) ?? [:]
+            #expect(answer["length"] as? Int == 1_800_000)
+            #expect(answer["sha256"] as? String == String(expected.stdout.prefix(64)))
+            // Over the cap: refused from Content-Length, and mid-stream without one.
+            let declared = try await Command.run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "--data-binary", "@" + big, url])
+            #expect(declared.stdout == "413")
+            let chunked = try await Command.run(
+                "/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Transfer-Encoding: chunked", "--data-binary", "@" + big, url])
+            #expect(chunked.stdout == "413")
+            #expect(!server.requests.contains { $0 == "REQ POST /v1/upload 3000000" })
+        }
+    }
 }
