@@ -25,7 +25,8 @@ if [ "$status" -ne 0 ]; then
     {
         echo "---- make test: summary of the failure (full log: $log) ----"
         grep -E '^✘ Test .* (recorded an issue|failed)' "$log" | cut -c1-300 | tail -8 || true
-        started=$(grep -E '^◇ Test .* started\.$' "$log" | sed -E 's/^◇ Test (.*) started\.$/\1/' || true)
+        # (Cases of parameterized tests report only as a whole: left out.)
+        started=$(grep -E '^◇ Test .* started\.$' "$log" | grep -v '^◇ Test case ' | sed -E 's/^◇ Test (.*) started\.$/\1/' || true)
         while IFS= read -r name; do
             [ -n "$name" ] || continue
             grep -qF "Test $name passed" "$log" || grep -qF "Test $name failed" "$log" || echo "unfinished (running when the process ended): $name"
