@@ -24,7 +24,7 @@ NAME="lmx-agent_${VERSION}_${ARCH}"
 WORK=.build-deb
 ROOT="$WORK/$NAME"
 rm -rf "$ROOT"
-mkdir -p "$ROOT/DEBIAN" "$ROOT/usr/bin" "$ROOT/lib/systemd/system" "$ROOT/etc/lmx" \
+mkdir -p "$ROOT/DEBIAN" "$ROOT/usr/bin" "$ROOT/usr/lib/systemd/system" "$ROOT/etc/lmx" \
     "$ROOT/usr/share/man/man1" "$ROOT/usr/share/doc/lmx-agent" \
     "$ROOT/usr/share/bash-completion/completions" "$ROOT/usr/share/zsh/vendor-completions" \
     "$ROOT/usr/share/fish/vendor_completions.d"
@@ -38,7 +38,7 @@ for cmd in "${COMMANDS[@]}"; do
     install -m 0644 "Packaging/completions/zsh/_$cmd" "$ROOT/usr/share/zsh/vendor-completions/_$cmd"
     install -m 0644 "Packaging/completions/fish/$cmd.fish" "$ROOT/usr/share/fish/vendor_completions.d/$cmd.fish"
 done
-install -m 0644 Packaging/systemd/lmx-agentd.service "$ROOT/lib/systemd/system/lmx-agentd.service"
+install -m 0644 Packaging/systemd/lmx-agentd.service "$ROOT/usr/lib/systemd/system/lmx-agentd.service"
 # The per-user unit (systemctl --user enable --now lmx-agentd), not enabled by the package.
 mkdir -p "$ROOT/usr/lib/systemd/user"
 sed 's|@BINDIR@|/usr/bin|' Packaging/systemd/user/lmx-agentd.service > "$ROOT/usr/lib/systemd/user/lmx-agentd.service"

@@ -64,7 +64,7 @@ struct PackagingTests {
         let listing = try await run("/usr/bin/dpkg-deb", ["--contents", deb])
         for path in [
             "./usr/bin/lmx-agentd", "./usr/bin/lmx-status", "./usr/bin/lmx-discover", "./usr/bin/lmx-pair",
-            "./lib/systemd/system/lmx-agentd.service", "./etc/lmx/agent.json", "./usr/share/doc/lmx-agent/copyright",
+            "./usr/lib/systemd/system/lmx-agentd.service", "./etc/lmx/agent.json", "./usr/share/doc/lmx-agent/copyright",
             "./usr/share/man/man1/lmx-pair.1.gz", "./usr/share/bash-completion/completions/lmx-status",
             "./usr/share/zsh/vendor-completions/_lmx-pair", "./usr/share/fish/vendor_completions.d/lmx-discover.fish",
         ] {
@@ -144,7 +144,7 @@ struct PackagingTests {
             #expect(exists("/etc/systemd/system/multi-user.target.wants/lmx-agentd.service"), "the service was not enabled")
             #expect(try await run("/usr/bin/man", ["-w", "lmx-pair"]).status == 0)
 
-            let verify = try await run("/usr/bin/systemd-analyze", ["verify", "/lib/systemd/system/lmx-agentd.service"])
+            let verify = try await run("/usr/bin/systemd-analyze", ["verify", "/usr/lib/systemd/system/lmx-agentd.service"])
             #expect(verify.status == 0, "\(verify.stdout)\(verify.stderr)")
 
             // The daemon as systemd starts it: user lmx, RuntimeDirectory=, StateDirectory=,
