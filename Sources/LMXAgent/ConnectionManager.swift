@@ -47,7 +47,6 @@ public actor ConnectionManager {
     /// Announced servers followed at most.
     static let maxDiscovered = 1024
     private var floodLogged = false
-    private var ignoredAnnouncements = 0
     /// mDNS instances whose refused addresses were already logged.
     private var refusalLogged: Set<ServiceInstanceID> = []
     /// The mDNS version of each announced route, to fall back to when a pairing of the same
@@ -209,7 +208,6 @@ public actor ConnectionManager {
                         "more than \(Self.maxDiscovered) servers announced: ignoring new ones until some go away",
                         metadata: ["server": "\(ServerTable.printable(server.name))"])
                 }
-                ignoredAnnouncements += 1
                 metricsRegistry.ignoredAnnouncements.increment()
                 return
             }

@@ -22,8 +22,7 @@ public struct EndpointFile: Sendable {
 
     /// The file beside a socket path.
     public static func beside(socket: String) -> EndpointFile {
-        let directory = socket.lastIndex(of: "/").map { String(socket[..<$0]) } ?? "."
-        return EndpointFile(path: (directory.isEmpty ? "" : directory) + "/endpoint.env")
+        EndpointFile(path: EndpointFile(path: socket).directory + "/endpoint.env")
     }
 
     /// The file's text for an active endpoint, or for none.

@@ -13,11 +13,9 @@ public struct JournalLogHandler: LogHandler {
     public var logLevel: Logger.Level = .info
     public var metadata: Logger.Metadata = [:]
     public var metadataProvider: Logger.MetadataProvider?
-    private let label: String
 
-    public init(label: String) {
-        self.label = label
-    }
+    /// `label` is swift-log's logger name; the journal already knows the unit, so it is not written.
+    public init(label: String) {}
 
     public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
         get { metadata[key] }

@@ -223,7 +223,6 @@ public struct ConnectionPlanner: Sendable {
     /// Passive health: a silence where a heartbeat was due counts as one failed probe.
     public mutating func recordPassiveFailure(_ routeID: String, detail: String, now: Double) -> [PlannerEvent] {
         guard let state = routes[routeID], !state.inFlight else { return [] }
-        routes[routeID]!.inFlight = true
         return record(ProbeReport(verdict: .down, latency: 0, detail: detail), for: routeID, full: false, now: now)
     }
 
