@@ -26,6 +26,9 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.10.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.1.0"),
+        // Tests only: the harness launches the real binaries, servers and publishers with these.
+        .package(url: "https://github.com/swiftlang/swift-subprocess", from: "1.0.0"),
+        .package(url: "https://github.com/apple/swift-system", from: "1.5.0"),
     ],
     targets: [
         // Pure core: domain types, TXT parsing, record merging, health and selection decisions,
@@ -134,9 +137,23 @@ let package = Package(
         .testTarget(name: "LMXCoreTests", dependencies: ["LMXCore"]),
         .testTarget(name: "LMXStoreTests", dependencies: ["LMXCore", "LMXStore"]),
         // Mutated-image fuzzing of the decoders (libpng, TurboJPEG, zbar) in process.
-        .testTarget(name: "LMXImageTests", dependencies: ["LMXCore", "LMXImage"]),
+        .testTarget(
+            name: "LMXImageTests",
+            dependencies: [
+                "LMXCore", "LMXImage",
+                .product(name: "Subprocess", package: "swift-subprocess"),
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
         // End to end: the real binaries against real avahi-daemons, namespace hosts and servers.
-        .testTarget(name: "IntegrationTests", dependencies: ["LMXCore", "LMXStatusClient"]),
+        .testTarget(
+            name: "IntegrationTests",
+            dependencies: [
+                "LMXCore", "LMXStatusClient",
+                .product(name: "Subprocess", package: "swift-subprocess"),
+                .product(name: "SystemPackage", package: "swift-system"),
+            ]
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

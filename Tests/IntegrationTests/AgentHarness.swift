@@ -54,7 +54,7 @@ final class AgentProcess: Sendable {
         let agent = AgentProcess(directory: dir, process: process)
         Resources.current?.keep(agent)
         if config == nil { try "".write(toFile: dir + "/agent.json", atomically: true, encoding: .utf8) }
-        try process.start()
+        try await process.start()
         if waitForSocket {
             guard await process.waitFor(timeout: 10, { _ in agent.isServing }) else {
                 await process.stop()
@@ -158,7 +158,7 @@ final class LMXServer: Sendable {
             let namespace = host == .h1 ? bed["LMX_TESTBED_H1_NS"] : bed["LMX_TESTBED_H2_NS"]
             process = LiveProcess("/usr/sbin/ip", ["netns", "exec", namespace, "/usr/bin/python3"] + arguments)
         }
-        try process.start()
+        try await process.start()
         guard await process.waitForLine(containing: "listening", timeout: 10) else {
             await process.stop()
             throw TestBedMissing(detail: "test server on \(host):\(port) did not start: \(process.stderr)")

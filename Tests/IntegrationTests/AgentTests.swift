@@ -422,7 +422,7 @@ struct AgentTests {
                 --address-book /nonexistent/lmx-connections.json 2>>"$1"
             """
         let agent = LiveProcess("/bin/sh", ["-c", script, "sh", log, "\(TestBed.binDir)/lmx-agentd", directory])
-        try agent.start()
+        try await agent.start()
         _ = await agent.waitFor(timeout: 5) { _ in ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains("not followed") }
         await agent.stop()
         let lines = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").map(String.init)
@@ -435,7 +435,7 @@ struct AgentTests {
         let other = directory + "/other"
         let plain = LiveProcess(
             "/bin/sh", ["-c", "JOURNAL_STREAM=1:1 exec \"$1\" --no-discovery --gateway off --socket \"$2/b.sock\" --db \"$2/b.db\" --config /dev/null 2>\"$3\"", "sh", "\(TestBed.binDir)/lmx-agentd", directory, other])
-        try plain.start()
+        try await plain.start()
         _ = await plain.waitFor(timeout: 5) { _ in ((try? String(contentsOfFile: other, encoding: .utf8)) ?? "").contains("starting") }
         await plain.stop()
         let text = try String(contentsOfFile: other, encoding: .utf8)
@@ -518,7 +518,7 @@ struct AgentTests {
             let load = LiveProcess(
                 "/usr/bin/python3",
                 ["\(TestBed.repo)/scripts/watch-load.py", "--socket", agent.socket, "--clients", "200", "--seconds", "12"])
-            try load.start()
+            try await load.start()
             #expect(await load.waitForLine(containing: "connected 200", timeout: 10))
             // Changes: the server goes down and comes back twice.
             for _ in 0..<2 {
@@ -528,7 +528,7 @@ struct AgentTests {
                 _ = await agent.waitForActive(timeout: 8) { $0 != nil }
             }
             let garbage = LiveProcess("/usr/bin/python3", ["\(TestBed.repo)/scripts/watch-load.py", "--socket", agent.socket, "--garbage"])
-            try garbage.start()
+            try await garbage.start()
             let garbageStatus = try await garbage.waitForExit(timeout: 30)
             #expect(garbageStatus == 0, "\(garbage.stdout) \(garbage.stderr)")
             let status = try await load.waitForExit(timeout: 30)
@@ -659,7 +659,7 @@ struct AgentTests {
                 while True:
                     print(s.recv(4096).decode().replace("\\n", " | "), flush=True)
                 """, notifySocket])
-            try listener.start()
+            try await listener.start()
             #expect(await listener.waitForLine(containing: "bound", timeout: 5))
             let port = freePort()
             let server = try await LMXServer.start(bed, on: .h1, port: port)
@@ -681,7 +681,7 @@ struct AgentTests {
                 bed, config: config(endpoints: [#"{"url": "\#(server.baseURL)"}"#]), arguments: ["--no-discovery"])
             #expect(await agent.waitForActive(timeout: 5) { $0 != nil } != nil)
             let watch = LiveProcess("\(TestBed.binDir)/lmx-status", ["--watch", "--socket", agent.socket])
-            try watch.start()
+            try await watch.start()
             #expect(await watch.waitForLine(containing: "Active: \(server.baseURL)", timeout: 5))
             await server.set("dead")
             #expect(await watch.waitForLine(containing: "no active endpoint", timeout: 8))

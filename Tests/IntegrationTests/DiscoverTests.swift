@@ -30,11 +30,11 @@ struct DiscoverTests {
         return Set(result.stdout.split(separator: "\n").map(String.init).filter { $0.hasPrefix("=;") && $0.contains(tag) })
     }
 
-    private func watch(bus: String? = nil, _ extra: [String] = []) throws -> LiveProcess {
+    private func watch(bus: String? = nil, _ extra: [String] = []) async throws -> LiveProcess {
         var environment: [String: String] = [:]
         if let bus { environment["DBUS_SYSTEM_BUS_ADDRESS"] = bus }
         let process = LiveProcess("\(TestBed.binDir)/lmx-discover", ["--watch"] + extra, environment: environment)
-        try process.start()
+        try await process.start()
         return process
     }
 
@@ -272,7 +272,7 @@ struct DiscoverTests {
     func killedPublisherRemoved() async throws {
         let tag = TestBed.tag()
         let name = "Killed \(tag)"
-        let watcher = try watch()
+        let watcher = try await watch()
         defer { watcher.signal(SIGKILL) }
         let publisher = try await Publish.avahi(bed, on: .h1, name: name)
         #expect(await watcher.waitFor(timeout: 5) { _ in count(watcher, "added", name: name) == 1 })
@@ -289,7 +289,7 @@ struct DiscoverTests {
         let tag = TestBed.tag()
         let name = "Vanish \(tag)"
         let ttl = 4
-        let watcher = try watch()
+        let watcher = try await watch()
         defer { watcher.signal(SIGKILL) }
         let publisher = try await Publish.zeroconf(bed, name: name, ttl: ttl, txt: ["path=/.well-known/opta-lmx"])
         #expect(await watcher.waitFor(timeout: 5) { _ in count(watcher, "added", name: name) == 1 })
@@ -306,7 +306,7 @@ struct DiscoverTests {
     func txtUpdate() async throws {
         let tag = TestBed.tag()
         let name = "Update \(tag)"
-        let watcher = try watch()
+        let watcher = try await watch()
         defer { watcher.signal(SIGKILL) }
         let publisher = try await Publish.zeroconf(bed, name: name, ttl: 120, txt: ["path=/.well-known/opta-lmx"])
         defer { publisher.signal(SIGKILL) }
@@ -327,7 +327,7 @@ struct DiscoverTests {
         let name = "Steady \(tag)"
         let publisher = try await Publish.avahi(bed, on: .h1, name: name)
         defer { publisher.signal(SIGTERM) }
-        let watcher = try watch()
+        let watcher = try await watch()
         defer { watcher.signal(SIGKILL) }
         #expect(await watcher.waitFor(timeout: 5) { _ in count(watcher, "added", name: name) == 1 })
 
@@ -351,7 +351,7 @@ struct DiscoverTests {
     func watchWaitsForDaemon() async throws {
         for (bus, reason) in [(bed.noAvahiBus, "avahi-daemon is not running"),
                               ("unix:path=/nonexistent/system_bus_socket", "system D-Bus unreachable")] {
-            let watcher = try watch(bus: bus)
+            let watcher = try await watch(bus: bus)
             #expect(await watcher.waitFor(timeout: 3) { _ in events(watcher).contains { $0.state == "waiting" } })
             #expect(events(watcher).first?.reason?.contains(reason) == true)
             #expect(watcher.stderr.contains("waiting for avahi-daemon"))

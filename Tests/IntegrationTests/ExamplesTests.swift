@@ -75,7 +75,7 @@ struct ExamplesTests {
             let (agent, server) = try await agentWithServer(instance: "example-watch")
             let watch = LiveProcess(
                 "/usr/bin/python3", [Self.examples + "/watch.py", "--count", "1"], environment: ["LMX_SOCKET": agent.socket])
-            try watch.start()
+            try await watch.start()
             #expect(await watch.waitForLine(containing: "active: \(server.baseURL) via lan", timeout: 10))
             await server.set("dead")
             let status = try await watch.waitForExit(timeout: 20)

@@ -161,7 +161,7 @@ struct PackagingTests {
                     "RUNTIME_DIRECTORY": "/run/lmx", "STATE_DIRECTORY": "/var/lib/lmx", "CONFIGURATION_DIRECTORY": "/etc/lmx",
                     "HOME": "/var/lib/lmx", "DBUS_SYSTEM_BUS_ADDRESS": bed.bus(.root), "LMX_SOCKET": "", "LMX_DB": "",
                 ])
-            try daemon.start()
+            try await daemon.start()
 
             // Any local user reaches the system agent with no option, and it found the server.
             let system = StatusClient(socketPath: "/run/lmx/agent.sock", timeout: 5)

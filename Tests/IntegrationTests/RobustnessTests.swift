@@ -175,7 +175,7 @@ struct RobustnessTests {
                 db.execute("COMMIT")
                 print("released", flush=True)
                 """, agent.database])
-            try locker.start()
+            try await locker.start()
             #expect(await locker.waitForLine(containing: "locked", timeout: 10))
 
             // The server dies while the database is locked: the agent fails over all the same.
@@ -424,7 +424,7 @@ struct RobustnessTests {
                 "/usr/bin/setpriv",
                 ["--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3",
                  "\(TestBed.repo)/scripts/hostile-clients.py", "--socket", agent.socket, "--count", "1100", "--seconds", "20"])
-            try hostile.start()
+            try await hostile.start()
             #expect(await hostile.waitForLine(containing: "open ", timeout: 30))
             let summary = hostile.stdoutLines.first { $0.hasPrefix("open ") } ?? ""
             let numbers = summary.split(separator: " ").compactMap { Int($0) }
@@ -491,7 +491,7 @@ struct RobustnessTests {
                 "/usr/bin/env", nobodyPrefix + ["\(TestBed.binDir)/lmx-agentd", "--no-discovery", "--config", "/dev/null"],
                 environment: ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(.root)])
             Resources.current?.keep(agent)
-            try agent.start()
+            try await agent.start()
             #expect(await agent.waitFor(timeout: 10) { _ in FileManager.default.fileExists(atPath: directory + "/lmx/agent.sock") })
             var info = stat()
             #expect(lstat(directory, &info) == 0)

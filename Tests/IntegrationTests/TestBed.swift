@@ -1,5 +1,7 @@
 import Foundation
+import Subprocess
 import Synchronization
+import SystemPackage
 import Testing
 
 /// The running test LAN (`scripts/testbed.sh up`, done by `make test`), read from its env file.
@@ -91,7 +93,7 @@ enum Command {
     static func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:],
                     timeout seconds: Double = 60) async throws -> CommandResult {
         let process = LiveProcess(executable, arguments, environment: environment)
-        try process.start()
+        try await process.start()
         let started = ContinuousClock.now
         let status = try await process.waitForExit(timeout: seconds)
         let elapsed = ContinuousClock.now - started
@@ -106,43 +108,73 @@ enum Command {
     }
 }
 
-/// A child process whose output is collected line by line while it runs. Its PID is recorded
-/// under the test bed's `publishers/` so `testbed.sh down` stops it even if a test crashes.
+/// A child process whose output is collected while it runs, launched by swift-subprocess. Its PID
+/// is recorded under the test bed's `publishers/` so `testbed.sh down` stops it even if a test
+/// crashes.
+///
+/// swift-subprocess scopes a child to a closure; a test needs a handle it can keep, signal and
+/// stop later, so the closure runs in a task of its own and reports the child's life here.
 final class LiveProcess: Sendable {
-    private struct Output {
-        var stdout = Data()
-        var stderr = Data()
-        var openStreams = 2
+    private struct State {
+        var stdout: [UInt8] = []
+        var stderr: [UInt8] = []
+        var pid: pid_t = 0
+        var running = false
+        var status: Int32?
     }
 
-    private let process: Mutex<Process>
-    private let output = Mutex(Output())
-    private let stdinPipe = Pipe()
+    private let executable: String
+    private let arguments: [String]
+    private let environment: [String: String]
+    private let state = Mutex(State())
     private let pidFile: Mutex<String?> = Mutex(nil)
+    /// Lines for the child's standard input, written in order by the closure.
+    private let input: AsyncStream<String>
+    private let inputLines: AsyncStream<String>.Continuation
 
     init(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = arguments
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        self.process = Mutex(process)
+        self.executable = executable
+        self.arguments = arguments
+        self.environment = environment
+        (input, inputLines) = AsyncStream.makeStream(of: String.self)
     }
 
-    func start() throws {
-        let out = Pipe()
-        let err = Pipe()
-        let pid = try process.withLock { process in
-            process.standardOutput = out
-            process.standardError = err
-            process.standardInput = stdinPipe
-            try process.run()
-            return process.processIdentifier
+    /// Launches the child; returns once it runs, throws if it could not be launched.
+    func start() async throws {
+        let launched = Mutex<CheckedContinuation<Void, any Error>?>(nil)
+        let report: @Sendable (Result<Void, any Error>) -> Void = { result in
+            launched.withLock { continuation in
+                continuation?.resume(with: result)
+                continuation = nil
+            }
         }
-        // One reader thread per pipe: poll and read until end of file, or until the child has
-        // exited and the pipe is drained (a write end inherited by another child must not
-        // hold the output back).
-        startReader(out.fileHandleForReading.fileDescriptor, handle: out.fileHandleForReading, into: \.stdout)
-        startReader(err.fileHandleForReading.fileDescriptor, handle: err.fileHandleForReading, into: \.stderr)
+        let updates = Dictionary(uniqueKeysWithValues: environment.map { (Environment.Key(rawValue: $0.key)!, Optional($0.value)) })
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            launched.withLock { $0 = continuation }
+            Task.detached { [self] in
+                do {
+                    let result = try await Subprocess.run(
+                        .path(FilePath(executable)), arguments: Arguments(arguments),
+                        environment: .inherit.updating(updates),
+                        input: .inputWriter, output: .sequence, error: .sequence
+                    ) { execution in
+                        let pid = execution.processIdentifier.value
+                        state.withLock { $0.pid = pid; $0.running = true }
+                        report(.success(()))
+                        await collect(execution.standardOutput, execution.standardError, writer: execution.standardInputWriter)
+                    }
+                    let status: Int32 = switch result.terminationStatus {
+                    case .exited(let code): code
+                    case .signaled(let signal): signal
+                    }
+                    state.withLock { $0.running = false; $0.status = status }
+                    report(.success(()))
+                } catch {
+                    state.withLock { $0.running = false; $0.status = $0.status ?? -1 }
+                    report(.failure(error))
+                }
+            }
+        }
         Resources.current?.keep(self)
         let directory = "\(TestBed.stateDir)/publishers"
         let path = "\(directory)/\(pid).pid"
@@ -152,53 +184,53 @@ final class LiveProcess: Sendable {
         }
     }
 
-    private func startReader(_ fd: Int32, handle: FileHandle, into field: WritableKeyPath<Output, Data> & Sendable) {
-        let thread = Thread { [self] in
-            var buffer = [UInt8](repeating: 0, count: 65536)
-            var exitedAt: ContinuousClock.Instant?
-            while true {
-                var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-                let ready = poll(&pfd, 1, 50)
-                if ready > 0 {
-                    let count = read(fd, &buffer, buffer.count)
-                    if count > 0 {
-                        let chunk = Data(buffer[0..<count])
-                        output.withLock { $0[keyPath: field].append(chunk) }
-                        continue
-                    }
-                    if count < 0 && errno == EINTR { continue }
-                    break  // end of file or error
-                }
-                if ready < 0 && errno == EINTR { continue }
-                // Nothing to read: once the child is gone and the pipe stays empty, all of its
-                // output has been read.
-                if !isRunning {
-                    if let exitedAt {
-                        if ContinuousClock.now - exitedAt > .milliseconds(200) { break }
-                    } else {
-                        exitedAt = .now
-                    }
-                }
+    /// Reads both output streams to their end (swift-subprocess ends them when the child exits,
+    /// even if a grandchild still holds the pipes) while passing `send`'s lines to standard input.
+    private func collect(_ stdout: SubprocessOutputSequence, _ stderr: SubprocessOutputSequence,
+                         writer: StandardInputWriter) async {
+        await withTaskGroup(of: Bool.self) { group in
+            group.addTask { [self] in
+                do { for try await chunk in stdout { append(chunk, to: \.stdout) } } catch {}
+                return true
             }
-            output.withLock { $0.openStreams -= 1 }
-            _ = handle  // keeps the descriptor open while reading
+            group.addTask { [self] in
+                do { for try await chunk in stderr { append(chunk, to: \.stderr) } } catch {}
+                return true
+            }
+            group.addTask { [input] in
+                for await line in input { _ = try? await writer.write(line + "\n") }
+                return false
+            }
+            var finishedReaders = 0
+            while let isReader = await group.next() {
+                if isReader { finishedReaders += 1 }
+                if finishedReaders == 2 { group.cancelAll() }
+            }
         }
-        thread.start()
+        try? await writer.finish()
     }
 
-    var pid: Int32 { process.withLock { $0.processIdentifier } }
-    var isRunning: Bool { process.withLock { $0.isRunning } }
-    var stdout: String { output.withLock { String(decoding: $0.stdout, as: UTF8.self) } }
-    var stderr: String { output.withLock { String(decoding: $0.stderr, as: UTF8.self) } }
+    private func append(_ chunk: SubprocessOutputSequence.Buffer, to field: WritableKeyPath<State, [UInt8]> & Sendable) {
+        chunk.withUnsafeBytes { bytes in
+            state.withLock { $0[keyPath: field].append(contentsOf: bytes) }
+        }
+    }
+
+    var pid: Int32 { state.withLock { $0.pid } }
+    var isRunning: Bool { state.withLock { $0.running } }
+    var stdout: String { state.withLock { String(decoding: $0.stdout, as: UTF8.self) } }
+    var stderr: String { state.withLock { String(decoding: $0.stderr, as: UTF8.self) } }
     var stdoutLines: [String] { stdout.split(separator: "\n").map(String.init) }
 
     func send(_ line: String) {
-        stdinPipe.fileHandleForWriting.write(Data((line + "\n").utf8))
+        inputLines.yield(line)
     }
 
     func signal(_ number: Int32) {
-        let pid = self.pid
-        if pid > 0 { kill(pid, number) }
+        // The child is reaped only after `running` turns false, so this PID is still ours.
+        state.withLock { state in
+            if state.running && state.pid > 0 { kill(state.pid, number) }
+        }
     }
 
     /// Waits until `predicate` holds for the output so far; returns false on timeout.
@@ -215,20 +247,18 @@ final class LiveProcess: Sendable {
         await waitFor(timeout: seconds) { $0.stdout.contains(text) || $0.stderr.contains(text) }
     }
 
-    /// Waits for the process to end; kills it past the timeout.
+    /// Waits for the process to end and its output to be read; kills it past the timeout.
+    /// Returns its exit code, or the signal that ended it.
     @discardableResult
     func waitForExit(timeout seconds: Double) async throws -> Int32 {
         if await !waitFor(timeout: seconds, { !$0.isRunning }) {
             signal(SIGKILL)
             _ = await waitFor(timeout: 5) { !$0.isRunning }
             forget()
-            throw TestBedMissing(detail: "process \(process.withLock { $0.executableURL?.lastPathComponent ?? "?" }) did not exit within \(seconds) s")
+            throw TestBedMissing(detail: "process \((executable as NSString).lastPathComponent) did not exit within \(seconds) s")
         }
-        // Read everything the process wrote: both readers finish at end of file, or once the
-        // exited child's pipe is drained.
-        _ = await waitFor(timeout: 10) { process in process.output.withLock { $0.openStreams == 0 } }
         forget()
-        return process.withLock { $0.terminationStatus }
+        return state.withLock { $0.status ?? -1 }
     }
 
     /// Stops the process by its PID (SIGTERM, then SIGKILL) and waits for it.
@@ -243,6 +273,7 @@ final class LiveProcess: Sendable {
     }
 
     private func forget() {
+        inputLines.finish()
         pidFile.withLock { path in
             if let path { try? FileManager.default.removeItem(atPath: path) }
             path = nil
@@ -257,7 +288,7 @@ enum Publish {
                       type: String = "_opta-lmx._tcp", txt: [String] = ["path=/.well-known/opta-lmx", "service=opta-lmx"]) async throws -> LiveProcess {
         let process = LiveProcess("/usr/bin/avahi-publish", ["-s", name, type, String(port)] + txt,
                                   environment: ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(host)])
-        try process.start()
+        try await process.start()
         guard await process.waitForLine(containing: "Established under name", timeout: 10) else {
             await process.stop()
             throw TestBedMissing(detail: "avahi-publish '\(name)' on \(host) was not established: \(process.stderr)")
@@ -275,7 +306,7 @@ enum Publish {
             "\(TestBed.repo)/scripts/zeroconf-publish.py", "--address", bed["LMX_TESTBED_H3_ADDR"],
             "--name", name, "--ttl", String(ttl), "--port", String(port),
         ] + (announce.map { ["--announce", $0] } ?? []) + txt)
-        try process.start()
+        try await process.start()
         guard await process.waitForLine(containing: "registered", timeout: 15) else {
             await process.stop()
             throw TestBedMissing(detail: "zeroconf publisher '\(name)' did not register: \(process.stderr)")

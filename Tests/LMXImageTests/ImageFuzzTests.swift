@@ -1,5 +1,7 @@
 import Foundation
 import LMXImage
+import Subprocess
+import SystemPackage
 import Testing
 
 @testable import LMXCore
@@ -46,19 +48,18 @@ private func mutate(_ seed: [UInt8], _ rng: inout SplitMix64) -> [UInt8] {
 @Suite("Mutated images: the decoders never crash")
 struct ImageFuzzTests {
     @Test("10,000 mutated PNG and JPEG pairing codes: each decodes or is refused with an error, none crashes")
-    func fuzz() throws {
+    func fuzz() async throws {
         var seeds: [[UInt8]] = []
         for name in ["v1-token.png", "tunnel-url.png", "connect-link.png"] {
             seeds.append(Array(try Data(contentsOf: repo.appendingPathComponent("examples/pairing/" + name))))
         }
         // A JPEG of the same code, made by the encoder the tests already use (ImageMagick).
         let jpeg = FileManager.default.temporaryDirectory.appendingPathComponent("lmx-fuzz-\(getpid()).jpg")
-        let convert = Process()
-        convert.executableURL = URL(fileURLWithPath: "/usr/bin/convert")
-        convert.arguments = [repo.appendingPathComponent("examples/pairing/v1-token.png").path, "-quality", "80", jpeg.path]
-        try convert.run()
-        convert.waitUntilExit()
-        #expect(convert.terminationStatus == 0, "ImageMagick's convert is needed (make test installs it)")
+        let convert = try await Subprocess.run(
+            .path("/usr/bin/convert"),
+            arguments: [repo.appendingPathComponent("examples/pairing/v1-token.png").path, "-quality", "80", jpeg.path],
+            output: .discarded, error: .string(limit: 64 * 1024))
+        #expect(convert.terminationStatus.isSuccess, "ImageMagick's convert is needed (make test installs it): \(convert.standardError)")
         if let bytes = try? Data(contentsOf: jpeg) { seeds.append(Array(bytes)) }
         try? FileManager.default.removeItem(at: jpeg)
         #expect(seeds.count == 4)
