@@ -64,10 +64,12 @@ public struct PairingParser: Sendable {
 
     func parseToken(_ text: String) throws(PairingError) -> Pairing {
         let url = try SplitURL(text)
-        guard url.scheme == "opta-lmx", url.authority.lowercased() == "pair", url.path.isEmpty || url.path == "/" else {
+        guard url.scheme == "opta-lmx", url.host.lowercased() == "pair", url.port == nil, !url.hasUserInfo,
+            url.path.isEmpty || url.path == "/"
+        else {
             throw PairingError(.malformed, "an opta-lmx:// code must start with opta-lmx://pair?")
         }
-        let query = try Query(url.query)
+        let query = try Query(url.queryItems)
         guard let version = query["v"] else {
             throw PairingError(.missingField, field: "v", "missing: this code carries no format version (v=1)")
         }
@@ -108,10 +110,10 @@ public struct PairingParser: Sendable {
     // MARK: - Links
 
     func parseLink(_ text: String, unwrapped: Int = 0) throws(PairingError) -> Pairing {
-        let url = try SplitURL(text)
+        let url = try SplitURL(text, field: "url")
         let last = url.path.split(separator: "/").last.map { $0.lowercased() }
-        let query = try Query(url.query)
-        if Self.isOptaWebApp(authority: url.authority) && last != "connect" && last != "pair" {
+        let query = try Query(url.queryItems)
+        if Self.isOptaWebApp(host: url.host) && last != "connect" && last != "pair" {
             // The desktop manager's and dashboard's pairing link: the /pair (or /connect) link
             // wrapped in a sign-in redirect. An Opta web-app page is never a tunnel.
             guard let target = query["redirect_to"].nonBlank ?? query["redirect"].nonBlank ?? query["next"].nonBlank else {
@@ -190,17 +192,25 @@ public struct PairingParser: Sendable {
         default:
             throw PairingError(.invalidField, field: field, "must be an https:// URL")
         }
-        if url.authority.contains("@") {
+        if url.hasUserInfo {
             throw PairingError(.invalidField, field: field, "must not carry a user name or password (user@host)")
         }
-        if Self.isOptaWebApp(authority: url.authority) {
+        if Self.isOptaWebApp(host: url.host) {
             throw PairingError(
                 .invalidField, field: field,
                 "\(url.authority) is an Opta web-app address (optalocal.com), never a tunnel: use the server's trycloudflare.com or own tunnel URL")
         }
-        let hostPort = try HostPort.parseAuthority(url.authority, field: field)
-        var base = "\(url.scheme)://\(hostPort.isIPv6 ? "[\(hostPort.host)]" : hostPort.host)"
-        if let port = hostPort.port { base += ":\(port)" }
+        guard !url.host.isEmpty else {
+            throw PairingError(.invalidField, field: field, "names no host (https://host…)")
+        }
+        let host = try HostPort.parseHost(url.host, field: field)
+        var base = "\(url.scheme)://\(url.host.hasPrefix("[") ? "[\(host)]" : host)"
+        if let port = url.port {
+            guard (1...65535).contains(port) else {
+                throw PairingError(.invalidField, field: field, "\(port) is not a port (1–65535)")
+            }
+            base += ":\(port)"
+        }
         return WANEndpoint(url: base)
     }
 
@@ -258,11 +268,8 @@ public struct PairingParser: Sendable {
 
     /// `optalocal.com` and its subdomains serve the Opta web apps (sign-in, dashboard, the
     /// /connect and /pair pages), not LMX servers.
-    static func isOptaWebApp(authority: String) -> Bool {
-        var host = Substring(authority.lowercased())
-        if let at = host.lastIndex(of: "@") { host = host[host.index(after: at)...] }
-        if host.hasPrefix("[") { return false }
-        if let colon = host.firstIndex(of: ":") { host = host[..<colon] }
+    static func isOptaWebApp(host: String) -> Bool {
+        var host = Substring(host.lowercased())
         while host.hasSuffix(".") { host = host.dropLast() }
         return host == "optalocal.com" || host.hasSuffix(".optalocal.com")
     }
@@ -316,46 +323,70 @@ struct AddressBook: Decodable {
 
 // MARK: - URL pieces
 
-/// A URL split by hand, strictly: `scheme://authority/path?query#fragment`.
+/// A URL split by Foundation's `URLComponents`. Spaces and UTF-8 that some generators leave
+/// unencoded (in a label, say) are accepted as if percent-encoded; broken `%` escapes, a
+/// non-numeric port and a malformed authority are refused, the field named.
 struct SplitURL {
     var scheme: String
-    var authority: String
+    /// The host as written (IPv6 in brackets); empty when the URL has none.
+    var host: String
+    var port: Int?
+    var hasUserInfo: Bool
     var path: String
-    var query: Substring
+    var queryItems: [URLQueryItem]
 
     init(_ text: String, field: String? = nil) throws(PairingError) {
-        guard let range = text.firstRange(of: "://") else {
+        guard text.contains("://") else {
             throw PairingError(.malformed, field: field, "not a URL (scheme://host…)")
         }
-        scheme = text[..<range.lowerBound].lowercased()
-        var rest = text[range.upperBound...]
-        if let hash = rest.firstIndex(of: "#") { rest = rest[..<hash] }
-        if let q = rest.firstIndex(of: "?") {
-            query = rest[rest.index(after: q)...]
-            rest = rest[..<q]
-        } else {
-            query = ""
+        if Self.hasBrokenPercentEncoding(text) {
+            throw PairingError(.malformed, field: field, "broken percent-encoding (% must be followed by two hex digits)")
         }
-        if let slash = rest.firstIndex(of: "/") {
-            authority = String(rest[..<slash])
-            path = String(rest[slash...])
-        } else {
-            authority = String(rest)
-            path = ""
+        guard let components = URLComponents(string: text, encodingInvalidCharacters: false)
+                ?? URLComponents(string: text, encodingInvalidCharacters: true),
+            let scheme = components.scheme, let host = components.percentEncodedHost
+        else {
+            throw PairingError(.malformed, field: field, "not a valid URL (is the port a number, and the host well formed?)")
         }
+        self.scheme = scheme.lowercased()
+        self.host = host
+        self.port = components.port
+        self.hasUserInfo = components.percentEncodedUser != nil || components.percentEncodedPassword != nil
+        self.path = components.percentEncodedPath
+        self.queryItems = components.percentEncodedQueryItems ?? []
+    }
+
+    /// `host[:port]`, for messages.
+    var authority: String { port.map { "\(host):\($0)" } ?? host }
+
+    /// A `%` not followed by two hex digits (which `URLComponents` would quietly encode as `%25`).
+    private static func hasBrokenPercentEncoding(_ text: String) -> Bool {
+        var bytes = text.utf8.makeIterator()
+        while let byte = bytes.next() {
+            guard byte == UInt8(ascii: "%") else { continue }
+            guard let high = bytes.next(), high.isHexDigit, let low = bytes.next(), low.isHexDigit else { return true }
+        }
+        return false
     }
 }
 
-/// A URL query: `&`-separated, percent-decoded, every name at most once.
+private extension UInt8 {
+    var isHexDigit: Bool {
+        (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(self) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains(self)
+            || (UInt8(ascii: "A")...UInt8(ascii: "F")).contains(self)
+    }
+}
+
+/// A URL's query: percent-decoded (by `URLComponents`), every name at most once.
 struct Query {
     private var values: [String: String] = [:]
-    private var raw: [String: Substring] = [:]
+    private var raw: [String: String] = [:]
 
-    init(_ query: Substring) throws(PairingError) {
-        for part in query.split(separator: "&", omittingEmptySubsequences: true) {
-            let pieces = part.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
-            let name = try Query.decode(pieces[0], field: "query")
-            let rawValue = pieces.count > 1 ? pieces[1] : ""
+    /// - Parameter items: the query as `URLComponents` splits it, still percent-encoded.
+    init(_ items: [URLQueryItem]) throws(PairingError) {
+        for item in items where !(item.name.isEmpty && item.value == nil) {
+            let name = try Query.decode(item.name, field: "query")
+            let rawValue = item.value ?? ""
             let value = try Query.decode(rawValue, field: name)
             guard values[name] == nil else {
                 throw PairingError(.duplicateField, field: name, "appears more than once: refused (which one would be meant?)")
@@ -372,37 +403,19 @@ struct Query {
     /// a `+` is kept as it is.
     subscript(_ name: String, plusIsSpace plusIsSpace: Bool) -> String? {
         guard plusIsSpace, let raw = raw[name] else { return values[name] }
-        return try? Query.decode(Substring(String(raw.map { $0 == "+" ? " " : $0 })), field: name)
+        return try? Query.decode(String(raw.split(separator: "+", omittingEmptySubsequences: false).joined(separator: "%20")), field: name)
     }
 
-    static func decode(_ text: Substring, field: String) throws(PairingError) -> String {
-        guard text.contains("%") else { return String(text) }
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(text.utf8.count)
-        var iterator = text.utf8.makeIterator()
-        while let byte = iterator.next() {
-            guard byte == UInt8(ascii: "%") else {
-                bytes.append(byte)
-                continue
-            }
-            guard let high = iterator.next().flatMap(hexValue), let low = iterator.next().flatMap(hexValue) else {
-                throw PairingError(.malformed, field: field, "broken percent-encoding (% must be followed by two hex digits)")
-            }
-            bytes.append(high << 4 | low)
-        }
-        guard let decoded = String(validating: bytes, as: UTF8.self) else {
+    /// Percent-decodes one name or value that `URLComponents` has split off a query (so its `%XX`
+    /// forms are well formed).
+    static func decode(_ encoded: String, field: String) throws(PairingError) -> String {
+        guard encoded.contains("%") else { return encoded }
+        var components = URLComponents()
+        components.percentEncodedQuery = "v=" + encoded
+        guard let decoded = components.queryItems?.first?.value else {
             throw PairingError(.malformed, field: field, "percent-encoding does not decode to UTF-8 text")
         }
         return decoded
-    }
-
-    private static func hexValue(_ c: UInt8) -> UInt8? {
-        switch c {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): c - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): c - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): c - UInt8(ascii: "A") + 10
-        default: nil
-        }
     }
 }
 
