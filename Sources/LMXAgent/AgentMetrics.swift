@@ -29,43 +29,40 @@ public final class AgentMetrics: Sendable {
 
     public init(version: String = StatusAPI.version) {
         let r = registry
-        r.makeGauge(name: "lmx_build_info", labels: [("version", version)], help: "The running lmx-agentd's version (always 1).").set(to: 1.0)
-        probes = r.makeCounter(name: "lmx_probes_total", help: "Probes completed, whatever their verdict.")
-        probeDuration = r.makeValueHistogram(
-            name: "lmx_probe_duration_seconds", buckets: Self.latencyBuckets,
-            help: "Duration of probes that found the server alive.")
-        switches = r.makeCounter(name: "lmx_active_switches_total", help: "Changes of the active endpoint.")
-        serverEvents = r.makeCounter(
-            name: "lmx_server_events_total", help: "Events received on the active server's /admin/events stream.")
-        ignoredAnnouncements = r.makeCounter(
-            name: "lmx_ignored_announcements_total", help: "Servers announced past the limit of followed ones, ignored.")
-        storeDroppedWrites = r.makeCounter(
-            name: "lmx_store_dropped_writes_total", help: "Statistics writes skipped while the database write queue was full.")
-        storePendingWrites = r.makeGauge(
-            name: "lmx_store_pending_writes", help: "Database writes waiting (the database may be locked).")
-        watchClients = r.makeGauge(name: "lmx_watch_clients", help: "Connected /v1/watch clients.")
-        candidates = r.makeGauge(name: "lmx_candidates", help: "Servers known (routes merged by instance_id).")
+        r.makeGauge(descriptor: .lmx("lmx_build_info", "The running lmx-agentd's version (always 1)."), labels: [("version", version)]).set(to: 1.0)
+        probes = r.makeCounter(descriptor: .lmx("lmx_probes_total", "Probes completed, whatever their verdict."))
+        probeDuration = r.makeValueHistogram(descriptor: .lmx("lmx_probe_duration_seconds", "Duration of probes that found the server alive."), buckets: Self.latencyBuckets)
+        switches = r.makeCounter(descriptor: .lmx("lmx_active_switches_total", "Changes of the active endpoint."))
+        serverEvents = r.makeCounter(descriptor: .lmx("lmx_server_events_total", "Events received on the active server's /admin/events stream."))
+        ignoredAnnouncements = r.makeCounter(descriptor: .lmx("lmx_ignored_announcements_total", "Servers announced past the limit of followed ones, ignored."))
+        storeDroppedWrites = r.makeCounter(descriptor: .lmx("lmx_store_dropped_writes_total", "Statistics writes skipped while the database write queue was full."))
+        storePendingWrites = r.makeGauge(descriptor: .lmx("lmx_store_pending_writes", "Database writes waiting (the database may be locked)."))
+        watchClients = r.makeGauge(descriptor: .lmx("lmx_watch_clients", "Connected /v1/watch clients."))
+        candidates = r.makeGauge(descriptor: .lmx("lmx_candidates", "Servers known (routes merged by instance_id)."))
         var routes: [String: Gauge] = [:]
         for verdict in HealthVerdict.allCases.map(\.rawValue) + ["unknown"] {
-            routes[verdict] = r.makeGauge(
-                name: "lmx_routes", labels: [("verdict", verdict)], help: "Routes (ways to reach a server) by established verdict.")
+            routes[verdict] = r.makeGauge(descriptor: .lmx("lmx_routes", "Routes (ways to reach a server) by established verdict."), labels: [("verdict", verdict)])
         }
         self.routes = routes
         var via: [String: Gauge] = [:]
         for v in ["lan", "wan", "none"] {
-            via[v] = r.makeGauge(name: "lmx_active_via", labels: [("via", v)], help: "How the active endpoint is reached (1 for the current one).")
+            via[v] = r.makeGauge(descriptor: .lmx("lmx_active_via", "How the active endpoint is reached (1 for the current one)."), labels: [("via", v)])
         }
         activeVia = via
-        gatewayRequests = r.makeCounter(name: "lmx_gateway_requests_total", help: "Requests the local gateway forwarded.")
-        gatewayRetries = r.makeCounter(
-            name: "lmx_gateway_retries_total", help: "Requests sent to a fallback route before any byte of an answer.")
-        gatewayFailures = r.makeCounter(
-            name: "lmx_gateway_upstream_failures_total", help: "Requests the gateway answered 502 or 503 itself (no route reachable).")
-        gatewayRefused = r.makeCounter(
-            name: "lmx_gateway_refused_total", help: "Requests the gateway refused (path, origin, host, group, size).")
-        gatewayInFlight = r.makeGauge(name: "lmx_gateway_in_flight", help: "Gateway requests being forwarded now.")
+        gatewayRequests = r.makeCounter(descriptor: .lmx("lmx_gateway_requests_total", "Requests the local gateway forwarded."))
+        gatewayRetries = r.makeCounter(descriptor: .lmx("lmx_gateway_retries_total", "Requests sent to a fallback route before any byte of an answer."))
+        gatewayFailures = r.makeCounter(descriptor: .lmx("lmx_gateway_upstream_failures_total", "Requests the gateway answered 502 or 503 itself (no route reachable)."))
+        gatewayRefused = r.makeCounter(descriptor: .lmx("lmx_gateway_refused_total", "Requests the gateway refused (path, origin, host, group, size)."))
+        gatewayInFlight = r.makeGauge(descriptor: .lmx("lmx_gateway_in_flight", "Gateway requests being forwarded now."))
     }
 
     /// The Prometheus text exposition.
     public func text() -> String { registry.emitToString() }
+}
+
+extension MetricNameDescriptor {
+    /// A series named in full (units are already in the names), with its help text.
+    static func lmx(_ name: String, _ help: String) -> MetricNameDescriptor {
+        MetricNameDescriptor(metricName: name, unitName: "", helpText: help)
+    }
 }

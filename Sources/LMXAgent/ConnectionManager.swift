@@ -511,7 +511,7 @@ public actor ConnectionManager {
                     await self.serverEvent(event, routeID: route.id)
                 }
                 guard !Task.isCancelled else { return }
-                let pause = await self.eventStreamEnded(end, routeID: route.id, backoff: backoff)
+                let pause = self.eventStreamEnded(end, routeID: route.id, backoff: backoff)
                 try? await Task.sleep(for: .milliseconds(Int64(pause * 1000)))
                 backoff = min(backoff * 2, 30)
             }
