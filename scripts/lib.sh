@@ -4,9 +4,9 @@
 BUILD_PACKAGES=(avahi-daemon avahi-utils libavahi-client-dev libsqlite3-dev dbus pkg-config
     libzbar-dev libpng-dev libturbojpeg0-dev libqrencode-dev)
 TEST_PACKAGES=("${BUILD_PACKAGES[@]}" iproute2 python3-venv openssl curl zbar-tools qrencode imagemagick)
-# The package tests: building (dpkg-dev, binutils' strip), checking (lintian, systemd-analyze from
+# The package tests: building (dpkg-dev, debhelper, binutils' strip), checking (lintian, systemd-analyze from
 # systemd; no running systemd is needed) and the man pages systemd-analyze verify looks up.
-TEST_PACKAGES+=(dpkg-dev binutils lintian systemd man-db util-linux)
+TEST_PACKAGES+=(dpkg-dev debhelper binutils lintian systemd man-db util-linux)
 # ... and systemd-nspawn, which boots this machine's OS under a real systemd for the service test.
 TEST_PACKAGES+=(systemd-container)
 

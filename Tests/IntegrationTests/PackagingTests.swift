@@ -51,20 +51,21 @@ struct PackagingTests {
         #expect(tags.isEmpty, "\(tags)")
     }
 
-    @Test("the package's fields: version from the binaries, Depends from their libraries, the unit and docs inside")
+    @Test("the package's fields: version from the binaries, Depends from their libraries (dh_shlibdeps), the units, the sysusers file and docs inside")
     func contents() async throws {
         let fields = try await run("/usr/bin/dpkg-deb", ["--field", deb, "Package", "Version", "Depends"])
         #expect(fields.status == 0)
         #expect(fields.stdout.contains("Version: \(StatusAPI.version)"))
         let changelog = try String(contentsOfFile: TestBed.repo + "/Packaging/debian/changelog", encoding: .utf8)
         #expect(changelog.hasPrefix("lmx-agent (\(StatusAPI.version))"), "Packaging/debian/changelog has no entry for \(StatusAPI.version)")
-        for dependency in ["libavahi-client3", "libzbar0", "libpng16-16", "libturbojpeg0", "libqrencode4", "libsqlite3-0", "avahi-daemon", "adduser"] {
+        for dependency in ["libavahi-client3", "libzbar0", "libpng16-16", "libturbojpeg0", "libqrencode4", "libsqlite3-0", "avahi-daemon", "systemd-sysusers"] {
             #expect(fields.stdout.contains(dependency), "Depends lacks \(dependency)")
         }
         let listing = try await run("/usr/bin/dpkg-deb", ["--contents", deb])
         for path in [
             "./usr/bin/lmx-agentd", "./usr/bin/lmx-status", "./usr/bin/lmx-discover", "./usr/bin/lmx-pair",
-            "./usr/lib/systemd/system/lmx-agentd.service", "./etc/lmx/agent.json", "./usr/share/doc/lmx-agent/copyright",
+            "./usr/lib/systemd/system/lmx-agentd.service", "./usr/lib/systemd/user/lmx-agentd.service",
+            "./usr/lib/sysusers.d/lmx-agent.conf", "./etc/lmx/agent.json", "./usr/share/doc/lmx-agent/copyright",
             "./usr/share/man/man1/lmx-pair.1.gz", "./usr/share/bash-completion/completions/lmx-status",
             "./usr/share/zsh/vendor-completions/_lmx-pair", "./usr/share/fish/vendor_completions.d/lmx-discover.fish",
         ] {
@@ -142,6 +143,7 @@ struct PackagingTests {
             #expect(config?.mode == 0o640)
             #expect(config?.uid == 0 && config?.gid == gid_t(group.count > 2 ? Int(group[2]) ?? -1 : -1))
             #expect(exists("/etc/systemd/system/multi-user.target.wants/lmx-agentd.service"), "the service was not enabled")
+            #expect(!exists("/etc/systemd/user/default.target.wants/lmx-agentd.service"), "the per-user unit was enabled for every user")
             #expect(try await run("/usr/bin/man", ["-w", "lmx-pair"]).status == 0)
 
             let verify = try await run("/usr/bin/systemd-analyze", ["verify", "/usr/lib/systemd/system/lmx-agentd.service"])
