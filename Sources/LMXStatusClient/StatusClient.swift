@@ -31,6 +31,11 @@ public struct StatusResponse: Sendable {
 
 /// A minimal HTTP/1.1 client over the agent's Unix socket: no event loop, no threads, so that
 /// `lmx-status --url` costs a few milliseconds.
+///
+/// Kept by hand on purpose: async-http-client (used by the daemon) would start a NIO event loop
+/// group and TLS machinery in every short-lived `lmx-status`, `lmx-pair` and shell-script call,
+/// for one request over a local socket. This speaks only what the agent's socket answers:
+/// `Connection: close`, Content-Length or chunked bodies, one deadline for the whole exchange.
 public struct StatusClient: Sendable {
     public let socketPath: String
     public var timeout: Double

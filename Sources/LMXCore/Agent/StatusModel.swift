@@ -7,7 +7,7 @@ import Foundation
 /// The JSON shapes of the status API (`/v1/*` on the agent's socket). Field names are part of the
 /// public interface: add fields, never rename them. No secret is ever part of these types.
 public enum StatusAPI {
-    public static let version = "0.3.0"
+    public static let version = "0.4.0"
 
     /// `GET /v1/active`.
     public struct Active: Codable, Sendable, Hashable {
