@@ -39,8 +39,8 @@ public final class Gateway: Sendable {
     let metrics: AgentMetrics
     private let lanClient: HTTPClient
     private let wanClient: HTTPClient
-    /// Users allowed when `gateway.group` is set (resolved once at start).
-    private let allowedUIDs: Set<UInt32>?
+    /// Who may use the gateway when `gateway.group` is set.
+    private let groupGate: GroupGate?
 
     public init(manager: ConnectionManager, configuration: GatewayConfiguration, extraCAFile: String?, logger: Logger) throws {
         self.manager = manager
@@ -64,12 +64,12 @@ public final class Gateway: Sendable {
         lanClient = client(connect: configuration.connectTimeout)
         wanClient = client(connect: max(configuration.connectTimeout, 8))
         if let group = configuration.group {
-            guard let members = GroupMembers.uids(ofGroup: group) else {
+            guard GroupGate.groupID(group) != nil else {
                 throw ConfigurationError("gateway.group: no group named \(group) on this machine")
             }
-            allowedUIDs = members.union([0, geteuid()])
+            groupGate = GroupGate(group: group, logger: logger)
         } else {
-            allowedUIDs = nil
+            groupGate = nil
         }
     }
 
@@ -134,9 +134,9 @@ public final class Gateway: Sendable {
             metrics.gatewayRefused.increment()
             return Self.error(refusal.status, code: refusal.code, message: refusal.message)
         }
-        if let allowedUIDs {
+        if let groupGate {
             let uid = await context.peerUID()
-            guard let uid, allowedUIDs.contains(uid) else {
+            guard let uid, groupGate.allows(uid) else {
                 metrics.gatewayRefused.increment()
                 return Self.error(403, code: "forbidden", message: "only members of the group \(configuration.group ?? "") may use this gateway")
             }
@@ -380,26 +380,60 @@ extension AgentRequestContext {
     }
 }
 
-/// Members of a group: its listed members and the users whose primary group it is.
-enum GroupMembers {
-    static func uids(ofGroup name: String) -> Set<UInt32>? {
-        guard let group = getgrnam(name) else { return nil }
-        let gid = group.pointee.gr_gid
-        var names: Set<String> = []
-        if var member = group.pointee.gr_mem {
-            while let pointer = member.pointee {
-                names.insert(String(cString: pointer))
-                member += 1
-            }
+/// `gateway.group`: root, the agent's own user and the group's members may use the gateway.
+/// Membership is the account database's (primary group, or listed in the group, as `id` shows it),
+/// looked up per user and kept for `ttl`, so `gpasswd -a` and `-d` take effect within seconds
+/// without a restart.
+final class GroupGate: Sendable {
+    let group: String
+    let ttl: Duration
+    private let logger: Logger
+    private let cache = Mutex<[UInt32: (member: Bool, at: ContinuousClock.Instant)]>([:])
+
+    init(group: String, ttl: Duration = .seconds(5), logger: Logger) {
+        self.group = group
+        self.ttl = ttl
+        self.logger = logger
+    }
+
+    func allows(_ uid: UInt32) -> Bool {
+        if uid == 0 || uid == geteuid() { return true }
+        let now = ContinuousClock.now
+        if let known = cache.withLock({ $0[uid] }), now - known.at < ttl { return known.member }
+        let member = Self.isMember(uid: uid, of: group)
+        if member == nil { logger.warning("gateway.group: no group named \(group) any more; only root and the agent's user are served") }
+        cache.withLock { entries in
+            if entries.count >= 1024 { entries.removeAll() }  // one entry per local user: a bound, not a policy
+            entries[uid] = (member ?? false, now)
         }
-        var uids: Set<UInt32> = []
-        setpwent()
-        while let entry = getpwent() {
-            if entry.pointee.pw_gid == gid || names.contains(String(cString: entry.pointee.pw_name)) {
-                uids.insert(entry.pointee.pw_uid)
+        return member ?? false
+    }
+
+    /// The group's ID, or nil when there is no such group.
+    static func groupID(_ name: String) -> gid_t? {
+        var group = group(), result: UnsafeMutablePointer<group>?
+        var buffer = [CChar](repeating: 0, count: 16384)
+        guard getgrnam_r(name, &group, &buffer, buffer.count, &result) == 0, result != nil else { return nil }
+        return group.gr_gid
+    }
+
+    /// Whether user `uid` belongs to `groupName` (nil: no such group). A uid with no account is in
+    /// no group.
+    static func isMember(uid: UInt32, of groupName: String) -> Bool? {
+        guard let gid = groupID(groupName) else { return nil }
+        var account = passwd(), result: UnsafeMutablePointer<passwd>?
+        var buffer = [CChar](repeating: 0, count: 16384)
+        guard getpwuid_r(uid, &account, &buffer, buffer.count, &result) == 0, result != nil else { return false }
+        if account.pw_gid == gid { return true }
+        var count: Int32 = 64
+        while true {
+            var groups = [gid_t](repeating: 0, count: Int(count))
+            var wanted = count
+            if getgrouplist(account.pw_name, account.pw_gid, &groups, &wanted) >= 0 {
+                return groups.prefix(Int(wanted)).contains(gid)
             }
+            guard wanted > count, wanted <= 65536 else { return false }
+            count = wanted
         }
-        endpwent()
-        return uids
     }
 }

@@ -223,12 +223,21 @@ struct GatewayTests {
         }
     }
 
-    @Test("gateway.group: no TCP listener; on the socket only root, the agent's user and the group's members")
+    @Test("gateway.group: no TCP listener; on the socket only root, the agent's user and the group's members, as membership changes")
     func groupGate() async throws {
         let group = "lmxgw\(getpid() % 100_000)"
         let added = try await Command.run("/usr/sbin/groupadd", ["-U", "nobody", group])
         #expect(added.status == 0, "\(added.stderr)")
-        defer { _ = try? Process.run(URL(fileURLWithPath: "/usr/sbin/groupdel"), arguments: [group]).waitUntilExit() }
+        do {
+            try await checkGroupGate(group)
+        } catch {
+            _ = try? await Command.run("/usr/sbin/groupdel", [group])
+            throw error
+        }
+        _ = try? await Command.run("/usr/sbin/groupdel", [group])
+    }
+
+    private func checkGroupGate(_ group: String) async throws {
         try await withResources {
             let port = freePort(), gatewayPort = freePort()
             let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "grp-\(port)")
@@ -243,13 +252,34 @@ struct GatewayTests {
                     "/usr/bin/setpriv", user + ["/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket, "http://localhost/v1/models"])
                 return r.stdout
             }
-            // nobody is a member; uid 12345 (primary group 12345) is not; root always may.
-            #expect(try await curl(as: ["--reuid=65534", "--regid=65534", "--clear-groups"]) == "200")
+            let nobody = ["--reuid=65534", "--regid=65534", "--clear-groups"]
+            // nobody is a member; uid 12345 (no account) is not; root always may.
+            #expect(try await curl(as: nobody) == "200")
             #expect(try await curl(as: ["--reuid=12345", "--regid=12345", "--clear-groups"]) == "403")
             #expect(try await curl(as: []) == "200")
             let tcp = try await Command.run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(gatewayPort)/v1/models"])
             #expect(tcp.stdout == "000")  // nothing listens: a TCP caller cannot be identified
             #expect(try agent.status().gateway?.openAIBaseURL == nil)
+
+            // Membership is looked up again within 5 s: no restart after gpasswd.
+            func settles(to code: String) async throws -> Double? {
+                let start = ContinuousClock.now
+                for _ in 0..<40 {
+                    if try await curl(as: nobody) == code {
+                        let elapsed = ContinuousClock.now - start
+                        return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+                    }
+                    try await Task.sleep(for: .milliseconds(250))
+                }
+                return nil
+            }
+            #expect(try await Command.run("/usr/bin/gpasswd", ["-d", "nobody", group]).status == 0)
+            let revoked = try await settles(to: "403")
+            #expect(revoked != nil && revoked! <= 6, "nobody still served \(revoked.map { "\($0) s" } ?? "after 10 s") after gpasswd -d")
+            #expect(try await Command.run("/usr/bin/gpasswd", ["-a", "nobody", group]).status == 0)
+            let granted = try await settles(to: "200")
+            #expect(granted != nil && granted! <= 6, "nobody not served \(granted.map { "\($0) s" } ?? "after 10 s") after gpasswd -a")
+            print("figure: gateway.group change took effect after \(revoked ?? -1) s (removed) and \(granted ?? -1) s (added)")
         }
     }
 
