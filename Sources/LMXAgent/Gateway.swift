@@ -411,10 +411,10 @@ final class GroupGate: Sendable {
 
     /// The group's ID, or nil when there is no such group.
     static func groupID(_ name: String) -> gid_t? {
-        var group = group(), result: UnsafeMutablePointer<group>?
+        var entry = Glibc.group(), result: UnsafeMutablePointer<Glibc.group>?
         var buffer = [CChar](repeating: 0, count: 16384)
-        guard getgrnam_r(name, &group, &buffer, buffer.count, &result) == 0, result != nil else { return nil }
-        return group.gr_gid
+        guard getgrnam_r(name, &entry, &buffer, buffer.count, &result) == 0, result != nil else { return nil }
+        return entry.gr_gid
     }
 
     /// Whether user `uid` belongs to `groupName` (nil: no such group). A uid with no account is in
