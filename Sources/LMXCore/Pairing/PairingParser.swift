@@ -410,9 +410,9 @@ struct Query {
     /// forms are well formed).
     static func decode(_ encoded: String, field: String) throws(PairingError) -> String {
         guard encoded.contains("%") else { return encoded }
-        var components = URLComponents()
-        components.percentEncodedQuery = "v=" + encoded
-        guard let decoded = components.queryItems?.first?.value else {
+        // Parsed, not assigned: URLComponents' setters trap on what they refuse, its parser returns nil.
+        guard let decoded = URLComponents(string: "lmx:?v=" + encoded, encodingInvalidCharacters: false)?.queryItems?.first?.value
+        else {
             throw PairingError(.malformed, field: field, "percent-encoding does not decode to UTF-8 text")
         }
         return decoded
