@@ -69,6 +69,29 @@ struct PairingTests {
         #expect(error("opta-lmx://other?v=1")?.kind == .malformed)
     }
 
+    @Test("URLs split by URLComponents: unencoded spaces and UTF-8 accepted, escapes kept; a broken escape names its field; no query in a message")
+    func urlSplitting() throws {
+        // Some generators leave a label's spaces and UTF-8 unencoded: read as if encoded, and the
+        // other fields' escapes are not encoded a second time.
+        let raw = try one("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&name=My Studio é&key=K%2B1")
+        #expect(raw.name == "My Studio é")
+        #expect(raw.wan?.url == "https://a.example")
+        #expect(raw.wan?.credentials.adminKey == "K+1")
+        // A broken escape is blamed on the field it is in, and the value (maybe a key) is not shown.
+        let broken = error("https://a.example/?key=SECRET%zz")
+        #expect(broken?.field == "key" && broken?.kind == .malformed)
+        #expect(broken?.description.contains("SECRET") == false)
+        // A URL that is not one is quoted up to its query only: keys stay out of the message.
+        let port = error("https://a.example:abc/path?key=SECRET")
+        #expect(port?.field == "url")
+        #expect(port?.description.contains("'https://a.example:abc/path'") == true)
+        #expect(port?.description.contains("SECRET") == false)
+        // user@host hidden behind a backslash, and a host with a space, are refused.
+        #expect(error(#"https://a.example\@evil.example/"#)?.field == "url")
+        #expect(error("opta-lmx://pair?v=1&url=https://a b.example")?.field == "url")
+        #expect(error("https://a.example:70000")?.field == "url")
+    }
+
     @Test("unknown fields are ignored; http tunnels pass with --allow-insecure; + is a space only in the name")
     func tokenLenient() throws {
         let p = try one("opta-lmx://pair?v=1&url=https%3A%2F%2FA.Example%3A8443%2Fsome%2Fpath&future=x&name=My+Box&key=a+b")

@@ -339,14 +339,17 @@ struct SplitURL {
         guard text.contains("://") else {
             throw PairingError(.malformed, field: field, "not a URL (scheme://host…)")
         }
-        if Self.hasBrokenPercentEncoding(text) {
-            throw PairingError(.malformed, field: field, "broken percent-encoding (% must be followed by two hex digits)")
+        if let broken = Self.brokenEscape(in: text) {
+            // Named by its query field when it is in one (a key, say), never quoted: it may be secret.
+            throw PairingError(.malformed, field: broken.field ?? field, "broken percent-encoding (% must be followed by two hex digits)")
         }
         guard let components = URLComponents(string: text, encodingInvalidCharacters: false)
-                ?? URLComponents(string: text, encodingInvalidCharacters: true),
+                ?? URLComponents(string: Self.encodingStrays(text), encodingInvalidCharacters: false),
             let scheme = components.scheme, let host = components.percentEncodedHost
         else {
-            throw PairingError(.malformed, field: field, "not a valid URL (is the port a number, and the host well formed?)")
+            // Only what comes before the query is shown: the query may carry keys.
+            let shown = text.prefix { $0 != "?" && $0 != "#" }
+            throw PairingError(.malformed, field: field, "\(PairingError.quote(shown)) is not a valid URL (is the port a number, and the host well formed?)")
         }
         self.scheme = scheme.lowercased()
         self.host = host
@@ -359,19 +362,48 @@ struct SplitURL {
     /// `host[:port]`, for messages.
     var authority: String { port.map { "\(host):\($0)" } ?? host }
 
-    /// A `%` not followed by two hex digits (which `URLComponents` would quietly encode as `%25`).
-    private static func hasBrokenPercentEncoding(_ text: String) -> Bool {
-        var bytes = text.utf8.makeIterator()
-        while let byte = bytes.next() {
-            guard byte == UInt8(ascii: "%") else { continue }
-            guard let high = bytes.next(), high.isHexDigit, let low = bytes.next(), low.isHexDigit else { return true }
+    private struct BrokenEscape { var field: String? }
+
+    /// A `%` not followed by two hex digits (which `URLComponents` would refuse, or with
+    /// `encodingInvalidCharacters` quietly turn into `%25`), and the query field it is in.
+    private static func brokenEscape(in text: String) -> BrokenEscape? {
+        let bytes = Array(text.utf8)
+        var index = 0
+        while index < bytes.count {
+            defer { index += 1 }
+            guard bytes[index] == UInt8(ascii: "%") else { continue }
+            if index + 2 < bytes.count, bytes[index + 1].isHexDigit, bytes[index + 2].isHexDigit { continue }
+            // In the query? Then the field is the name before `=` in the `&`-separated part.
+            guard let query = bytes.firstIndex(of: UInt8(ascii: "?")), query < index,
+                bytes[query..<index].firstIndex(of: UInt8(ascii: "#")) == nil
+            else { return BrokenEscape(field: nil) }
+            let start = bytes[..<index].lastIndex { $0 == UInt8(ascii: "&") || $0 == UInt8(ascii: "?") }.map { $0 + 1 } ?? query + 1
+            guard let equals = bytes[start..<index].firstIndex(of: UInt8(ascii: "=")) else { return BrokenEscape(field: "query") }
+            return BrokenEscape(field: String(String(decoding: bytes[start..<equals], as: UTF8.self).prefix(64)))
         }
-        return false
+        return nil
+    }
+
+    /// Percent-encodes what RFC 3986 allows nowhere in a URL (a space, UTF-8, `"<>\^`{|}`),
+    /// keeping every delimiter and the `%XX` escapes already there.
+    private static func encodingStrays(_ text: String) -> String {
+        let hex = Array("0123456789ABCDEF".unicodeScalars)
+        var out = String.UnicodeScalarView()
+        for byte in text.utf8 {
+            if byte < 0x80, byte > 0x20, !Array(#""<>\^`{|}"#.utf8).contains(byte), byte != 0x7F {
+                out.append(Unicode.Scalar(byte))
+            } else {
+                out.append("%")
+                out.append(hex[Int(byte >> 4)])
+                out.append(hex[Int(byte & 0x0F)])
+            }
+        }
+        return String(out)
     }
 }
 
-private extension UInt8 {
-    var isHexDigit: Bool {
+extension UInt8 {
+    fileprivate var isHexDigit: Bool {
         (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(self) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains(self)
             || (UInt8(ascii: "A")...UInt8(ascii: "F")).contains(self)
     }
