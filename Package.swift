@@ -35,12 +35,10 @@ let package = Package(
         // output formats. No C, no I/O, no clock of its own.
         .target(name: "LMXCore"),
 
-        // Thin module map over libavahi-client (D-Bus client of the system avahi-daemon).
-        .systemLibrary(
-            name: "CAvahi",
-            pkgConfig: "avahi-client",
-            providers: [.apt(["libavahi-client-dev"])]
-        ),
+        // Thin module map over libavahi-client (D-Bus client of the system avahi-daemon), from
+        // libavahi-client-dev. The module map names the libraries; no pkgConfig: avahi-client.pc
+        // only adds -D_REENTRANT (meaningless with glibc), which SwiftPM warns about on every build.
+        .systemLibrary(name: "CAvahi"),
 
         // Thin module maps for pairing codes in images: zbar reads QR codes, libpng and
         // libjpeg-turbo (TurboJPEG API) decode images, libqrencode draws codes for export.
