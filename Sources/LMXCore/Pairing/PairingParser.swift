@@ -203,7 +203,8 @@ public struct PairingParser: Sendable {
         guard !url.host.isEmpty else {
             throw PairingError(.invalidField, field: field, "names no host (https://host…)")
         }
-        let host = try HostPort.parseHost(url.host, field: field)
+        // A percent-encoded host means its decoded name (RFC 3986 reg-name).
+        let host = try HostPort.parseHost(url.host.contains("%") ? try Query.decode(url.host, field: field) : url.host, field: field)
         var base = "\(url.scheme)://\(url.host.hasPrefix("[") ? "[\(host)]" : host)"
         if let port = url.port {
             guard (1...65535).contains(port) else {
