@@ -7,7 +7,11 @@
 # error in its journal, and it finds a server announced over mDNS inside the container (its own
 # avahi-daemon, on its own loopback). Each finding is a line "CHECK <name> ok|FAIL <detail>".
 #
-#   sudo scripts/systemd-check.sh lmx-agent_<version>_<arch>.deb
+#   sudo scripts/systemd-check.sh lmx-agent_<version>_<arch>.deb [PREVIOUS.deb]
+#
+# With PREVIOUS.deb, that package is installed first and the checked one over it (an upgrade).
+# Either way the checked package is also installed a second time over itself while the service
+# runs, as dpkg does for an upgrade: the service must come back restarted and still enabled.
 #
 # Exit codes: 0 every check passed, 1 a check failed, 69 it cannot run here (no root, no
 # systemd-nspawn, no overlayfs). Needs the package systemd-container; no systemd on the host.
@@ -34,6 +38,7 @@ mount -t overlay overlay -o "lowerdir=/,upperdir=$work/layers/upper,workdir=$wor
     { log "cannot mount an overlay of /"; exit 69; }
 
 cp "$deb" "$work/share/lmx-agent.deb"
+if [ -n "${2:-}" ]; then cp "$(realpath "$2")" "$work/share/previous.deb"; fi
 cp "$(dirname "$0")/lmx-test-server.py" "$work/share/"
 cat > "$work/share/check.sh" <<'INSIDE'
 #!/bin/sh
@@ -49,6 +54,9 @@ printf '[server]\nallow-interfaces=lo\ndeny-interfaces=eth0\nuse-ipv6=no\n[wide-
 systemctl restart avahi-daemon
 mkdir -p /etc/systemd/system/lmx-agentd.service.d
 printf '[Service]\nWatchdogSec=2s\n' > /etc/systemd/system/lmx-agentd.service.d/watchdog.conf
+if [ -f /lmx/previous.deb ]; then
+    dpkg -i /lmx/previous.deb > /lmx/out/previous.log 2>&1 && echo "PREVIOUS $(dpkg-query -W -f '${Version}' lmx-agent)"
+fi
 dpkg -i /lmx/lmx-agent.deb
 state=""
 for _ in $(seq 1 100); do
@@ -101,6 +109,22 @@ echo "$json" | grep -q '"avahi":"running"' && check nobody-reads-status ok || ch
 systemctl reload lmx-agentd && sleep 1
 [ "$(systemctl is-active lmx-agentd)" = active ] && [ "$(systemctl show -p MainPID --value lmx-agentd)" = "$pid" ] &&
     check reload ok || check reload FAIL "not active with the same PID after reload"
+# An upgrade: dpkg runs the maintainer scripts with the old version as $2; the service is
+# restarted on the new files, stays enabled, keeps its user, its database and the config's mode.
+uid=$(id -u lmx)
+if dpkg -i /lmx/lmx-agent.deb > /lmx/out/upgrade.log 2>&1; then
+    for _ in $(seq 1 100); do
+        [ "$(systemctl is-active lmx-agentd)" = active ] && [ "$(systemctl show -p MainPID --value lmx-agentd)" != "$pid" ] && break
+        sleep 0.1
+    done
+    after="$(systemctl is-active lmx-agentd) $(systemctl is-enabled lmx-agentd) uid=$(id -u lmx) db=$(stat -c '%U:%a' /var/lib/lmx/agent.db) config=$(stat -c '%U:%G:%a' /etc/lmx/agent.json)"
+    newpid=$(systemctl show -p MainPID --value lmx-agentd)
+    url=$(runuser -u nobody -- lmx-status --url --wait=5 2>/dev/null || true)
+    [ "$after" = "active enabled uid=$uid db=lmx:600 config=root:lmx:640" ] && [ "$newpid" != "$pid" ] && [ "$url" = http://127.0.0.1:18081 ] &&
+        check upgrade ok || check upgrade FAIL "$after, pid $pid → $newpid, active '$url'"
+else
+    check upgrade FAIL "dpkg -i over itself failed: $(tail -n 3 /lmx/out/upgrade.log | tr '\n' ' ')"
+fi
 systemctl stop lmx-agentd
 [ "$(systemctl show -p Result --value lmx-agentd)" = success ] && [ ! -e /run/lmx/agent.sock ] &&
     check stop ok || check stop FAIL "result $(systemctl show -p Result --value lmx-agentd)"
@@ -136,7 +160,7 @@ if ! grep -q '^DONE' "$work/share/out/log" 2>/dev/null; then
     log "the container did not finish its checks (systemd-nspawn exit $status)"
     exit 1
 fi
-grep -E '^(CHECK|STATUS) ' "$work/share/out/log"
+grep -E '^(CHECK|STATUS|PREVIOUS) ' "$work/share/out/log"
 if grep -q '^CHECK .* FAIL' "$work/share/out/log"; then
     sed -n '/^+/!p' "$work/share/out/journal" | tail -n 20 >&2
     exit 1

@@ -266,7 +266,7 @@ struct PackagingTests {
         for path in expected { #expect(!FileManager.default.fileExists(atPath: stage + path), "\(path) left behind") }
     }
 
-    @Test("under a real systemd (this OS booted with systemd-nspawn): started, notify, watchdog, sandboxed, finds a server, reload, stop")
+    @Test("under a real systemd (this OS booted with systemd-nspawn): started, notify, watchdog, sandboxed, finds a server, reload, upgrade, stop")
     func underSystemd() async throws {
         let result = try await Command.run(TestBed.repo + "/scripts/systemd-check.sh", [deb], timeout: 300)
         #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
@@ -274,7 +274,7 @@ struct PackagingTests {
         for check in [
             "started", "enabled", "status-text", "user", "seccomp", "no-new-privileges", "no-capabilities", "finds-server",
             "watchdog", "nobody-reads-status", "database", "reload", "stop", "journal", "gateway", "gateway-socket",
-            "endpoint-env", "journal-priorities",
+            "endpoint-env", "journal-priorities", "upgrade",
         ] {
             #expect(lines.contains("CHECK \(check) ok"), "\(check): \(lines.first { $0.hasPrefix("CHECK \(check) ") } ?? "not reported")")
         }
