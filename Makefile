@@ -66,7 +66,7 @@ install:
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PREFIX)/share/man/man1 \
 		$(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
 		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d $(DESTDIR)$(PREFIX)/lib/systemd/system \
-		$(DESTDIR)$(PREFIX)/lib/systemd/user $(DESTDIR)$(PREFIX)/share/doc/lmx-agent
+		$(DESTDIR)$(PREFIX)/lib/systemd/user $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(PREFIX)/share/doc/lmx-agent
 	for c in $(COMMANDS); do \
 		install -m 0755 $(RELEASE_BIN)/$$c $(DESTDIR)$(BINDIR)/$$c && \
 		install -m 0644 Packaging/man/$$c.1 $(DESTDIR)$(PREFIX)/share/man/man1/$$c.1 && \
@@ -78,6 +78,7 @@ install:
 	sed 's|@BINDIR@|$(BINDIR)|' Packaging/systemd/user/lmx-agentd.service > $(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-agentd.service
 	chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/lmx-agentd.service $(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-agentd.service
 	install -m 0644 examples/agent.json $(DESTDIR)$(PREFIX)/share/doc/lmx-agent/agent.json
+	install -m 0644 Packaging/debian/lmx-agent.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/lmx-agent.conf
 
 uninstall:
 	for c in $(COMMANDS); do \
@@ -85,6 +86,7 @@ uninstall:
 			$(DESTDIR)$(PREFIX)/share/bash-completion/completions/$$c $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_$$c \
 			$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/$$c.fish; \
 	done
-	rm -f $(DESTDIR)$(PREFIX)/lib/systemd/system/lmx-agentd.service $(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-agentd.service
+	rm -f $(DESTDIR)$(PREFIX)/lib/systemd/system/lmx-agentd.service $(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-agentd.service \
+		$(DESTDIR)$(PREFIX)/lib/sysusers.d/lmx-agent.conf
 	rm -rf $(DESTDIR)$(PREFIX)/share/doc/lmx-agent
 

@@ -240,14 +240,14 @@ struct PackagingTests {
         }
     }
 
-    @Test("make install (PREFIX, DESTDIR): commands, man pages, completions, the system and user units; make uninstall removes them")
+    @Test("make install (PREFIX, DESTDIR): commands, man pages, completions, the system and user units, the sysusers file; make uninstall removes them")
     func makeInstall() async throws {
         let stage = FileManager.default.temporaryDirectory.appendingPathComponent("lmx-install-\(getpid())").path
         defer { try? FileManager.default.removeItem(atPath: stage) }
         let install = try await Command.run("/usr/bin/make", ["-C", TestBed.repo, "install", "DESTDIR=\(stage)", "PREFIX=/opt/lmx"], timeout: 120)
         #expect(install.status == 0, "\(install.stderr)")
         var expected = ["/opt/lmx/lib/systemd/system/lmx-agentd.service", "/opt/lmx/lib/systemd/user/lmx-agentd.service",
-                        "/opt/lmx/share/doc/lmx-agent/agent.json"]
+                        "/opt/lmx/share/doc/lmx-agent/agent.json", "/opt/lmx/lib/sysusers.d/lmx-agent.conf"]
         for command in ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair"] {
             expected += ["/opt/lmx/bin/\(command)", "/opt/lmx/share/man/man1/\(command).1",
                          "/opt/lmx/share/bash-completion/completions/\(command)", "/opt/lmx/share/zsh/site-functions/_\(command)",
@@ -259,6 +259,13 @@ struct PackagingTests {
             #expect(text.contains("ExecStart=/opt/lmx/bin/lmx-agentd\n"), "\(unit) unit")
             #expect(!text.contains("@BINDIR@"))
         }
+        // The service user, as `sudo systemd-sysusers PREFIX/lib/sysusers.d/lmx-agent.conf` makes it
+        // (here in the staging root's /etc).
+        try FileManager.default.createDirectory(atPath: stage + "/etc", withIntermediateDirectories: true)
+        let sysusers = try await Command.run("/usr/bin/systemd-sysusers", ["--root=\(stage)", stage + "/opt/lmx/lib/sysusers.d/lmx-agent.conf"])
+        #expect(sysusers.status == 0, "\(sysusers.stderr)")
+        let passwd = (try? String(contentsOfFile: stage + "/etc/passwd", encoding: .utf8)) ?? ""
+        #expect(passwd.split(separator: "\n").contains { $0.hasPrefix("lmx:") && $0.hasSuffix(":/var/lib/lmx:/usr/sbin/nologin") }, "\(passwd)")
         let version = try await Command.run(stage + "/opt/lmx/bin/lmx-status", ["--version"])
         #expect(version.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == StatusAPI.version)
         let uninstall = try await Command.run("/usr/bin/make", ["-C", TestBed.repo, "uninstall", "DESTDIR=\(stage)", "PREFIX=/opt/lmx"])
