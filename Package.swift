@@ -1,6 +1,12 @@
 // swift-tools-version:6.0
 import PackageDescription
 
+/// What the tests launch processes with (the harness, ImageMagick in the image fuzz test).
+let processLaunching: [Target.Dependency] = [
+    .product(name: "Subprocess", package: "swift-subprocess"),
+    .product(name: "SystemPackage", package: "swift-system"),
+]
+
 let package = Package(
     name: "lmx-agent",
     platforms: [.macOS(.v14)],
@@ -137,20 +143,12 @@ let package = Package(
         // Mutated-image fuzzing of the decoders (libpng, TurboJPEG, zbar) in process.
         .testTarget(
             name: "LMXImageTests",
-            dependencies: [
-                "LMXCore", "LMXImage",
-                .product(name: "Subprocess", package: "swift-subprocess"),
-                .product(name: "SystemPackage", package: "swift-system"),
-            ]
+            dependencies: ["LMXCore", "LMXImage"] + processLaunching
         ),
         // End to end: the real binaries against real avahi-daemons, namespace hosts and servers.
         .testTarget(
             name: "IntegrationTests",
-            dependencies: [
-                "LMXCore", "LMXStatusClient",
-                .product(name: "Subprocess", package: "swift-subprocess"),
-                .product(name: "SystemPackage", package: "swift-system"),
-            ]
+            dependencies: ["LMXCore", "LMXStatusClient"] + processLaunching
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -204,7 +204,7 @@ public struct PairingParser: Sendable {
             throw PairingError(.invalidField, field: field, "names no host (https://host…)")
         }
         // A percent-encoded host means its decoded name (RFC 3986 reg-name).
-        let host = try HostPort.parseHost(url.host.contains("%") ? try Query.decode(url.host, field: field) : url.host, field: field)
+        let host = try HostPort.parseHost(try Query.decode(url.host, field: field), field: field)
         var base = "\(url.scheme)://\(url.host.hasPrefix("[") ? "[\(host)]" : host)"
         if let port = url.port {
             guard (1...65535).contains(port) else {
@@ -389,9 +389,10 @@ struct SplitURL {
     /// keeping every delimiter and the `%XX` escapes already there.
     private static func encodingStrays(_ text: String) -> String {
         let hex = Array("0123456789ABCDEF".unicodeScalars)
+        let neverInAURL = Set(#""<>\^`{|}"#.utf8)
         var out = String.UnicodeScalarView()
         for byte in text.utf8 {
-            if byte < 0x80, byte > 0x20, !Array(#""<>\^`{|}"#.utf8).contains(byte), byte != 0x7F {
+            if byte > 0x20, byte < 0x7F, !neverInAURL.contains(byte) {
                 out.append(Unicode.Scalar(byte))
             } else {
                 out.append("%")
