@@ -134,6 +134,17 @@ public actor ConnectionManager {
             logger.error("could not read pairings from the store: \(error)")
         }
         applyManualEndpoints(configuration.endpoints, now: t)
+        do {
+            // What the tunnels vouched for when last read: the paired server is used on the LAN
+            // at once, also while its tunnel is down.
+            for vouch in try store.vouches() {
+                handle(
+                    planner.applyVouches(for: vouch.tunnelRouteID, advertised: vouch.baseURLs, instanceID: vouch.instanceID, now: t),
+                    quiet: true)
+            }
+        } catch {
+            logger.error("could not read the tunnels' vouched addresses from the store: \(error)")
+        }
         startHeartbeat()
         pump()
     }
@@ -160,8 +171,13 @@ public actor ConnectionManager {
     /// Applies a reloaded configuration (SIGHUP).
     public func reload(_ new: AgentConfiguration) {
         let t = now()
+        let keysChanged = new.policy.lanKeys != configuration.policy.lanKeys
         configuration = new
         handle(planner.updatePolicy(new.policy, now: t))
+        if keysChanged, let stored = try? store.pairings() {
+            // `lan_keys` changed: the pairings' LAN routes get (or lose) their keys.
+            for pairing in stored.map(\.pairing) { addPairing(pairing, now: t, quiet: true) }
+        }
         applyManualEndpoints(new.endpoints, now: t)
         // A reload is also a sign of life: whatever was backing off is probed at once.
         planner.refreshAll(now: t)
@@ -173,7 +189,12 @@ public actor ConnectionManager {
     private func applyManualEndpoints(_ endpoints: [ManualEndpoint], now t: Double) {
         var ids = Set<String>()
         for endpoint in endpoints {
-            guard let route = try? endpoint.route() else { continue }  // validated when the file was read
+            guard var route = try? endpoint.route() else { continue }  // validated when the file was read
+            if planner.policy.lanKeys == .never, route.baseURL.hasPrefix("http://") {
+                // lan_keys: never: no key travels over plain HTTP, whatever an endpoint says.
+                route.credentials = Credentials(
+                    accessClientID: route.credentials.accessClientID, accessClientSecret: route.credentials.accessClientSecret)
+            }
             ids.insert(route.id)
             handle(planner.upsert(route, now: t))
         }
@@ -257,7 +278,7 @@ public actor ConnectionManager {
         let t = now()
         for result in results {
             let pairing = result.stored.pairing
-            let newIDs = Set(pairing.routes().map(\.id))
+            let newIDs = Set(pairing.routes(lanKeys: planner.policy.lanKeys).map(\.id))
             for old in (pairingRoutes[pairing.id] ?? []) where !newIDs.contains(old) {
                 dropPairingRoute(old, reason: "pairing \(pairing.id) updated", now: t)
             }
@@ -280,7 +301,7 @@ public actor ConnectionManager {
         let t = now()
         let id = removed.pairing.id
         pairingExpiry[id] = nil
-        for routeID in pairingRoutes.removeValue(forKey: id) ?? removed.pairing.routes().map(\.id) {
+        for routeID in pairingRoutes.removeValue(forKey: id) ?? removed.pairing.routes(lanKeys: planner.policy.lanKeys).map(\.id) {
             dropPairingRoute(routeID, reason: "pairing \(id) removed", now: t)
         }
         logger.notice("pairing removed", metadata: ["pairing": "\(id)"])
@@ -298,7 +319,7 @@ public actor ConnectionManager {
     public func pairingSummaries() async throws -> [PairingSummary] {
         try await writer.read { try $0.pairings() }.map { stored in
             var summary = stored.summary
-            summary.routes = stored.pairing.routes().map { route in
+            summary.routes = stored.pairing.routes(lanKeys: planner.policy.lanKeys).map { route in
                 let state = planner.routes[route.id]
                 return PairingRouteState(
                     id: route.id, baseURL: route.baseURL, via: route.via, verdict: state?.verdict,
@@ -313,7 +334,7 @@ public actor ConnectionManager {
             logger.notice("pairing expired; not probing it", metadata: ["pairing": "\(pairing.id)"])
             return
         }
-        let routes = pairing.routes()
+        let routes = pairing.routes(lanKeys: planner.policy.lanKeys)
         for route in routes {
             handle(planner.upsert(route, now: t), quiet: quiet)
         }
@@ -391,11 +412,13 @@ public actor ConnectionManager {
             var route = state.route
             let remember = route.source == .mdns || route.source == .remembered
             let source = route.source
+            // An announcer repeating a set-up server's id is kept apart from that server.
+            let key = planner.trust(of: state) == .impostor ? "impostor:\(state.id)" : instance
             route.source = .mdns
             writer.write("save a server's identity") { [route] store in
                 if remember { try store.saveRoute(StoredRoute(route: route, instanceID: instance, createdAt: at, lastSeen: at)) }
                 try store.recordServerSeen(
-                    key: instance, instanceID: instance, name: route.name, addresses: route.addresses, source: source, at: at)
+                    key: key, instanceID: instance, name: route.name, addresses: route.addresses, source: source, at: at)
             }
         }
         if let state = planner.routes[routeID] {
@@ -452,8 +475,11 @@ public actor ConnectionManager {
             case .routeRemoved(let state, let reason):
                 logger.info("endpoint removed: \(reason)", metadata: ["route": "\(state.id)"])
                 // Every removal is final (deleted from the config, or forgotten after long silence).
-                let id = state.id
-                writer.write("forget a route") { try $0.deleteRoute(id) }
+                let id = state.id, tunnel = state.route.via == .wan
+                writer.write("forget a route") { store in
+                    try store.deleteRoute(id)
+                    if tunnel { try store.deleteVouch(tunnelRouteID: id) }
+                }
                 record(kind: "candidate-removed", routeID: state.id, from: nil, to: nil, reason: reason, at: t)
                 broadcast(StatusAPI.WatchLine(type: "candidate-removed", seq: 0, at: iso(t), route: routeStatus(state, now: t), reason: reason))
             case .healthChanged(let state, let from, let reason):
@@ -464,6 +490,20 @@ public actor ConnectionManager {
                 broadcast(StatusAPI.WatchLine(type: "health", seq: 0, at: iso(t), route: routeStatus(state, now: t), reason: reason))
             case .routeUpdated:
                 break
+            case .impostor(let state, let owner):
+                let why = planner.untrustedWhy(state)
+                logger.warning(
+                    "an announced server \(why): never used, never sent a key",
+                    metadata: ["route": "\(state.id)", "owner": "\(ServerTable.printable(owner))"])
+                record(kind: "impostor", routeID: state.id, from: nil, to: nil, reason: why, at: t)
+            case .vouchesChanged(let tunnelID, let urls, let instance):
+                logger.info(
+                    "the tunnel vouches for LAN addresses",
+                    metadata: ["route": "\(tunnelID)", "addresses": "\(urls.isEmpty ? "none" : urls.joined(separator: " "))"])
+                let at = wall(t)
+                writer.write("keep a tunnel's vouched addresses") {
+                    try $0.saveVouch(StoredVouch(tunnelRouteID: tunnelID, baseURLs: urls, instanceID: instance, updatedAt: at))
+                }
             case .activeChanged(let from, let to, let reason):
                 metricsRegistry.switches.increment()
                 if let to {
@@ -667,10 +707,26 @@ public actor ConnectionManager {
 
     /// The routes a gateway request may use, best first (the active one, then fallbacks), with
     /// what is needed to reach them. Stays inside the daemon: credentials never leave it.
-    public func gatewayTargets(limit: Int, model: String? = nil) -> [GatewayTarget] {
-        planner.requestOrder(model: model).prefix(limit).map { state in
-            GatewayTarget(routeID: state.id, baseURL: state.route.baseURL, via: state.route.via, credentials: state.route.credentials)
+    /// - Parameters:
+    ///   - model: the request's JSON `model`, to route by.
+    ///   - clientHasKey: the request carries its own `Authorization` or `X-Api-Key`.
+    public func gatewayTargets(limit: Int, model: String? = nil, clientHasKey: Bool = false) -> GatewayPlan {
+        if let refusal = planner.untrustedOnly(model: model) {
+            return .refuse(status: 404, code: "model_not_trusted", message: refusal)
         }
+        let order = planner.requestOrder(model: model)
+        // A route without the key its server requires would answer a certain 401.
+        let keyed = clientHasKey ? order : order.filter { !planner.lacksRequiredKey($0) }
+        if keyed.isEmpty, let keyless = order.first {
+            return .refuse(
+                status: 401, code: "inference_key_required",
+                message: "\(keyless.route.name) requires an inference key and no usable route to it carries one"
+                    + (planner.policy.lanKeys == .never ? " (lan_keys: never keeps keys off the LAN; its tunnel is not usable now)" : "")
+                    + ": send your own Authorization header, or pair again with the server's api_key")
+        }
+        return .forward(keyed.prefix(limit).map { state in
+            GatewayTarget(routeID: state.id, baseURL: state.route.baseURL, via: state.route.via, credentials: state.route.credentials)
+        })
     }
 
     /// The gateway could not reach a route (refused, reset, timed out): probe it now rather
@@ -728,7 +784,10 @@ public actor ConnectionManager {
             },
             version: state.lastReport?.version, models: state.lastReport?.modelCount, ready: state.lastReport?.ready,
             probes: state.probeCount, failures: state.failureCount, credentials: state.route.credentials.setNames,
-            pinnedInstance: state.route.pinnedInstance, loadedModels: state.lastReport?.models)
+            pinnedInstance: state.route.pinnedInstance, loadedModels: state.lastReport?.models,
+            trust: planner.trust(of: state), vouchedBy: state.route.vouchedBy,
+            keyRequired: state.lastReport?.inferenceKeyRequired,
+            inferenceReady: state.verdict.map { $0 == .ready && state.health == .up && !planner.lacksRequiredKey(state) })
     }
 
     /// Candidates: routes merged into servers by `instance_id`.
@@ -737,7 +796,9 @@ public actor ConnectionManager {
         var groups: [String: [RouteState]] = [:]
         var order: [String] = []
         for state in planner.sortedRoutes {
-            let key = state.instanceID.map { "instance:\($0)" } ?? "route:\(state.id)"
+            // An impostor is never merged into the server whose id it repeats.
+            let key = planner.trust(of: state) == .impostor ? "route:\(state.id)"
+                : state.instanceID.map { "instance:\($0)" } ?? "route:\(state.id)"
             if groups[key] == nil { order.append(key) }
             groups[key, default: []].append(state)
         }

@@ -29,6 +29,13 @@ public struct GatewayTarget: Sendable {
     public var credentials: Credentials
 }
 
+/// What the gateway does with one request: forward it (to these routes, best first) or answer it
+/// itself.
+public enum GatewayPlan: Sendable {
+    case forward([GatewayTarget])
+    case refuse(status: Int, code: String, message: String)
+}
+
 /// The local OpenAI-compatible gateway: forwards `/v1/*` (and `/admin/*` when enabled) to the
 /// active endpoint with that route's credentials, streams answers through as they come, and
 /// tries the next usable route only before any byte of an answer has reached the client.
@@ -179,7 +186,15 @@ public final class Gateway: Sendable {
         }
         // Routed by the JSON `model` field, like the server itself: to a server that has it.
         let model = method == "POST" && streamed == nil ? Self.modelField(body) : nil
-        var targets = await manager.gatewayTargets(limit: configuration.attempts, model: model)
+        let clientHasKey = clientHeaders.contains { ["authorization", "x-api-key"].contains($0.name.lowercased()) }
+        var targets: [GatewayTarget]
+        switch await manager.gatewayTargets(limit: configuration.attempts, model: model, clientHasKey: clientHasKey) {
+        case .forward(let routes):
+            targets = routes
+        case .refuse(let status, let code, let message):
+            metrics.gatewayFailures.increment()
+            return Self.error(status, code: code, message: message)
+        }
         if streamed != nil { targets = Array(targets.prefix(1)) }
         guard !targets.isEmpty else {
             metrics.gatewayFailures.increment()

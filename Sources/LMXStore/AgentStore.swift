@@ -201,6 +201,16 @@ public final class AgentStore: Sendable {
                 t.column("updated_at", .double).notNull()
             }
         }
+        migrator.registerMigration("v3-tunnel-vouches") { db in
+            // The LAN addresses each paired or configured tunnel vouches for, as its server listed
+            // them: they hold across restarts and while the tunnel is down.
+            try db.create(table: "tunnel_vouch") { t in
+                t.primaryKey("tunnel_route", .text)
+                t.column("instance_id", .text)
+                t.column("base_urls", .text).notNull()
+                t.column("updated_at", .double).notNull()
+            }
+        }
         return migrator
     }
 

@@ -79,6 +79,7 @@ extension AgentStore {
             try db.execute(sql: "DELETE FROM pairing WHERE id = ?", arguments: [match.pairing.id])
             for route in match.pairing.routes() {
                 try db.execute(sql: "DELETE FROM route WHERE id = ? AND source = 'pairing'", arguments: [route.id])
+                try db.execute(sql: "DELETE FROM tunnel_vouch WHERE tunnel_route = ?", arguments: [route.id])
             }
             return match
         }

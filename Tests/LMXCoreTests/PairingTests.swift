@@ -37,7 +37,9 @@ struct PairingTests {
         #expect(p.expiresAt == 1_767_225_600)
         let routes = p.routes()
         #expect(routes.map(\.id) == ["wan/https://quiet-river-1234.trycloudflare.com", "lan/192.168.188.11:1234"])
-        #expect(routes[1].credentials.isEmpty, "no secret goes to the LAN")
+        // The server's own keys go to the LAN address the user gave; the Access token never does.
+        #expect(routes[1].credentials == Credentials(adminKey: "ADMIN", inferenceKey: "INFER"))
+        #expect(p.routes(lanKeys: .never)[1].credentials.isEmpty, "lan_keys: never keeps every key off the LAN")
         #expect(routes.allSatisfy { $0.pinnedInstance == "Mono512:1234" && $0.source == .pairing })
     }
 

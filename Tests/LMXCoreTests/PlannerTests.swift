@@ -15,6 +15,13 @@ struct PlannerHarness {
     /// Every scripted server reports the paired instance unless a test says otherwise, so the
     /// trust policy treats the LAN routes as the paired server.
     var instance: (String) -> String? = { _ in "home" }
+    /// The LAN addresses each tunnel vouches for (its discovery document's `base_urls`). By
+    /// default a tunnel vouches for every LAN route the test adds, as the paired server's
+    /// tunnel does for its own addresses; trust tests say otherwise.
+    var vouch: ((String) -> [String])?
+    /// What every server's discovery document says of `auth.inference_key_required`.
+    var inferenceKeyRequired: Bool?
+    private var lanURLs: [String] = []
 
     init(policy: HealthPolicy = HealthPolicy(), script: @escaping (String, Double) -> HealthVerdict) {
         planner = ConnectionPlanner(policy: policy)
@@ -30,7 +37,14 @@ struct PlannerHarness {
 
     mutating func add(_ route: Route) {
         absorb(planner.upsert(route, now: now))
+        if route.via == .lan, !lanURLs.contains(route.baseURL) { lanURLs.append(route.baseURL) }
+        // As after a restart: what the tunnels vouched for is known before any probe.
+        for tunnel in planner.routes.values where tunnel.route.via == .wan && tunnel.route.source.isSetUp {
+            absorb(planner.applyVouches(for: tunnel.id, advertised: advertised(tunnel.id), instanceID: instance(tunnel.id), now: now))
+        }
     }
+
+    func advertised(_ tunnelID: String) -> [String] { vouch.map { $0(tunnelID) } ?? lanURLs }
 
     /// Runs the loop until `end`, probing whatever falls due (probes complete instantly).
     mutating func run(until end: Double) {
@@ -42,7 +56,10 @@ struct PlannerHarness {
                 let report = ProbeReport(
                     verdict: verdict, latency: latency(route.id), detail: verdict.isAlive ? nil : "scripted",
                     instanceID: instance(route.id))
-                absorb(planner.record(report, for: route.id, full: task.full, now: now))
+                var reported = report
+                reported.inferenceKeyRequired = inferenceKeyRequired
+                if route.via == .wan, task.full, verdict.isAlive { reported.advertisedBaseURLs = advertised(route.id) }
+                absorb(planner.record(reported, for: route.id, full: task.full, now: now))
             }
             absorb(planner.tick(now: now))
             guard let next = planner.nextWakeup() else { break }
@@ -346,6 +363,7 @@ struct PlannerTests {
         var policy = HealthPolicy()
         policy.forgetAfter = 100
         var h = PlannerHarness(policy: policy) { _, _ in .down }
+        h.vouch = { _ in [] }
         h.add(lan("10.0.0.9"))
         h.add(wan("https://t.example.com"))
         h.absorb(h.planner.withdraw("lan/10.0.0.9:1234", now: 0))

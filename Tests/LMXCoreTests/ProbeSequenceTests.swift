@@ -102,8 +102,12 @@ struct ProbeSequenceTests {
         _ = planner.record(report, for: tunnel.id, now: 0)
         _ = planner.takeDueProbes(now: 1)
         _ = planner.record(report, for: tunnel.id, now: 1)
-        #expect(planner.routes.values.map(\.route.baseURL) == ["https://quiet-river-1234.trycloudflare.com"])
+        #expect(planner.routes["wan/https://quiet-river-1234.trycloudflare.com"]?.route.baseURL == "https://quiet-river-1234.trycloudflare.com")
         #expect(planner.active?.route.baseURL == "https://quiet-river-1234.trycloudflare.com")
+        // The document's LAN address is another route of the same server (vouched for by the
+        // tunnel), never a replacement of the tunnel's URL; localhost names the server's machine.
+        #expect(planner.routes.keys.sorted() == ["lan/192.168.188.11:1234", "wan/https://quiet-river-1234.trycloudflare.com"])
+        #expect(planner.routes["lan/192.168.188.11:1234"]?.route.vouchedBy == tunnel.id)
     }
 
     @Test("readyz 503 is alive, not ready")

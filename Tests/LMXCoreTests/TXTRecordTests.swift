@@ -46,7 +46,14 @@ struct TXTRecordTests {
     func pathUsed() {
         #expect(TXTRecord(strings: ["path=/v1/discovery"]).servicePath == "/v1/discovery")
         #expect(TXTRecord(strings: ["path=custom"]).servicePath == "/custom")
-        #expect(TXTRecord(strings: ["path=http://elsewhere/x"]).servicePath == "/http://elsewhere/x")
+    }
+
+    @Test("a TXT path that leaves the server's tree or names another server falls back to the default", arguments: [
+        "path=http://elsewhere/x", "path=//elsewhere/x", "path=/v1/../admin/events", "path=..", "path=/a/%2e%2e/b",
+        "path=/a%2Fb", "path=/x?admin_key=1", "path=/x#y", "path=/a\\b", "path=/u@evil", "path=/./x",
+    ])
+    func pathRefused(entry: String) {
+        #expect(TXTRecord(strings: [entry]).servicePath == TXTRecord.defaultServicePath)
     }
 }
 

@@ -90,9 +90,14 @@ struct RestartWatchTests {
     }
 }
 
-@Suite("Trust policy for announced servers")
+@Suite("Trust: what the user and the tunnel vouch for")
 struct TrustPolicyTests {
-    private func run(trust: TrustPolicy = .paired, pairing: Route?, announcers: [String: String?]) -> PlannerHarness {
+    /// A paired tunnel (reporting instance `home`) that vouches for `vouched`, and announcers
+    /// (host → the instance_id each reports).
+    private func run(
+        trust: TrustPolicy = .paired, pairing: Route?, vouched: [String] = [], announcers: [String: String?],
+        until end: Double = 30
+    ) -> PlannerHarness {
         var policy = HealthPolicy()
         policy.trust = trust
         var h = PlannerHarness(policy: policy) { _, _ in .ready }
@@ -100,50 +105,175 @@ struct TrustPolicyTests {
             if id.hasPrefix("wan") { return "home" }
             return announcers.first { id.contains($0.key) }?.value ?? nil
         }
+        h.vouch = { _ in vouched.map { "http://\($0):1234" } }
         if let pairing { h.add(pairing) }
         for host in announcers.keys.sorted() { h.add(announced(host)) }
-        h.run(until: 30)
+        h.run(until: end)
         return h
     }
 
-    @Test("an announcer that is not the paired server never outranks the paired tunnel")
-    func announcerDoesNotOutrankPairing() {
-        let h = run(pairing: wan("https://t.example.com"), announcers: ["10.0.0.66": "evil:1234", "10.0.0.67": nil])
+    @Test("an announcer repeating the paired instance_id from an address nobody vouches for is an impostor: never active, no key")
+    func impostor() {
+        let h = run(pairing: wan("https://t.example.com"), announcers: ["10.0.0.66": "home", "10.0.0.67": nil])
         #expect(h.planner.activeID == "wan/https://t.example.com")
         let evil = h.planner.routes["lan/10.0.0.66:1234"]!
-        #expect(h.planner.explain(evil, now: 30).contains("not a paired server"))
+        #expect(h.planner.trust(of: evil) == .impostor)
+        #expect(h.planner.explain(evil, now: 30) == "not used: claims tunnel's instance_id from an address tunnel does not vouch for")
+        #expect(evil.route.credentials.isEmpty)
+        #expect(h.planner.requestOrder().map(\.id) == ["wan/https://t.example.com"])
+        // Reported once, however often it is probed.
+        #expect(h.events.filter { if case .impostor = $0 { true } else { false } }.count == 1)
+        let stranger = h.planner.routes["lan/10.0.0.67:1234"]!
+        #expect(h.planner.trust(of: stranger) == .announced)
+        #expect(h.planner.explain(stranger, now: 30).contains("not vouched for"))
     }
 
-    @Test("the paired server on the LAN (same instance_id, pinned or learned through the tunnel) comes first")
-    func pairedServerOnLAN() {
-        let pinned = run(pairing: wan("https://t.example.com"), announcers: ["10.0.0.1": "home", "10.0.0.66": "evil"])
-        #expect(pinned.planner.activeID == "lan/10.0.0.1:1234")
-        // A bare tunnel URL pins nothing: the instance it reports through the tunnel counts.
-        let learned = run(pairing: wan("https://t.example.com", pin: nil), announcers: ["10.0.0.1": "home", "10.0.0.66": "evil"])
-        #expect(learned.planner.activeID == "lan/10.0.0.1:1234")
+    @Test("the address the tunnel vouches for is the paired server on the LAN: active first, with the server's keys, never the Access token")
+    func tunnelVouchedAddress() {
+        var tunnel = wan("https://t.example.com", pin: nil)
+        tunnel.credentials = Credentials(adminKey: "A", inferenceKey: "I", accessClientID: "id", accessClientSecret: "s")
+        let h = run(pairing: tunnel, vouched: ["10.0.0.1"], announcers: ["10.0.0.1": "home", "10.0.0.66": "home"])
+        #expect(h.planner.activeID == "lan/10.0.0.1:1234")
+        let home = h.planner.routes["lan/10.0.0.1:1234"]!
+        #expect(h.planner.trust(of: home) == .tunnel)
+        #expect(home.route.credentials == Credentials(adminKey: "A", inferenceKey: "I"))
+        #expect(home.route.pinnedInstance == "home", "pinned to the instance the tunnel reported")
+        #expect(home.route.announced, "still announced, merged into the vouched route")
+        #expect(h.planner.trust(of: h.planner.routes["lan/10.0.0.66:1234"]!) == .impostor)
     }
 
-    @Test("announcers are still used when nothing the user set up is usable (paired), never under pinned")
-    func fallbackAndPinned() {
-        var h = run(pairing: wan("https://t.example.com"), announcers: ["10.0.0.66": "evil"])
+    @Test("a vouched address is used with zero configuration even when nothing announces it; unlisted again, it goes")
+    func vouchedWithoutAnnouncement() {
+        var h = run(pairing: wan("https://t.example.com"), vouched: ["10.0.0.1"], announcers: [:])
+        #expect(h.planner.activeID == "lan/10.0.0.1:1234")
+        h.vouch = { _ in [] }
+        h.planner.refreshAll(now: h.now)
+        h.run(until: 100)
+        #expect(h.planner.routes["lan/10.0.0.1:1234"] == nil)
+        #expect(h.planner.activeID == "wan/https://t.example.com")
+    }
+
+    @Test("once anything is set up, announcers are never used, not even when nothing else is usable")
+    func noFallbackToStrangers() {
+        var h = run(pairing: wan("https://t.example.com"), announcers: ["10.0.0.66": "whoever"])
         h.script = { id, _ in id.hasPrefix("wan") ? .tunnelDown : .ready }
         h.run(until: 60)
-        #expect(h.planner.activeID == "lan/10.0.0.66:1234")
-
-        var strict = run(trust: .pinned, pairing: wan("https://t.example.com"), announcers: ["10.0.0.66": "evil"])
-        strict.script = { id, _ in id.hasPrefix("wan") ? .tunnelDown : .ready }
-        strict.run(until: 60)
-        #expect(strict.planner.activeID == nil)
-        let evil = strict.planner.routes["lan/10.0.0.66:1234"]!
-        #expect(strict.planner.explain(evil, now: 60).contains("trust: pinned"))
+        #expect(h.planner.activeID == nil)
+        #expect(h.planner.requestOrder().isEmpty)
+        // A configured endpoint counts as set up just as a pairing does.
+        var manual = Route(baseURL: "https://t.example.com", via: .wan, source: .manual, name: "tunnel")
+        manual.credentials = Credentials()
+        var m = run(pairing: manual, announcers: ["10.0.0.66": "whoever"])
+        m.script = { id, _ in id.hasPrefix("wan") ? .down : .ready }
+        m.run(until: 60)
+        #expect(m.planner.activeID == nil)
     }
 
-    @Test("without any pairing every LAN server is used, LAN first; trust lan keeps that even with pairings")
-    func noPairingAndLanPolicy() {
+    @Test("pinned uses nothing announced even with nothing set up; lan uses every announcer but never an impostor")
+    func pinnedAndLan() {
+        let strict = run(trust: .pinned, pairing: nil, announcers: ["10.0.0.66": "whoever"])
+        #expect(strict.planner.activeID == nil)
+        #expect(strict.planner.explain(strict.planner.routes["lan/10.0.0.66:1234"]!, now: 30).contains("trust: pinned"))
+        let lan = run(trust: .lan, pairing: wan("https://t.example.com"), announcers: ["10.0.0.66": "whoever", "10.0.0.67": "home"])
+        #expect(lan.planner.activeID == "lan/10.0.0.66:1234")
+        #expect(lan.planner.trust(of: lan.planner.routes["lan/10.0.0.67:1234"]!) == .impostor)
+        #expect(!lan.planner.requestOrder().contains { $0.id == "lan/10.0.0.67:1234" })
+    }
+
+    @Test("without anything set up every LAN server is used, LAN first")
+    func zeroConfiguration() {
         let none = run(pairing: nil, announcers: ["10.0.0.66": "whoever"])
         #expect(none.planner.activeID == "lan/10.0.0.66:1234")
-        let lan = run(trust: .lan, pairing: wan("https://t.example.com"), announcers: ["10.0.0.66": "whoever"])
-        #expect(lan.planner.activeID == "lan/10.0.0.66:1234")
+    }
+
+    @Test("a model only an untrusted announcer lists is refused with its name, never routed")
+    func modelOnlyOnStrangers() {
+        var h = PlannerHarness { _, _ in .ready }
+        h.instance = { id in id.hasPrefix("wan") ? "home" : "evil" }
+        h.vouch = { _ in [] }
+        h.add(wan("https://t.example.com"))
+        h.add(announced("10.0.0.66"))
+        h.run(until: 5)
+        var report = h.planner.routes["lan/10.0.0.66:1234"]!.lastReport!
+        report.models = ["secret-model"]
+        h.absorb(h.planner.record(report, for: "lan/10.0.0.66:1234", now: 5))
+        var tunnel = h.planner.routes["wan/https://t.example.com"]!.lastReport!
+        tunnel.models = ["llama"]
+        h.absorb(h.planner.record(tunnel, for: "wan/https://t.example.com", now: 5))
+        let refusal = h.planner.untrustedOnly(model: "secret-model")
+        #expect(refusal?.contains("secret-model") == true)
+        #expect(refusal?.contains("10.0.0.66:1234 (untrusted: announced over mDNS") == true)
+        #expect(h.planner.resolve(model: "secret-model").state == nil)
+        #expect(!h.planner.requestOrder(model: "secret-model").contains { $0.id == "lan/10.0.0.66:1234" })
+        #expect(h.planner.untrustedOnly(model: "llama") == nil)
+        #expect(h.planner.untrustedOnly(model: "nobody-has-it") == nil, "nobody lists it: the server answers for itself")
+    }
+
+    @Test("an announcement never changes a set-up route's URL, scheme, probe path or keys; an http:// announcement of an https:// address is another route")
+    func noDowngrade() {
+        var planner = ConnectionPlanner()
+        let configured = Route(
+            baseURL: "https://10.0.0.5:1234", via: .lan, source: .manual, name: "Studio", servicePath: "/.well-known/opta-lmx",
+            credentials: Credentials(inferenceKey: "K"))
+        _ = planner.upsert(configured, now: 0)
+        var announcement = Route(baseURL: "http://10.0.0.5:1234", via: .lan, source: .mdns, name: "evil", servicePath: "/evil", announced: true)
+        _ = planner.upsert(announcement, now: 0)
+        #expect(configured.id == "lan/https://10.0.0.5:1234")
+        #expect(announcement.id == "lan/10.0.0.5:1234")
+        #expect(planner.routes[configured.id]?.route.baseURL == "https://10.0.0.5:1234")
+        #expect(planner.routes[announcement.id]?.route.credentials.isEmpty == true)
+        // The same address over http, written by the user: an announcement changes only the announcement.
+        let paired = Route(baseURL: "http://10.0.0.6:1234", via: .lan, source: .pairing, name: "Home", credentials: Credentials(inferenceKey: "K"))
+        _ = planner.upsert(paired, now: 0)
+        announcement = Route(baseURL: "http://10.0.0.6:1234", via: .lan, source: .mdns, name: "evil", servicePath: "/evil", announced: true)
+        _ = planner.upsert(announcement, now: 1)
+        let merged = planner.routes[paired.id]!.route
+        #expect(merged.servicePath == TXTRecord.defaultServicePath)
+        #expect(merged.name == "Home")
+        #expect(merged.credentials == Credentials(inferenceKey: "K"))
+        #expect(merged.source == .pairing)
+        #expect(merged.announced)
+    }
+
+    @Test("lan_keys never: vouched LAN routes carry no key; a key-requiring server is reached through its tunnel")
+    func lanKeysNever() {
+        var policy = HealthPolicy()
+        policy.lanKeys = .never
+        var h = PlannerHarness(policy: policy) { _, _ in .ready }
+        h.vouch = { _ in ["http://10.0.0.1:1234"] }
+        var tunnel = wan("https://t.example.com", pin: nil)
+        tunnel.credentials = Credentials(adminKey: "A", inferenceKey: "I")
+        h.add(tunnel)
+        h.run(until: 1)
+        let lan = h.planner.routes["lan/10.0.0.1:1234"]!
+        #expect(lan.route.credentials.isEmpty)
+        // The server says it requires an inference key: the keyless LAN route is not ready for inference.
+        h.inferenceKeyRequired = true
+        h.planner.refreshAll(now: h.now)
+        h.run(until: 30)
+        #expect(h.planner.activeID == "wan/https://t.example.com")
+        #expect(h.planner.lacksRequiredKey(h.planner.routes["lan/10.0.0.1:1234"]!))
+        #expect(h.planner.explain(h.planner.routes["lan/10.0.0.1:1234"]!, now: 30).contains("lan_keys: never"))
+        // Back to vouched: the LAN route gets the server's keys and wins.
+        policy.lanKeys = .vouched
+        h.absorb(h.planner.updatePolicy(policy, now: 30))
+        #expect(h.planner.routes["lan/10.0.0.1:1234"]!.route.credentials == Credentials(adminKey: "A", inferenceKey: "I"))
+    }
+
+    @Test("a tunnel vouches only for IP addresses a LAN server can have: no loopback, names, metadata or link-local")
+    func vouchedAddresses() {
+        #expect(TunnelVouch.lanBaseURLs([
+            "http://localhost:1234", "http://127.0.0.1:1234", "http://opta-lmx-2:1234", "http://opta-lmx-2.local:1234",
+            "http://10.254.0.12:1234", "http://10.254.0.12:1234/", "HTTP://10.254.0.13:1234/v1", "http://0.0.0.0:1234",
+            "http://169.254.169.254:80", "http://[fe80::1]:1234", "http://[::1]:1234", "http://[fd00::5]:1234",
+            "ftp://10.0.0.9:21", "http://user@10.0.0.9:1234", "http://10.0.0.10", "https://10.0.0.11", "http://010.0.0.1:1234",
+        ]) == ["http://10.254.0.12:1234", "http://10.254.0.13:1234", "http://[fd00::5]:1234", "http://10.0.0.10:80", "https://10.0.0.11:443"])
+        // Only a tunnel over HTTPS vouches: a plain-http "tunnel" proves nothing.
+        var planner = ConnectionPlanner()
+        let plain = Route(baseURL: "http://t.example.com", via: .wan, source: .manual, name: "t")
+        _ = planner.upsert(plain, now: 0)
+        #expect(planner.applyVouches(for: plain.id, advertised: ["http://10.0.0.1:1234"], instanceID: "x", now: 0).isEmpty)
+        #expect(planner.routes.count == 1)
     }
 
     @Test("the trust key: paired by default, pinned and lan accepted, anything else refused with the key named")

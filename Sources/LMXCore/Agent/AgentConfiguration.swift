@@ -178,7 +178,7 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
     enum CodingKeys: String, CodingKey {
         case policy = "health", endpoints, interfaces, excludeInterfaces = "exclude_interfaces", discovery
         case extraCAFile = "extra_ca_file", watchHeartbeat = "watch_heartbeat", eventRetention = "event_retention"
-        case logLevel = "log_level", trust, gateway, prefer, addressBooks = "address_books", metricsAddress = "metrics_address"
+        case logLevel = "log_level", trust, lanKeys = "lan_keys", gateway, prefer, addressBooks = "address_books", metricsAddress = "metrics_address"
     }
 
     public init(from decoder: any Decoder) throws {
@@ -189,6 +189,12 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
                 throw DecodingError.dataCorruptedError(forKey: .trust, in: c, debugDescription: "must be one of paired, pinned, lan")
             }
             policy.trust = trust
+        }
+        if let raw = try c.decodeIfPresent(String.self, forKey: .lanKeys) {
+            guard let lanKeys = LANKeys(rawValue: raw) else {
+                throw DecodingError.dataCorruptedError(forKey: .lanKeys, in: c, debugDescription: "must be one of vouched, never")
+            }
+            policy.lanKeys = lanKeys
         }
         // `prefer`: instance ids in order of preference among equally healthy servers.
         if let prefer = try c.decodeIfPresent([String].self, forKey: .prefer) { policy.preferredInstances = prefer }

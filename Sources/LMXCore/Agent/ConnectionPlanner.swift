@@ -80,6 +80,12 @@ public enum PlannerEvent: Sendable, Hashable {
     /// Any other change of what is shown for a route (latency, last probe, announcement).
     case routeUpdated(RouteState)
     case activeChanged(from: RouteState?, to: RouteState?, reason: String)
+    /// An announcer claims the `instance_id` of a server the user set up (`owner` is its name)
+    /// from an address that server does not vouch for. Sent once per route.
+    case impostor(RouteState, owner: String)
+    /// A tunnel's discovery document changed the LAN addresses it vouches for (to be kept
+    /// with the pairing, so they hold across restarts and while the tunnel is down).
+    case vouchesChanged(tunnelID: String, baseURLs: [String], instanceID: String?)
 }
 
 /// The connection manager's decisions, with no clock and no I/O: time comes in as `now`
@@ -95,12 +101,18 @@ public struct ConnectionPlanner: Sendable {
     public var lastGoodID: String?
     private var random: SplitMix64
     private var nextSweep: Double = 0
-    /// Instances the user's routes (pairings, configured endpoints) pin or have reported, kept
-    /// current on every change so that ranking is O(1) per route.
-    public private(set) var pinnedInstances: Set<String> = []
-    /// Whether a pairing, or a configured endpoint naming its instance, exists: the routes the
-    /// trust policy protects from announcers.
+    /// Instances the user's routes (pairings, configured endpoints, the addresses their tunnels
+    /// vouch for) pin or have reported, with the name of the route that owns each: kept current
+    /// on every change so that ranking is O(1) per route.
+    public private(set) var instanceOwners: [String: String] = [:]
+    public var pinnedInstances: Set<String> { Set(instanceOwners.keys) }
+    /// Whether anything is set up (a pairing or a configured endpoint): from then on only
+    /// vouched routes are used (trust `paired`).
     public private(set) var hasUserRoutes = false
+    /// Routes already reported as impostors (each is reported once).
+    private var flaggedImpostors: Set<String> = []
+    /// What each tunnel last vouched for, as it listed it (for restarts and reloads).
+    public private(set) var vouches: [String: (baseURLs: [String], instanceID: String?)] = [:]
 
     public init(policy: HealthPolicy = HealthPolicy(), seed: UInt64 = 0x5EED) {
         self.policy = policy
@@ -116,8 +128,15 @@ public struct ConnectionPlanner: Sendable {
     // MARK: - Inputs
 
     public mutating func updatePolicy(_ policy: HealthPolicy, now: Double) -> [PlannerEvent] {
+        let keysChanged = policy.lanKeys != self.policy.lanKeys
         self.policy = policy
-        return select(now: now)
+        var events: [PlannerEvent] = []
+        if keysChanged {
+            for (tunnelID, vouch) in vouches {
+                events += applyVouches(for: tunnelID, advertised: vouch.baseURLs, instanceID: vouch.instanceID, now: now, force: true)
+            }
+        }
+        return events + select(now: now)
     }
 
     /// Adds a route or refreshes what is known of it (an mDNS re-announcement, a new pairing).
@@ -126,14 +145,25 @@ public struct ConnectionPlanner: Sendable {
         if var state = routes[route.id] {
             let wasAnnounced = state.route.announced
             var merged = route
-            // A remembered route keeps its stronger source once announced again.
-            if route.source == .remembered { merged.source = state.route.source }
-            if state.route.source == .pairing || state.route.source == .manual, route.source == .mdns {
+            if state.route.source.isSetUp, !route.source.isSetUp {
+                // An announcement of an address the user set up (or its tunnel vouches for)
+                // changes nothing but the announcement: never the URL, the scheme, the probe
+                // path (a TXT `path` is for announced routes only), the name or the keys.
+                merged = state.route
+                if route.source == .mdns {
+                    merged.announced = route.announced
+                    merged.addresses = route.addresses
+                }
+            } else if route.source.isSetUp, state.route.announced {
+                // Set up now, still announced.
+                merged.announced = true
+                if merged.addresses.isEmpty { merged.addresses = state.route.addresses }
+            } else if route.source == .remembered {
+                // A remembered route keeps its stronger source once announced again.
                 merged.source = state.route.source
-                merged.credentials = state.route.credentials
-                merged.pinnedInstance = state.route.pinnedInstance
             }
             let sourceChanged = merged.source != state.route.source || merged.pinnedInstance != state.route.pinnedInstance
+                || merged.vouchedBy != state.route.vouchedBy || merged.credentials != state.route.credentials
             state.route = merged
             if state.instanceID == nil { state.instanceID = instanceID }
             // A sign of life (a new announcement, a resolver answer, a pairing imported again):
@@ -145,30 +175,134 @@ public struct ConnectionPlanner: Sendable {
             routes[route.id] = state
             if sourceChanged {
                 refreshUserRoutes()
-                return [.routeUpdated(state)] + select(now: now)
+                return [.routeUpdated(state)] + flagImpostors() + select(now: now)
             }
             return [.routeUpdated(state)]
         }
         var state = RouteState(route: route, now: now)
         state.instanceID = instanceID
         routes[route.id] = state
-        guard route.source == .pairing || route.source == .manual else { return [.routeAdded(state)] }
+        guard route.source.isSetUp else { return [.routeAdded(state)] + flagImpostors() }
         refreshUserRoutes()
-        return [.routeAdded(state)] + select(now: now)
+        return [.routeAdded(state)] + flagImpostors() + select(now: now)
     }
 
     /// Recomputes what the trust policy protects: every pairing, and configured endpoints that
     /// name their instance; trusted are the instances those routes pin or have reported.
     private mutating func refreshUserRoutes() {
-        var pins = Set<String>()
-        var protected = false
-        for state in routes.values where state.route.source == .pairing || state.route.source == .manual {
-            if state.route.source == .pairing || state.route.pinnedInstance != nil { protected = true }
-            if let pin = state.route.pinnedInstance { pins.insert(pin) }
-            if let learned = state.instanceID { pins.insert(learned) }
+        var owners: [String: String] = [:]
+        var setUp = false
+        for state in routes.values.sorted(by: { $0.id < $1.id }) where state.route.source.isSetUp {
+            setUp = true
+            if let pin = state.route.pinnedInstance, owners[pin] == nil { owners[pin] = state.route.name }
+            if let learned = state.instanceID, owners[learned] == nil { owners[learned] = state.route.name }
         }
-        pinnedInstances = pins
-        hasUserRoutes = protected
+        instanceOwners = owners
+        hasUserRoutes = setUp
+    }
+
+    /// Announced routes that newly claim a set-up server's instance: each reported once (and
+    /// again only after it stopped claiming it).
+    private mutating func flagImpostors() -> [PlannerEvent] {
+        var events: [PlannerEvent] = []
+        for id in flaggedImpostors where routes[id].map({ trust(of: $0) != .impostor }) ?? true {
+            flaggedImpostors.remove(id)
+        }
+        guard !instanceOwners.isEmpty else { return [] }
+        for state in routes.values where !state.route.source.isSetUp {
+            guard let instance = state.instanceID, let owner = instanceOwners[instance], !flaggedImpostors.contains(state.id)
+            else { continue }
+            flaggedImpostors.insert(state.id)
+            events.append(.impostor(state, owner: owner))
+        }
+        return events
+    }
+
+    // MARK: - Vouching
+
+    /// Applies what a tunnel says about its server's LAN addresses (its discovery document's
+    /// `endpoints`, read over HTTPS with a verified certificate): each vouched address becomes a
+    /// LAN route of the same server, with the server's own keys (`lan_keys`), pinned to the
+    /// instance the tunnel reported, probed at once; addresses it no longer lists go (back to
+    /// plain announcements when mDNS still announces them). Addresses the user wrote stay as
+    /// they are. Only HTTPS tunnels the user set up vouch.
+    /// - Parameters:
+    ///   - advertised: the document's URLs as sent (`ProbeReport.advertisedBaseURLs`).
+    ///   - force: rebuild the routes even when the list did not change (keys policy changed).
+    public mutating func applyVouches(
+        for tunnelID: String, advertised: [String], instanceID: String?, now: Double, force: Bool = false
+    ) -> [PlannerEvent] {
+        guard let tunnel = routes[tunnelID]?.route, tunnel.via == .wan, tunnel.source.isSetUp,
+            tunnel.baseURL.hasPrefix("https://")
+        else { return [] }
+        let wanted = TunnelVouch.lanBaseURLs(advertised)
+        let instance = tunnel.pinnedInstance ?? instanceID
+        let previous = vouches[tunnelID]
+        let changed = previous.map { TunnelVouch.lanBaseURLs($0.baseURLs) != wanted || $0.instanceID != instance } ?? true
+        guard changed || force else { return [] }
+        vouches[tunnelID] = (wanted, instance)
+        var events: [PlannerEvent] = changed ? [.vouchesChanged(tunnelID: tunnelID, baseURLs: wanted, instanceID: instance)] : []
+        let wantedIDs = Set(wanted.map { Route.identifier(baseURL: $0, via: .lan) })
+        for state in routes.values where state.route.vouchedBy == tunnelID && !wantedIDs.contains(state.id) {
+            events += unvouch(state.id, reason: "no longer listed by \(tunnel.name)'s tunnel", now: now)
+        }
+        for url in wanted {
+            let keys = policy.lanKeys == .vouched || url.hasPrefix("https://") ? tunnel.credentials.serverKeys : Credentials()
+            let route = Route(
+                baseURL: url, via: .lan, source: tunnel.source, name: tunnel.name, pinnedInstance: instance,
+                credentials: keys, addresses: [url], vouchedBy: tunnelID)
+            if let existing = routes[route.id] {
+                // What the user wrote stays as written; the first tunnel to vouch keeps the route.
+                if existing.route.source.isSetUp, existing.route.vouchedBy != tunnelID { continue }
+            }
+            let isNew = routes[route.id]?.route.vouchedBy != tunnelID
+            events += upsert(route, now: now)
+            if isNew { probeNow(route.id, now: now) }
+        }
+        return events
+    }
+
+    /// A vouched route its tunnel no longer lists: back to a plain announcement if mDNS still
+    /// announces it, else removed.
+    private mutating func unvouch(_ routeID: String, reason: String, now: Double) -> [PlannerEvent] {
+        guard var state = routes[routeID], state.route.vouchedBy != nil else { return [] }
+        guard state.route.announced else { return remove(routeID, reason: reason, now: now) }
+        state.route = Route(
+            id: state.id, baseURL: state.route.baseURL, via: .lan, source: .mdns, name: state.route.name,
+            addresses: state.route.addresses, announced: true)
+        routes[routeID] = state
+        refreshUserRoutes()
+        return [.routeUpdated(state)] + flagImpostors() + select(now: now)
+    }
+
+    // MARK: - Trust
+
+    /// Who vouches for a route (CONTRACT §7).
+    public func trust(of state: RouteState) -> RouteTrust {
+        if state.route.source.isSetUp { return state.route.vouchedBy == nil ? .user : .tunnel }
+        if let instance = state.instanceID, instanceOwners[instance] != nil { return .impostor }
+        return .announced
+    }
+
+    /// Whether the trust policy lets this route be active and receive requests.
+    public func isAllowed(_ state: RouteState) -> Bool {
+        switch trust(of: state) {
+        case .user, .tunnel: return true
+        case .impostor: return false
+        case .announced:
+            switch policy.trust {
+            case .lan: return true
+            case .paired: return !hasUserRoutes
+            case .pinned: return false
+            }
+        }
+    }
+
+    /// The server requires an inference key (its discovery document says so) and this route
+    /// carries none: every inference request through it is a certain 401 unless the client
+    /// brings its own key.
+    public func lacksRequiredKey(_ state: RouteState) -> Bool {
+        state.lastReport?.inferenceKeyRequired == true && state.route.credentials.inferenceKey == nil
     }
 
     /// mDNS no longer announces the route. Liveness is decided by probes, never by mDNS alone, so
@@ -184,8 +318,14 @@ public struct ConnectionPlanner: Sendable {
     /// Removes a route for good (a pairing or manual entry deleted).
     public mutating func remove(_ routeID: String, reason: String, now: Double) -> [PlannerEvent] {
         guard let state = routes.removeValue(forKey: routeID) else { return [] }
-        refreshUserRoutes()
         var events: [PlannerEvent] = [.routeRemoved(state, reason: reason)]
+        if vouches.removeValue(forKey: routeID) != nil {
+            // A tunnel that goes takes the addresses it vouched for with it.
+            for vouched in routes.values where vouched.route.vouchedBy == routeID {
+                events += unvouch(vouched.id, reason: "\(state.route.name)'s tunnel removed", now: now)
+            }
+        }
+        refreshUserRoutes()
         events += select(now: now, lostReason: activeID == routeID ? "\(state.route.name) removed: \(reason)" : nil)
         return events
     }
@@ -388,13 +528,18 @@ public struct ConnectionPlanner: Sendable {
         if state.health != beforeHealth { state.healthSince = now }
         schedule(&state, report: report, now: now)
         routes[routeID] = state
-        if learned, state.route.source == .pairing || state.route.source == .manual { refreshUserRoutes() }
+        if learned, state.route.source.isSetUp { refreshUserRoutes() }
 
         var events: [PlannerEvent] = []
         if state.verdict != before || state.health != beforeHealth {
             events.append(.healthChanged(state, from: before, reason: describe(report)))
         } else {
             events.append(.routeUpdated(state))
+        }
+        if learned { events += flagImpostors() }
+        if full, state.route.via == .wan, let advertised = report.advertisedBaseURLs, report.verdict != .wrongService {
+            // Re-read on every full probe of the tunnel: the server's own word on where it is.
+            events += applyVouches(for: routeID, advertised: advertised, instanceID: report.instanceID ?? state.instanceID, now: now)
         }
         let lost = routeID == activeID && !isUsable(state) ? "\(state.route.name) failed: \(describe(report))" : nil
         return events + select(now: now, lostReason: lost)
@@ -444,31 +589,14 @@ public struct ConnectionPlanner: Sendable {
 
     // MARK: - Selection
 
-    /// Lower is better: LAN ready, LAN alive, WAN ready, WAN alive, then (under the `paired` trust
-    /// policy, once the user has set up routes) LAN servers the user never paired. `nil`: not
-    /// selectable.
+    /// Lower is better: LAN ready, LAN alive, WAN ready, WAN alive, then routes without the
+    /// inference key their server requires. `nil`: not selectable (down, or not allowed by the
+    /// trust policy).
     public func rank(_ state: RouteState) -> Int? {
-        guard state.health == .up, let verdict = state.verdict, verdict.isAlive else { return nil }
-        var base = state.route.via == .lan ? 0 : 2
-        if !isTrusted(state) {
-            switch policy.trust {
-            case .lan: break
-            case .paired: base = 4
-            case .pinned: return nil
-            }
-        }
+        guard state.health == .up, let verdict = state.verdict, verdict.isAlive, isAllowed(state) else { return nil }
+        let base = state.route.via == .lan ? 0 : 2
+        if lacksRequiredKey(state) { return 4 + base / 2 }
         return base + (verdict == .ready ? 0 : 1)
-    }
-
-    /// Set up by the user (paired, configured), or a server reporting an instance the user
-    /// paired. Under the `paired` policy with nothing set up, every server is trusted.
-    public func isTrusted(_ state: RouteState) -> Bool {
-        switch state.route.source {
-        case .pairing, .manual: return true
-        case .mdns, .remembered:
-            if let instance = state.instanceID, pinnedInstances.contains(instance) { return true }
-            return policy.trust == .paired && !hasUserRoutes || policy.trust == .lan
-        }
     }
 
     /// Up, and not in the middle of failing (a route failing its probes is left for a usable
@@ -497,7 +625,8 @@ public struct ConnectionPlanner: Sendable {
 
     /// Where a request for `model` goes, best first: usable routes whose server has the model
     /// loaded, then those whose models are not known; when no server reports it, the usual
-    /// order (the server then answers "model not found" itself).
+    /// order (the server then answers "model not found" itself). Only routes the trust policy
+    /// allows are ever considered.
     public func requestOrder(model: String?) -> [RouteState] {
         let order = requestOrder()
         guard let model, !model.isEmpty, !Self.isServerRoutedModel(model) else { return order }
@@ -506,11 +635,28 @@ public struct ConnectionPlanner: Sendable {
         return having + order.filter { $0.lastReport?.models == nil && isUsable($0) }
     }
 
+    /// Why a request for `model` must not be forwarded at all: no route the agent may use has
+    /// it (and every one of them lists its models), while servers the agent does not trust do.
+    /// Sending it anyway would give a stranger's server a reason to be asked next time; the
+    /// answer names the model and those servers, marked untrusted. `nil`: forward as usual.
+    public func untrustedOnly(model: String?) -> String? {
+        guard let model, !model.isEmpty, !Self.isServerRoutedModel(model) else { return nil }
+        let usable = routes.values.filter(isUsable)
+        if usable.contains(where: { $0.lastReport?.models == nil || $0.lastReport?.models?.contains(model) == true }) { return nil }
+        let strangers = routes.values.filter { !isAllowed($0) && $0.lastReport?.models?.contains(model) == true }
+            .sorted { $0.id < $1.id }
+        guard !strangers.isEmpty else { return nil }
+        let named = strangers.prefix(3).map { "\($0.route.name) at \(Self.hostPort($0.route.baseURL)) (untrusted: \(untrustedWhy($0)))" }
+        return "model \(ServerTable.printable(model)) is loaded only on servers this agent does not trust: "
+            + named.joined(separator: ", ") + (strangers.count > 3 ? " and \(strangers.count - 3) more" : "")
+    }
+
     /// The best usable route for `model`, and why.
     public func resolve(model: String) -> (state: RouteState?, reason: String) {
         if Self.isServerRoutedModel(model) {
             return (active, "\(model) is routed by the server itself: the active endpoint")
         }
+        if let refusal = untrustedOnly(model: model) { return (nil, refusal) }
         let order = requestOrder()
         if let best = order.first(where: { $0.lastReport?.models?.contains(model) == true && isUsable($0) }) {
             let note = best.id == activeID ? "the active endpoint has it loaded" : "\(best.route.name) has it loaded (the active endpoint does not)"
@@ -520,6 +666,28 @@ public struct ConnectionPlanner: Sendable {
             return (unknown, "no server reports \(model); \(unknown.route.name) does not list its models (no inference key?)")
         }
         return (nil, order.isEmpty ? "no usable endpoint" : "no usable server has \(model) loaded")
+    }
+
+    /// `http://10.0.0.5:1234` → `10.0.0.5:1234`.
+    static func hostPort(_ baseURL: String) -> String {
+        baseURL.firstRange(of: "://").map { String(baseURL[$0.upperBound...]) } ?? baseURL
+    }
+
+    /// Why a route the trust policy does not allow is not used, for people.
+    public func untrustedWhy(_ state: RouteState) -> String {
+        if trust(of: state) == .impostor, let instance = state.instanceID, let owner = instanceOwners[instance] {
+            let sameAddress = routes.values.contains {
+                $0.route.source.isSetUp && $0.id != state.id && Self.hostPort($0.route.baseURL) == Self.hostPort(state.route.baseURL)
+            }
+            if sameAddress {
+                return "announced over plain http:// at an address \(ServerTable.printable(owner)) is set up for with https://"
+            }
+            return "claims \(ServerTable.printable(owner))'s instance_id from an address \(ServerTable.printable(owner)) does not vouch for"
+        }
+        switch policy.trust {
+        case .pinned: return "announced over mDNS, not vouched for by a pairing, a configured endpoint or a tunnel (trust: pinned)"
+        default: return "announced over mDNS, not vouched for by a pairing, a configured endpoint or a tunnel (trust: \(policy.trust.rawValue))"
+        }
     }
 
     /// Ranks better than the active route, so it will replace it once it has proved itself.
@@ -621,15 +789,15 @@ public struct ConnectionPlanner: Sendable {
         case .unknown:
             return state.inFlight ? "probing" : "not probed yet"
         case .down:
+            if trust(of: state) == .impostor { return "not used: " + untrustedWhy(state) }
             let detail = state.lastReport.map(describe) ?? "down"
             return "\(detail)"
         case .up:
-            if !isTrusted(state), policy.trust == .pinned {
-                return "not used: announced over mDNS, not a paired server (trust: pinned)"
-            }
+            if !isAllowed(state) { return "not used: " + untrustedWhy(state) }
             guard isUsable(state) else { return "failing: \(state.badStreak) bad probe(s) in a row" }
-            if !isTrusted(state), policy.trust == .paired, let active, active.id != state.id, rank(active) != nil {
-                return "standby: announced over mDNS, not a paired server; paired routes come first (trust: paired)"
+            if lacksRequiredKey(state) {
+                let why = policy.lanKeys == .never && state.route.via == .lan ? " (lan_keys: never)" : ""
+                return "not ready for inference: the server requires an inference key and this route carries none\(why)"
             }
             guard let active, let activeRank = rank(active), let r = rank(state) else { return "standby" }
             if r > activeRank { return "standby: active endpoint ranks higher" }

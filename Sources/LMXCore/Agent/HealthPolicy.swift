@@ -1,16 +1,29 @@
-/// Which servers found on the LAN the agent may choose over the routes the user set up (pairings
-/// and configured endpoints). Anyone on the LAN, and any local user through `avahi-publish`, can
-/// announce an `_opta-lmx._tcp` service: an announcement alone proves nothing.
+/// Which servers found on the LAN the agent may use. Anyone on the LAN, and any local user through
+/// `avahi-publish`, can announce an `_opta-lmx._tcp` service and repeat any `instance_id`: an
+/// announcement proves nothing. What the user wrote (pairings, configured endpoints, address
+/// books) and what a server says about itself through its tunnel (HTTPS, verified certificate)
+/// vouch for a LAN address; nothing else does (CONTRACT §7).
 public enum TrustPolicy: String, Sendable, Hashable, Codable, CaseIterable {
-    /// Once a pairing exists, only LAN servers reporting a paired `instance_id` outrank the paired
-    /// routes; other announcers are used only when nothing the user set up is usable. Without any
-    /// pairing every LAN server is used, LAN first (there is nothing to protect yet).
+    /// With nothing set up, every LAN server is used (zero configuration). Once a pairing or a
+    /// configured endpoint exists, only vouched routes are ever active or sent a request;
+    /// announcers are listed, never used, even when nothing else is usable.
     case paired
-    /// Only servers the user set up (paired or configured, or reporting a paired `instance_id`)
-    /// are ever used; other announcers are listed but never chosen.
+    /// Only vouched routes, ever: with nothing set up, nothing is used.
     case pinned
-    /// Every LAN server outranks every tunnel (the behaviour before 0.4).
+    /// Every LAN server is used, before every tunnel, as before 0.5. Impostors (announcers
+    /// claiming a set-up server's `instance_id` from an address it does not vouch for) are
+    /// still never used, and no announcer ever gets a key.
     case lan
+}
+
+/// Whether a pairing's keys go to its server's vouched LAN addresses, over plain HTTP as Opta's
+/// own apps send them (the config file's top-level `lan_keys`).
+public enum LANKeys: String, Sendable, Hashable, Codable, CaseIterable {
+    /// Inference and admin keys go to the tunnel and to vouched LAN routes of the same server.
+    case vouched
+    /// No key ever travels over plain `http://`: a server that requires one is reached through a
+    /// route that has it (its tunnel).
+    case never
 }
 
 /// The numbers that govern probing, hysteresis and switching. A value type read from the config
@@ -62,6 +75,8 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
     public var preferredInstances: [String] = []
     /// Which discovered servers may be chosen (the config file's top-level `trust`).
     public var trust: TrustPolicy = .paired
+    /// Whether keys go to vouched plain-HTTP LAN routes (the config file's top-level `lan_keys`).
+    public var lanKeys: LANKeys = .vouched
 
     public init() {}
 

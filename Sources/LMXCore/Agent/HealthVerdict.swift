@@ -49,6 +49,10 @@ public struct ProbeReport: Sendable, Hashable, Codable {
     public var retryAfter: Double?
     /// The models the server has loaded (discovery document, else `/v1/models`); nil: not known.
     public var models: [String]?
+    /// The server's own base URLs from its discovery document (`endpoints.preferred_base_url`,
+    /// then `endpoints.base_urls`), as sent; nil when no document was read. Only a document read
+    /// through a tunnel vouches for any of them (`TunnelVouch`).
+    public var advertisedBaseURLs: [String]?
 
     public init(
         verdict: HealthVerdict, latency: Double, detail: String? = nil, instanceID: String? = nil,
@@ -81,6 +85,24 @@ public struct DiscoveryDocument: Sendable, Hashable, Decodable {
         }
     }
 
+    public struct Endpoints: Sendable, Hashable, Decodable {
+        public var preferredBaseURL: String?
+        public var baseURLs: [String]?
+        enum CodingKeys: String, CodingKey {
+            case preferredBaseURL = "preferred_base_url"
+            case baseURLs = "base_urls"
+        }
+
+        public init(from decoder: any Decoder) throws {
+            let c = try decoder.container(keyedBy: CodingKeys.self)
+            preferredBaseURL = try? c.decodeIfPresent(String.self, forKey: .preferredBaseURL)
+            baseURLs = try? c.decodeIfPresent([String].self, forKey: .baseURLs)
+        }
+
+        /// Every URL named, preferred first, at most 64 (a real server lists a handful).
+        public var all: [String] { Array(([preferredBaseURL].compactMap { $0 } + (baseURLs ?? [])).prefix(64)) }
+    }
+
     public var schemaVersion: String?
     public var instanceID: String?
     public var service: String?
@@ -90,11 +112,12 @@ public struct DiscoveryDocument: Sendable, Hashable, Decodable {
     public var loadedModelCount: Int?
     public var loadedModels: [String]?
     public var auth: Auth?
+    public var endpoints: Endpoints?
 
     enum CodingKeys: String, CodingKey {
         case schemaVersion = "schema_version"
         case instanceID = "instance_id"
-        case service, version, ready, auth
+        case service, version, ready, auth, endpoints
         case securityProfile = "security_profile"
         case loadedModelCount = "loaded_model_count"
         case loadedModels = "loaded_models"
@@ -112,6 +135,7 @@ public struct DiscoveryDocument: Sendable, Hashable, Decodable {
         loadedModelCount = try? c.decodeIfPresent(Int.self, forKey: .loadedModelCount)
         loadedModels = try? c.decodeIfPresent([String].self, forKey: .loadedModels)
         auth = try? c.decodeIfPresent(Auth.self, forKey: .auth)
+        endpoints = try? c.decodeIfPresent(Endpoints.self, forKey: .endpoints)
     }
 
     /// Decodes a document body; `nil` when it is not a JSON object at all.

@@ -142,6 +142,7 @@ public struct ProbeSequence: Sendable {
                 report.inferenceKeyRequired = document.auth?.inferenceKeyRequired
                 report.modelCount = document.loadedModelCount ?? document.loadedModels?.count
                 report.ready = document.ready
+                report.advertisedBaseURLs = document.endpoints?.all ?? []
                 if let names = document.loadedModels, !names.isEmpty || document.loadedModelCount == 0 {
                     report.models = Self.cleanModels(names)
                 }

@@ -22,6 +22,9 @@ public enum RouteSource: String, Sendable, Hashable, Codable, CaseIterable {
     case manual
     /// Seen before and remembered in the store; not (yet) announced this run.
     case remembered
+
+    /// Set up by the user (paired or configured), as opposed to found on the LAN.
+    public var isSetUp: Bool { self == .pairing || self == .manual }
 }
 
 /// The secrets that go with a route. Never printed, logged or returned over the socket:
@@ -50,13 +53,16 @@ public struct Credentials: Sendable, Hashable, CustomStringConvertible, CustomDe
     }
 
     /// Headers for one request path, by the contract's rules: Access token everywhere, admin key
-    /// only under `/admin/`, inference key only under `/v1/`.
+    /// only under `/admin/`, inference key only under `/v1/`, and no key at all on the paths the
+    /// contract leaves open (`/healthz`, `/readyz`, the discovery document): a probe that has not
+    /// yet learned who answers never shows a key.
     public func headers(forPath path: String) -> [(name: String, value: String)] {
         var headers: [(String, String)] = []
         if let id = accessClientID, let secret = accessClientSecret {
             headers.append(("CF-Access-Client-Id", id))
             headers.append(("CF-Access-Client-Secret", secret))
         }
+        if Self.openPaths.contains(path) { return headers }
         if let key = adminKey, path == "/admin" || path.hasPrefix("/admin/") {
             headers.append(("X-Admin-Key", key))
         }
@@ -65,6 +71,13 @@ public struct Credentials: Sendable, Hashable, CustomStringConvertible, CustomDe
         }
         return headers
     }
+
+    /// Paths every server answers without a key (CONTRACT §2).
+    public static let openPaths: Set<String> = ["/healthz", "/readyz", TXTRecord.defaultServicePath, "/v1/discovery"]
+
+    /// The server's own keys (inference and admin), without the tunnel's Access token: what a
+    /// vouched LAN route of the same server carries.
+    public var serverKeys: Credentials { Credentials(adminKey: adminKey, inferenceKey: inferenceKey) }
 
     /// Which secrets are set, by name only: `["admin_key", "cf_access"]`.
     public var setNames: [String] {
@@ -90,7 +103,9 @@ extension Optional where Wrapped == String {
 /// Several routes can lead to the same server (IPv4, IPv6, a tunnel): they are merged into one
 /// candidate by the `instance_id` the server reports.
 public struct Route: Sendable, Hashable, Identifiable {
-    /// Stable identifier: `lan/<host:port>` for LAN routes, `wan/<url>` for tunnels.
+    /// Stable identifier: `lan/<host:port>` for plain-HTTP LAN routes, `lan/https://<host:port>`
+    /// for HTTPS ones (the scheme is part of a route's identity: an announcement of the same
+    /// address over `http://` is another route), `wan/<url>` for tunnels.
     public var id: String
     /// Scheme, host and port, no trailing slash: `http://10.0.0.5:1234`.
     public var baseURL: String
@@ -107,11 +122,15 @@ public struct Route: Sendable, Hashable, Identifiable {
     public var addresses: [String]
     /// Still announced over mDNS (only meaningful for `.mdns` routes).
     public var announced: Bool
+    /// For a LAN route the server listed through its tunnel: the id of that tunnel's route.
+    /// `nil` for everything else (the user wrote it, or it was announced).
+    public var vouchedBy: String?
 
     public init(
         id: String? = nil, baseURL: String, via: Via, source: RouteSource, name: String,
         servicePath: String = TXTRecord.defaultServicePath, pinnedInstance: String? = nil,
-        credentials: Credentials = Credentials(), addresses: [String] = [], announced: Bool = false
+        credentials: Credentials = Credentials(), addresses: [String] = [], announced: Bool = false,
+        vouchedBy: String? = nil
     ) {
         let base = Route.normalizedBase(baseURL)
         self.id = id ?? Route.identifier(baseURL: base, via: via)
@@ -124,14 +143,16 @@ public struct Route: Sendable, Hashable, Identifiable {
         self.credentials = credentials
         self.addresses = addresses
         self.announced = announced
+        self.vouchedBy = vouchedBy
     }
 
     public static func identifier(baseURL: String, via: Via) -> String {
         let base = normalizedBase(baseURL)
         switch via {
         case .lan:
-            let hostPort = base.firstRange(of: "://").map { String(base[$0.upperBound...]) } ?? base
-            return "lan/\(hostPort)"
+            guard let range = base.firstRange(of: "://") else { return "lan/\(base)" }
+            let hostPort = base[range.upperBound...]
+            return base.hasPrefix("http://") ? "lan/\(hostPort)" : "lan/\(base)"
         case .wan:
             return "wan/\(base)"
         }

@@ -85,8 +85,22 @@ public enum StatusAPI {
         public var pinnedInstance: String?
         /// The models the server has loaded, when known.
         public var loadedModels: [String]?
+        /// Who vouches for the route: `vouched-by-user`, `vouched-by-tunnel`, `announced`, `impostor`.
+        public var trust: RouteTrust?
+        /// For an address the server listed through its tunnel: that tunnel's route id.
+        public var vouchedBy: String?
+        /// Whether the server requires an inference key (its discovery document's
+        /// `auth.inference_key_required`), when known.
+        public var keyRequired: Bool?
+        /// The route can serve inference requests as they are: the server is ready and, if it
+        /// requires an inference key, the route carries one.
+        public var inferenceReady: Bool?
 
-        public init(id: String, baseURL: String, via: Via, source: RouteSource, name: String, addresses: [String], announced: Bool, health: RouteHealth, verdict: HealthVerdict?, active: Bool, reason: String, latencyMS: Double?, lastProbe: Probe?, version: String?, models: Int?, ready: Bool?, probes: Int, failures: Int, credentials: [String], pinnedInstance: String?, loadedModels: [String]? = nil) {
+        public init(id: String, baseURL: String, via: Via, source: RouteSource, name: String, addresses: [String], announced: Bool, health: RouteHealth, verdict: HealthVerdict?, active: Bool, reason: String, latencyMS: Double?, lastProbe: Probe?, version: String?, models: Int?, ready: Bool?, probes: Int, failures: Int, credentials: [String], pinnedInstance: String?, loadedModels: [String]? = nil, trust: RouteTrust? = nil, vouchedBy: String? = nil, keyRequired: Bool? = nil, inferenceReady: Bool? = nil) {
+            self.trust = trust
+            self.vouchedBy = vouchedBy
+            self.keyRequired = keyRequired
+            self.inferenceReady = inferenceReady
             self.id = id
             self.baseURL = baseURL
             self.via = via
@@ -114,6 +128,7 @@ public enum StatusAPI {
             case id, baseURL = "base_url", via, source, name, addresses, announced, health, verdict, active, reason
             case latencyMS = "latency_ms", lastProbe = "last_probe", version, models, ready, probes, failures
             case credentials, pinnedInstance = "pinned_instance", loadedModels = "loaded_models"
+            case trust, vouchedBy = "vouched_by", keyRequired = "key_required", inferenceReady = "inference_ready"
         }
     }
 

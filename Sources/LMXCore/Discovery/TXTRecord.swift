@@ -60,8 +60,21 @@ public struct TXTRecord: Sendable, Hashable {
     public var servicePath: String {
         guard let raw = attribute("path")?.value, !raw.isEmpty,
               let text = String(validating: raw, as: UTF8.self),
-              !text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F || $0 == " " })
+              !text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F || $0 == " " }),
+              Self.isPathUnderServer(text)
         else { return Self.defaultServicePath }
         return text.hasPrefix("/") ? text : "/" + text
+    }
+
+    /// A path below the server's root and nothing else: no scheme or authority (`http://x/`,
+    /// `//host/`), no `..` segment (also percent-encoded), no query, fragment, backslash or
+    /// user info. Anything else falls back to the default path.
+    static func isPathUnderServer(_ path: String) -> Bool {
+        guard path.utf8.count <= 256, !path.hasPrefix("//"), !path.contains("://") else { return false }
+        if path.contains(where: { "?#\\@".contains($0) }) { return false }
+        let lower = path.lowercased()
+        // An encoded dot or slash has no business in a discovery path: refused rather than decoded.
+        if lower.contains("%2e") || lower.contains("%2f") || lower.contains("%5c") { return false }
+        return !lower.split(separator: "/", omittingEmptySubsequences: false).contains { $0 == ".." || $0 == "." }
     }
 }

@@ -85,8 +85,9 @@ public struct Pairing: Sendable, Hashable {
     }
 
     /// The routes the agent probes for this pairing: the tunnel (with its secrets) and the LAN
-    /// hint (plain HTTP on the LAN: no secret is ever sent there).
-    public func routes() -> [Route] {
+    /// address the user gave. The LAN route carries the server's own keys (never the tunnel's
+    /// Access token), over plain HTTP as Opta's own apps send them, unless `lanKeys` is `never`.
+    public func routes(lanKeys: LANKeys = .vouched) -> [Route] {
         var routes: [Route] = []
         if let wan {
             routes.append(Route(
@@ -96,6 +97,7 @@ public struct Pairing: Sendable, Hashable {
         if let lan {
             routes.append(Route(
                 baseURL: "http://\(lan)", via: .lan, source: .pairing, name: label, pinnedInstance: instance,
+                credentials: lanKeys == .vouched ? (wan?.credentials.serverKeys ?? Credentials()) : Credentials(),
                 addresses: [lan.host]))
         }
         return routes
