@@ -165,7 +165,9 @@ echo "discovered: the agent uses $(active_url) ($(elapsed) after the start)"
 "$BIN/lmx-status" | sed 's/^/    /' || true
 
 say "2. Pairing: import Studio's tunnel from its code"
-code='opta-lmx://pair?v=1&name=Studio%20tunnel&url=https%3A%2F%2Flocalhost%3A18443&instance=studio-demo&key=demo-admin-key'
+# The code names Studio's LAN address (lan=): from now on only what the user or Studio's tunnel
+# vouches for is used, so Office, a mere announcer, is listed but no longer chosen.
+code='opta-lmx://pair?v=1&name=Studio&url=https%3A%2F%2Flocalhost%3A18443&instance=studio-demo&lan=127.0.0.1%3A18081&key=demo-admin-key'
 echo "$ echo '${code%%&key=*}&key=…' | lmx-pair -"
 echo "$code" | "$BIN/lmx-pair" --socket "$SOCK" --db "$WORK/agent.db" --probe --probe-timeout 10 - | sed 's/^/    /'
 

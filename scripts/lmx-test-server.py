@@ -131,8 +131,11 @@ class Handler(BaseHTTPRequestHandler):
                 "loaded_models": (args.models if args.profile == "lan" else []) if ready else [],
                 "loaded_model_count": len(args.models) if ready else 0,
                 "in_flight_requests": 0,
-                "auth": {"admin_key_required": True, "inference_key_required": False, "supabase_jwt_enabled": False},
-                "endpoints": {"preferred_base_url": "http://%s:%d" % (host, args.port), "base_urls": []},
+                "auth": {"admin_key_required": True, "inference_key_required": bool(args.api_key),
+                         "supabase_jwt_enabled": False},
+                # As the real server lists them: its own addresses (and localhost), plain http.
+                "endpoints": {"preferred_base_url": "http://%s:%d" % (host, args.port),
+                              "base_urls": args.base_urls or []},
             })
         if path == "/readyz":
             if mode == "notready":
@@ -332,13 +335,46 @@ class Server(ThreadingHTTPServer):
                 pass
 
 
+class TLSServer(Server):
+    """TLS on accept; a client that speaks plain HTTP to the TLS port is logged as
+    "PLAIN <request line> <credential header names>" (what an eavesdropper would have read)."""
+
+    def get_request(self):
+        sock, addr = self.socket.accept()
+        try:
+            sock.settimeout(5)
+            first = sock.recv(1, socket.MSG_PEEK)
+            if first and first != b"\x16":
+                head = b""
+                while b"\r\n\r\n" not in head and len(head) < 65536:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        break
+                    head += chunk
+                lines = head.split(b"\r\n")
+                names = [line.split(b":", 1)[0].decode("latin-1") for line in lines[1:] if b":" in line]
+                creds = [h for h in ("CF-Access-Client-Id", "CF-Access-Client-Secret", "X-Admin-Key", "Authorization", "X-Api-Key")
+                         if h.lower() in (n.lower() for n in names)]
+                say("PLAIN %s %s" % (lines[0].decode("latin-1"), ",".join(creds) or "-"))
+                sock.close()
+                raise OSError("plain HTTP on the TLS port")
+            sock.settimeout(None)
+            return self.tls.wrap_socket(sock, server_side=True), addr
+        except (OSError, ssl.SSLError):
+            try:
+                sock.close()
+            except OSError:
+                pass
+            raise
+
+
 def make_server(args):
-    server = Server((args.bind, args.port), Handler)
+    server = (TLSServer if args.tls else Server)((args.bind, args.port), Handler)
     server.args = args
     if args.tls:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(args.tls[0], args.tls[1])
-        server.socket = context.wrap_socket(server.socket, server_side=True)
+        server.tls = context
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -357,10 +393,12 @@ def main():
     parser.add_argument("--models", default="test/model", help="comma-separated loaded models")
     parser.add_argument("--heartbeat", type=float, default=30, help="seconds between /admin/events heartbeats")
     parser.add_argument("--profile", default="lan", choices=["lan", "cloud"], help="security_profile")
+    parser.add_argument("--base-urls", default="", help="comma-separated endpoints.base_urls of the discovery document")
     parser.add_argument("--stream-chunks", type=int, default=20)
     parser.add_argument("--stream-interval", type=int, default=50, help="milliseconds between streamed chunks")
     args = parser.parse_args()
     args.models = [m for m in args.models.split(",") if m]
+    args.base_urls = [u for u in args.base_urls.split(",") if u]
     if args.instance is None:
         args.instance = "%s:%d" % (socket.gethostname(), args.port)
     state["mode"] = args.mode

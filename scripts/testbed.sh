@@ -165,17 +165,18 @@ make_network() {
     done
 }
 
-# A test certificate authority and a server certificate for 127.0.0.1 / localhost / tunnel.lmx.test:
-# the stand-in for a Cloudflare tunnel's public certificate (trusted only through --extra-ca-file).
+# A test certificate authority and a server certificate for 127.0.0.1 / localhost / tunnel.lmx.test
+# (the stand-in for a Cloudflare tunnel's public certificate) and for host h1's address (an HTTPS
+# LAN endpoint), trusted only through --extra-ca-file.
 make_tls() {
     local dir="$STATE/tls"
-    [ -s "$dir/tunnel.pem" ] && return 0
+    [ -s "$dir/tunnel.pem" ] && grep -q 'h1' "$dir/ext.cnf" 2>/dev/null && return 0
     mkdir -p "$dir"
     openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=lmx test CA" \
         -keyout "$dir/ca.key" -out "$dir/ca.pem" 2>/dev/null
     openssl req -newkey rsa:2048 -nodes -subj "/CN=tunnel.lmx.test" \
         -keyout "$dir/tunnel.key" -out "$dir/tunnel.csr" 2>/dev/null
-    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:tunnel.lmx.test\n' > "$dir/ext.cnf"
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:tunnel.lmx.test,IP:%s.11\n# h1\n' "$SUBNET" > "$dir/ext.cnf"
     openssl x509 -req -in "$dir/tunnel.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -CAcreateserial \
         -days 2 -extfile "$dir/ext.cnf" -out "$dir/tunnel.pem" 2>/dev/null
     # A second, untrusted certificate: what a man in the middle would present.

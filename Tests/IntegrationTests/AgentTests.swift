@@ -7,8 +7,11 @@ import Testing
 func freePort() -> Int { Int.random(in: 20_000...39_999) }
 
 /// A config that browses only the test bridge, with a short stability window so tests are quick.
+/// - Parameter trust: the trust policy; failover tests whose tunnel is a separate test server (not
+///   the LAN server's own tunnel, so it vouches for no LAN address) use `lan`.
 func config(
-    window: Double = 3, endpoints: [String] = [], extraCA: String? = nil, extra: String = "", top: String? = nil
+    window: Double = 3, endpoints: [String] = [], extraCA: String? = nil, extra: String = "", top: String? = nil,
+    trust: String? = nil
 ) -> String {
     var fields = [
         #""interfaces": ["lmxbr0"]"#,
@@ -17,6 +20,7 @@ func config(
     ]
     if let extraCA { fields.append(#""extra_ca_file": "\#(extraCA)""#) }
     if let top { fields.append(top) }
+    if let trust { fields.append(#""trust": "\#(trust)""#) }
     return "{" + fields.joined(separator: ", ") + "}"
 }
 
@@ -63,7 +67,7 @@ struct AgentTests {
             let wanPort = freePort()
             _ = try await LMXServer.start(bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true)
             let agent = try await AgentProcess.start(
-                bed, config: config(window: 3, endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile))
+                bed, config: config(window: 3, endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
             #expect(await agent.waitForActive(timeout: 5) { $0?.via == .wan } != nil)
 
             let port = freePort()
@@ -108,7 +112,7 @@ struct AgentTests {
             let server = try await LMXServer.start(bed, on: .h2, port: port)
             _ = try await Publish.avahi(bed, on: .h2, name: "agent refused \(TestBed.tag())", port: port)
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile))
+                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
             try await Task.sleep(for: .seconds(1))
 
@@ -130,7 +134,7 @@ struct AgentTests {
             let server = try await LMXServer.start(bed, on: .h1, port: port)
             _ = try await Publish.avahi(bed, on: .h1, name: "agent blackhole \(TestBed.tag())", port: port)
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile))
+                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
 
             try await bed.control("link", "h1", "down")
@@ -240,7 +244,7 @@ struct AgentTests {
             let server = try await LMXServer.start(bed, on: .h2, port: port)
             _ = try await Publish.avahi(bed, on: .h2, name: "agent avahi restart \(TestBed.tag())", port: port)
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile))
+                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
 
             try await bed.control("restart-avahi", "root")

@@ -63,7 +63,7 @@ struct FaultInjectionTests {
             let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "steady-\(port)")
             _ = try await Publish.avahi(bed, on: .h1, name: "steady \(TestBed.tag())", port: port)
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile))
+                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
             #expect(await agent.waitForActive(timeout: 8) { $0?.baseURL == server.baseURL } != nil)
             try await Task.sleep(for: .seconds(1))
             let before = try agent.status().seq

@@ -20,7 +20,7 @@ struct RobustnessTests {
         let wanPort = freePort()
         let tunnel = try await LMXServer.start(bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true)
         let agent = try await AgentProcess.start(
-            bed, config: config(window: window, endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, extra: extra))
+            bed, config: config(window: window, endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, extra: extra, trust: "lan"))
         _ = tunnel  // stopped with the test's resources
         return agent
     }
@@ -252,7 +252,7 @@ struct RobustnessTests {
                 _ = try await Publish.avahi(bed, on: .h1, name: "real \(tag)", port: port)
                 let agent = try await AgentProcess.start(
                     bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile,
-                                        extra: #", "wan_standby_interval": 5"#))
+                                        extra: #", "wan_standby_interval": 5"#, trust: "lan"))
                 #expect(await agent.waitForActive(timeout: 10) { $0?.baseURL == server.baseURL } != nil)
                 let rssBefore = Self.rss(agent)
                 var junk = 0
@@ -324,12 +324,16 @@ struct RobustnessTests {
 
     // MARK: - Hijacks
 
-    @Test("an announcer that is not the paired server never outranks the paired tunnel; the paired server on the LAN does")
+    @Test("an announcer nobody vouches for never takes over from the paired tunnel; the paired server at the address its tunnel vouches for does")
     func trustPolicy() async throws {
         try await withResources {
-            let wanPort = freePort()
+            let wanPort = freePort(), lanPort = freePort()
             let home = "home-\(wanPort)"
-            _ = try await LMXServer.start(bed, on: .root, port: wanPort, instance: home, bind: "127.0.0.1", tls: true)
+            // The paired server's tunnel vouches for its LAN address on h2 (and, like the real
+            // server, names localhost and its host name, which vouch for nothing).
+            _ = try await LMXServer.start(
+                bed, on: .root, port: wanPort, instance: home, bind: "127.0.0.1", tls: true,
+                extra: ["--base-urls", "http://localhost:\(lanPort),http://home.local:\(lanPort),http://10.254.0.12:\(lanPort)"])
             let agent = try await AgentProcess.start(bed, config: config(window: 2, extraCA: caFile))
             let token = "opta-lmx://pair?v=1&name=Home&url=https%3A%2F%2F127.0.0.1%3A\(wanPort)&instance=\(home)"
             let file = agent.directory + "/pairing.txt"
@@ -347,15 +351,15 @@ struct RobustnessTests {
             #expect(seen != nil)
             try await Task.sleep(for: .seconds(4))  // longer than the stability window
             #expect(agent.active()?.via == .wan)
-            #expect(route(agent, rogue.routeID)?.reason.contains("not a paired server") == true)
+            #expect(route(agent, rogue.routeID)?.reason.contains("not vouched for") == true)
             let table = try await Command.run("\(TestBed.binDir)/lmx-status", ["--socket", agent.socket])
-            #expect(table.stdout.contains("not a paired server"))
+            #expect(table.stdout.contains("not vouched for"))
 
-            // The paired server itself on the LAN (it reports the pinned instance_id) comes first.
-            let lanPort = freePort()
+            // The paired server itself on the LAN, at the address its tunnel vouches for, comes first.
             let own = try await LMXServer.start(bed, on: .h2, port: lanPort, instance: home)
             _ = try await Publish.avahi(bed, on: .h2, name: "home lan \(TestBed.tag())", port: lanPort)
             #expect(await agent.waitForActive(timeout: 8) { $0?.baseURL == own.baseURL } != nil)
+            #expect(route(agent, own.routeID)?.trust == .tunnel)
         }
     }
 
