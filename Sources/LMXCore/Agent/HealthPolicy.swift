@@ -10,7 +10,7 @@ public enum TrustPolicy: String, Sendable, Hashable, Codable, CaseIterable {
     case paired
     /// Only vouched routes, ever: with nothing set up, nothing is used.
     case pinned
-    /// Every LAN server is used, before every tunnel, as before 0.5. Impostors (announcers
+    /// Every LAN server is used, before every tunnel, as earlier versions did. Impostors (announcers
     /// claiming a set-up server's `instance_id` from an address it does not vouch for) are
     /// still never used, and no announcer ever gets a key.
     case lan
