@@ -5,6 +5,14 @@ import Testing
 
 /// The local gateway against real test servers on the test LAN: what it forwards, with which
 /// credentials, how streams pass, what it refuses, and a client loop across a failover.
+/// `curl` with the HTTP status split from the body (arguments as for curl).
+func curl(_ arguments: [String]) async throws -> (status: Int, body: String) {
+    let result = try await Command.run("/usr/bin/curl", ["-s", "-o", "-", "-w", "\n%{http_code}"] + arguments, timeout: 20)
+    var lines = result.stdout.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+    let status = Int(lines.popLast() ?? "") ?? 0
+    return (status, lines.joined(separator: "\n"))
+}
+
 @Suite("The local gateway (real servers, real failover)", .serialized)
 struct GatewayTests {
     let bed: TestBed
@@ -19,13 +27,6 @@ struct GatewayTests {
     private func json(_ result: CommandResult) -> [String: Any] {
         let line = result.stdout.split(separator: "\n").last.map(String.init) ?? ""
         return (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]) ?? [:]
-    }
-
-    private func curl(_ arguments: [String]) async throws -> (status: Int, body: String) {
-        let result = try await Command.run("/usr/bin/curl", ["-s", "-o", "-", "-w", "\n%{http_code}"] + arguments, timeout: 20)
-        var lines = result.stdout.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
-        let status = Int(lines.popLast() ?? "") ?? 0
-        return (status, lines.joined(separator: "\n"))
     }
 
     @Test("forwards /v1/* to the active server with its key, over TCP and the socket; streams and bodies pass unchanged; refuses what it must")

@@ -56,13 +56,6 @@ struct TrustTests {
             directory: directory)
     }
 
-    private func curl(_ arguments: [String]) async throws -> (status: Int, body: String) {
-        let result = try await Command.run("/usr/bin/curl", ["-s", "-o", "-", "-w", "\n%{http_code}"] + arguments, timeout: 20)
-        var lines = result.stdout.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
-        let status = Int(lines.popLast() ?? "") ?? 0
-        return (status, lines.joined(separator: "\n"))
-    }
-
     private func chat(_ gatewayPort: Int, model: String = "test/model") async throws -> (status: Int, body: String) {
         try await curl([
             "-H", "Content-Type: application/json", "--data",

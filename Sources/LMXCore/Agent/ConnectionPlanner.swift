@@ -684,10 +684,7 @@ public struct ConnectionPlanner: Sendable {
             }
             return "claims \(ServerTable.printable(owner))'s instance_id from an address \(ServerTable.printable(owner)) does not vouch for"
         }
-        switch policy.trust {
-        case .pinned: return "announced over mDNS, not vouched for by a pairing, a configured endpoint or a tunnel (trust: pinned)"
-        default: return "announced over mDNS, not vouched for by a pairing, a configured endpoint or a tunnel (trust: \(policy.trust.rawValue))"
-        }
+        return "announced over mDNS, not vouched for by a pairing, a configured endpoint or a tunnel (trust: \(policy.trust.rawValue))"
     }
 
     /// Ranks better than the active route, so it will replace it once it has proved itself.
