@@ -17,6 +17,7 @@ let package = Package(
         .library(name: "LMXStore", targets: ["LMXStore"]),
         .library(name: "LMXAgent", targets: ["LMXAgent"]),
         .library(name: "LMXStatusClient", targets: ["LMXStatusClient"]),
+        .library(name: "LMXSystem", targets: ["LMXSystem"]),
         .executable(name: "lmx-discover", targets: ["lmx-discover"]),
         .executable(name: "lmx-agentd", targets: ["lmx-agentd"]),
         .executable(name: "lmx-status", targets: ["lmx-status"]),
@@ -32,14 +33,19 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.10.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.1.0"),
-        // Tests only: the harness launches the real binaries, servers and publishers with these.
-        .package(url: "https://github.com/swiftlang/swift-subprocess", from: "1.0.0"),
         .package(url: "https://github.com/apple/swift-system", from: "1.5.0"),
+        // Tests only: the harness launches the real binaries, servers and publishers with it.
+        .package(url: "https://github.com/swiftlang/swift-subprocess", from: "1.0.0"),
     ],
     targets: [
         // Pure core: domain types, TXT parsing, record merging, health and selection decisions,
         // output formats. No C, no I/O, no clock of its own.
         .target(name: "LMXCore"),
+
+        // The one system layer: clocks, files written atomically, Unix sockets and peer
+        // credentials, users and groups, privilege switches, inotify, sd-notify, signals. Nothing
+        // above it (but the C adapters) imports Glibc.
+        .target(name: "LMXSystem", dependencies: [.product(name: "SystemPackage", package: "swift-system")]),
 
         // Thin module map over libavahi-client (D-Bus client of the system avahi-daemon), from
         // libavahi-client-dev. The module map names the libraries; no pkgConfig: avahi-client.pc
@@ -54,7 +60,7 @@ let package = Package(
         .systemLibrary(name: "CQRencode", pkgConfig: "libqrencode", providers: [.apt(["libqrencode-dev"])]),
 
         // Adapter: images to grey pixels (limits checked from the header), QR codes in and out.
-        .target(name: "LMXImage", dependencies: ["CZBar", "CPNG", "CTurboJPEG", "CQRencode"]),
+        .target(name: "LMXImage", dependencies: ["LMXCore", "LMXSystem", "CZBar", "CPNG", "CTurboJPEG", "CQRencode"]),
 
         // Adapter: browses and resolves through avahi-daemon, yields core events.
         .target(name: "LMXDiscovery", dependencies: ["LMXCore", "CAvahi"]),
@@ -63,7 +69,7 @@ let package = Package(
         .target(
             name: "LMXProbe",
             dependencies: [
-                "LMXCore",
+                "LMXCore", "LMXSystem",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -75,17 +81,17 @@ let package = Package(
         // Adapter: the agent's memory in SQLite (system libsqlite3 through GRDB).
         .target(
             name: "LMXStore",
-            dependencies: ["LMXCore", .product(name: "GRDB", package: "GRDB.swift")]
+            dependencies: ["LMXCore", "LMXSystem", .product(name: "GRDB", package: "GRDB.swift")]
         ),
 
         // Tiny HTTP/1.1 client over the agent's Unix socket; no NIO so `lmx-status` starts fast.
-        .target(name: "LMXStatusClient", dependencies: ["LMXCore"]),
+        .target(name: "LMXStatusClient", dependencies: ["LMXCore", "LMXSystem"]),
 
         // The daemon: connection manager actor, services, the Unix-socket status API.
         .target(
             name: "LMXAgent",
             dependencies: [
-                "LMXCore", "LMXDiscovery", "LMXProbe", "LMXStore",
+                "LMXCore", "LMXDiscovery", "LMXProbe", "LMXStore", "LMXStatusClient", "LMXSystem",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -105,6 +111,7 @@ let package = Package(
                 "LMXCore",
                 "LMXDiscovery",
                 "LMXProbe",
+                "LMXSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -112,10 +119,10 @@ let package = Package(
             name: "lmx-agentd",
             dependencies: [
                 "LMXAgent",
-                "LMXStatusClient",
+                "LMXCore",
+                "LMXSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         .executableTarget(
@@ -123,6 +130,7 @@ let package = Package(
             dependencies: [
                 "LMXCore",
                 "LMXStatusClient",
+                "LMXSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -134,12 +142,24 @@ let package = Package(
                 "LMXImage",
                 "LMXStore",
                 "LMXStatusClient",
+                "LMXSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
 
         .testTarget(name: "LMXCoreTests", dependencies: ["LMXCore"]),
         .testTarget(name: "LMXStoreTests", dependencies: ["LMXCore", "LMXStore"]),
+        // The daemon's parts in process: the status API and the gateway's refusals through
+        // HummingbirdTesting's router tests, the manager, probes against a local server, the
+        // system layer.
+        .testTarget(
+            name: "LMXAgentTests",
+            dependencies: [
+                "LMXAgent", "LMXCore", "LMXProbe", "LMXStore", "LMXSystem", "LMXStatusClient", "LMXDiscovery",
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         // Mutated-image fuzzing of the decoders (libpng, TurboJPEG, zbar) in process.
         .testTarget(
             name: "LMXImageTests",

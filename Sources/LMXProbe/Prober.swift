@@ -6,9 +6,7 @@ import NIOPosix
 import NIOSSL
 import Synchronization
 
-#if canImport(Glibc)
-import Glibc
-#endif
+import LMXSystem
 
 /// Probes Opta LMX endpoints over HTTP(S) by the contract (`ProbeSequence` decides, this performs).
 /// One shared client, so connections to each server are pooled and reused between probes.
@@ -22,22 +20,9 @@ public final class Prober: Sendable {
     ///   system trust store (private deployments and tests).
     /// - Throws: when the CA file cannot be read.
     public init(extraCAFile: String? = nil) throws {
-        var tls = TLSConfiguration.makeClientConfiguration()
-        if let extraCAFile {
-            tls.additionalTrustRoots = [.file(extraCAFile)]
-            // Fail now, with the path, rather than on every probe.
-            _ = try NIOSSLCertificate.fromPEMFile(extraCAFile)
-        }
-        var configuration = HTTPClient.Configuration(
-            tlsConfiguration: tls,
-            redirectConfiguration: .disallow,  // a redirect is an answer (Cloudflare Access login)
-            decompression: .disabled)
-        configuration.connectionPool = .init(idleTimeout: .seconds(90))
-        // A probe wants the first answer: a refused connection is a verdict, not something to retry.
-        configuration.connectionPool.retryConnectionEstablishment = false
-        configuration.httpVersion = .http1Only
-        client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
-        eventClient = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+        let tls = try HTTPClients.tls(extraCAFile: extraCAFile)
+        client = HTTPClients.make(tls: tls, idleTimeout: 90)
+        eventClient = HTTPClients.make(tls: tls, idleTimeout: 90)
     }
 
     /// Closes pooled connections. Call once, before the process exits.
@@ -157,12 +142,12 @@ public final class Prober: Sendable {
     }
 
     static func classify(errno code: Int32) -> ProbeTransportFailure {
-        switch code {
-        case ECONNREFUSED: .refused
-        case ECONNRESET, EPIPE: .reset
-        case EHOSTUNREACH, ENETUNREACH, EHOSTDOWN, ENETDOWN: .unreachable
-        case ETIMEDOUT: .timeout
-        default: .other("socket error \(code)")
+        switch SystemError.connectFailure(code) {
+        case .refused: .refused
+        case .reset: .reset
+        case .unreachable: .unreachable
+        case .timedOut: .timeout
+        case .other: .other("socket error \(code)")
         }
     }
 

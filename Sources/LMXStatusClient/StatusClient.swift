@@ -1,6 +1,4 @@
-#if canImport(Glibc)
-import Glibc
-#endif
+import LMXSystem
 
 /// Why talking to the agent failed.
 public enum StatusClientError: Error, Sendable, Equatable, CustomStringConvertible {
@@ -11,6 +9,8 @@ public enum StatusClientError: Error, Sendable, Equatable, CustomStringConvertib
     /// The daemon answered something that is not HTTP, or went away mid-answer.
     case protocolError(String)
     case timedOut
+    /// The agent answered with an error (`reason` is the API's own explanation).
+    case answered(status: Int, reason: String)
 
     public var description: String {
         switch self {
@@ -18,6 +18,7 @@ public enum StatusClientError: Error, Sendable, Equatable, CustomStringConvertib
         case .forbidden(let socket): "permission denied on \(socket)"
         case .protocolError(let why): "unexpected answer from lmx-agentd: \(why)"
         case .timedOut: "lmx-agentd did not answer in time"
+        case .answered(let status, let reason): "lmx-agentd answered \(status): \(reason)"
         }
     }
 }
@@ -49,22 +50,17 @@ public struct StatusClient: Sendable {
     /// is far smaller).
     public static let maxBody = 16 << 20
 
-    static func monotonic() -> Double {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-    }
+    static func monotonic() -> Double { SystemClock.monotonic() }
 
     /// Performs one request and reads the whole answer, all within `timeout` seconds (connecting
     /// included: a full listen backlog waits at most that long).
     /// A JSON `body` is sent with its length.
     public func request(_ method: String = "GET", _ path: String, body: [UInt8] = []) throws(StatusClientError) -> StatusResponse {
-        let fd = try connectSocket()
-        defer { close(fd) }
+        let socket = try connectSocket()
         let type = body.isEmpty ? "" : "Content-Type: application/json\r\n"
-        try send(fd, Array("\(method) \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\n\(type)Content-Length: \(body.count)\r\n\r\n".utf8) + body)
+        try send(socket, Array("\(method) \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\n\(type)Content-Length: \(body.count)\r\n\r\n".utf8) + body)
         // The whole exchange has one deadline: a peer that drips a byte at a time cannot hold us.
-        var reader = Reader(fd: fd, deadline: Self.monotonic() + timeout)
+        var reader = Reader(socket: socket, deadline: Self.monotonic() + timeout)
         let (status, headers) = try reader.readHead()
         var body: [UInt8] = []
         if headers["transfer-encoding"]?.lowercased().contains("chunked") == true {
@@ -86,10 +82,9 @@ public struct StatusClient: Sendable {
     /// Streams `/v1/watch`: calls `line` for every NDJSON line until the agent closes the stream
     /// or `line` returns false.
     public func stream(_ path: String, line: ([UInt8]) -> Bool) throws(StatusClientError) {
-        let fd = try connectSocket(receiveTimeout: nil)
-        defer { close(fd) }
-        try send(fd, Array("GET \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\n\r\n".utf8))
-        var reader = Reader(fd: fd)
+        let socket = try connectSocket(receiveTimeout: nil)
+        try send(socket, Array("GET \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\n\r\n".utf8))
+        var reader = Reader(socket: socket)
         let (status, headers) = try reader.readHead()
         guard status == 200 else { throw .protocolError("HTTP \(status)") }
         let chunked = headers["transfer-encoding"]?.lowercased().contains("chunked") == true
@@ -107,85 +102,52 @@ public struct StatusClient: Sendable {
         }
     }
 
-    private func connectSocket(receiveTimeout: Double? = -1) throws(StatusClientError) -> Int32 {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw .protocolError("socket() failed") }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(socketPath.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
-            close(fd)
-            throw .notRunning(socket: socketPath, reason: "path too long")
-        }
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
-        // Set before connect: on a Unix socket whose backlog is full, connect waits for the send
-        // timeout rather than forever.
-        var sendTimeout = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - Double(Int(timeout))) * 1_000_000))
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &sendTimeout, socklen_t(MemoryLayout<timeval>.size))
-        let result = withUnsafePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+    private func connectSocket(receiveTimeout: Double? = -1) throws(StatusClientError) -> UnixStream {
+        guard let address = UnixSocketAddress(socketPath) else { throw .notRunning(socket: socketPath, reason: "path too long") }
+        do {
+            return try UnixStream(connectingTo: address, sendTimeout: timeout, receiveTimeout: receiveTimeout == -1 ? timeout : receiveTimeout)
+        } catch {
+            switch error {
+            case .forbidden: throw .forbidden(socket: socketPath)
+            case .timedOut: throw .timedOut
+            case .notListening(let reason): throw .notRunning(socket: socketPath, reason: reason)
+            case .other(let reason): throw .protocolError(reason)
             }
         }
-        if result != 0 {
-            let code = errno
-            close(fd)
-            if code == EACCES || code == EPERM { throw .forbidden(socket: socketPath) }
-            if code == EAGAIN || code == EINPROGRESS { throw .timedOut }
-            throw .notRunning(socket: socketPath, reason: code == ENOENT ? "no socket file" : String(cString: strerror(code)))
-        }
-        let seconds = receiveTimeout == -1 ? timeout : receiveTimeout
-        if let seconds {
-            var tv = timeval(tv_sec: Int(seconds), tv_usec: Int((seconds - Double(Int(seconds))) * 1_000_000))
-            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
-            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
-        }
-        return fd
     }
 
-    private func send(_ fd: Int32, _ bytes: [UInt8]) throws(StatusClientError) {
-        var sent = 0
-        while sent < bytes.count {
-            let n = bytes[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-            if n <= 0 {
-                if errno == EINTR { continue }
-                throw .protocolError("the connection closed while sending")
-            }
-            sent += n
-        }
+    private func send(_ socket: UnixStream, _ bytes: [UInt8]) throws(StatusClientError) {
+        guard socket.send(bytes) else { throw .protocolError("the connection closed while sending") }
     }
 }
 
 /// Buffered reads with just enough HTTP/1.1 parsing for the agent's answers.
 private struct Reader {
-    let fd: Int32
+    let socket: UnixStream
     /// Monotonic seconds after which reading fails with `.timedOut` (nil: a stream, no end).
     let deadline: Double?
     var buffer: [UInt8] = []
     var eof = false
 
-    init(fd: Int32, deadline: Double? = nil) {
-        self.fd = fd
+    init(socket: UnixStream, deadline: Double? = nil) {
+        self.socket = socket
         self.deadline = deadline
     }
 
     mutating func fill() throws(StatusClientError) -> Bool {
         guard !eof else { return false }
         if let deadline, StatusClient.monotonic() > deadline { throw .timedOut }
-        var chunk = [UInt8](repeating: 0, count: 16_384)
-        while true {
-            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if n > 0 {
-                buffer += chunk[0..<n]
-                return true
-            }
-            if n == 0 {
-                eof = true
-                return false
-            }
-            if errno == EINTR { continue }
-            if errno == EAGAIN || errno == EWOULDBLOCK { throw .timedOut }
-            throw .protocolError("read failed: \(String(cString: strerror(errno)))")
+        switch socket.receive() {
+        case .data(let bytes):
+            buffer += bytes
+            return true
+        case .end:
+            eof = true
+            return false
+        case .timedOut:
+            throw .timedOut
+        case .failed(let why):
+            throw .protocolError("read failed: \(why)")
         }
     }
 

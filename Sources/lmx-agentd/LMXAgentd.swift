@@ -1,21 +1,8 @@
 import ArgumentParser
 import LMXAgent
 import LMXCore
-import LMXDiscovery
-import LMXProbe
-import LMXStatusClient
-import LMXStore
+import LMXSystem
 import Logging
-import ServiceLifecycle
-
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
-#if canImport(Glibc)
-import Glibc
-#endif
 
 @main
 struct LMXAgentd: AsyncParsableCommand {
@@ -112,226 +99,24 @@ struct LMXAgentd: AsyncParsableCommand {
     }
 
     func run() async throws {
-        umask(0o077)
-        // Every local client holds a descriptor: use what the hard limit allows (systemd sets
-        // LimitNOFILE=; by hand the soft limit is often 1024, which a busy socket can exhaust).
-        var files = rlimit()
-        if getrlimit(RLIMIT_NOFILE_CONSTANT, &files) == 0, files.rlim_cur < files.rlim_max {
-            files.rlim_cur = min(files.rlim_max, 65_536)
-            _ = setrlimit(RLIMIT_NOFILE_CONSTANT, &files)
-        }
-        let environment = ProcessInfo.processInfo.environment
-        var paths = AgentPaths.daemon(uid: geteuid(), environment: environment)
-        if let socket { paths.socket = socket }
-        if let db { paths.database = db }
-        let configPath = config ?? paths.config
-        let explicitConfig = config != nil
-
-        let load: @Sendable () throws -> AgentConfiguration = { [endpoints, noDiscovery, interface, extraCAFile, logLevel, gateway, gatewaySocket, noGateway, addressBooks, metricsAddress] in
-            var configuration = try Self.loadConfiguration(configPath, required: explicitConfig)
-            if let metricsAddress { configuration.metricsAddress = try AgentConfiguration.parseMetricsAddress(metricsAddress) }
-            configuration.addressBooks += addressBooks
-            if let gateway { configuration.gateway.listen = try GatewayConfiguration.parseListen(gateway) }
-            if let gatewaySocket { configuration.gateway.socket = gatewaySocket }
-            if noGateway { configuration.gateway.enabled = false }
-            configuration.endpoints += endpoints.map { ManualEndpoint(url: $0) }
-            if noDiscovery { configuration.discovery = false }
-            if !interface.isEmpty { configuration.interfaces = interface }
-            if let extraCAFile { configuration.extraCAFile = extraCAFile }
-            if let logLevel { configuration.logLevel = logLevel }
-            return configuration
-        }
-        let configuration: AgentConfiguration
+        var options = DaemonOptions()
+        options.socket = socket
+        options.database = db
+        options.config = config
+        options.endpoints = endpoints
+        options.noDiscovery = noDiscovery
+        options.interfaces = interface
+        options.extraCAFile = extraCAFile
+        options.logLevel = logLevel
+        options.gateway = gateway
+        options.gatewaySocket = gatewaySocket
+        options.noGateway = noGateway
+        options.metricsAddress = metricsAddress
+        options.addressBooks = addressBooks
         do {
-            configuration = try load()
+            try await AgentDaemon(options: options, environment: ProcessEnvironment.current).run()
         } catch {
-            Self.fail("lmx-agentd: \(error)", code: 78)
+            ProcessLimits.exit(error.exitCode, message: error.description)
         }
-
-        let level = Logger.Level(rawValue: configuration.logLevel) ?? .info
-        // Under systemd, stderr is the journal: lines carry sd-daemon priorities, no timestamps.
-        let journal = JournalLogHandler.stderrIsJournal(environment: environment)
-        LoggingSystem.bootstrap { label in
-            if journal {
-                var handler = JournalLogHandler(label: label)
-                handler.logLevel = level
-                return handler
-            }
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
-        var logger = Logger(label: "lmx-agentd")
-        logger.logLevel = level
-
-        // Without XDG_RUNTIME_DIR (and HOME) the files go under /tmp/lmx-<uid>: only ever a
-        // directory of our own, 0700, never one another user made first.
-        let uid = geteuid()
-        if RuntimeDirectory.fallbackContaining(paths.socket, uid: uid) != nil
-            || RuntimeDirectory.fallbackContaining(paths.database, uid: uid) != nil,
-            let problem = RuntimeDirectory.prepare(uid: uid)
-        {
-            Self.fail(
-                "lmx-agentd: refusing \(RuntimeDirectory.fallback(uid: uid)): \(problem); XDG_RUNTIME_DIR is not set and another user may have made it: set XDG_RUNTIME_DIR, or pass --socket and --db",
-                code: 73)
-        }
-
-        switch SocketGuard.probe(paths.socket) {
-        case .live:
-            Self.fail(
-                "lmx-agentd: another lmx-agentd is already serving \(paths.socket); stop it first, or pick another path with --socket",
-                code: 73)
-        case .stale:
-            logger.notice("replacing a stale socket file left by a daemon that is gone", metadata: ["socket": "\(paths.socket)"])
-            unlink(paths.socket)
-        case .free:
-            break
-        case .unusable(let why):
-            Self.fail(
-                "lmx-agentd: cannot use \(paths.socket): \(why); it is left as it is: remove it yourself if it is yours, or pick another path with --socket",
-                code: 73)
-        }
-        do {
-            try SocketGuard.prepareDirectory(for: paths.socket)
-        } catch {
-            Self.fail("lmx-agentd: \(error)", code: 73)
-        }
-
-        let store: AgentStore
-        do {
-            store = try AgentStore.open(path: paths.database, eventRetention: configuration.eventRetention) { line in
-                logger.warning("\(line)")
-            }
-        } catch {
-            Self.fail("lmx-agentd: cannot open the database \(paths.database): \(error); check its directory's permissions or pass --db", code: 74)
-        }
-        let prober: Prober
-        do {
-            prober = try Prober(extraCAFile: configuration.extraCAFile)
-        } catch {
-            Self.fail("lmx-agentd: cannot read the CA file \(configuration.extraCAFile ?? ""): \(error)", code: 78)
-        }
-
-        let manager = ConnectionManager(configuration: configuration, prober: prober, store: store, logger: logger)
-        // endpoint.env beside the socket: the active endpoint for shells and EnvironmentFile=.
-        await manager.setEndpointFile(EndpointFile.beside(socket: paths.socket))
-        let (readyStream, readyContinuation) = AsyncStream<Void>.makeStream()
-        let app = StatusServer.application(manager: manager, socketPath: paths.socket, logger: logger) {
-            readyContinuation.yield()
-            readyContinuation.finish()
-        }
-        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
-            .init(service: ManagerService(manager: manager), serviceName: "manager")
-        ]
-        if configuration.discovery {
-            let browse = BrowseConfiguration(
-                interfaces: InterfaceFilter(include: configuration.interfaces, exclude: configuration.excludeInterfaces),
-                waitForDaemon: true)
-            services.append(.init(service: DiscoveryService(manager: manager, configuration: browse, logger: logger), successTerminationBehavior: .ignore, serviceName: "discovery"))
-        } else {
-            await manager.setDiscoveryState("disabled", detail: nil)
-        }
-        if let address = configuration.metricsAddress {
-            services.append(.init(
-                service: SoftFailService(base: StatusServer.metricsApplication(manager: manager, address: address, logger: logger), name: "metrics listener", logger: logger),
-                serviceName: "metrics"))
-        }
-        let home = environment["HOME"].flatMap { $0.hasPrefix("/") ? $0 : nil }
-        let books = configuration.addressBooks.compactMap { path -> String? in
-            guard path.hasPrefix("~/") else { return path }
-            guard let home else {
-                logger.warning("address book \(path) not followed: HOME is not set")
-                return nil
-            }
-            return home + path.dropFirst(1)
-        }
-        services.append(.init(
-            service: AddressBookWatcher(paths: books, manager: manager, logger: logger), successTerminationBehavior: .ignore,
-            serviceName: "address-books"))
-        services.append(.init(service: ReloadService(manager: manager, logger: logger, load: load), serviceName: "reload"))
-        services.append(.init(service: app, serviceName: "status-api"))
-        var gatewayService: Gateway?
-        if configuration.gateway.enabled {
-            do {
-                let gateway = try Gateway(
-                    manager: manager, configuration: configuration.gateway, extraCAFile: configuration.extraCAFile, logger: logger)
-                gatewayService = gateway
-                let socketPath = configuration.gateway.socket ?? EndpointFile.beside(socket: paths.socket).directory + "/gateway.sock"
-                var usableSocket: String? = socketPath
-                switch SocketGuard.probe(socketPath) {
-                case .free: break
-                case .stale: unlink(socketPath)
-                case .live:
-                    logger.warning("gateway socket already served by another process: the gateway is on TCP only", metadata: ["socket": "\(socketPath)"])
-                    usableSocket = nil
-                case .unusable(let why):
-                    logger.warning("gateway socket unusable (\(why)): the gateway is on TCP only", metadata: ["socket": "\(socketPath)"])
-                    usableSocket = nil
-                }
-                if configuration.gateway.group != nil, configuration.gateway.listen != nil {
-                    logger.notice("gateway.group is set: no TCP listener (a TCP caller cannot be identified); use the gateway socket")
-                }
-                for (name, service) in gateway.applications(socketPath: usableSocket) {
-                    // A port in use (another agent) costs the TCP listener, not the daemon.
-                    services.append(.init(service: SoftFailService(base: service, name: name, logger: logger), serviceName: name))
-                }
-                await manager.setGatewayInfo(
-                    url: configuration.gateway.group == nil ? configuration.gateway.listen.map { "http://\($0.description)" } : nil,
-                    socket: usableSocket)
-            } catch {
-                Self.fail("lmx-agentd: \(error)", code: 78)
-            }
-        }
-        services.append(.init(service: WatchDrainService(manager: manager), serviceName: "watch-drain"))
-        services.append(.init(
-            service: SystemdNotifier(manager: manager, environment: environment) {
-                for await _ in readyStream { break }
-            }, successTerminationBehavior: .ignore, serviceName: "systemd"))
-
-        logger.info(
-            "starting",
-            metadata: [
-                "version": "\(StatusAPI.version)", "socket": "\(paths.socket)", "db": "\(paths.database)",
-                "config": "\(access(configPath, F_OK) == 0 ? configPath : "none (defaults)")",
-            ])
-        let group = ServiceGroup(configuration: .init(
-            services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
-        do {
-            try await group.run()
-        } catch {
-            logger.error("stopped on an error: \(error)")
-        }
-        await prober.shutdown()
-        await gatewayService?.shutdown()
-        await manager.setEndpointFile(nil)
-        try? store.close()
-        unlink(paths.socket)
-        logger.info("stopped")
-    }
-
-    static func loadConfiguration(_ path: String, required: Bool) throws -> AgentConfiguration {
-        guard let handle = fopen(path, "rb") else {
-            if errno == ENOENT && !required { return AgentConfiguration() }
-            throw ConfigurationError("cannot read config file \(path): \(String(cString: strerror(errno)))")
-        }
-        defer { fclose(handle) }
-        var bytes: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 65_536)
-        while true {
-            let n = fread(&buffer, 1, buffer.count, handle)
-            if n <= 0 { break }
-            bytes += buffer[0..<n]
-            if bytes.count > 1_048_576 { throw ConfigurationError("config file \(path) is larger than 1 MiB") }
-        }
-        return try AgentConfiguration.parse(bytes, file: path)
-    }
-
-    static func fail(_ message: String, code: Int32) -> Never {
-        let line = Array((message + "\n").utf8)
-        _ = line.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
-        Glibc.exit(code)
     }
 }
-
-/// `RLIMIT_NOFILE` as Glibc's Swift overlay spells it.
-private let RLIMIT_NOFILE_CONSTANT = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)

@@ -2,14 +2,12 @@ import ArgumentParser
 import LMXCore
 import LMXDiscovery
 import LMXProbe
+import LMXSystem
 
 #if canImport(FoundationEssentials)
 import FoundationEssentials
 #else
 import Foundation
-#endif
-#if canImport(Glibc)
-import Glibc
 #endif
 import Dispatch
 
@@ -203,46 +201,8 @@ struct LMXDiscover: AsyncParsableCommand {
                 }
             }
         }
-        let signals = SignalWatch([SIGINT, SIGTERM]) { watcher.cancel() }
+        let signals = StopSignals { watcher.cancel() }
         defer { signals.cancel() }
         try await watcher.value
-    }
-}
-
-/// Unbuffered line output: --watch consumers need each line the moment it happens.
-enum Console {
-    static func out(_ line: String) { write(line + "\n", to: STDOUT_FILENO) }
-    static func error(_ line: String) { write(line + "\n", to: STDERR_FILENO) }
-
-    private static func write(_ text: String, to fd: Int32) {
-        var text = text
-        text.withUTF8 { buffer in
-            var offset = 0
-            while offset < buffer.count {
-                let written = Glibc.write(fd, buffer.baseAddress! + offset, buffer.count - offset)
-                if written < 0 && errno == EINTR { continue }
-                guard written > 0 else { return } // closed pipe: nothing more to do
-                offset += written
-            }
-        }
-    }
-}
-
-/// Turns SIGINT/SIGTERM into a graceful stop instead of the default abrupt exit.
-final class SignalWatch {
-    private let sources: [any DispatchSourceSignal]
-
-    init(_ signals: [Int32], handler: @escaping @Sendable () -> Void) {
-        sources = signals.map { number in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler(handler: handler)
-            source.resume()
-            return source
-        }
-    }
-
-    func cancel() {
-        for source in sources { source.cancel() }
     }
 }

@@ -2,14 +2,7 @@ import ArgumentParser
 import LMXCore
 import LMXStatusClient
 
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
-#if canImport(Glibc)
-import Glibc
-#endif
+import LMXSystem
 
 @main
 struct LMXStatus: ParsableCommand {
@@ -90,126 +83,102 @@ struct LMXStatus: ParsableCommand {
     }
 
     func run() throws {
-        let resolved = RuntimeDirectory.clientPaths(uid: geteuid(), environment: ProcessInfo.processInfo.environment)
+        let uid = Users.effective
+        let resolved = RuntimeDirectory.clientPaths(uid: uid, environment: ProcessEnvironment.current)
         var path = resolved.paths.socket
         if let socket {
             path = socket
         } else if let warning = resolved.warning {
-            Output.error("lmx-status: \(warning)")
-            if RuntimeDirectory.fallbackContaining(path, uid: geteuid()) != nil { throw ExitCode(69) }
+            Console.error("lmx-status: \(warning)")
+            if RuntimeDirectory.fallbackContaining(path, uid: uid) != nil { throw ExitCode(69) }
         }
-        let client = StatusClient(socketPath: path)
+        let client = AgentClient(socketPath: path)
         do {
             if watch { return try follow(client) }
             if let wait {
                 try waitForEndpoint(client, seconds: wait)
-                if !url && !json && model == nil {
-                    let response = try client.request("GET", "/v1/status")
-                    if let status = try? JSONDecoder().decode(StatusAPI.Status.self, from: Data(response.body)) {
-                        Output.out(Self.summary(status))
-                    }
-                    return
-                }
+                if !url && !json && model == nil { return Console.out(Self.summary(try client.status().status)) }
             }
             if let model { return try printModel(client, model) }
             if url { return try printURL(client) }
             try printStatus(client)
         } catch let error as StatusClientError {
+            Console.error("lmx-status: \(error.description)")
             switch error {
             case .notRunning:
-                Output.error("lmx-status: \(error.description)")
-                Output.error("start it with `systemctl start lmx-agentd` (or run `lmx-agentd` in a terminal); for another socket use --socket or LMX_SOCKET")
-                throw ExitCode(69)
+                Console.error("start it with `systemctl start lmx-agentd` (or run `lmx-agentd` in a terminal); for another socket use --socket or LMX_SOCKET")
             case .forbidden:
-                Output.error("lmx-status: \(error.description); ask the administrator, or run lmx-agentd as your own user")
-                throw ExitCode(69)
+                Console.error("ask the administrator, or run lmx-agentd as your own user")
             default:
-                Output.error("lmx-status: \(error.description)")
-                throw ExitCode(69)
+                break
             }
+            throw ExitCode(69)
         }
     }
 
     /// Polls `/v1/active` until it names an endpoint. Exits 1 when the time is up with the
     /// agent answering "none", and rethrows (69) when the agent never answered at all.
-    private func waitForEndpoint(_ client: StatusClient, seconds: Double) throws {
-        let clock = ContinuousClock()
-        let deadline = clock.now + .milliseconds(Int64(seconds * 1000))
+    private func waitForEndpoint(_ client: AgentClient, seconds: Double) throws {
+        let deadline = SystemClock.monotonic() + seconds
         var answered = false
         var reason = "unknown"
         while true {
             do {
-                let response = try client.request("GET", "/v1/active")
+                let answer = try client.active()
                 answered = true
-                if response.status == 200 { return }
-                reason = (try? JSONDecoder().decode(StatusAPI.ErrorBody.self, from: Data(response.body)))?.reason ?? "HTTP \(response.status)"
+                if answer.active != nil { return }
+                reason = answer.reason
             } catch {
                 if case .forbidden = error { throw error }
                 // Not running yet (boot): keep waiting; if it never answers, say so at the end.
-                if clock.now >= deadline && !answered { throw error }
+                if SystemClock.monotonic() >= deadline && !answered { throw error }
             }
-            if clock.now >= deadline {
-                Output.error("lmx-status: no usable endpoint after \(Self.seconds(seconds)): \(ServerTable.printable(reason))")
+            let left = deadline - SystemClock.monotonic()
+            if left <= 0 {
+                Console.error("lmx-status: no usable endpoint after \(seconds == seconds.rounded() ? "\(Int(seconds))" : "\(seconds)") s: \(ServerTable.printable(reason))")
                 throw ExitCode(1)
             }
-            let left = deadline - clock.now
-            try? sleepBlocking(min(left, .milliseconds(100)))
+            SystemClock.sleep(seconds: min(left, 0.1))
         }
     }
 
-    private static func seconds(_ value: Double) -> String {
-        value == value.rounded() ? "\(Int(value)) s" : "\(value) s"
-    }
-
-    private func printModel(_ client: StatusClient, _ model: String) throws {
-        var query = URLComponents()
-        query.queryItems = [URLQueryItem(name: "model", value: model)]
-        let response = try client.request("GET", "/v1/resolve" + (query.percentEncodedQuery.map { "?" + $0 } ?? ""))
-        guard let resolved = try? JSONDecoder().decode(StatusAPI.Resolved.self, from: Data(response.body)) else {
-            let reason = (try? JSONDecoder().decode(StatusAPI.ErrorBody.self, from: Data(response.body)))?.reason ?? "HTTP \(response.status)"
-            Output.error("lmx-status: \(ServerTable.printable(reason))")
-            throw ExitCode(response.status == 404 ? 69 : 1)
+    private func printModel(_ client: AgentClient, _ model: String) throws {
+        let answer: (resolved: StatusAPI.Resolved, json: [UInt8])
+        do { answer = try client.resolve(model: model) } catch .answered(let status, let reason) {
+            Console.error("lmx-status: \(ServerTable.printable(reason))")
+            throw ExitCode(status == 404 ? 69 : 1)
         }
+        let resolved = answer.resolved
         if json {
-            Output.out(String(decoding: response.body, as: UTF8.self).trimmingNewline)
+            Console.out(String(decoding: answer.json, as: UTF8.self).trimmingNewline)
         } else if let endpoint = resolved.endpoint {
-            if url {
-                Output.out(endpoint.baseURL)
-            } else {
-                Output.out(
-                    "\(ServerTable.printable(model)): \(endpoint.baseURL) via \(endpoint.via.rawValue) (\(ServerTable.printable(endpoint.name))): \(ServerTable.printable(resolved.reason))")
-            }
+            Console.out(url ? endpoint.baseURL : "\(ServerTable.printable(model)): \(endpoint.baseURL) via \(endpoint.via.rawValue) (\(ServerTable.printable(endpoint.name))): \(ServerTable.printable(resolved.reason))")
         }
         guard resolved.endpoint != nil else {
-            if !json { Output.error("lmx-status: no endpoint for \(ServerTable.printable(model)): \(ServerTable.printable(resolved.reason))") }
+            if !json { Console.error("lmx-status: no endpoint for \(ServerTable.printable(model)): \(ServerTable.printable(resolved.reason))") }
             throw ExitCode(1)
         }
     }
 
-    private func printURL(_ client: StatusClient) throws {
-        let response = try client.request("GET", "/v1/active")
-        if response.status == 200, let active = try? JSONDecoder().decode(StatusAPI.Active.self, from: Data(response.body)) {
-            Output.out(active.baseURL)
-            return
+    private func printURL(_ client: AgentClient) throws {
+        let answer = try client.active()
+        guard let active = answer.active else {
+            Console.error("lmx-status: no active endpoint: \(ServerTable.printable(answer.reason))")
+            throw ExitCode(1)
         }
-        let reason = (try? JSONDecoder().decode(StatusAPI.ErrorBody.self, from: Data(response.body)))?.reason ?? "HTTP \(response.status)"
-        Output.error("lmx-status: no active endpoint: \(ServerTable.printable(reason))")
-        throw ExitCode(1)
+        Console.out(active.baseURL)
     }
 
-    private func printStatus(_ client: StatusClient) throws {
-        let response = try client.request("GET", "/v1/status")
-        guard response.status == 200, let status = try? JSONDecoder().decode(StatusAPI.Status.self, from: Data(response.body)) else {
-            throw StatusClientError.protocolError("HTTP \(response.status) for /v1/status")
-        }
+    private func printStatus(_ client: AgentClient) throws {
+        let (status, raw) = try client.status()
         if json {
-            Output.out(String(decoding: response.body, as: UTF8.self).trimmingNewline)
+            Console.out(String(decoding: raw, as: UTF8.self).trimmingNewline)
         } else {
-            Output.out(Self.summary(status))
+            Console.out(Self.summary(status))
             let rows: [[String]] = status.candidates.flatMap { candidate in candidate.routes.map(Self.row) }
             if !rows.isEmpty {
-                Output.out("")
-                Output.out(TextTable.render(headers: ["  NAME", "VIA", "SOURCE", "URL", "VERDICT", "LATENCY", "WHY"], rows: rows))
+                Console.out("")
+                Console.out(TextTable.render(headers: ["  NAME", "VIA", "SOURCE", "URL", "VERDICT", "LATENCY", "WHY"], rows: rows))
             }
         }
         if status.active == nil { throw ExitCode(1) }
@@ -238,54 +207,41 @@ struct LMXStatus: ParsableCommand {
 
     /// Follows `/v1/watch`; when the daemon goes away (a restart), waits for it and follows the
     /// new one from a fresh snapshot. Fails with 69 only if it is not running at the start.
-    private func follow(_ client: StatusClient) throws {
+    private func follow(_ client: AgentClient) throws {
         var connected = false
         while true {
             do {
-                try followOnce(client) { connected = true }
-                Output.error("lmx-status: lmx-agentd closed the stream; waiting for it to come back")
+                try client.watch { line, bytes in
+                    connected = true
+                    if json { Console.out(String(decoding: bytes, as: UTF8.self)) } else if let line, let text = Self.describe(line) { Console.out(text) }
+                    return true
+                }
+                Console.error("lmx-status: lmx-agentd closed the stream; waiting for it to come back")
             } catch {
                 guard connected else { throw error }
-                if case .protocolError = error {
-                    Output.error("lmx-status: \(error.description); reconnecting")
-                }
+                if case .protocolError = error { Console.error("lmx-status: \(error.description); reconnecting") }
             }
-            usleep(500_000)
+            SystemClock.sleep(seconds: 0.5)
         }
     }
 
-    private func followOnce(_ client: StatusClient, onLine: () -> Void) throws(StatusClientError) {
-        try client.stream("/v1/watch") { bytes in
-            onLine()
-            if json {
-                Output.out(String(decoding: bytes, as: UTF8.self))
-                return true
-            }
-            guard let line = try? JSONDecoder().decode(StatusAPI.WatchLine.self, from: Data(bytes)) else { return true }
-            switch line.type {
-            case "snapshot":
-                if let status = line.status { Output.out("\(line.at) \(Self.summary(status))") }
-            case "active":
-                if let active = line.active {
-                    Output.out("\(line.at) active → \(active.baseURL) via \(active.via.rawValue) (\(active.verdict.rawValue)): \(ServerTable.printable(line.reason ?? ""))")
-                } else {
-                    Output.out("\(line.at) no active endpoint: \(ServerTable.printable(line.reason ?? ""))")
-                }
-            case "health":
-                if let route = line.route {
-                    Output.out("\(line.at) \(ServerTable.printable(route.name)) [\(route.via.rawValue)] is \(route.verdict?.rawValue ?? "unknown"): \(ServerTable.printable(line.reason ?? ""))")
-                }
-            case "candidate-added", "candidate-removed":
-                if let route = line.route {
-                    let verb = line.type == "candidate-added" ? "added" : "removed"
-                    Output.out("\(line.at) \(verb) \(ServerTable.printable(route.name)) \(route.baseURL) (\(route.source.rawValue))")
-                }
-            case "avahi":
-                Output.out("\(line.at) avahi-daemon \(line.avahi ?? "?")\(line.reason.map { ": \(ServerTable.printable($0))" } ?? "")")
-            default:
-                break
-            }
-            return true
+    static func describe(_ line: StatusAPI.WatchLine) -> String? {
+        let p = ServerTable.printable
+        switch line.type {
+        case .snapshot:
+            return line.status.map { "\(line.at) \(summary($0))" }
+        case .active:
+            guard let active = line.active else { return "\(line.at) no active endpoint: \(p(line.reason ?? ""))" }
+            return "\(line.at) active → \(active.baseURL) via \(active.via.rawValue) (\(active.verdict.rawValue)): \(p(line.reason ?? ""))"
+        case .health:
+            return line.route.map { "\(line.at) \(p($0.name)) [\($0.via.rawValue)] is \($0.verdict?.rawValue ?? "unknown"): \(p(line.reason ?? ""))" }
+        case .candidateAdded, .candidateRemoved:
+            let verb = line.type == .candidateAdded ? "added" : "removed"
+            return line.route.map { "\(line.at) \(verb) \(p($0.name)) \($0.baseURL) (\($0.source.rawValue))" }
+        case .avahi:
+            return "\(line.at) avahi-daemon \(line.avahi ?? "?")\(line.reason.map { ": \(p($0))" } ?? "")"
+        case .heartbeat, .unknown:
+            return nil
         }
     }
 }
@@ -295,32 +251,5 @@ extension String {
         var s = self
         while s.hasSuffix("\n") { s.removeLast() }
         return s
-    }
-}
-
-/// A blocking sleep for a command-line tool with no event loop.
-private func sleepBlocking(_ duration: Duration) throws {
-    let (seconds, attoseconds) = duration.components
-    guard seconds > 0 || attoseconds > 0 else { return }
-    var request = timespec(tv_sec: Int(seconds), tv_nsec: Int(attoseconds / 1_000_000_000))
-    var remaining = timespec()
-    while nanosleep(&request, &remaining) != 0 && errno == EINTR { request = remaining }
-}
-
-enum Output {
-    static func out(_ line: String) { write(line + "\n", to: STDOUT_FILENO) }
-    static func error(_ line: String) { write(line + "\n", to: STDERR_FILENO) }
-
-    private static func write(_ text: String, to fd: Int32) {
-        var text = text
-        text.withUTF8 { buffer in
-            var offset = 0
-            while offset < buffer.count {
-                let written = Glibc.write(fd, buffer.baseAddress! + offset, buffer.count - offset)
-                if written < 0 && errno == EINTR { continue }
-                guard written > 0 else { return }
-                offset += written
-            }
-        }
     }
 }

@@ -556,7 +556,7 @@ struct AgentTests {
                 fresh = try? JSONDecoder().decode(StatusAPI.WatchLine.self, from: Data(bytes))
                 return false
             }
-            #expect(fresh?.type == "snapshot")
+            #expect(fresh?.type == .snapshot)
             #expect(fresh?.status?.active != nil)
         }
     }

@@ -113,6 +113,17 @@ public struct ManualEndpoint: Sendable, Hashable, Codable {
             .description
     }
 
+    /// The route, as configured; with `lan_keys: never` no key travels over plain HTTP, whatever
+    /// the endpoint says.
+    public func route(lanKeys: LANKeys) throws(ConfigurationError) -> Route {
+        var route = try route()
+        if lanKeys == .never, route.baseURL.hasPrefix("http://") {
+            route.credentials = Credentials(
+                accessClientID: route.credentials.accessClientID, accessClientSecret: route.credentials.accessClientSecret)
+        }
+        return route
+    }
+
     public func route() throws(ConfigurationError) -> Route {
         let base = Route.normalizedBase(url)
         let shown = Self.redacted(url)

@@ -25,6 +25,9 @@ public enum RouteSource: String, Sendable, Hashable, Codable, CaseIterable {
 
     /// Set up by the user (paired or configured), as opposed to found on the LAN.
     public var isSetUp: Bool { self == .pairing || self == .manual }
+
+    /// Found on the LAN (announced now, or remembered from earlier announcements).
+    public var isFound: Bool { self == .mdns || self == .remembered }
 }
 
 /// The secrets that go with a route. Never printed, logged or returned over the socket:

@@ -243,8 +243,19 @@ public enum StatusAPI {
 
     /// One line of `GET /v1/watch`.
     public struct WatchLine: Codable, Sendable, Hashable {
-        /// `snapshot`, `active`, `candidate-added`, `candidate-removed`, `health`, `avahi`, `heartbeat`.
-        public var type: String
+        public enum Kind: String, Codable, Sendable, Hashable {
+            case snapshot, heartbeat, active, health, avahi
+            case candidateAdded = "candidate-added"
+            case candidateRemoved = "candidate-removed"
+            /// A kind this client does not know (from a newer agent).
+            case unknown
+
+            public init(from decoder: any Decoder) throws {
+                self = Kind(rawValue: try decoder.singleValueContainer().decode(String.self)) ?? .unknown
+            }
+        }
+
+        public var type: Kind
         public var seq: UInt64
         public var at: String
         public var status: Status?
@@ -254,7 +265,7 @@ public enum StatusAPI {
         public var reason: String?
 
         public init(
-            type: String, seq: UInt64, at: String, status: Status? = nil, active: Active? = nil,
+            type: Kind, seq: UInt64, at: String, status: Status? = nil, active: Active? = nil,
             route: RouteStatus? = nil, avahi: String? = nil, reason: String? = nil
         ) {
             self.type = type
@@ -276,6 +287,13 @@ public enum StatusAPI {
             self.error = error
             self.reason = reason
         }
+    }
+
+    /// `value` as indented JSON, for people (`--json` of the commands).
+    public static func prettyJSON<T: Encodable>(_ value: T) -> String {
+        let encoder = encoder
+        encoder.outputFormatting.insert(.prettyPrinted)
+        return String(decoding: (try? encoder.encode(value)) ?? Data("null".utf8), as: UTF8.self)
     }
 
     public static var encoder: JSONEncoder {

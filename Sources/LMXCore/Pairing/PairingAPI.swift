@@ -33,3 +33,33 @@ public struct PairingImportResult: Codable, Sendable {
     }
 }
 
+
+extension PairingUpload {
+    /// The largest upload accepted: an address book and some room.
+    public static let maxBytes = PairingParser.maxAddressBookBytes + 64 * 1024
+
+    /// Why an upload was refused, naming the payload.
+    public struct Refusal: Error, Sendable, CustomStringConvertible {
+        public var description: String
+    }
+
+    /// Parses and validates every payload again (the socket is an interface of its own): all or
+    /// nothing.
+    public func pairings(now: Int64) throws(Refusal) -> [Pairing] {
+        let parser = PairingParser(allowInsecure: allowInsecure ?? false, now: now)
+        var pairings: [Pairing] = []
+        for (index, payload) in payloads.enumerated() {
+            do {
+                var parsed = try parser.parse(payload.text)
+                if let format = payload.format {
+                    for i in parsed.indices { parsed[i].format = format }
+                }
+                pairings += parsed
+            } catch {
+                throw Refusal(description: "payload \(index + 1): \(error)")
+            }
+        }
+        guard !pairings.isEmpty else { throw Refusal(description: "no payloads") }
+        return pairings
+    }
+}

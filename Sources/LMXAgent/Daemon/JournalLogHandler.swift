@@ -1,8 +1,6 @@
 import Logging
 
-#if canImport(Glibc)
-import Glibc
-#endif
+import LMXSystem
 
 /// Log lines for the systemd journal: when standard error is the journal's stream
 /// (`JOURNAL_STREAM` names its device and inode), each line starts with the sd-daemon priority
@@ -24,12 +22,7 @@ public struct JournalLogHandler: LogHandler {
 
     /// True when standard error is connected to the journal (systemd's `JOURNAL_STREAM` check).
     public static func stderrIsJournal(environment: [String: String]) -> Bool {
-        guard let value = environment["JOURNAL_STREAM"] else { return false }
-        let parts = value.split(separator: ":")
-        guard parts.count == 2, let device = UInt64(parts[0]), let inode = UInt64(parts[1]) else { return false }
-        var info = stat()
-        guard fstat(STDERR_FILENO, &info) == 0 else { return false }
-        return UInt64(info.st_dev) == device && UInt64(info.st_ino) == inode
+        StandardStream.errorIsJournal(environment["JOURNAL_STREAM"])
     }
 
     /// The sd-daemon priority of a level (syslog's: 7 debug … 2 critical).
@@ -54,15 +47,7 @@ public struct JournalLogHandler: LogHandler {
         var line = "<\(Self.priority(event.level))>\(message)"
         if !fields.isEmpty { line += " " + fields.replacingNewlines }
         line += "\n"
-        line.withUTF8 { buffer in
-            var offset = 0
-            while offset < buffer.count {
-                let n = write(STDERR_FILENO, buffer.baseAddress! + offset, buffer.count - offset)
-                if n < 0 && errno == EINTR { continue }
-                guard n > 0 else { return }
-                offset += n
-            }
-        }
+        StandardStream.error.write(line)
     }
 }
 

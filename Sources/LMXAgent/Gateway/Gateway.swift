@@ -17,64 +17,34 @@ import FoundationEssentials
 #else
 import Foundation
 #endif
-#if canImport(Glibc)
-import Glibc
-#endif
-
-/// Where a gateway request may go: one route and what it takes to reach it.
-public struct GatewayTarget: Sendable {
-    public var routeID: String
-    public var baseURL: String
-    public var via: Via
-    public var credentials: Credentials
-}
-
-/// What the gateway does with one request: forward it (to these routes, best first) or answer it
-/// itself.
-public enum GatewayPlan: Sendable {
-    case forward([GatewayTarget])
-    case refuse(status: Int, code: String, message: String)
-}
+import LMXSystem
 
 /// The local OpenAI-compatible gateway: forwards `/v1/*` (and `/admin/*` when enabled) to the
 /// active endpoint with that route's credentials, streams answers through as they come, and
 /// tries the next usable route only before any byte of an answer has reached the client.
 public final class Gateway: Sendable {
-    let manager: ConnectionManager
+    let agent: Agent
     let configuration: GatewayConfiguration
     let logger: Logger
     let metrics: AgentMetrics
     private let lanClient: HTTPClient
     private let wanClient: HTTPClient
     /// Who may use the gateway when `gateway.group` is set.
-    private let groupGate: GroupGate?
+    private let groupGate: GroupMembership?
 
-    public init(manager: ConnectionManager, configuration: GatewayConfiguration, extraCAFile: String?, logger: Logger) throws {
-        self.manager = manager
-        self.metrics = manager.metricsRegistry
+    public init(agent: Agent, configuration: GatewayConfiguration, extraCAFile: String?, logger: Logger) throws {
+        self.agent = agent
+        self.metrics = agent.metrics
         self.configuration = configuration
         self.logger = logger
-        var tls = TLSConfiguration.makeClientConfiguration()
-        if let extraCAFile { tls.additionalTrustRoots = [.file(extraCAFile)] }
-        func client(connect: Double) -> HTTPClient {
-            var c = HTTPClient.Configuration(
-                tlsConfiguration: tls,
-                redirectConfiguration: .disallow,  // a redirect is the server's answer, passed on
-                timeout: .init(connect: .milliseconds(Int64(connect * 1000))),
-                decompression: .disabled)  // bytes pass through as the server sent them
-            c.connectionPool = .init(idleTimeout: .seconds(60))
-            // A refused connection moves the request to the next route at once.
-            c.connectionPool.retryConnectionEstablishment = false
-            c.httpVersion = .http1Only
-            return HTTPClient(eventLoopGroupProvider: .singleton, configuration: c)
-        }
-        lanClient = client(connect: configuration.connectTimeout)
-        wanClient = client(connect: max(configuration.connectTimeout, 8))
+        let tls = try HTTPClients.tls(extraCAFile: extraCAFile)
+        lanClient = HTTPClients.make(tls: tls, connectTimeout: configuration.connectTimeout, idleTimeout: 60)
+        wanClient = HTTPClients.make(tls: tls, connectTimeout: max(configuration.connectTimeout, 8), idleTimeout: 60)
         if let group = configuration.group {
-            guard GroupGate.groupID(group) != nil else {
+            guard Users.groupID(named: group) != nil else {
                 throw ConfigurationError("gateway.group: no group named \(group) on this machine")
             }
-            groupGate = GroupGate(group: group, logger: logger)
+            groupGate = GroupMembership(group: group)
         } else {
             groupGate = nil
         }
@@ -105,7 +75,7 @@ public final class Gateway: Sendable {
                 onServerRunning: { [logger, group = configuration.group] _ in
                     // With a group gate the check is per request (SO_PEERCRED); the file itself
                     // stays connectable, as the status socket is.
-                    chmod(socketPath, 0o666)
+                    FileSystem.setMode(socketPath, 0o666)
                     logger.info("gateway serving", metadata: ["socket": "\(socketPath)", "group": "\(group ?? "any local user")"])
                 },
                 logger: logger)
@@ -143,7 +113,11 @@ public final class Gateway: Sendable {
         }
         if let groupGate {
             let uid = await context.peerUID()
-            guard let uid, groupGate.allows(uid) else {
+            let allowed = uid.flatMap(groupGate.allows)
+            if uid != nil, allowed == nil {
+                logger.warning("gateway.group: no group named \(groupGate.group) any more; only root and the agent's user are served")
+            }
+            guard allowed == true else {
                 metrics.gatewayRefused.increment()
                 return Self.error(403, code: "forbidden", message: "only members of the group \(configuration.group ?? "") may use this gateway")
             }
@@ -188,7 +162,7 @@ public final class Gateway: Sendable {
         let model = method == "POST" && streamed == nil ? Self.modelField(body) : nil
         let clientHasKey = clientHeaders.contains { ["authorization", "x-api-key"].contains($0.name.lowercased()) }
         var targets: [GatewayTarget]
-        switch await manager.gatewayTargets(limit: configuration.attempts, model: model, clientHasKey: clientHasKey) {
+        switch agent.board.snapshot.gatewayPlan(limit: configuration.attempts, model: model, clientHasKey: clientHasKey) {
         case .forward(let routes):
             targets = routes
         case .refuse(let status, let code, let message):
@@ -198,7 +172,7 @@ public final class Gateway: Sendable {
         if streamed != nil { targets = Array(targets.prefix(1)) }
         guard !targets.isEmpty else {
             metrics.gatewayFailures.increment()
-            let reason = await manager.noActiveReason()
+            let reason = agent.board.snapshot.noActiveReason
             var response = Self.error(503, code: "no_endpoint", message: "no Opta LMX endpoint is usable now: \(reason)")
             response.headers[.retryAfter] = "2"
             return response
@@ -228,7 +202,7 @@ public final class Gateway: Sendable {
                 }
                 let failure = Prober.classify(error)
                 lastFailure = failure.detail
-                await manager.gatewayFailed(target.routeID, reason: failure.detail)
+                await agent.manager.gatewayFailed(target.routeID, reason: failure.detail)
                 let canRetry = GatewayPolicy.isIdempotent(method) || Self.failedBeforeSending(error, failure)
                 logger.notice(
                     "gateway: route failed before answering",
@@ -391,64 +365,6 @@ extension AgentRequestContext {
         switch channel.localAddress {
         case .v4, .v6: true
         default: false
-        }
-    }
-}
-
-/// `gateway.group`: root, the agent's own user and the group's members may use the gateway.
-/// Membership is the account database's (primary group, or listed in the group, as `id` shows it),
-/// looked up per user and kept for `ttl`, so `gpasswd -a` and `-d` take effect within seconds
-/// without a restart.
-final class GroupGate: Sendable {
-    let group: String
-    let ttl: Duration
-    private let logger: Logger
-    private let cache = Mutex<[UInt32: (member: Bool, at: ContinuousClock.Instant)]>([:])
-
-    init(group: String, ttl: Duration = .seconds(5), logger: Logger) {
-        self.group = group
-        self.ttl = ttl
-        self.logger = logger
-    }
-
-    func allows(_ uid: UInt32) -> Bool {
-        if uid == 0 || uid == geteuid() { return true }
-        let now = ContinuousClock.now
-        if let known = cache.withLock({ $0[uid] }), now - known.at < ttl { return known.member }
-        let member = Self.isMember(uid: uid, of: group)
-        if member == nil { logger.warning("gateway.group: no group named \(group) any more; only root and the agent's user are served") }
-        cache.withLock { entries in
-            if entries.count >= 1024 { entries.removeAll() }  // one entry per local user: a bound, not a policy
-            entries[uid] = (member ?? false, now)
-        }
-        return member ?? false
-    }
-
-    /// The group's ID, or nil when there is no such group.
-    static func groupID(_ name: String) -> gid_t? {
-        var entry = Glibc.group(), result: UnsafeMutablePointer<Glibc.group>?
-        var buffer = [CChar](repeating: 0, count: 16384)
-        guard getgrnam_r(name, &entry, &buffer, buffer.count, &result) == 0, result != nil else { return nil }
-        return entry.gr_gid
-    }
-
-    /// Whether user `uid` belongs to `groupName` (nil: no such group). A uid with no account is in
-    /// no group.
-    static func isMember(uid: UInt32, of groupName: String) -> Bool? {
-        guard let gid = groupID(groupName) else { return nil }
-        var account = passwd(), result: UnsafeMutablePointer<passwd>?
-        var buffer = [CChar](repeating: 0, count: 16384)
-        guard getpwuid_r(uid, &account, &buffer, buffer.count, &result) == 0, result != nil else { return false }
-        if account.pw_gid == gid { return true }
-        var count: Int32 = 64
-        while true {
-            var groups = [gid_t](repeating: 0, count: Int(count))
-            var wanted = count
-            if getgrouplist(account.pw_name, account.pw_gid, &groups, &wanted) >= 0 {
-                return groups.prefix(Int(wanted)).contains(gid)
-            }
-            guard wanted > count, wanted <= 65536 else { return false }
-            count = wanted
         }
     }
 }

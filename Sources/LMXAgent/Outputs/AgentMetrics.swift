@@ -1,5 +1,6 @@
 import LMXCore
 import Prometheus
+import Synchronization
 
 /// The daemon's metrics, kept by swift-prometheus and exposed as Prometheus text at `/metrics`
 /// (status socket) and, with `--metrics-address`, over TCP for a Prometheus server. Events are
@@ -24,6 +25,8 @@ public final class AgentMetrics: Sendable {
     let gatewayFailures: Counter
     let gatewayRefused: Counter
     let gatewayInFlight: Gauge
+    /// Dropped store writes already added to the counter.
+    private let droppedCounted = Mutex(0)
 
     public static let latencyBuckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
 
@@ -58,6 +61,41 @@ public final class AgentMetrics: Sendable {
 
     /// The Prometheus text exposition.
     public func text() -> String { registry.emitToString() }
+
+    /// Prometheus text exposition: states sampled now, then everything swift-prometheus holds.
+    public func render(_ snapshot: AgentSnapshot, store: StoreExecutor, watchers: Int) -> String {
+        var byVerdict: [String: Int] = [:]
+        for state in snapshot.planner.routes.values { byVerdict[state.verdict?.rawValue ?? "unknown", default: 0] += 1 }
+        for (verdict, gauge) in routes { gauge.set(Double(byVerdict[verdict] ?? 0)) }
+        candidates.set(Double(snapshot.serverCount))
+        let via = snapshot.planner.active?.route.via.rawValue ?? "none"
+        for (name, gauge) in activeVia { gauge.set(to: name == via ? 1.0 : 0.0) }
+        storePendingWrites.set(Double(store.pending))
+        let dropped = store.dropped
+        let counted = droppedCounted.withLock { counted in
+            defer { counted = max(counted, dropped) }
+            return counted
+        }
+        if dropped > counted { storeDroppedWrites.increment(by: Int64(dropped - counted)) }
+        watchClients.set(Double(watchers))
+        return text()
+    }
+}
+
+extension AgentMetrics: AgentEventSink {
+    public func receive(_ events: [AgentEvent], snapshot: AgentSnapshot, now: Double) {
+        for event in events {
+            switch event {
+            case .activeChanged: switches.increment()
+            case .probed(_, let report):
+                probes.increment()
+                if report.verdict.isAlive { probeDuration.record(report.latency) }
+            case .announcementIgnored: ignoredAnnouncements.increment()
+            case .serverEventReceived: serverEvents.increment()
+            default: break
+            }
+        }
+    }
 }
 
 extension MetricNameDescriptor {

@@ -3,9 +3,7 @@ import Logging
 import NIOCore
 import Synchronization
 
-#if canImport(Glibc)
-import Glibc
-#endif
+import LMXSystem
 
 /// Connections per local user on the agent's socket. Any local user may connect (reading the
 /// status is for everyone), so one user must not be able to take every connection, descriptor
@@ -20,7 +18,7 @@ public final class ConnectionLimiter: Sendable {
 
     /// Counts a new connection of `uid`; false when that user is at the limit.
     func admit(_ uid: UInt32) -> Bool {
-        if uid == 0 || uid == geteuid() { return true }
+        if Users.isAdministrator(uid) { return true }
         let admitted = open.withLock { counts in
             guard counts[uid, default: 0] < perUser else { return false }
             counts[uid, default: 0] += 1
@@ -31,7 +29,7 @@ public final class ConnectionLimiter: Sendable {
     }
 
     func release(_ uid: UInt32) {
-        if uid == 0 || uid == geteuid() { return }
+        if Users.isAdministrator(uid) { return }
         open.withLock { counts in
             let left = counts[uid, default: 1] - 1
             counts[uid] = left > 0 ? left : nil
@@ -50,11 +48,9 @@ struct PerUserLimitedChannel<Base: ServerChildChannel>: ServerChildChannel {
     let limiter: ConnectionLimiter
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
-        guard let provider = channel as? any SocketOptionProvider else {
+        guard let credentials = channel.peerCredentialsFuture() else {
             return base.setup(channel: channel, logger: logger)
         }
-        let credentials: EventLoopFuture<PeerCredentials> = provider.unsafeGetSocketOption(
-            level: .socket, name: NIOBSDSocket.Option(rawValue: SO_PEERCRED))
         return credentials.flatMap { peer in
             guard limiter.admit(peer.uid) else {
                 logger.debug("refused a connection over the per-user limit", metadata: ["uid": "\(peer.uid)"])

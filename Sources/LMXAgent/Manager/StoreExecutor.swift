@@ -3,13 +3,13 @@ import LMXStore
 import Logging
 import Synchronization
 
-/// Writes to the store off the connection manager: every write is queued and performed, in
-/// order, on a serial dispatch queue of its own (not Swift's cooperative pool, which blocking
+/// Runs the store's work off the connection manager: every write is queued and performed, in
+/// order, on a serial dispatch queue of its own; reads run beside it (not Swift's cooperative pool, which blocking
 /// SQLite calls would starve). A database held locked by another process (a backup, `sqlite3`
 /// left in a transaction) then delays only the writes: the manager keeps deciding and the socket
 /// keeps answering from memory. The queue is bounded; past the bound the oldest droppable
 /// writes (probe statistics, sightings) are dropped and counted, never events or pairings.
-public final class StoreWriter: Sendable {
+public final class StoreExecutor: Sendable {
     public let store: AgentStore
     private let queue = DispatchQueue(label: "lmx.store-writer")
     private let logger: Logger

@@ -10,36 +10,7 @@ import FoundationEssentials
 #else
 import Foundation
 #endif
-#if canImport(Glibc)
-import Glibc
-#endif
-
-/// Request context that keeps the connection, so handlers can ask the kernel who the peer is.
-public struct AgentRequestContext: RequestContext {
-    public var coreContext: CoreRequestContextStorage
-    let channel: any Channel
-
-    public init(source: ApplicationRequestContextSource) {
-        coreContext = .init(source: source)
-        channel = source.channel
-    }
-
-    /// The peer's user id from `SO_PEERCRED` (Unix sockets only).
-    func peerUID() async -> UInt32? {
-        guard let provider = channel as? any SocketOptionProvider else { return nil }
-        guard let credentials: PeerCredentials = try? await provider.unsafeGetSocketOption(
-            level: .socket, name: NIOBSDSocket.Option(rawValue: SO_PEERCRED)
-        ).get() else { return nil }
-        return credentials.uid
-    }
-}
-
-/// Layout of Linux's `struct ucred` (not imported into Swift without `_GNU_SOURCE`).
-struct PeerCredentials: Sendable {
-    var pid: Int32 = 0
-    var uid: UInt32 = 0
-    var gid: UInt32 = 0
-}
+import LMXSystem
 
 /// The status API over the agent's Unix socket: JSON under `/v1`, NDJSON for `/v1/watch`,
 /// Prometheus text at `/metrics`. Read endpoints answer any local user; `POST /v1/refresh`
@@ -50,72 +21,68 @@ public enum StatusServer {
 
     static let jsonHeaders: HTTPFields = [.contentType: "application/json", .cacheControl: "no-store"]
 
-    public static func router(manager: ConnectionManager) -> Router<AgentRequestContext> {
+    /// Who is asking: the peer's user id (the kernel's `SO_PEERCRED` on the socket).
+    public typealias PeerIdentity = @Sendable (AgentRequestContext) async -> UInt32?
+
+    public static func router(agent: Agent, peer: @escaping PeerIdentity = { await $0.peerUID() }) -> Router<AgentRequestContext> {
         let router = Router(context: AgentRequestContext.self)
         router.addMiddleware { ErrorShapeMiddleware() }
+        let board = agent.board
+
+        /// Changing requests answer only root and the daemon's own user.
+        @Sendable func forbidden(_ context: AgentRequestContext, _ what: String) async -> Response? {
+            if let uid = await peer(context), Users.isAdministrator(uid) { return nil }
+            return json(
+                StatusAPI.ErrorBody(error: "forbidden", reason: "only root or the agent's own user may \(what)"), status: .forbidden)
+        }
 
         router.get("/v1/active") { _, _ -> Response in
-            if let active = await manager.activeEndpoint() {
-                return json(active)
-            }
-            let reason = await manager.noActiveReason()
-            return json(StatusAPI.ErrorBody(error: "no-active-endpoint", reason: reason), status: .serviceUnavailable)
+            let snapshot = board.snapshot
+            if let active = snapshot.activeEndpoint(now: board.now()) { return json(active) }
+            return json(StatusAPI.ErrorBody(error: "no-active-endpoint", reason: snapshot.noActiveReason), status: .serviceUnavailable)
         }
-        router.get("/v1/status") { _, _ in json(await manager.status()) }
+        router.get("/v1/status") { _, _ in json(board.snapshot.status(seq: agent.watch.seq, now: board.now())) }
         router.get("/v1/resolve") { request, _ -> Response in
             guard let model = request.uri.queryParameters.get("model"), !model.isEmpty, model.utf8.count <= 256 else {
                 return json(
                     StatusAPI.ErrorBody(error: "bad-request", reason: "give the model: /v1/resolve?model=NAME"), status: .badRequest)
             }
-            let resolved = await manager.resolve(model: model)
+            let resolved = board.snapshot.resolve(model: model, now: board.now())
             return json(resolved, status: resolved.endpoint == nil ? .serviceUnavailable : .ok)
         }
-        router.get("/v1/servers") { _, _ in json(await manager.candidates()) }
+        router.get("/v1/servers") { _, _ in json(board.snapshot.candidates(now: board.now())) }
         router.get("/v1/events") { request, _ -> Response in
             let limit = request.uri.queryParameters.get("limit", as: Int.self).map { min(max($0, 1), 1000) } ?? 100
-            return json(await manager.events(limit: limit))
+            return json((try? await agent.store.read { try $0.recentEvents(limit: limit) }) ?? [])
         }
         router.post("/v1/refresh") { _, context -> Response in
             if let denied = await forbidden(context, "ask for a refresh") { return denied }
-            await manager.refresh()
+            await agent.manager.refresh()
             return json(["refreshing": true], status: .accepted)
         }
         router.get("/v1/pairings") { _, _ -> Response in
             do {
-                return json(try await manager.pairingSummaries())
+                return json(try await agent.pairingSummaries())
             } catch {
                 return json(StatusAPI.ErrorBody(error: "store", reason: "could not read pairings: \(error)"), status: .internalServerError)
             }
         }
         router.post("/v1/pairings") { request, context -> Response in
             if let denied = await forbidden(context, "import a pairing") { return denied }
-            let body = try await request.body.collect(upTo: PairingParser.maxAddressBookBytes + 64 * 1024)
+            let body = try await request.body.collect(upTo: PairingUpload.maxBytes)
             guard let upload = try? JSONDecoder().decode(PairingUpload.self, from: Data(buffer: body)) else {
                 return json(
                     StatusAPI.ErrorBody(error: "bad-request", reason: "expected {\"payloads\": [\"opta-lmx://pair?…\", …]}"),
                     status: .badRequest)
             }
-            // The agent validates again: the socket is an interface of its own.
-            let parser = PairingParser(allowInsecure: upload.allowInsecure ?? false, now: Int64(time(nil)))
-            var pairings: [Pairing] = []
-            for (index, payload) in upload.payloads.enumerated() {
-                do {
-                    var parsed = try parser.parse(payload.text)
-                    if let format = payload.format {
-                        for i in parsed.indices { parsed[i].format = format }
-                    }
-                    pairings += parsed
-                } catch {
-                    return json(
-                        StatusAPI.ErrorBody(error: "invalid-pairing", reason: "payload \(index + 1): \(error)"),
-                        status: .unprocessableContent)
-                }
-            }
-            guard !pairings.isEmpty else {
-                return json(StatusAPI.ErrorBody(error: "invalid-pairing", reason: "no payloads"), status: .unprocessableContent)
+            let pairings: [Pairing]
+            do {
+                pairings = try upload.pairings(now: SystemClock.unixTime())
+            } catch {
+                return json(StatusAPI.ErrorBody(error: "invalid-pairing", reason: "\(error)"), status: .unprocessableContent)
             }
             do {
-                let results = try await manager.importPairings(pairings)
+                let results = try await agent.manager.importPairings(pairings)
                 return json(results.map { PairingImportResult(pairing: $0.stored.summary, updated: $0.isUpdate) }, status: .created)
             } catch {
                 return json(StatusAPI.ErrorBody(error: "store", reason: "could not save the pairing: \(error)"), status: .internalServerError)
@@ -125,7 +92,7 @@ public enum StatusServer {
             if let denied = await forbidden(context, "remove a pairing") { return denied }
             let id = context.parameters.get("id") ?? ""
             do {
-                guard let removed = try await manager.removePairing(id) else {
+                guard let removed = try await agent.manager.removePairing(id) else {
                     return json(
                         StatusAPI.ErrorBody(error: "not-found", reason: "no pairing \(id); see lmx-pair list"), status: .notFound)
                 }
@@ -136,10 +103,10 @@ public enum StatusServer {
         }
         router.get("/v1/watch") { request, context -> Response in
             let since = request.uri.queryParameters.get("since", as: UInt64.self)
-            let subscription = await manager.watch(since: since)
+            let subscription = agent.watch.watch(since: since)
             let channel = context.channel
             let body = ResponseBody { writer in
-                defer { Task { await manager.unwatch(subscription.id) } }
+                defer { agent.watch.unwatch(subscription.id) }
                 // A watcher that stops reading is cut off once a write has waited this long, so
                 // it never holds a connection, its buffers and a descriptor for good.
                 func send(_ line: [UInt8]) async throws {
@@ -160,16 +127,9 @@ public enum StatusServer {
         router.get("/metrics") { _, _ -> Response in
             Response(
                 status: .ok, headers: [.contentType: "text/plain; version=0.0.4"],
-                body: .init(byteBuffer: ByteBuffer(string: await manager.metrics())))
+                body: .init(byteBuffer: ByteBuffer(string: agent.metricsText())))
         }
         return router
-    }
-
-    /// Changing requests answer only root and the daemon's own user (`SO_PEERCRED`).
-    static func forbidden(_ context: AgentRequestContext, _ what: String) async -> Response? {
-        if let uid = await context.peerUID(), uid == 0 || uid == geteuid() { return nil }
-        return json(
-            StatusAPI.ErrorBody(error: "forbidden", reason: "only root or the agent's own user may \(what)"), status: .forbidden)
     }
 
     static func json<T: Encodable>(_ value: T, status: HTTPResponse.Status = .ok) -> Response {
@@ -180,12 +140,12 @@ public enum StatusServer {
 
     /// Builds the application bound to `socketPath`.
     public static func application(
-        manager: ConnectionManager, socketPath: String, logger: Logger,
+        agent: Agent, socketPath: String, logger: Logger,
         limiter: ConnectionLimiter = ConnectionLimiter(perUser: 64),
         onRunning: @escaping @Sendable () async -> Void
     ) -> some ApplicationProtocol {
         Application(
-            router: router(manager: manager),
+            router: router(agent: agent),
             // Idle connections (slow or half-sent requests) are closed; watch streams write a
             // heartbeat more often than this.
             server: HTTPServerBuilder { responder in
@@ -198,7 +158,7 @@ public enum StatusServer {
                 availableConnectionsDelegate: .maximum(4096, logger: logger)),
             onServerRunning: { _ in
                 // Any local user may read the status; changes are checked per request.
-                chmod(socketPath, 0o666)
+                FileSystem.setMode(socketPath, 0o666)
                 await onRunning()
             },
             logger: logger)
@@ -207,12 +167,12 @@ public enum StatusServer {
 
 extension StatusServer {
     /// `/metrics` alone over TCP (`--metrics-address`), for a Prometheus server to scrape.
-    public static func metricsApplication(manager: ConnectionManager, address: HostPort, logger: Logger) -> some ApplicationProtocol {
+    public static func metricsApplication(agent: Agent, address: HostPort, logger: Logger) -> some ApplicationProtocol {
         let router = Router()
         router.get("/metrics") { _, _ -> Response in
             Response(
                 status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
-                body: .init(byteBuffer: ByteBuffer(string: await manager.metrics())))
+                body: .init(byteBuffer: ByteBuffer(string: agent.metricsText())))
         }
         return Application(
             router: router,

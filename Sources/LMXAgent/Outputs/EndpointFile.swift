@@ -1,8 +1,8 @@
 import LMXCore
 
-#if canImport(Glibc)
-import Glibc
-#endif
+import LMXSystem
+import Logging
+import Synchronization
 
 /// `endpoint.env` beside the socket (`/run/lmx/endpoint.env` for the system agent): the active
 /// endpoint as `KEY='value'` lines that a shell can `source` and systemd can read with
@@ -16,9 +16,7 @@ public struct EndpointFile: Sendable {
     }
 
     /// The directory holding the file.
-    public var directory: String {
-        path.lastIndex(of: "/").map { String(path[..<$0]) } ?? "."
-    }
+    public var directory: String { FileSystem.directory(of: path) }
 
     /// The file beside a socket path.
     public static func beside(socket: String) -> EndpointFile {
@@ -54,35 +52,54 @@ public struct EndpointFile: Sendable {
     /// over the old. Returns an error description, or nil.
     @discardableResult
     public func write(_ text: String) -> String? {
-        let temporary = path + ".tmp-\(getpid())"
-        unlink(temporary)
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { return "cannot create \(temporary): \(String(cString: strerror(errno)))" }
-        fchmod(fd, 0o644)  // whatever the umask
-        var bytes = Array(text.utf8)
-        var offset = 0
-        while offset < bytes.count {
-            let n = bytes.withUnsafeMutableBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else {
-                let reason = String(cString: strerror(errno))
-                close(fd)
-                unlink(temporary)
-                return "cannot write \(temporary): \(reason)"
-            }
-            offset += n
+        do {
+            try FileSystem.writeAtomically(Array(text.utf8), to: path, mode: 0o644)
+            return nil
+        } catch {
+            return error.description
         }
-        close(fd)
-        guard rename(temporary, path) == 0 else {
-            let reason = String(cString: strerror(errno))
-            unlink(temporary)
-            return "cannot replace \(path): \(reason)"
-        }
-        return nil
     }
 
     /// Removes the file (at a clean stop: no daemon, no answer).
-    public func remove() {
-        unlink(path)
+    public func remove() { FileSystem.remove(path) }
+}
+
+/// Keeps `endpoint.env` in step with the active endpoint and the gateway; removes it at a clean
+/// stop (no daemon, no answer).
+public final class EndpointFileWriter: AgentEventSink {
+    let file: EndpointFile
+    private let logger: Logger
+    private let failing = Mutex(false)
+
+    public init(file: EndpointFile, logger: Logger) {
+        self.file = file
+        self.logger = logger
     }
+
+    public func receive(_ events: [AgentEvent], snapshot: AgentSnapshot, now: Double) {
+        let relevant = events.contains {
+            switch $0 {
+            case .activeChanged, .configured: true
+            default: false
+            }
+        }
+        guard relevant else { return }
+        write(snapshot, now: now)
+    }
+
+    /// Writes the file for `snapshot` (at start, and when the gateway's address is known).
+    public func write(_ snapshot: AgentSnapshot, now: Double) {
+        let active = snapshot.activeEndpoint(now: now)
+        let text = EndpointFile.render(
+            active, reason: active == nil ? snapshot.noActiveReason : nil, gateway: snapshot.gateway?.openAIBaseURL,
+            updated: snapshot.iso(now))
+        let problem = file.write(text)
+        let first = failing.withLock { failing in
+            defer { failing = problem != nil }
+            return problem != nil && !failing
+        }
+        if first, let problem { logger.warning("\(problem)") }
+    }
+
+    public func remove() { file.remove() }
 }

@@ -1,0 +1,211 @@
+import LMXCore
+import LMXDiscovery
+import LMXProbe
+import LMXStatusClient
+import LMXStore
+import LMXSystem
+import Logging
+import ServiceLifecycle
+
+/// `lmx-agentd`: checks its paths, opens the store, wires the manager to its inputs and outputs,
+/// and runs them all as one service group until SIGTERM or SIGINT.
+public struct AgentDaemon {
+    let options: DaemonOptions
+    let environment: [String: String]
+
+    public init(options: DaemonOptions, environment: [String: String]) {
+        self.options = options
+        self.environment = environment
+    }
+
+    public func run() async throws(StartupError) {
+        FileSystem.setUmask(0o077)
+        // Every local client holds a descriptor: use what the hard limit allows.
+        ProcessLimits.raiseOpenFiles()
+        var paths = AgentPaths.daemon(uid: Users.effective, environment: environment)
+        if let socket = options.socket { paths.socket = socket }
+        if let database = options.database { paths.database = database }
+        let configPath = options.config ?? paths.config
+        let load: @Sendable () throws -> AgentConfiguration = { [options] in try options.configuration(path: configPath) }
+        let configuration: AgentConfiguration
+        do { configuration = try load() } catch { throw .configuration("lmx-agentd: \(error)") }
+        let logger = Self.bootstrapLogging(configuration, environment: environment)
+
+        try claimSocket(paths, logger: logger)
+        let store: AgentStore
+        do {
+            store = try AgentStore.open(path: paths.database, eventRetention: configuration.eventRetention) { logger.warning("\($0)") }
+        } catch {
+            throw .database("lmx-agentd: cannot open the database \(paths.database): \(error); check its directory's permissions or pass --db")
+        }
+        let prober: Prober
+        do { prober = try Prober(extraCAFile: configuration.extraCAFile) } catch {
+            throw .configuration("lmx-agentd: cannot read the CA file \(configuration.extraCAFile ?? ""): \(error)")
+        }
+
+        // Inputs → manager → snapshot + events → outputs.
+        let board = StateBoard(policy: configuration.policy)
+        let executor = StoreExecutor(store: store, logger: logger)
+        let metrics = AgentMetrics()
+        let hub = WatchHub(board: board, heartbeat: configuration.watchHeartbeat, logger: logger)
+        // endpoint.env beside the socket: the active endpoint for shells and EnvironmentFile=.
+        let endpointFile = EndpointFileWriter(file: EndpointFile.beside(socket: paths.socket), logger: logger)
+        let manager = ConnectionManager(
+            configuration: configuration, prober: prober, store: executor, board: board,
+            sinks: [EventLog(logger: logger), EventRecorder(store: executor), metrics, hub, endpointFile], logger: logger)
+        let follower = PassiveHealthFollower(manager: manager, prober: prober, board: board)
+        await manager.addSink(follower)
+        let agent = Agent(manager: manager, board: board, watch: hub, store: executor, metrics: metrics)
+
+        let (readyStream, readyContinuation) = AsyncStream<Void>.makeStream()
+        let statusAPI = StatusServer.application(agent: agent, socketPath: paths.socket, logger: logger) {
+            readyContinuation.yield()
+            readyContinuation.finish()
+        }
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
+            .init(service: ManagerService(manager: manager), serviceName: "manager"),
+            .init(service: follower, serviceName: "passive-health"),
+        ]
+        if configuration.discovery {
+            let browse = BrowseConfiguration(
+                interfaces: InterfaceFilter(include: configuration.interfaces, exclude: configuration.excludeInterfaces), waitForDaemon: true)
+            services.append(.init(
+                service: DiscoveryService(manager: manager, configuration: browse, logger: logger), successTerminationBehavior: .ignore,
+                serviceName: "discovery"))
+        } else {
+            await manager.discoveryEnded(.disabled)
+        }
+        if let address = configuration.metricsAddress {
+            let app = StatusServer.metricsApplication(agent: agent, address: address, logger: logger)
+            services.append(.init(service: SoftFailService(base: app, name: "metrics listener", logger: logger), serviceName: "metrics"))
+        }
+        services.append(.init(
+            service: AddressBookWatcher(paths: addressBooks(configuration, logger: logger), manager: manager, store: executor, logger: logger),
+            successTerminationBehavior: .ignore, serviceName: "address-books"))
+        services.append(.init(
+            service: ReloadService(logger: logger, load: load) { new in
+                await manager.reload(new)
+                hub.setHeartbeat(new.watchHeartbeat)
+            }, serviceName: "reload"))
+        services.append(.init(service: statusAPI, serviceName: "status-api"))
+        var gateway: Gateway?
+        if configuration.gateway.enabled {
+            let (service, entries) = try await startGateway(configuration, agent: agent, socket: paths.socket, logger: logger)
+            gateway = service
+            services += entries
+        }
+        // After the status API: stops first, ending every watch stream so the HTTP server has no
+        // endless answer to wait for.
+        services.append(.init(service: hub, serviceName: "watch"))
+        services.append(.init(
+            service: SystemdNotifier(board: board, environment: environment) { for await _ in readyStream { break } },
+            successTerminationBehavior: .ignore, serviceName: "systemd"))
+
+        logger.info(
+            "starting",
+            metadata: [
+                "version": "\(StatusAPI.version)", "socket": "\(paths.socket)", "db": "\(paths.database)",
+                "config": "\(FileSystem.exists(configPath) ? configPath : "none (defaults)")",
+            ])
+        let group = ServiceGroup(configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+        do {
+            try await group.run()
+        } catch {
+            logger.error("stopped on an error: \(error)")
+        }
+        await prober.shutdown()
+        await gateway?.shutdown()
+        endpointFile.remove()
+        try? store.close()
+        FileSystem.remove(paths.socket)
+        logger.info("stopped")
+    }
+
+    /// Under systemd, stderr is the journal: lines carry sd-daemon priorities, no timestamps.
+    static func bootstrapLogging(_ configuration: AgentConfiguration, environment: [String: String]) -> Logger {
+        let level = Logger.Level(rawValue: configuration.logLevel) ?? .info
+        let journal = JournalLogHandler.stderrIsJournal(environment: environment)
+        LoggingSystem.bootstrap { label in
+            var handler: any LogHandler = journal ? JournalLogHandler(label: label) : StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        var logger = Logger(label: "lmx-agentd")
+        logger.logLevel = level
+        return logger
+    }
+
+    /// Refuses to start beside a live daemon or in an unsafe directory; replaces a stale socket.
+    func claimSocket(_ paths: AgentPaths, logger: Logger) throws(StartupError) {
+        // Without XDG_RUNTIME_DIR (and HOME) the files go under /tmp/lmx-<uid>: only ever a
+        // directory of our own, 0700, never one another user made first.
+        let uid = Users.effective
+        if RuntimeDirectory.fallbackContaining(paths.socket, uid: uid) != nil || RuntimeDirectory.fallbackContaining(paths.database, uid: uid) != nil,
+            let problem = RuntimeDirectory.prepare(uid: uid)
+        {
+            throw .socket(
+                "lmx-agentd: refusing \(RuntimeDirectory.fallback(uid: uid)): \(problem); XDG_RUNTIME_DIR is not set and another user may have made it: set XDG_RUNTIME_DIR, or pass --socket and --db")
+        }
+        switch SocketFile.probe(paths.socket) {
+        case .live:
+            throw .socket("lmx-agentd: another lmx-agentd is already serving \(paths.socket); stop it first, or pick another path with --socket")
+        case .stale:
+            logger.notice("replacing a stale socket file left by a daemon that is gone", metadata: ["socket": "\(paths.socket)"])
+            FileSystem.remove(paths.socket)
+        case .free:
+            break
+        case .unusable(let why):
+            throw .socket(
+                "lmx-agentd: cannot use \(paths.socket): \(why); it is left as it is: remove it yourself if it is yours, or pick another path with --socket")
+        }
+        do { try SocketFile.prepareDirectory(for: paths.socket) } catch { throw .socket("lmx-agentd: \(error)") }
+    }
+
+    /// The address books to follow, `~/` resolved.
+    func addressBooks(_ configuration: AgentConfiguration, logger: Logger) -> [String] {
+        let home = environment["HOME"].flatMap { $0.hasPrefix("/") ? $0 : nil }
+        return configuration.addressBooks.compactMap { path in
+            guard path.hasPrefix("~/") else { return path }
+            guard let home else {
+                logger.warning("address book \(path) not followed: HOME is not set")
+                return nil
+            }
+            return home + path.dropFirst(1)
+        }
+    }
+
+    /// The gateway's listeners: its socket beside the status socket (unless taken) and TCP.
+    func startGateway(
+        _ configuration: AgentConfiguration, agent: Agent, socket: String, logger: Logger
+    ) async throws(StartupError) -> (Gateway, [ServiceGroupConfiguration.ServiceConfiguration]) {
+        let gateway: Gateway
+        do {
+            gateway = try Gateway(agent: agent, configuration: configuration.gateway, extraCAFile: configuration.extraCAFile, logger: logger)
+        } catch {
+            throw .configuration("lmx-agentd: \(error)")
+        }
+        let socketPath = configuration.gateway.socket ?? FileSystem.directory(of: socket) + "/gateway.sock"
+        var usableSocket: String? = socketPath
+        switch SocketFile.probe(socketPath) {
+        case .free: break
+        case .stale: FileSystem.remove(socketPath)
+        case .live:
+            logger.warning("gateway socket already served by another process: the gateway is on TCP only", metadata: ["socket": "\(socketPath)"])
+            usableSocket = nil
+        case .unusable(let why):
+            logger.warning("gateway socket unusable (\(why)): the gateway is on TCP only", metadata: ["socket": "\(socketPath)"])
+            usableSocket = nil
+        }
+        if configuration.gateway.group != nil, configuration.gateway.listen != nil {
+            logger.notice("gateway.group is set: no TCP listener (a TCP caller cannot be identified); use the gateway socket")
+        }
+        // A port in use (another agent) costs the TCP listener, not the daemon.
+        let services = gateway.applications(socketPath: usableSocket).map { name, service in
+            ServiceGroupConfiguration.ServiceConfiguration(service: SoftFailService(base: service, name: name, logger: logger), serviceName: name)
+        }
+        await agent.manager.setGateway(
+            url: configuration.gateway.group == nil ? configuration.gateway.listen.map { "http://\($0.description)" } : nil,
+            socket: usableSocket)
+        return (gateway, services)
+    }
+}

@@ -1,0 +1,46 @@
+import LMXCore
+import LMXProbe
+
+// Passive health: what the active server says on its `/admin/events` stream (followed by
+// `PassiveHealthFollower`).
+extension ConnectionManager {
+    func serverEvent(_ event: ServerEvent, routeID: String) {
+        guard routeID == planner.activeID, !stopped else { return }
+        let t = clock.now()
+        switch event.type {
+        case "model_loaded", "model_unloaded", "readiness_changed", "config_reloaded", "ttl_evicted":
+            if let model = event.model, event.type.hasPrefix("model_") {
+                planner.applyModelEvent(routeID, model: model, loaded: event.type == "model_loaded")
+            }
+            logger.info("server event", metadata: ["route": "\(routeID)", "event": "\(event.type)"])
+            planner.resync(routeID, now: t)
+            pump([.serverEventReceived], reselect: false)
+        default:
+            publish([.serverEventReceived], now: t)  // heartbeats and events the agent does not use
+        }
+    }
+
+    /// Returns the pause before reconnecting.
+    func eventStreamEnded(_ end: EventStreamEnd, routeID: String, backoff: Double) -> Double {
+        guard routeID == planner.activeID, !stopped else { return backoff }
+        let t = clock.now()
+        switch end {
+        case .silent(let seconds):
+            let detail = "no heartbeat on /admin/events for \(Int(seconds)) s"
+            logger.warning("\(detail): counted as a failed probe; reconnecting", metadata: ["route": "\(routeID)"])
+            let events = planned(planner.recordPassiveFailure(routeID, detail: detail, now: t))
+            planner.probeNow(routeID, now: t)
+            pump(events, reselect: false)
+            return 0.5
+        case .refused(let status):
+            logger.notice("the server refused its event stream (HTTP \(status)): relying on probes", metadata: ["route": "\(routeID)"])
+            return 300
+        case .closed(let why):
+            logger.info("event stream closed (\(why)); reconnecting", metadata: ["route": "\(routeID)"])
+            // Whatever happened meanwhile is learned from a full probe after reconnecting.
+            planner.resync(routeID, now: t)
+            pump(reselect: false)
+            return backoff
+        }
+    }
+}

@@ -1,0 +1,350 @@
+import LMXCore
+import LMXProbe
+import LMXStore
+import LMXSystem
+import Logging
+
+/// The agent's decisions in one place. Every input (an mDNS event, a probe result, a pairing, a
+/// reload, the timer, the active server's events) becomes planner calls; what follows is
+/// published as one immutable snapshot (for readers) and a list of events (for the outputs: the
+/// watch hub, the event recorder, the log, metrics, `endpoint.env`, the passive-health follower).
+/// Probes and timers are child tasks of `run()`.
+public actor ConnectionManager {
+    var planner: ConnectionPlanner
+    private var configuration: AgentConfiguration
+    private var sources = RouteSources()
+    private var expiry = PairingExpiry()
+    private var discovery: DiscoveryState = .stopped
+    private var gateway: StatusAPI.Gateway?
+    private let prober: Prober
+    private let store: StoreExecutor
+    private let board: StateBoard
+    private var sinks: [any AgentEventSink]
+    let logger: Logger
+    var clock: AgentClock { board.clock }
+
+    /// Work for `run()`'s task group.
+    private enum Job: Sendable {
+        case probe(ProbeTask, timeout: Double)
+        case wake(after: Double, generation: Int)
+    }
+    private let jobs: AsyncStream<Job>
+    private let jobInput: AsyncStream<Job>.Continuation
+    private var probing: Set<String> = []
+    private var wakeAt: Double?
+    private var wakeGeneration = 0
+    var stopped = false
+
+    public init(
+        configuration: AgentConfiguration, prober: Prober, store: StoreExecutor, board: StateBoard,
+        sinks: [any AgentEventSink], logger: Logger
+    ) {
+        self.configuration = configuration
+        self.planner = ConnectionPlanner(policy: configuration.policy, seed: UInt64(truncatingIfNeeded: ProcessLimits.processID))
+        self.prober = prober
+        self.store = store
+        self.board = board
+        self.sinks = sinks
+        self.logger = logger
+        (jobs, jobInput) = AsyncStream.makeStream()
+    }
+
+    /// Adds an output that needs the manager itself (the passive-health follower).
+    public func addSink(_ sink: any AgentEventSink) { sinks.append(sink) }
+
+    // MARK: - Running
+
+    /// Restores what the store remembers, then probes and decides until `stop()`. At the end,
+    /// probes in flight are cancelled and the active route is remembered.
+    public func run() async {
+        restore()
+        await withDiscardingTaskGroup { group in
+            for await job in jobs {
+                switch job {
+                case .probe(let task, let timeout):
+                    group.addTask { [prober] in
+                        let report = await prober.probe(task.route, timeout: timeout, full: task.full)
+                        await self.probeFinished(task.route.id, report: report, full: task.full)
+                    }
+                case .wake(let delay, let generation):
+                    group.addTask {
+                        try? await Task.sleep(for: .milliseconds(Int64(delay * 1000) + 1))
+                        await self.wake(generation)
+                    }
+                }
+            }
+            group.cancelAll()
+        }
+        let lastGood = planner.activeID ?? planner.lastGoodID
+        store.write("remember the active endpoint") { try $0.setMeta("last_good_route", lastGood) }
+        await store.flush(seconds: 3)
+    }
+
+    /// Ends `run()`.
+    public func stop() {
+        stopped = true
+        jobInput.finish()
+    }
+
+    /// Remembered routes (last-good first), pairings, configured endpoints and vouched addresses.
+    private func restore() {
+        let t = clock.now()
+        var events: [AgentEvent] = [.configured]
+        do {
+            let stats = try store.store.stats()
+            planner.lastGoodID = try store.store.meta("last_good_route")
+            for stored in try store.store.routes() {
+                if PairingExpiry.hasExpired(stored.expiresAt, at: clock.wall(t)) {
+                    logger.notice("pairing expired; not probing it", metadata: ["route": "\(stored.route.id)"])
+                    continue
+                }
+                var route = stored.route
+                if route.source == .mdns { route.source = .remembered }
+                if route.source == .manual { continue }  // manual endpoints come from the current config
+                events += planned(planner.upsert(route, instanceID: stored.instanceID ?? stats[route.id]?.instanceID, now: t), quiet: true)
+            }
+            logger.info(
+                "restored from the store",
+                metadata: ["routes": "\(planner.routes.count)", "last_good": "\(planner.lastGoodID ?? "none")"])
+            for stored in try store.store.pairings() { events += addPairing(stored.pairing, now: t, quiet: true) }
+        } catch {
+            logger.error("could not read the store: \(error)")
+        }
+        events += applyManualEndpoints(configuration.endpoints, now: t)
+        do {
+            // What the tunnels vouched for when last read: the paired server is used on the LAN
+            // at once, also while its tunnel is down.
+            for vouch in try store.store.vouches() {
+                events += planned(
+                    planner.applyVouches(for: vouch.tunnelRouteID, advertised: vouch.baseURLs, instanceID: vouch.instanceID, now: t),
+                    quiet: true)
+            }
+        } catch {
+            logger.error("could not read the tunnels' vouched addresses from the store: \(error)")
+        }
+        pump(events)
+    }
+
+    // MARK: - Inputs
+
+    /// Applies a reloaded configuration (SIGHUP). A reload is also a sign of life: whatever was
+    /// backing off is probed at once.
+    public func reload(_ new: AgentConfiguration) {
+        let t = clock.now()
+        let keysChanged = new.policy.lanKeys != configuration.policy.lanKeys
+        configuration = new
+        var events = planned(planner.updatePolicy(new.policy, now: t))
+        if keysChanged, let stored = try? store.store.pairings() {
+            // `lan_keys` changed: the pairings' LAN routes get (or lose) their keys.
+            for pairing in stored.map(\.pairing) { events += addPairing(pairing, now: t, quiet: true) }
+        }
+        events += applyManualEndpoints(new.endpoints, now: t)
+        planner.refreshAll(now: t)
+        logger.info("configuration reloaded", metadata: ["endpoints": "\(new.endpoints.count)"])
+        pump(events + [.configured])
+    }
+
+    private func applyManualEndpoints(_ endpoints: [ManualEndpoint], now t: Double) -> [AgentEvent] {
+        var events: [AgentEvent] = []
+        var ids = Set<String>()
+        for endpoint in endpoints {
+            guard let route = try? endpoint.route(lanKeys: planner.policy.lanKeys) else { continue }  // validated when read
+            ids.insert(route.id)
+            events += planned(planner.upsert(route, now: t))
+        }
+        for id in sources.setManual(ids) {
+            events += planned(planner.remove(id, reason: "removed from the configuration", now: t))
+        }
+        return events
+    }
+
+    /// One merged mDNS event.
+    public func discovery(_ event: DiscoveryEvent) {
+        let t = clock.now()
+        var events: [AgentEvent] = []
+        switch event {
+        case .added(let server), .updated(let server, _):
+            let seen = sources.announce(server)
+            if !seen.newlyRefused.isEmpty {
+                logger.notice(
+                    "ignoring announced addresses the agent never connects to",
+                    metadata: [
+                        "server": "\(ServerTable.printable(server.name))",
+                        "refused": "\(seen.newlyRefused.map { "\(ServerTable.printable($0.address)) (\($0.reason))" }.joined(separator: ", "))",
+                    ])
+            }
+            if seen.floodStarted {
+                logger.warning(
+                    "more than \(RouteSources.maxAnnounced) servers announced: ignoring new ones until some go away",
+                    metadata: ["server": "\(ServerTable.printable(server.name))"])
+            }
+            if seen.ignored { events.append(.announcementIgnored) }
+            guard let route = seen.route else { break }
+            if let old = seen.replaces { events += planned(planner.withdraw(old, now: t)) }
+            events += planned(planner.upsert(route, now: t))
+            let instance = planner.routes[route.id]?.instanceID
+            events.append(.serverSeen(route, instanceID: instance, key: instance ?? route.id, remember: true))
+        case .removed(let server, let reason):
+            guard let id = sources.withdraw(server) else { break }
+            logger.info(
+                "mDNS \(reason == .withdrawn ? "withdrew" : "lost") \(ServerTable.printable(server.name)); probing to confirm",
+                metadata: ["route": "\(id)"])
+            events += planned(planner.withdraw(id, now: t))
+        case .daemon(let daemon):
+            guard DiscoveryState(daemon) != discovery else { break }
+            discovery = DiscoveryState(daemon)
+            events.append(.discoveryChanged(discovery))
+        }
+        pump(events)
+    }
+
+    /// Discovery is off (disabled in the configuration) or has stopped for good.
+    public func discoveryEnded(_ state: DiscoveryState) {
+        discovery = state
+        publish([], now: clock.now())
+    }
+
+    /// Where the gateway listens, for `/v1/status` and `endpoint.env`.
+    public func setGateway(url: String?, socket: String?) {
+        gateway = StatusAPI.Gateway(openAIBaseURL: url.map { $0 + "/v1" }, socket: socket)
+        publish([.configured], now: clock.now())
+    }
+
+    /// Probes everything now (`POST /v1/refresh`).
+    public func refresh() {
+        planner.refreshAll(now: clock.now())
+        logger.info("refresh requested: probing every endpoint")
+        pump()
+    }
+
+    /// The gateway could not reach a route (refused, reset, timed out): probe it now rather
+    /// than at its next turn, so the active endpoint moves on quickly.
+    public func gatewayFailed(_ routeID: String, reason: String) {
+        guard planner.routes[routeID] != nil, !probing.contains(routeID) else { return }
+        logger.info("gateway could not reach a route: probing it now", metadata: ["route": "\(routeID)", "reason": "\(reason)"])
+        planner.probeNow(routeID, now: clock.now())
+        pump(reselect: false)
+    }
+
+    // MARK: - Pairings
+
+    /// Imports pairings (already parsed and validated): stored in one transaction, then their
+    /// routes are added or updated and probed at once.
+    public func importPairings(_ pairings: [Pairing]) async throws -> [PairingImport] {
+        let at = clock.wall(clock.now())
+        let results = try await store.perform { try $0.importPairings(pairings, at: at) }
+        let t = clock.now()
+        var events: [AgentEvent] = []
+        for result in results {
+            let pairing = result.stored.pairing
+            let newIDs = pairing.routes(lanKeys: planner.policy.lanKeys).map(\.id)
+            for old in sources.pairingRoutes[pairing.id] ?? [] where !newIDs.contains(old) {
+                events += dropPairingRoute(old, reason: "pairing \(pairing.id) updated", now: t)
+            }
+            events += addPairing(pairing, now: t, quiet: false)
+            for id in newIDs { planner.probeNow(id, now: t) }
+            events.append(
+                .pairing(result.isUpdate ? .updated : .added, id: pairing.id, detail: "\(pairing.format.rawValue): \(pairing.label)", routes: newIDs))
+        }
+        pump(events)
+        return results
+    }
+
+    /// Removes a pairing (by id, or by a name only one pairing has) and drops its routes at once.
+    public func removePairing(_ idOrName: String) async throws -> StoredPairing? {
+        guard let removed = try await store.perform({ try $0.removePairing(idOrName) }) else { return nil }
+        let t = clock.now(), id = removed.pairing.id
+        expiry.remove(id)
+        var events: [AgentEvent] = []
+        for routeID in sources.removePairing(id) ?? removed.pairing.routes(lanKeys: planner.policy.lanKeys).map(\.id) {
+            events += dropPairingRoute(routeID, reason: "pairing \(id) removed", now: t)
+        }
+        pump(events + [.pairing(.removed, id: id, detail: removed.pairing.label)])
+        return removed
+    }
+
+    private func addPairing(_ pairing: Pairing, now t: Double, quiet: Bool) -> [AgentEvent] {
+        let expires = pairing.expiresAt.map(Double.init)
+        if PairingExpiry.hasExpired(expires, at: clock.wall(t)) {
+            logger.notice("pairing expired; not probing it", metadata: ["pairing": "\(pairing.id)"])
+            return []
+        }
+        let routes = pairing.routes(lanKeys: planner.policy.lanKeys)
+        let events = routes.flatMap { planned(planner.upsert($0, now: t), quiet: quiet) }
+        sources.setPairing(pairing.id, routes: routes.map(\.id))
+        expiry.set(pairing.id, expiresAt: expires)
+        return events
+    }
+
+    /// Drops a pairing's route; one that mDNS still announces goes back to being an mDNS route.
+    private func dropPairingRoute(_ routeID: String, reason: String, now t: Double) -> [AgentEvent] {
+        guard planner.routes[routeID]?.route.source == .pairing else { return [] }
+        var events = planned(planner.remove(routeID, reason: reason, now: t))
+        if let announced = sources.announcedRoute(routeID) { events += planned(planner.upsert(announced, now: t)) }
+        return events
+    }
+
+    // MARK: - Probing and publishing
+
+    /// Expires pairings, re-runs selection (unless a probe result just did), starts the probes
+    /// that fall due, sets the next wakeup and publishes.
+    func pump(_ events: [AgentEvent] = [], reselect: Bool = true) {
+        let t = clock.now()
+        guard !stopped else { return publish(events, now: t) }
+        var events = events
+        for id in expiry.takeExpired(at: clock.realtime()) {
+            for routeID in sources.removePairing(id) ?? [] {
+                events += dropPairingRoute(routeID, reason: "pairing \(id) expired", now: t)
+            }
+            events.append(.pairing(.expired, id: id, detail: "expired"))
+        }
+        if reselect { events += planned(planner.tick(now: t)) }
+        for task in planner.takeDueProbes(now: t) {
+            probing.insert(task.route.id)
+            jobInput.yield(.probe(task, timeout: planner.policy.timeout(for: task.route.via)))
+        }
+        var next = planner.nextWakeup()
+        if let expires = expiry.nextDeadline(now: t, wallNow: clock.realtime()) { next = min(next ?? expires, expires) }
+        if let next, wakeAt.map({ next < $0 }) ?? true {
+            wakeAt = next
+            wakeGeneration += 1
+            jobInput.yield(.wake(after: max(0, next - t), generation: wakeGeneration))
+        }
+        publish(events, now: t)
+    }
+
+    private func wake(_ generation: Int) {
+        guard generation == wakeGeneration else { return }  // superseded by an earlier wakeup
+        wakeAt = nil
+        pump()
+    }
+
+    private func probeFinished(_ routeID: String, report: ProbeReport, full: Bool) {
+        probing.remove(routeID)
+        guard !stopped else { return }
+        let knownInstance = planner.routes[routeID]?.instanceID
+        var events = planned(planner.record(report, for: routeID, full: full, now: clock.now()))
+        if let state = planner.routes[routeID] {
+            if let instance = state.instanceID, instance != knownInstance {
+                // Learned who this is: remembered by instance_id, the key that merges routes; an
+                // announcer repeating a set-up server's id is kept apart from that server.
+                let key = planner.trust(of: state) == .impostor ? "impostor:\(state.id)" : instance
+                events.append(.serverSeen(state.route, instanceID: instance, key: key, remember: state.route.source.isFound))
+            }
+            events.append(.probed(state, report: report))
+        }
+        pump(events, reselect: false)
+    }
+
+    func planned(_ events: [PlannerEvent], quiet: Bool = false) -> [AgentEvent] {
+        AgentEvent.from(events, of: planner, quiet: quiet)
+    }
+
+    /// Publishes the snapshot, then hands the events to every output.
+    func publish(_ events: [AgentEvent], now t: Double) {
+        let snapshot = AgentSnapshot(planner: planner, discovery: discovery, gateway: gateway, originWall: clock.originWall)
+        board.publish(snapshot)
+        guard !events.isEmpty else { return }
+        for sink in sinks { sink.receive(events, snapshot: snapshot, now: t) }
+    }
+}

@@ -1,0 +1,53 @@
+import LMXCore
+import LMXStore
+
+/// Keeps the database in step with what happens: the event history, the servers seen, probe
+/// statistics, the tunnels' vouched addresses, forgotten routes and the last active one. Every
+/// write is queued on the store executor, so a locked database never holds up the manager.
+public struct EventRecorder: AgentEventSink {
+    let store: StoreExecutor
+
+    public init(store: StoreExecutor) { self.store = store }
+
+    public func receive(_ events: [AgentEvent], snapshot: AgentSnapshot, now: Double) {
+        let at = snapshot.originWall + now
+        for event in events {
+            if let row = event.record {
+                store.write("record an event") {
+                    _ = try $0.appendEvent(kind: row.kind, routeID: row.routeID, from: row.from, to: row.to, reason: row.reason, at: at)
+                }
+            }
+            switch event {
+            case .routeRemoved(let state, _):
+                // Every removal is final (deleted from the config, or forgotten after long silence).
+                let id = state.id, tunnel = state.route.via == .wan
+                store.write("forget a route") { store in
+                    try store.deleteRoute(id)
+                    if tunnel { try store.deleteVouch(tunnelRouteID: id) }
+                }
+            case .vouchesChanged(let tunnelID, let urls, let instance):
+                store.write("keep a tunnel's vouched addresses") {
+                    try $0.saveVouch(StoredVouch(tunnelRouteID: tunnelID, baseURLs: urls, instanceID: instance, updatedAt: at))
+                }
+            case .activeChanged(_, let to, _):
+                if let id = to?.id { store.write("remember the active endpoint") { try $0.setMeta("last_good_route", id) } }
+            case .serverSeen(let route, let instance, let key, let remember):
+                var stored = route
+                stored.source = .mdns
+                store.write("save a server", droppable: true) { [stored] store in
+                    if remember { try store.saveRoute(StoredRoute(route: stored, instanceID: instance, createdAt: at, lastSeen: at)) }
+                    try store.recordServerSeen(
+                        key: key, instanceID: instance, name: route.name, addresses: route.addresses, source: route.source, at: at)
+                }
+            case .probed(let state, let report):
+                let stats = ProbeStats(
+                    routeID: state.id, probes: state.probeCount, failures: state.failureCount,
+                    smoothedLatency: state.smoothedLatency, lastVerdict: report.verdict, lastDetail: report.detail,
+                    lastProbeAt: at, lastGoodAt: report.verdict.isAlive ? at : nil, instanceID: state.instanceID)
+                store.write("save probe statistics", droppable: true) { try $0.saveStats(stats) }
+            default:
+                break
+            }
+        }
+    }
+}

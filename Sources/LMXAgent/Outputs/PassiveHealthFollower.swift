@@ -1,0 +1,77 @@
+import LMXCore
+import LMXProbe
+import ServiceLifecycle
+import Synchronization
+
+/// Passive health: follows the active server's `/admin/events` when its admin key is known.
+/// Model and readiness events reach the manager at once, and silence where a heartbeat was due
+/// counts as a failed probe. Reconnects with backoff; each connection starts with a full probe
+/// (snapshot), then follows the diffs. When the active route changes, the old stream is left.
+public final class PassiveHealthFollower: AgentEventSink, Service {
+    let manager: ConnectionManager
+    let prober: Prober
+    let board: StateBoard
+    private let wanted: AsyncStream<Route?>
+    private let wantedInput: AsyncStream<Route?>.Continuation
+    private let following = Mutex<String?>(nil)
+
+    public init(manager: ConnectionManager, prober: Prober, board: StateBoard) {
+        self.manager = manager
+        self.prober = prober
+        self.board = board
+        (wanted, wantedInput) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
+    }
+
+    public func receive(_ events: [AgentEvent], snapshot: AgentSnapshot, now: Double) {
+        for case .activeChanged(_, let to, _) in events {
+            let route = to.flatMap { $0.route.credentials.adminKey == nil ? nil : $0.route }
+            let changed = following.withLock { current in
+                defer { current = route?.id }
+                return current != route?.id
+            }
+            if changed { wantedInput.yield(route) }
+        }
+    }
+
+    public func run() async throws {
+        await withGracefulShutdownHandler {
+            await withDiscardingTaskGroup { group in
+                var stopPrevious: AsyncStream<Void>.Continuation?
+                for await route in wanted {
+                    stopPrevious?.finish()
+                    guard let route else { continue }
+                    let (stop, stopInput) = AsyncStream<Void>.makeStream()
+                    stopPrevious = stopInput
+                    group.addTask {
+                        // Follows until superseded (its stop stream ends) or the group is cancelled.
+                        await withTaskGroup(of: Void.self) { inner in
+                            inner.addTask { await self.follow(route) }
+                            inner.addTask { for await _ in stop {} }
+                            await inner.next()
+                            inner.cancelAll()
+                        }
+                    }
+                }
+                stopPrevious?.finish()
+            }
+        } onGracefulShutdown: { [wantedInput] in
+            wantedInput.finish()
+        }
+    }
+
+    private func follow(_ route: Route) async {
+        var backoff = 1.0
+        while !Task.isCancelled {
+            let policy = board.snapshot.planner.policy
+            let end = await prober.followEvents(
+                route, silence: policy.eventHeartbeatTimeout, connectTimeout: policy.timeout(for: route.via)
+            ) { [manager] event in
+                await manager.serverEvent(event, routeID: route.id)
+            }
+            guard !Task.isCancelled else { return }
+            let pause = await manager.eventStreamEnded(end, routeID: route.id, backoff: backoff)
+            try? await Task.sleep(for: .milliseconds(Int64(pause * 1000)))
+            backoff = min(backoff * 2, 30)
+        }
+    }
+}

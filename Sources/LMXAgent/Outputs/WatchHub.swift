@@ -1,0 +1,116 @@
+import LMXCore
+import Logging
+import ServiceLifecycle
+import Synchronization
+
+/// `/v1/watch`: numbers the lines, keeps the recent ones for `?since=`, fans them out to every
+/// watcher and writes a heartbeat when nothing happens. A watcher whose buffer is full has stopped
+/// reading: its stream ends, so it never slows anyone else. As a service it sends the heartbeats
+/// and, at shutdown, ends every stream (listed after the status API, so the HTTP server has no
+/// endless answer to wait for).
+public final class WatchHub: AgentEventSink, Service {
+    private struct State {
+        var seq: UInt64 = 0
+        var recent: [(seq: UInt64, line: [UInt8])] = []
+        var watchers: [UInt64: AsyncStream<[UInt8]>.Continuation] = [:]
+        var nextID: UInt64 = 0
+    }
+    private let state = Mutex(State())
+    private let board: StateBoard
+    private let logger: Logger
+    private let heartbeat: Mutex<Double>
+    let recentLimit = 1024
+    let watcherBuffer = 4096
+
+    public init(board: StateBoard, heartbeat: Double, logger: Logger) {
+        self.board = board
+        self.heartbeat = Mutex(heartbeat)
+        self.logger = logger
+    }
+
+    /// Seconds between heartbeats (`watch_heartbeat`, changed on reload).
+    public func setHeartbeat(_ seconds: Double) { heartbeat.withLock { $0 = seconds } }
+
+    public var seq: UInt64 { state.withLock { $0.seq } }
+    public var watcherCount: Int { state.withLock { $0.watchers.count } }
+
+    public func receive(_ events: [AgentEvent], snapshot: AgentSnapshot, now: Double) {
+        for event in events {
+            if let line = event.watchLine(in: snapshot, now: now) { broadcast(line) }
+        }
+    }
+
+    func broadcast(_ line: StatusAPI.WatchLine) {
+        let dropped = state.withLock { s in
+            s.seq += 1
+            var line = line
+            line.seq = s.seq
+            let bytes = Self.encode(line)
+            s.recent.append((s.seq, bytes))
+            if s.recent.count > recentLimit { s.recent.removeFirst(s.recent.count - recentLimit) }
+            return Self.send(bytes, to: &s.watchers)
+        }
+        if dropped > 0 { logger.notice("dropped a watch client that stopped reading") }
+    }
+
+    private static func send(_ bytes: [UInt8], to watchers: inout [UInt64: AsyncStream<[UInt8]>.Continuation]) -> Int {
+        var dropped = 0
+        for (id, watcher) in watchers {
+            if case .dropped = watcher.yield(bytes) {
+                watcher.finish()
+                watchers[id] = nil
+                dropped += 1
+            }
+        }
+        return dropped
+    }
+
+    static func encode(_ line: StatusAPI.WatchLine) -> [UInt8] {
+        var bytes = (try? StatusAPI.encoder.encode(line)).map { Array($0) } ?? Array(#"{"type":"error"}"#.utf8)
+        bytes.append(0x0A)
+        return bytes
+    }
+
+    /// Subscribes: the lines to send first (the missed lines when `since` is recent enough, else
+    /// a snapshot) and the stream of later lines.
+    public func watch(since: UInt64?) -> (first: [[UInt8]], stream: AsyncStream<[UInt8]>, id: UInt64) {
+        let (stream, continuation) = AsyncStream<[UInt8]>.makeStream(bufferingPolicy: .bufferingOldest(watcherBuffer))
+        let snapshot = board.snapshot, now = board.now()
+        return state.withLock { s in
+            s.nextID += 1
+            s.watchers[s.nextID] = continuation
+            let first: [[UInt8]]
+            if let since, since <= s.seq, since + 1 >= (s.recent.first?.seq ?? s.seq + 1) || since == s.seq {
+                first = s.recent.filter { $0.seq > since }.map(\.line)
+            } else {
+                let status = snapshot.status(seq: s.seq, now: now)
+                first = [Self.encode(StatusAPI.WatchLine(type: .snapshot, seq: s.seq, at: snapshot.iso(now), status: status))]
+            }
+            return (first, stream, s.nextID)
+        }
+    }
+
+    public func unwatch(_ id: UInt64) {
+        state.withLock { $0.watchers.removeValue(forKey: id) }?.finish()
+    }
+
+    /// Ends every watch stream (the daemon is stopping).
+    public func closeAll() {
+        let all = state.withLock { s in
+            defer { s.watchers.removeAll() }
+            return Array(s.watchers.values)
+        }
+        for watcher in all { watcher.finish() }
+    }
+
+    public func run() async throws {
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            try? await Task.sleep(for: .milliseconds(Int64(heartbeat.withLock { $0 } * 1000)))
+            let at = board.snapshot.iso(board.now())
+            state.withLock { s in
+                _ = Self.send(Self.encode(StatusAPI.WatchLine(type: .heartbeat, seq: s.seq, at: at)), to: &s.watchers)
+            }
+        }
+        closeAll()
+    }
+}

@@ -1,0 +1,31 @@
+import LMXCore
+
+/// What the status API and the gateway reach: the manager for changes, the board for reading
+/// (no wait on the manager), the watch hub, the store for history, metrics.
+public struct Agent: Sendable {
+    public let manager: ConnectionManager
+    public let board: StateBoard
+    public let watch: WatchHub
+    public let store: StoreExecutor
+    public let metrics: AgentMetrics
+
+    public init(manager: ConnectionManager, board: StateBoard, watch: WatchHub, store: StoreExecutor, metrics: AgentMetrics) {
+        self.manager = manager
+        self.board = board
+        self.watch = watch
+        self.store = store
+        self.metrics = metrics
+    }
+
+    /// `/metrics`: states sampled now, then every counter.
+    public func metricsText() -> String {
+        metrics.render(board.snapshot, store: store, watchers: watch.watcherCount)
+    }
+
+    /// Every pairing with what the agent knows of its routes (no secrets).
+    public func pairingSummaries() async throws -> [PairingSummary] {
+        let stored = try await store.read { try $0.pairings() }
+        let snapshot = board.snapshot
+        return stored.map { snapshot.summary(of: $0.pairing, stored: $0.summary) }
+    }
+}

@@ -1,0 +1,124 @@
+// Health: probe results through hysteresis, and the next probe of each route.
+
+extension ConnectionPlanner {
+    /// Records the result of one probe and decides what follows.
+    public mutating func record(_ report: ProbeReport, for routeID: String, full: Bool = true, now: Double) -> [PlannerEvent] {
+        guard var state = routes[routeID] else { return [] }
+        state.inFlight = false
+        var report = report
+        if full {
+            state.lastFullProbeAt = now
+        } else if let previous = state.lastReport {
+            // A quick check learns readiness only; keep what the last full probe learned.
+            report.instanceID = report.instanceID ?? previous.instanceID
+            report.version = report.version ?? previous.version
+            report.securityProfile = report.securityProfile ?? previous.securityProfile
+            report.adminKeyRequired = report.adminKeyRequired ?? previous.adminKeyRequired
+            report.inferenceKeyRequired = report.inferenceKeyRequired ?? previous.inferenceKeyRequired
+            report.modelCount = report.modelCount ?? previous.modelCount
+            report.models = report.models ?? previous.models
+        }
+        state.lastReport = report
+        state.lastProbeAt = now
+        state.probeCount += 1
+        let learned = report.instanceID.map { $0 != state.instanceID } ?? false
+        if let instance = report.instanceID { state.instanceID = instance }
+
+        let good = report.verdict.isAlive
+        let before = state.verdict
+        let beforeHealth = state.health
+        if good {
+            state.goodStreak += 1
+            state.badStreak = 0
+            if state.healthySince == nil { state.healthySince = now }
+            let latency = report.latency
+            state.smoothedLatency = state.smoothedLatency.map { 0.7 * $0 + 0.3 * latency } ?? latency
+        } else {
+            state.failureCount += 1
+            state.badStreak += 1
+            state.goodStreak = 0
+            state.healthySince = nil
+        }
+        if good { state.lastGoodAt = now }
+
+        switch (state.health, good) {
+        case (.unknown, _):
+            // Nothing to flap from yet: the first probe sets the health.
+            state.health = good ? .up : .down
+            state.verdict = report.verdict
+        case (.up, true), (.down, false):
+            state.verdict = report.verdict
+        case (.up, false):
+            if state.badStreak >= policy.downAfter {
+                state.health = .down
+                state.verdict = report.verdict
+            }
+        case (.down, true):
+            if state.goodStreak >= policy.upAfter {
+                state.health = .up
+                state.verdict = report.verdict
+            }
+        }
+        if state.health != beforeHealth { state.healthSince = now }
+        schedule(&state, report: report, now: now)
+        routes[routeID] = state
+        if learned, state.route.source.isSetUp { refreshUserRoutes() }
+
+        var events: [PlannerEvent] = []
+        if state.verdict != before || state.health != beforeHealth {
+            events.append(.healthChanged(state, from: before, reason: describe(report)))
+        } else {
+            events.append(.routeUpdated(state))
+        }
+        if learned { events += flagImpostors() }
+        if full, state.route.via == .wan, let advertised = report.advertisedBaseURLs, report.verdict != .wrongService {
+            // Re-read on every full probe of the tunnel: the server's own word on where it is.
+            events += applyVouches(for: routeID, advertised: advertised, instanceID: report.instanceID ?? state.instanceID, now: now)
+        }
+        let lost = routeID == activeID && !isUsable(state) ? "\(state.route.name) failed: \(describe(report))" : nil
+        return events + select(now: now, lostReason: lost)
+    }
+
+    mutating func schedule(_ state: inout RouteState, report: ProbeReport, now: Double) {
+        let good = report.verdict.isAlive
+        let isActive = state.id == activeID
+        let pending = (state.health == .up) != good  // the last probe disagrees with the health
+        var delay: Double
+        if pending {
+            delay = isActive ? policy.confirmInterval : policy.pendingInterval
+            state.backoff = 0
+        } else if good, !isActive, isPendingUpgrade(state) {
+            // A better route is proving itself for the stability window: watch it closely, so a
+            // flapping server is caught rather than sampled between its failures.
+            state.backoff = 0
+            delay = policy.pendingInterval
+        } else if good {
+            state.backoff = 0
+            let base = isActive ? policy.activeInterval
+                : state.route.via == .wan ? policy.wanStandbyInterval : policy.stableInterval
+            delay = jittered(base)
+        } else if let lastGood = state.lastGoodAt, now - lastGood <= policy.restartWatch {
+            // Good not long ago: most likely a restart, crash or reboot that sends no goodbye and
+            // no new announcement. Look again soon, so it is back within seconds of answering.
+            state.backoff = 0
+            delay = jittered(policy.restartInterval, spread: 0.25)
+        } else {
+            state.backoff = state.backoff == 0 ? policy.pendingInterval * 2 : min(policy.maxBackoff, state.backoff * 2)
+            delay = jittered(state.backoff)
+        }
+        // Retry-After steers preference (an overloaded server ranks lower) and spares standbys;
+        // it never blinds the agent to its active route, and never for more than maxRetryAfter.
+        if let retryAfter = report.retryAfter, report.verdict == .overloaded, !isActive {
+            delay = max(delay, min(retryAfter, policy.maxRetryAfter))
+        }
+        state.nextProbeAt = now + delay
+    }
+
+    mutating func jittered(_ base: Double, spread: Double? = nil) -> Double {
+        let spread = spread ?? policy.jitter
+        guard spread > 0 else { return base }
+        let unit = Double(random.next() >> 11) / Double(1 << 53)  // [0, 1)
+        return base * (1 - spread + 2 * spread * unit)
+    }
+
+}

@@ -1,0 +1,97 @@
+// Scheduling: which probes are due, and when the planner next needs the clock.
+
+extension ConnectionPlanner {
+    /// Routes to probe now, at most `maxConcurrentProbes` in flight; marks them in flight.
+    /// The active route comes first, then the last-good one, then the most overdue.
+    public mutating func takeDueProbes(now: Double) -> [ProbeTask] {
+        // Lazy everywhere on the hot paths: RouteState copies (strings, arrays) dominate otherwise.
+        // One pass for the counts: probes in flight, those of LAN-found routes, and the others.
+        var inFlight = 0, bulkInFlight = 0, others = 0
+        for state in routes.values {
+            let bulk = isBulk(state)
+            if state.inFlight {
+                inFlight += 1
+                if bulk { bulkInFlight += 1 }
+            }
+            if !bulk { others += 1 }
+        }
+        let room = policy.maxConcurrentProbes - inFlight
+        guard room > 0 else { return [] }
+        let sorted = routes.values.lazy.filter { !$0.inFlight && $0.nextProbeAt <= now }
+            .sorted { a, b in
+                let pa = priority(a), pb = priority(b)
+                if pa != pb { return pa < pb }
+                if a.nextProbeAt != b.nextProbeAt { return a.nextProbeAt < b.nextProbeAt }
+                return a.id < b.id
+            }
+        // Routes merely found on the LAN never take the last slots: however many a flood of
+        // announcements brings (each a black hole costing a whole timeout), the active route,
+        // the paired and configured ones and the WAN standbys keep their own budget.
+        let bulkLimit = max(1, policy.maxConcurrentProbes - min(Self.reservedSlots, others))
+        var due: [RouteState] = []
+        for state in sorted {
+            guard due.count < room else { break }
+            if isBulk(state) {
+                guard bulkInFlight < bulkLimit else { continue }
+                bulkInFlight += 1
+            }
+            due.append(state)
+        }
+        for state in due { routes[state.id]!.inFlight = true }
+        return due.map { state in
+            // The active route is checked often and cheaply; every stable interval, in full.
+            let quick = state.id == activeID && state.health == .up && state.badStreak == 0
+                && state.lastFullProbeAt.map { now - $0 < policy.stableInterval } == true
+            return ProbeTask(route: state.route, full: !quick)
+        }
+    }
+
+    /// Probe slots that routes found on the LAN may not use (see `takeDueProbes`).
+    static let reservedSlots = 2
+
+    /// A route found on the LAN (or remembered from it) that is neither active nor last-good.
+    func isBulk(_ state: RouteState) -> Bool {
+        state.route.source.isFound && state.id != activeID && state.id != lastGoodID
+    }
+
+    func priority(_ state: RouteState) -> Int {
+        if state.id == activeID { return 0 }
+        if state.id == lastGoodID { return 1 }
+        return state.route.via == .lan ? 2 : 3
+    }
+
+    /// When something next needs doing: a probe falling due or a stability window ending.
+    public func nextWakeup() -> Double? {
+        var next = routes.values.lazy.filter { !$0.inFlight }.map(\.nextProbeAt).min()
+        if let active = activeID.flatMap({ routes[$0] }), let activeRank = rank(active) {
+            let windowEnd = routes.values.lazy
+                .filter { state in
+                    self.rank(state).map { $0 < activeRank || ($0 == activeRank && self.isPreferredOver(state, active)) } ?? false
+                }
+                .compactMap { $0.healthySince.map { $0 + self.policy.stabilityWindow } }
+                .min()
+            if let windowEnd { next = min(next ?? windowEnd, windowEnd) }
+        }
+        return next
+    }
+
+    /// Re-runs selection (a stability window may have ended) and forgets long-dead routes.
+    public mutating func tick(now: Double) -> [PlannerEvent] {
+        var events: [PlannerEvent] = []
+        // Forgetting is not urgent: sweep at most every 30 s, not on every wakeup.
+        guard now >= nextSweep else { return select(now: now) }
+        nextSweep = now + 30
+        let activeID = self.activeID, forgetAfter = policy.forgetAfter
+        let forgotten = routes.values.lazy.filter { state in
+            state.route.source.isFound && !state.route.announced
+                && state.health == .down && state.id != activeID
+                && now - (state.healthSince ?? now) >= forgetAfter
+        }.map(\.id)
+        for id in Array(forgotten) {
+            guard let state = routes.removeValue(forKey: id) else { continue }
+            events.append(.routeRemoved(state, reason: "withdrawn from mDNS and down for \(Int(policy.forgetAfter)) s"))
+        }
+        return events + select(now: now)
+    }
+
+}

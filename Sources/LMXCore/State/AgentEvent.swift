@@ -1,0 +1,90 @@
+/// Everything the agent tells its outputs (the watch hub, the event recorder, the log, metrics,
+/// `endpoint.env`, the passive-health follower): the one enum they all read.
+public enum AgentEvent: Sendable {
+    case routeAdded(RouteState, quiet: Bool)
+    case routeRemoved(RouteState, reason: String)
+    case healthChanged(RouteState, from: HealthVerdict?, reason: String)
+    case activeChanged(from: RouteState?, to: RouteState?, reason: String)
+    /// An announcer repeating a set-up server's instance id from an unvouched address.
+    case impostor(RouteState, owner: String, why: String)
+    /// A tunnel listed the LAN addresses it vouches for.
+    case vouchesChanged(tunnelID: String, baseURLs: [String], instanceID: String?)
+    case pairing(PairingChange, id: String, detail: String, routes: [String] = [])
+    case discoveryChanged(DiscoveryState)
+    /// A server was announced, or a probe told who answers at a route: remembered in the store.
+    /// `key` merges sightings (the instance id, or the route for one not yet known).
+    case serverSeen(Route, instanceID: String?, key: String, remember: Bool)
+    /// A probe finished (statistics, metrics).
+    case probed(RouteState, report: ProbeReport)
+    /// An announcement ignored because too many servers are followed.
+    case announcementIgnored
+    /// The active server sent an event on its `/admin/events` stream.
+    case serverEventReceived
+    /// The agent started, reloaded its configuration or learned the gateway's address.
+    case configured
+
+    public enum PairingChange: String, Sendable {
+        case added = "pairing-added", updated = "pairing-updated", removed = "pairing-removed", expired = "pairing-expired"
+    }
+
+    /// The row this event adds to the event history (`/v1/events`), if any: its kind, route,
+    /// from, to and reason.
+    public var record: (kind: String, routeID: String?, from: String?, to: String?, reason: String)? {
+        switch self {
+        case .routeAdded(let state, _):
+            ("candidate-added", state.id, nil, nil, "\(state.route.source.rawValue): \(state.route.name)")
+        case .routeRemoved(let state, let reason):
+            ("candidate-removed", state.id, nil, nil, reason)
+        case .healthChanged(let state, let from, let reason):
+            ("health", state.id, from?.rawValue, state.verdict?.rawValue, reason)
+        case .activeChanged(let from, let to, let reason):
+            ("active", to?.id, from?.id, to?.id, reason)
+        case .impostor(let state, _, let why):
+            ("impostor", state.id, nil, nil, why)
+        case .pairing(let change, let id, let detail, _):
+            switch change {
+            case .added, .updated: (change.rawValue, nil, nil, id, detail)
+            case .removed, .expired: (change.rawValue, nil, id, nil, detail)
+            }
+        case .vouchesChanged, .discoveryChanged, .serverSeen, .probed, .announcementIgnored, .serverEventReceived, .configured:
+            nil
+        }
+    }
+
+    /// The `/v1/watch` line this event becomes (numbered by the hub), if any.
+    public func watchLine(in snapshot: AgentSnapshot, now: Double) -> StatusAPI.WatchLine? {
+        let at = snapshot.iso(now)
+        switch self {
+        case .routeAdded(let state, _):
+            return .init(type: .candidateAdded, seq: 0, at: at, route: snapshot.routeStatus(state, now: now))
+        case .routeRemoved(let state, let reason):
+            return .init(type: .candidateRemoved, seq: 0, at: at, route: snapshot.routeStatus(state, now: now), reason: reason)
+        case .healthChanged(let state, _, let reason):
+            return .init(type: .health, seq: 0, at: at, route: snapshot.routeStatus(state, now: now), reason: reason)
+        case .activeChanged(_, _, let reason):
+            return .init(type: .active, seq: 0, at: at, active: snapshot.activeEndpoint(now: now), reason: reason)
+        case .discoveryChanged(let state):
+            return .init(type: .avahi, seq: 0, at: at, avahi: state.name, reason: state.detail)
+        default:
+            return nil
+        }
+    }
+}
+
+extension AgentEvent {
+    /// What the planner decided, as the outputs read it (`quiet`: restored at start, not logged
+    /// as new).
+    public static func from(_ events: [PlannerEvent], of planner: ConnectionPlanner, quiet: Bool = false) -> [AgentEvent] {
+        events.compactMap { event in
+            switch event {
+            case .routeAdded(let state): .routeAdded(state, quiet: quiet)
+            case .routeRemoved(let state, let reason): .routeRemoved(state, reason: reason)
+            case .healthChanged(let state, let from, let reason): .healthChanged(state, from: from, reason: reason)
+            case .routeUpdated: nil
+            case .activeChanged(let from, let to, let reason): .activeChanged(from: from, to: to, reason: reason)
+            case .impostor(let state, let owner): .impostor(state, owner: owner, why: planner.untrustedWhy(state))
+            case .vouchesChanged(let id, let urls, let instance): .vouchesChanged(tunnelID: id, baseURLs: urls, instanceID: instance)
+            }
+        }
+    }
+}

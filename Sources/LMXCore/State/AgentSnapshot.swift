@@ -1,0 +1,191 @@
+/// What the agent knows at one moment, immutable: the planner's state, discovery and the
+/// gateway. The manager publishes one after every input; the status API, the gateway, the watch
+/// hub and systemd's status line read it without entering the manager.
+public struct AgentSnapshot: Sendable {
+    public var planner: ConnectionPlanner
+    public var discovery: DiscoveryState
+    public var gateway: StatusAPI.Gateway?
+    /// Real time (seconds since 1970) at monotonic instant 0.
+    public var originWall: Double
+
+    public init(planner: ConnectionPlanner, discovery: DiscoveryState = .stopped, gateway: StatusAPI.Gateway? = nil, originWall: Double) {
+        self.planner = planner
+        self.discovery = discovery
+        self.gateway = gateway
+        self.originWall = originWall
+    }
+
+    public func iso(_ t: Double) -> String { Timestamp.iso8601(originWall + t) }
+}
+
+// MARK: - Status views
+
+extension AgentSnapshot {
+    public func activeEndpoint(now: Double) -> StatusAPI.Active? {
+        planner.active.flatMap { endpoint($0, now: now) }
+    }
+
+    func endpoint(_ state: RouteState, now: Double) -> StatusAPI.Active? {
+        guard let verdict = state.verdict else { return nil }
+        return StatusAPI.Active(
+            baseURL: state.route.baseURL, openAIBaseURL: state.route.openAIBaseURL, via: state.route.via,
+            instanceID: state.instanceID, name: state.route.name, verdict: verdict,
+            since: iso(state.id == planner.activeID ? (planner.activeSince ?? now) : (state.healthySince ?? now)),
+            routeID: state.id, source: state.route.source)
+    }
+
+    /// Why there is no active endpoint, for `/v1/active`'s 503, `endpoint.env` and the gateway.
+    public var noActiveReason: String {
+        let routes = planner.sortedRoutes
+        if routes.isEmpty {
+            return discovery == .running
+                ? "no Opta LMX server found on the LAN and no endpoint paired or configured"
+                : "no endpoint known and mDNS discovery is \(discovery.name)\(discovery.detail.map { " (\($0))" } ?? "")"
+        }
+        if routes.allSatisfy({ $0.health == .unknown }) { return "probing \(routes.count) endpoint(s)" }
+        let summary = routes.prefix(5).map { "\($0.route.name): \($0.lastReport.map { r in r.detail ?? r.verdict.rawValue } ?? "not probed")" }
+        return "no usable endpoint among \(routes.count): " + summary.joined(separator: "; ")
+    }
+
+    public func routeStatus(_ state: RouteState, now t: Double) -> StatusAPI.RouteStatus {
+        StatusAPI.RouteStatus(
+            id: state.id, baseURL: state.route.baseURL, via: state.route.via, source: state.route.source,
+            name: state.route.name, addresses: state.route.addresses, announced: state.route.announced,
+            health: state.health, verdict: state.verdict, active: state.id == planner.activeID,
+            reason: planner.explain(state, now: t),
+            latencyMS: state.smoothedLatency.map { ($0 * 10_000).rounded() / 10 },
+            lastProbe: state.lastReport.map { report in
+                StatusAPI.Probe(
+                    at: iso(state.lastProbeAt ?? t), verdict: report.verdict,
+                    latencyMS: (report.latency * 10_000).rounded() / 10, detail: report.detail)
+            },
+            version: state.lastReport?.version, models: state.lastReport?.modelCount, ready: state.lastReport?.ready,
+            probes: state.probeCount, failures: state.failureCount, credentials: state.route.credentials.setNames,
+            pinnedInstance: state.route.pinnedInstance, loadedModels: state.lastReport?.models,
+            trust: planner.trust(of: state), vouchedBy: state.route.vouchedBy,
+            keyRequired: state.lastReport?.inferenceKeyRequired,
+            inferenceReady: state.verdict.map { $0 == .ready && state.health == .up && !planner.lacksRequiredKey(state) })
+    }
+
+    /// The key that merges routes into one server: its instance id, except for an impostor,
+    /// which is never merged into the server whose id it repeats.
+    public func serverKey(_ state: RouteState) -> String {
+        if planner.trust(of: state) == .impostor { return "route:\(state.id)" }
+        return state.instanceID.map { "instance:\($0)" } ?? "route:\(state.id)"
+    }
+
+    /// Candidates: routes merged into servers.
+    public func candidates(now t: Double) -> [StatusAPI.Candidate] {
+        var groups: [String: [RouteState]] = [:]
+        var order: [String] = []
+        for state in planner.sortedRoutes {
+            let key = serverKey(state)
+            if groups[key] == nil { order.append(key) }
+            groups[key, default: []].append(state)
+        }
+        return order.map { key in
+            let states = groups[key]!
+            let best = states.min { (planner.rank($0) ?? 9) < (planner.rank($1) ?? 9) }
+            return StatusAPI.Candidate(
+                instanceID: states.first?.instanceID,
+                name: states.first { $0.route.source == .mdns }?.route.name ?? states[0].route.name,
+                active: states.contains { $0.id == planner.activeID },
+                verdict: best?.verdict,
+                routes: states.map { routeStatus($0, now: t) })
+        }
+    }
+
+    /// The number of distinct servers (for metrics).
+    public var serverCount: Int { Set(planner.routes.values.map(serverKey)).count }
+
+    public func status(seq: UInt64, now: Double) -> StatusAPI.Status {
+        let active = activeEndpoint(now: now)
+        return StatusAPI.Status(
+            agentVersion: StatusAPI.version, seq: seq, avahi: discovery.name, avahiDetail: discovery.detail,
+            active: active, noActiveReason: active == nil ? noActiveReason : nil, candidates: candidates(now: now),
+            trust: planner.policy.trust.rawValue, gateway: gateway,
+            prefer: planner.policy.preferredInstances.isEmpty ? nil : planner.policy.preferredInstances)
+    }
+
+    /// `GET /v1/resolve?model=`: the best usable endpoint that has `model`, with the reason.
+    public func resolve(model: String, now: Double) -> StatusAPI.Resolved {
+        let (state, reason) = planner.resolve(model: model)
+        return StatusAPI.Resolved(model: model, endpoint: state.flatMap { endpoint($0, now: now) }, reason: reason)
+    }
+
+    /// One line for systemd's `STATUS=`.
+    public var statusLine: String {
+        if let active = planner.active {
+            return "active: \(active.route.baseURL) via \(active.route.via.rawValue) (\(active.verdict?.rawValue ?? "?")); \(planner.routes.count) endpoint(s)"
+        }
+        return "no active endpoint; \(planner.routes.count) endpoint(s) known"
+    }
+
+    /// What the agent knows of a pairing's routes (no secrets).
+    public func summary(of pairing: Pairing, stored: PairingSummary) -> PairingSummary {
+        var summary = stored
+        summary.routes = pairing.routes(lanKeys: planner.policy.lanKeys).map { route in
+            let state = planner.routes[route.id]
+            return PairingRouteState(
+                id: route.id, baseURL: route.baseURL, via: route.via, verdict: state?.verdict,
+                detail: state?.lastReport?.detail, active: planner.activeID == route.id)
+        }
+        return summary
+    }
+
+    /// The routes a gateway request may use, best first (the active one, then fallbacks), with
+    /// what is needed to reach them. Stays inside the daemon: credentials never leave it.
+    /// - Parameters:
+    ///   - model: the request's JSON `model`, to route by.
+    ///   - clientHasKey: the request carries its own `Authorization` or `X-Api-Key`.
+    public func gatewayPlan(limit: Int, model: String? = nil, clientHasKey: Bool = false) -> GatewayPlan {
+        if let refusal = planner.untrustedOnly(model: model) {
+            return .refuse(status: 404, code: "model_not_trusted", message: refusal)
+        }
+        let order = planner.requestOrder(model: model)
+        // A route without the key its server requires would answer a certain 401.
+        let keyed = clientHasKey ? order : order.filter { !planner.lacksRequiredKey($0) }
+        if keyed.isEmpty, let keyless = order.first {
+            return .refuse(
+                status: 401, code: "inference_key_required",
+                message: "\(keyless.route.name) requires an inference key and no usable route to it carries one"
+                    + (planner.policy.lanKeys == .never ? " (lan_keys: never keeps keys off the LAN; its tunnel is not usable now)" : "")
+                    + ": send your own Authorization header, or pair again with the server's api_key")
+        }
+        return .forward(keyed.prefix(limit).map { state in
+            GatewayTarget(routeID: state.id, baseURL: state.route.baseURL, via: state.route.via, credentials: state.route.credentials)
+        })
+    }
+}
+
+/// Where a gateway request may go: one route and what it takes to reach it.
+public struct GatewayTarget: Sendable {
+    public var routeID: String
+    public var baseURL: String
+    public var via: Via
+    public var credentials: Credentials
+
+    public init(routeID: String, baseURL: String, via: Via, credentials: Credentials) {
+        self.routeID = routeID
+        self.baseURL = baseURL
+        self.via = via
+        self.credentials = credentials
+    }
+}
+
+/// What the gateway does with one request: forward it (to these routes, best first) or answer it
+/// itself.
+public enum GatewayPlan: Sendable {
+    case forward([GatewayTarget])
+    case refuse(status: Int, code: String, message: String)
+}
+
+extension DiscoveryState {
+    public init(_ daemon: DaemonState) {
+        switch daemon {
+        case .running: self = .running
+        case .waiting(let reason): self = .waiting(reason)
+        case .reconnecting: self = .reconnecting
+        }
+    }
+}

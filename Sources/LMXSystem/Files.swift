@@ -1,0 +1,222 @@
+import SystemPackage
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Paths and files, as the agent needs them: never following a link where one could be planted.
+public enum FileSystem {
+    /// The directory holding `path`: `/` for `/x`, `.` for a bare name.
+    public static func directory(of path: String) -> String {
+        guard let slash = path.lastIndex(of: "/") else { return "." }
+        let directory = String(path[..<slash])
+        return directory.isEmpty ? "/" : directory
+    }
+
+    public enum Kind: Sendable, Equatable { case file, directory, symbolicLink, socket, other }
+
+    /// What `lstat` says of a path (the link itself, never its target).
+    public struct Info: Sendable {
+        public var kind: Kind
+        public var owner: UInt32
+        public var group: UInt32
+        /// Permission bits (0o777).
+        public var mode: UInt32
+        public var size: Int
+    }
+
+    /// Nil when nothing is there.
+    public static func info(_ path: String) -> Info? {
+        var st = stat()
+        guard lstat(path, &st) == 0 else { return nil }
+        return Info(st)
+    }
+
+    public static func exists(_ path: String) -> Bool { access(path, F_OK) == 0 }
+
+    public static func remove(_ path: String) { unlink(path) }
+
+    public static func setMode(_ path: String, _ mode: UInt32) { chmod(path, mode_t(mode)) }
+
+    /// Creates `directory` and its missing parents with `mode` (set whatever the umask).
+    public static func makeDirectories(_ directory: String, mode: UInt32) throws(SystemError) {
+        var prefix = directory.hasPrefix("/") ? "" : "."
+        for component in directory.split(separator: "/") {
+            prefix += "/" + component
+            if mkdir(prefix, mode_t(mode)) == 0 {
+                chmod(prefix, mode_t(mode))
+            } else if errno != EEXIST {
+                throw SystemError("cannot create directory \(prefix)")
+            }
+        }
+    }
+
+    /// Creates one directory (`mode`); an existing one is fine.
+    public static func makeDirectory(_ path: String, mode: UInt32) throws(SystemError) {
+        if mkdir(path, mode_t(mode)) != 0 && errno != EEXIST { throw SystemError("cannot create \(path)") }
+    }
+
+    /// Sets the process's file creation mask.
+    public static func setUmask(_ mask: UInt32) { umask(mode_t(mask)) }
+
+    /// Writes `bytes` to a new file beside `path` (never following or reusing an existing one),
+    /// with `mode` whatever the umask, syncs it and renames it over `path`: a reader sees the old
+    /// file or the new one, never half of one.
+    public static func writeAtomically(_ bytes: [UInt8], to path: String, mode: UInt32) throws(SystemError) {
+        let temporary = path + ".tmp-\(getpid())"
+        unlink(temporary)
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode_t(mode))
+        guard fd >= 0 else { throw SystemError("cannot create \(temporary)") }
+        fchmod(fd, mode_t(mode))
+        do {
+            _ = try FileDescriptor(rawValue: fd).writeAll(bytes)
+        } catch {
+            close(fd)
+            unlink(temporary)
+            throw SystemError("cannot write \(temporary)", code: (error as? Errno)?.rawValue ?? EIO)
+        }
+        let synced = fsync(fd) == 0
+        let syncError = errno
+        close(fd)
+        guard synced else {
+            unlink(temporary)
+            throw SystemError("cannot write \(temporary)", code: syncError)
+        }
+        guard rename(temporary, path) == 0 else {
+            let error = SystemError("cannot replace \(path)")
+            unlink(temporary)
+            throw error
+        }
+    }
+
+    public enum ReadError: Error, Sendable {
+        /// Could not open or read (missing, permission, a directory).
+        case unreadable(String)
+        /// Larger than the limit (`size`: what was seen).
+        case tooLarge(size: Int)
+    }
+
+    /// Reads a whole file, or standard input for `-`, refusing more than `limit` bytes before
+    /// reading them when the size is known. `nonBlocking`: a FIFO planted in place of a file
+    /// cannot block the reader.
+    public static func read(_ path: String, limit: Int, nonBlocking: Bool = false) throws(ReadError) -> [UInt8] {
+        let fd: Int32
+        if path == "-" {
+            fd = STDIN_FILENO
+        } else {
+            fd = open(path, O_RDONLY | O_CLOEXEC | (nonBlocking ? O_NONBLOCK : 0))
+            guard fd >= 0 else {
+                let code = errno
+                throw .unreadable(code == ENOENT ? "no such file" : code == EACCES ? "permission denied" : SystemError.describe(code))
+            }
+        }
+        defer { if fd != STDIN_FILENO { close(fd) } }
+        var st = stat()
+        if fstat(fd, &st) == 0 {
+            if (st.st_mode & S_IFMT) == S_IFDIR { throw .unreadable("is a directory") }
+            if nonBlocking && (st.st_mode & S_IFMT) != S_IFREG { throw .unreadable("not a regular file") }
+            if (st.st_mode & S_IFMT) == S_IFREG && Int(st.st_size) > limit { throw .tooLarge(size: Int(st.st_size)) }
+        }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw .unreadable(SystemError.describe(errno))
+            }
+            if n == 0 { break }
+            bytes += chunk[0..<n]
+            if bytes.count > limit { throw .tooLarge(size: bytes.count) }
+        }
+        return bytes
+    }
+}
+
+extension FileSystem.Info {
+    init(_ st: stat) {
+        let kind: FileSystem.Kind =
+            switch st.st_mode & S_IFMT {
+            case S_IFREG: .file
+            case S_IFDIR: .directory
+            case S_IFLNK: .symbolicLink
+            case S_IFSOCK: .socket
+            default: .other
+            }
+        self.init(kind: kind, owner: st.st_uid, group: st.st_gid, mode: UInt32(st.st_mode & 0o777), size: Int(st.st_size))
+    }
+}
+
+/// Standard output and error, written whole (retrying short writes and signals).
+public enum StandardStream {
+    case output, error
+
+    public func write(_ text: String) {
+        var text = text
+        let fd = self == .output ? STDOUT_FILENO : STDERR_FILENO
+        text.withUTF8 { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                let n = Glibc.write(fd, buffer.baseAddress! + offset, buffer.count - offset)
+                if n < 0 && errno == EINTR { continue }
+                guard n > 0 else { return }
+                offset += n
+            }
+        }
+    }
+
+    /// Whether standard error is the journal stream named by `JOURNAL_STREAM` (`device:inode`),
+    /// as systemd's documentation says to check.
+    public static func errorIsJournal(_ journalStream: String?) -> Bool {
+        guard let parts = journalStream?.split(separator: ":"), parts.count == 2,
+            let device = UInt64(parts[0]), let inode = UInt64(parts[1])
+        else { return false }
+        var st = stat()
+        guard fstat(STDERR_FILENO, &st) == 0 else { return false }
+        return UInt64(st.st_dev) == device && UInt64(st.st_ino) == inode
+    }
+}
+
+/// Limits of this process.
+public enum ProcessLimits {
+    /// Raises the soft limit on open files to the hard limit (at most `cap`): every local client
+    /// holds a descriptor, and by hand the soft limit is often 1024.
+    public static func raiseOpenFiles(cap: UInt64 = 65_536) {
+        var files = rlimit()
+        let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+        if getrlimit(resource, &files) == 0, files.rlim_cur < files.rlim_max {
+            files.rlim_cur = min(files.rlim_max, rlim_t(cap))
+            _ = setrlimit(resource, &files)
+        }
+    }
+
+    public static var processID: Int32 { getpid() }
+
+    /// Ends the process with `code` after writing `message` to standard error.
+    public static func exit(_ code: Int32, message: String) -> Never {
+        StandardStream.error.write(message + "\n")
+        Glibc.exit(code)
+    }
+}
+
+/// Lines for people on standard output and standard error (commands).
+public enum Console {
+    public static func out(_ line: String) { StandardStream.output.write(line + "\n") }
+    public static func error(_ line: String) { StandardStream.error.write(line + "\n") }
+}
+
+/// This process's environment variables.
+public enum ProcessEnvironment {
+    public static var current: [String: String] {
+        var result: [String: String] = [:]
+        var pointer = environ
+        while let entry = pointer.pointee {
+            let text = String(cString: entry)
+            if let equals = text.firstIndex(of: "=") {
+                result[String(text[..<equals])] = String(text[text.index(after: equals)...])
+            }
+            pointer += 1
+        }
+        return result
+    }
+}

@@ -1,0 +1,51 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Watches directories for files written, renamed in, created or changed (inotify), and reports
+/// the names that changed. Used from one thread; the descriptor closes when this is dropped.
+public final class DirectoryWatch {
+    private let fd: Int32
+    private var directories: [Int32: String] = [:]
+
+    /// Nil when inotify is unavailable (`reason` says why).
+    public init() throws(SystemError) {
+        fd = inotify_init1(Int32(IN_CLOEXEC | IN_NONBLOCK))
+        guard fd >= 0 else { throw SystemError("inotify is unavailable") }
+    }
+
+    deinit { close(fd) }
+
+    /// Starts watching `directory` for files closed after writing, moved in, created or changed.
+    public func add(_ directory: String) throws(SystemError) {
+        let mask = UInt32(IN_CLOSE_WRITE) | UInt32(IN_MOVED_TO) | UInt32(IN_CREATE) | UInt32(IN_ATTRIB)
+        let wd = inotify_add_watch(fd, directory, mask)
+        guard wd >= 0 else { throw SystemError("cannot watch \(directory)") }
+        directories[wd] = directory
+    }
+
+    /// Waits up to `milliseconds` and returns the paths (directory + "/" + name) that changed.
+    public func next(milliseconds: Int32) -> [String] {
+        var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        guard poll(&poller, 1, milliseconds) > 0 else { return [] }
+        var buffer = [UInt8](repeating: 0, count: 16 * 1024)
+        let n = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+        guard n > 0 else { return [] }
+        var paths: [String] = []
+        var offset = 0
+        let headerSize = MemoryLayout<inotify_event>.size
+        while offset + headerSize <= n {
+            // Each record: the fixed header (read field by field at its own offset), then `len`
+            // bytes of NUL-padded name.
+            let event = buffer.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: offset, as: inotify_event.self) }
+            let length = Int(event.len)
+            let start = offset + headerSize
+            let name = buffer[start..<min(n, start + length)].prefix { $0 != 0 }
+            if let directory = directories[event.wd], !name.isEmpty {
+                paths.append(directory + "/" + String(decoding: name, as: UTF8.self))
+            }
+            offset = start + length
+        }
+        return paths
+    }
+}
