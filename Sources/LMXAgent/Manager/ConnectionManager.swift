@@ -340,11 +340,11 @@ public actor ConnectionManager {
         AgentEvent.from(events, of: planner, quiet: quiet)
     }
 
-    /// Publishes the snapshot, then hands the events to every output.
+    /// Hands the new snapshot and the events to every output, then to readers: whoever reads the
+    /// board sees a state every output (`endpoint.env`, the watch hub) already has.
     func publish(_ events: [AgentEvent], now t: Double) {
         let snapshot = AgentSnapshot(planner: planner, discovery: discovery, gateway: gateway, originWall: clock.originWall)
-        board.publish(snapshot)
-        guard !events.isEmpty else { return }
         for sink in sinks { sink.receive(events, snapshot: snapshot, now: t) }
+        board.publish(snapshot)
     }
 }

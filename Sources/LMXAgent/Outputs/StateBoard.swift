@@ -2,9 +2,9 @@ import LMXCore
 import LMXSystem
 import Synchronization
 
-/// Consumes what the manager emits: called on the manager's executor, in order, right after the
-/// snapshot those events led to was published. Must return quickly (hand slow work to a task or a
-/// queue of its own).
+/// Consumes what the manager emits: called on the manager's executor, in order, with the snapshot
+/// those events led to (also with no events, when only the state changed), before readers of the
+/// board see it. Must return quickly (hand slow work to a task or a queue of its own).
 public protocol AgentEventSink: Sendable {
     func receive(_ events: [AgentEvent], snapshot: AgentSnapshot, now: Double)
 }

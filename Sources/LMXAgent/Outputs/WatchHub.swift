@@ -14,6 +14,8 @@ public final class WatchHub: AgentEventSink, Service {
         var recent: [(seq: UInt64, line: [UInt8])] = []
         var watchers: [UInt64: AsyncStream<[UInt8]>.Continuation] = [:]
         var nextID: UInt64 = 0
+        /// The state the numbered lines lead to (a new watcher's snapshot).
+        var latest: AgentSnapshot?
     }
     private let state = Mutex(State())
     private let board: StateBoard
@@ -35,22 +37,23 @@ public final class WatchHub: AgentEventSink, Service {
     public var watcherCount: Int { state.withLock { $0.watchers.count } }
 
     public func receive(_ events: [AgentEvent], snapshot: AgentSnapshot, now: Double) {
-        for event in events {
-            if let line = event.watchLine(in: snapshot, now: now) { broadcast(line) }
-        }
-    }
-
-    func broadcast(_ line: StatusAPI.WatchLine) {
+        let lines = events.compactMap { $0.watchLine(in: snapshot, now: now) }
         let dropped = state.withLock { s in
-            s.seq += 1
-            var line = line
-            line.seq = s.seq
-            let bytes = Self.encode(line)
-            s.recent.append((s.seq, bytes))
-            if s.recent.count > recentLimit { s.recent.removeFirst(s.recent.count - recentLimit) }
-            return Self.send(bytes, to: &s.watchers)
+            s.latest = snapshot
+            return lines.reduce(0) { $0 + Self.number($1, in: &s, keeping: recentLimit) }
         }
         if dropped > 0 { logger.notice("dropped a watch client that stopped reading") }
+    }
+
+    /// Numbers a line, keeps it for `?since=` and sends it: the watchers dropped.
+    private static func number(_ line: StatusAPI.WatchLine, in s: inout State, keeping limit: Int) -> Int {
+        s.seq += 1
+        var line = line
+        line.seq = s.seq
+        let bytes = encode(line)
+        s.recent.append((s.seq, bytes))
+        if s.recent.count > limit { s.recent.removeFirst(s.recent.count - limit) }
+        return send(bytes, to: &s.watchers)
     }
 
     private static func send(_ bytes: [UInt8], to watchers: inout [UInt64: AsyncStream<[UInt8]>.Continuation]) -> Int {
@@ -75,7 +78,7 @@ public final class WatchHub: AgentEventSink, Service {
     /// a snapshot) and the stream of later lines.
     public func watch(since: UInt64?) -> (first: [[UInt8]], stream: AsyncStream<[UInt8]>, id: UInt64) {
         let (stream, continuation) = AsyncStream<[UInt8]>.makeStream(bufferingPolicy: .bufferingOldest(watcherBuffer))
-        let snapshot = board.snapshot, now = board.now()
+        let now = board.now()
         return state.withLock { s in
             s.nextID += 1
             s.watchers[s.nextID] = continuation
@@ -83,6 +86,7 @@ public final class WatchHub: AgentEventSink, Service {
             if let since, since <= s.seq, since + 1 >= (s.recent.first?.seq ?? s.seq + 1) || since == s.seq {
                 first = s.recent.filter { $0.seq > since }.map(\.line)
             } else {
+                let snapshot = s.latest ?? board.snapshot
                 let status = snapshot.status(seq: s.seq, now: now)
                 first = [Self.encode(StatusAPI.WatchLine(type: .snapshot, seq: s.seq, at: snapshot.iso(now), status: status))]
             }
@@ -104,11 +108,13 @@ public final class WatchHub: AgentEventSink, Service {
     }
 
     public func run() async throws {
-        while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            try? await Task.sleep(for: .milliseconds(Int64(heartbeat.withLock { $0 } * 1000)))
-            let at = board.snapshot.iso(board.now())
-            state.withLock { s in
-                _ = Self.send(Self.encode(StatusAPI.WatchLine(type: .heartbeat, seq: s.seq, at: at)), to: &s.watchers)
+        try? await cancelWhenGracefulShutdown {
+            while !Task.isCancelled {
+                try await Task.sleep(for: .milliseconds(Int64(self.heartbeat.withLock { $0 } * 1000)))
+                let at = self.board.snapshot.iso(self.board.now())
+                self.state.withLock { s in
+                    _ = Self.send(Self.encode(StatusAPI.WatchLine(type: .heartbeat, seq: s.seq, at: at)), to: &s.watchers)
+                }
             }
         }
         closeAll()
