@@ -22,7 +22,7 @@ test:
 
 # Core unit tests only: no daemon, no root.
 unit:
-	$(SWIFT) test --filter 'LMXCoreTests|LMXStoreTests'
+	$(SWIFT) test --filter 'LMXCoreTests|LMXStoreTests|LMXAgentTests'
 
 bench:
 	scripts/bench.sh

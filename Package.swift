@@ -63,7 +63,7 @@ let package = Package(
         .target(name: "LMXImage", dependencies: ["LMXCore", "LMXSystem", "CZBar", "CPNG", "CTurboJPEG", "CQRencode"]),
 
         // Adapter: browses and resolves through avahi-daemon, yields core events.
-        .target(name: "LMXDiscovery", dependencies: ["LMXCore", "CAvahi"]),
+        .target(name: "LMXDiscovery", dependencies: ["LMXCore", "LMXSystem", "CAvahi"]),
 
         // Adapter: probes one endpoint over HTTP(S) by the LMX contract.
         .target(
@@ -156,7 +156,9 @@ let package = Package(
             name: "LMXAgentTests",
             dependencies: [
                 "LMXAgent", "LMXCore", "LMXProbe", "LMXStore", "LMXSystem", "LMXStatusClient", "LMXDiscovery",
+                .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -36,50 +36,52 @@ public enum AvahiBrowser {
 /// `@unchecked Sendable` is safe here because every mutable field is touched either on the
 /// Avahi poll thread (all callbacks) or, in `start()` and `stop()`, while that thread is not
 /// running; the continuation itself is Sendable.
-private final class AvahiSession: @unchecked Sendable {
-    private let configuration: BrowseConfiguration
-    private let continuation: AsyncThrowingStream<BrowseEvent, any Error>.Continuation
-    private let poll: OpaquePointer
-    private var client: OpaquePointer?
-    private var browser: OpaquePointer?
-    private var resolvers: [RecordKey: Resolver] = [:]
+final class AvahiSession: @unchecked Sendable {
+    let configuration: BrowseConfiguration
+    let continuation: AsyncThrowingStream<BrowseEvent, any Error>.Continuation
+    let poll: OpaquePointer
+    var client: OpaquePointer?
+    var browser: OpaquePointer?
+    var resolvers: [RecordKey: Resolver] = [:]
     /// Sightings waiting for a resolver, oldest first (see `scheduleResolves`).
-    private var queuedResolves: [QueuedResolve] = []
-    private var resolveTimer: OpaquePointer?
-    private var retryTimer: OpaquePointer?
-    private var retireClient: OpaquePointer?
-    private var wasConnected = false
-    private var finished = false
+    var queuedResolves: [QueuedResolve] = []
+    var resolveTimer: OpaquePointer?
+    var retryTimer: OpaquePointer?
+    var retireClient: OpaquePointer?
+    var wasConnected = false
+    var finished = false
     /// Every sighting the browser reports as present, so that a failed resolve can be retried
     /// while (and only while) it is still there.
-    private var browsed: [RecordKey: QueuedResolve] = [:]
+    var browsed: [RecordKey: QueuedResolve] = [:]
     /// Failed resolves in a row per sighting (cleared by an answer), and when each waiting one is
     /// due again.
-    private var resolveAttempts: [RecordKey: Int] = [:]
-    private var resolveDue: [RecordKey: Double] = [:]
-    private var resolveRetryTimer: OpaquePointer?
+    var resolveAttempts: [RecordKey: Int] = [:]
+    var resolveDue: [RecordKey: Double] = [:]
+    var resolveRetryTimer: OpaquePointer?
     /// Sightings whose resolver has answered at least once.
-    private var answered: Set<RecordKey> = []
+    var answered: Set<RecordKey> = []
     /// Resolvers kept open for updates at most. avahi-daemon allows each client a fixed number
     /// of objects (`objects-per-client-max`, 1024 by default); past this many (or past what the
     /// daemon allowed when it said "too many objects"), a resolver is closed after its first
     /// answer, so that every sighting is still resolved, one after the other.
-    private var persistentResolvers = 256
+    var persistentResolvers = 256
+    /// Resolvers to close after their answer (see `persistentResolvers`).
+    var closeSoon: [RecordKey] = []
 
     /// A resolver and the box that lets its callback find its sighting.
-    private struct Resolver {
+    struct Resolver {
         var handle: OpaquePointer
         var context: Unmanaged<ResolverContext>
     }
 
-    private struct QueuedResolve {
+    struct QueuedResolve {
         var key: RecordKey
         var interface: AvahiIfIndex
         var proto: AvahiProtocol
     }
 
     /// Resolvers opened per turn of the poll loop.
-    private static let resolveBatch = 8
+    static let resolveBatch = 8
 
     final class ResolverContext {
         let key: RecordKey
@@ -97,8 +99,8 @@ private final class AvahiSession: @unchecked Sendable {
         self.poll = poll
     }
 
-    private var userdata: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }
-    private var pollAPI: UnsafePointer<AvahiPoll> { avahi_threaded_poll_get(poll) }
+    var userdata: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }
+    var pollAPI: UnsafePointer<AvahiPoll> { avahi_threaded_poll_get(poll) }
 
     // MARK: Lifecycle
 
@@ -124,7 +126,7 @@ private final class AvahiSession: @unchecked Sendable {
     }
 
     /// Creates a client; runs on the caller's thread before the poll starts, then on the poll thread.
-    private func connect() {
+    func connect() {
         if let retireClient {
             avahi_client_free(retireClient)
             self.retireClient = nil
@@ -150,13 +152,13 @@ private final class AvahiSession: @unchecked Sendable {
         }
     }
 
-    private func finish(throwing error: DiscoveryError) {
+    func finish(throwing error: DiscoveryError) {
         guard !finished else { return }
         finished = true
         continuation.finish(throwing: error)
     }
 
-    private func scheduleReconnect(after seconds: Double) {
+    func scheduleReconnect(after seconds: Double) {
         var when = timeval()
         avahi_elapse_time(&when, UInt32(seconds * 1000), 0)
         if let retryTimer {
@@ -173,7 +175,7 @@ private final class AvahiSession: @unchecked Sendable {
 
     // MARK: Client state
 
-    private func clientChanged(_ client: OpaquePointer, _ state: AvahiClientState) {
+    func clientChanged(_ client: OpaquePointer, _ state: AvahiClientState) {
         switch state {
         case AVAHI_CLIENT_S_RUNNING, AVAHI_CLIENT_S_REGISTERING, AVAHI_CLIENT_S_COLLISION:
             self.client = client
@@ -207,7 +209,7 @@ private final class AvahiSession: @unchecked Sendable {
 
     // MARK: Browsing
 
-    private func openBrowser(_ client: OpaquePointer) {
+    func openBrowser(_ client: OpaquePointer) {
         let created = avahi_service_browser_new(
             client, AvahiIfIndex(AVAHI_IF_UNSPEC), avahiProtocol(configuration.ipProtocol),
             configuration.serviceType, configuration.domain, AvahiLookupFlags(0),
@@ -232,7 +234,7 @@ private final class AvahiSession: @unchecked Sendable {
         browser = created
     }
 
-    private func closeBrowsing() {
+    func closeBrowsing() {
         queuedResolves.removeAll()
         browsed.removeAll()
         resolveAttempts.removeAll()
@@ -248,7 +250,7 @@ private final class AvahiSession: @unchecked Sendable {
         browser = nil
     }
 
-    private func browserEvent(
+    func browserEvent(
         _ interface: AvahiIfIndex, _ proto: AvahiProtocol, _ event: AvahiBrowserEvent,
         _ name: UnsafePointer<CChar>?, _ type: UnsafePointer<CChar>?, _ domain: UnsafePointer<CChar>?
     ) {
@@ -288,198 +290,6 @@ private final class AvahiSession: @unchecked Sendable {
             }
         default:
             break // CACHE_EXHAUSTED carries nothing we need.
-        }
-    }
-
-    /// Opening a resolver is a blocking D-Bus round trip, and the daemon sends every cached
-    /// sighting at once. Opening them inline would let no answer through before the last
-    /// sighting is handled; instead a timer opens a few per turn, a millisecond apart, so the
-    /// browse events drain first and answers are dispatched between batches.
-    private func scheduleResolves() {
-        var when = timeval()
-        avahi_elapse_time(&when, 1, 0)
-        if let resolveTimer {
-            lmx_avahi_timeout_update(pollAPI, resolveTimer, &when)
-        } else {
-            resolveTimer = lmx_avahi_timeout_new(pollAPI, &when, { _, userdata in
-                guard let userdata else { return }
-                Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue().openQueuedResolvers()
-            }, userdata)
-        }
-    }
-
-    private func openQueuedResolvers() {
-        lmx_avahi_timeout_update(pollAPI, resolveTimer, nil)
-        for key in closeSoon { dropResolver(key) }
-        closeSoon.removeAll()
-        let batch = queuedResolves.prefix(Self.resolveBatch)
-        queuedResolves.removeFirst(batch.count)
-        for queued in batch { openResolver(queued.key, queued.interface, queued.proto) }
-        if !queuedResolves.isEmpty { scheduleResolves() }
-    }
-
-    private func openResolver(_ key: RecordKey, _ interface: AvahiIfIndex, _ proto: AvahiProtocol) {
-        guard let client else { return }
-        let context = Unmanaged.passRetained(ResolverContext(key: key, session: self))
-        // A sighting over IPv4 asks for the A record: with "unspecified" (avahi-browse's choice)
-        // a dual-stack host's IPv4 sighting can resolve to its IPv6 address, and its IPv4
-        // address is then missing. Over IPv6 any family is accepted, so IPv4-only servers (the
-        // reference server publishes no AAAA) still resolve there.
-        let addressProtocol = proto == AvahiProtocol(AVAHI_PROTO_INET) ? proto : AvahiProtocol(AVAHI_PROTO_UNSPEC)
-        let instance = key.instance
-        let handle = avahi_service_resolver_new(
-            client, interface, proto, instance.name, instance.type, instance.domain, addressProtocol, AvahiLookupFlags(0),
-            { _, _, _, event, _, _, _, host, address, port, txt, _, userdata in
-                guard let userdata else { return }
-                let context = Unmanaged<ResolverContext>.fromOpaque(userdata).takeUnretainedValue()
-                context.session.resolverEvent(context.key, event, host, address, port, txt)
-            }, context.toOpaque())
-        guard let handle else {
-            context.release()
-            let code = avahi_client_errno(client)
-            if code == AVAHI_ERR_TOO_MANY_OBJECTS {
-                // The daemon's per-client limit: keep fewer resolvers open from now on.
-                persistentResolvers = max(8, resolvers.count - 8)
-                closeAnsweredBeyondLimit()
-            }
-            continuation.yield(.resolveFailed(key, reason: String(cString: avahi_strerror(code))))
-            retryResolve(key)
-            return
-        }
-        resolvers[key] = Resolver(handle: handle, context: context)
-    }
-
-    private func dropResolver(_ key: RecordKey) {
-        guard let resolver = resolvers.removeValue(forKey: key) else { return }
-        avahi_service_resolver_free(resolver.handle)
-        resolver.context.release()
-    }
-
-    private func resolverEvent(
-        _ key: RecordKey, _ event: AvahiResolverEvent, _ host: UnsafePointer<CChar>?,
-        _ address: UnsafePointer<AvahiAddress>?, _ port: UInt16, _ txt: UnsafeMutablePointer<AvahiStringList>?
-    ) {
-        guard event == AVAHI_RESOLVER_FOUND, let host, let address else {
-            let detail = client.map { String(cString: avahi_strerror(avahi_client_errno($0))) } ?? "resolver failed"
-            // Freeing inside the callback is what avahi-browse does; the context outlives it
-            // because we hold it until here.
-            dropResolver(key)
-            continuation.yield(.resolveFailed(key, reason: detail))
-            retryResolve(key)
-            return
-        }
-        resolveAttempts[key] = nil
-        answered.insert(key)
-        var text = [CChar](repeating: 0, count: Int(AVAHI_ADDRESS_STR_MAX))
-        avahi_address_snprint(&text, text.count, address)
-        let record = ResolvedRecord(
-            key: key, hostName: String(cString: host), address: Self.string(text),
-            port: port, txt: TXTRecord(entries: Self.entries(txt)))
-        continuation.yield(.resolved(record))
-        if resolvers.count > persistentResolvers {
-            // Past the budget: this one has answered; close it (from a timer, not inside its
-            // own callback) and make room for the next.
-            closeSoon.append(key)
-            scheduleResolves()
-        }
-    }
-
-    /// Resolvers to close after their answer (see `persistentResolvers`).
-    private var closeSoon: [RecordKey] = []
-
-    /// Closes answered resolvers until at most `persistentResolvers` stay open.
-    private func closeAnsweredBeyondLimit() {
-        var excess = resolvers.count - persistentResolvers
-        for key in resolvers.keys where excess > 0 && answered.contains(key) {
-            dropResolver(key)
-            excess -= 1
-        }
-    }
-
-    private static func monotonic() -> Double {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-    }
-
-    /// Schedules another resolve of a sighting that is still browsed: 1, 2, 4 … up to 30 s.
-    private func retryResolve(_ key: RecordKey) {
-        guard browsed[key] != nil else { return }
-        let attempts = resolveAttempts[key, default: 0] + 1
-        resolveAttempts[key] = attempts
-        resolveDue[key] = Self.monotonic() + min(30, Double(1 << min(attempts - 1, 5)))
-        armRetryTimer()
-    }
-
-    private func armRetryTimer() {
-        guard let next = resolveDue.values.min() else { return }
-        var when = timeval()
-        avahi_elapse_time(&when, UInt32(max(1, (next - Self.monotonic()) * 1000)), 0)
-        if let resolveRetryTimer {
-            lmx_avahi_timeout_update(pollAPI, resolveRetryTimer, &when)
-        } else {
-            resolveRetryTimer = lmx_avahi_timeout_new(pollAPI, &when, { _, userdata in
-                guard let userdata else { return }
-                Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue().retryDueResolves()
-            }, userdata)
-        }
-    }
-
-    private func retryDueResolves() {
-        lmx_avahi_timeout_update(pollAPI, resolveRetryTimer, nil)
-        let now = Self.monotonic()
-        for (key, due) in resolveDue where due <= now {
-            resolveDue[key] = nil
-            guard let queued = browsed[key], resolvers[key] == nil else { continue }
-            if !queuedResolves.contains(where: { $0.key == key }) { queuedResolves.append(queued) }
-        }
-        scheduleResolves()
-        armRetryTimer()
-    }
-
-    // MARK: Conversions
-
-    /// The client library hands TXT over in wire order.
-    private static func entries(_ list: UnsafeMutablePointer<AvahiStringList>?) -> [[UInt8]] {
-        var result: [[UInt8]] = []
-        var node = list
-        while let current = node {
-            let size = avahi_string_list_get_size(current)
-            if let text = avahi_string_list_get_text(current) {
-                result.append(Array(UnsafeBufferPointer(start: text, count: size)))
-            } else {
-                result.append([])
-            }
-            node = avahi_string_list_get_next(current)
-        }
-        return result
-    }
-
-    private func recordKey(
-        _ interface: AvahiIfIndex, _ proto: AvahiProtocol,
-        _ name: UnsafePointer<CChar>?, _ type: UnsafePointer<CChar>?, _ domain: UnsafePointer<CChar>?
-    ) -> RecordKey? {
-        guard let name, let type, let domain else { return nil }
-        let ipProtocol: IPProtocol = proto == AvahiProtocol(AVAHI_PROTO_INET6) ? .ipv6 : .ipv4
-        let instance = ServiceInstanceID(name: String(cString: name), type: String(cString: type), domain: String(cString: domain))
-        return RecordKey(instance: instance, interface: NetworkInterface(index: interface, name: Self.interfaceName(interface)), ipProtocol: ipProtocol)
-    }
-
-    private static func interfaceName(_ index: AvahiIfIndex) -> String {
-        var buffer = [CChar](repeating: 0, count: Int(IF_NAMESIZE) + 1)
-        guard index > 0, if_indextoname(UInt32(index), &buffer) != nil else { return "if\(index)" }
-        return string(buffer)
-    }
-
-    private static func string(_ buffer: [CChar]) -> String {
-        String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    }
-
-    private func avahiProtocol(_ ipProtocol: IPProtocol?) -> AvahiProtocol {
-        switch ipProtocol {
-        case .ipv4: AvahiProtocol(AVAHI_PROTO_INET)
-        case .ipv6: AvahiProtocol(AVAHI_PROTO_INET6)
-        case nil: AvahiProtocol(AVAHI_PROTO_UNSPEC)
         }
     }
 }

@@ -45,56 +45,11 @@ public enum AddressPolicy {
     struct IPv4 {
         let bytes: (UInt8, UInt8, UInt8, UInt8)
         init(bytes: (UInt8, UInt8, UInt8, UInt8)) { self.bytes = bytes }
-        /// Dotted quad only, four decimal parts of 0–255 (no octal, hex or short forms).
         init?(_ text: String) {
-            let parts = text.split(separator: ".", omittingEmptySubsequences: false)
-            guard parts.count == 4 else { return nil }
-            var out: [UInt8] = []
-            for part in parts {
-                guard (1...3).contains(part.count), part.allSatisfy(\.isASCII), let v = UInt8(part) else { return nil }
-                out.append(v)
-            }
-            bytes = (out[0], out[1], out[2], out[3])
+            guard let bytes = IPAddress.v4(text) else { return nil }
+            self.bytes = bytes
         }
     }
 
-    /// RFC 4291 text form (with `::` and an embedded dotted quad) to 16 bytes.
-    static func parseIPv6(_ text: String) -> [UInt8]? {
-        guard text.contains(":"), text.count <= 45 else { return nil }
-        var head: [UInt16] = [], tail: [UInt16] = []
-        var sawGap = false
-        var pieces = [text]
-        if let gap = text.firstRange(of: "::") {
-            pieces = [String(text[..<gap.lowerBound]), String(text[gap.upperBound...])]
-            guard !pieces[1].contains("::") else { return nil }
-        }
-        func groups(_ s: String, allowV4: Bool) -> [UInt16]? {
-            if s.isEmpty { return [] }
-            var out: [UInt16] = []
-            let parts = s.split(separator: ":", omittingEmptySubsequences: false)
-            for (i, part) in parts.enumerated() {
-                if i == parts.count - 1, allowV4, part.contains("."), let v4 = IPv4(String(part)) {
-                    out.append(UInt16(v4.bytes.0) << 8 | UInt16(v4.bytes.1))
-                    out.append(UInt16(v4.bytes.2) << 8 | UInt16(v4.bytes.3))
-                    continue
-                }
-                guard (1...4).contains(part.count), let v = UInt16(part, radix: 16) else { return nil }
-                out.append(v)
-            }
-            return out
-        }
-        if pieces.count == 2 {
-            sawGap = true
-            guard let h = groups(pieces[0], allowV4: false), let t = groups(pieces[1], allowV4: true) else { return nil }
-            head = h
-            tail = t
-        } else {
-            guard let h = groups(pieces[0], allowV4: true) else { return nil }
-            head = h
-        }
-        let total = head.count + tail.count
-        guard sawGap ? total <= 7 : total == 8 else { return nil }
-        let words = head + [UInt16](repeating: 0, count: 8 - total) + tail
-        return words.flatMap { [UInt8($0 >> 8), UInt8($0 & 0xFF)] }
-    }
+    static func parseIPv6(_ text: String) -> [UInt8]? { IPAddress.v6(text) }
 }

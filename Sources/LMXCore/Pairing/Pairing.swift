@@ -134,19 +134,3 @@ public struct WANEndpoint: Sendable, Hashable {
         return String(url[range.upperBound...])
     }
 }
-
-/// A validated `host:port`: IPv4, bracketed IPv6 or a DNS name, port 1–65535.
-public struct HostPort: Sendable, Hashable, CustomStringConvertible {
-    /// IPv4 dotted quad, IPv6 without brackets, or a lower-case DNS name.
-    public var host: String
-    public var port: Int
-
-    public init(host: String, port: Int) {
-        self.host = host
-        self.port = port
-    }
-
-    public var isIPv6: Bool { host.contains(":") }
-
-    public var description: String { isIPv6 ? "[\(host)]:\(port)" : "\(host):\(port)" }
-}

@@ -45,10 +45,10 @@ public struct Credentials: Sendable, Hashable, CustomStringConvertible, CustomDe
         adminKey: String? = nil, inferenceKey: String? = nil,
         accessClientID: String? = nil, accessClientSecret: String? = nil
     ) {
-        self.adminKey = adminKey.nonEmpty
-        self.inferenceKey = inferenceKey.nonEmpty
-        self.accessClientID = accessClientID.nonEmpty
-        self.accessClientSecret = accessClientSecret.nonEmpty
+        self.adminKey = adminKey.nonBlank
+        self.inferenceKey = inferenceKey.nonBlank
+        self.accessClientID = accessClientID.nonBlank
+        self.accessClientSecret = accessClientSecret.nonBlank
     }
 
     public var isEmpty: Bool {
@@ -93,13 +93,6 @@ public struct Credentials: Sendable, Hashable, CustomStringConvertible, CustomDe
 
     public var description: String { "Credentials(set: \(setNames.joined(separator: ", ")))" }
     public var debugDescription: String { description }
-}
-
-extension Optional where Wrapped == String {
-    fileprivate var nonEmpty: String? {
-        guard let value = self, !value.isEmpty else { return nil }
-        return value
-    }
 }
 
 /// One way to reach one Opta LMX server: a base URL plus what is needed to talk to it.

@@ -1,0 +1,99 @@
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import NIOCore
+import LMXCore
+import Logging
+import Testing
+
+@testable import LMXAgent
+
+/// The gateway's own answers, in process: what it refuses before anything is forwarded, and
+/// what it says when no route can take a request.
+@Suite("Gateway refusals (in process)")
+struct GatewayRefusalTests {
+    /// Tests the gateway's application, then shuts its HTTP clients.
+    func test(_ fixture: AgentFixture, _ body: @Sendable (any TestClientProtocol) async throws -> Void) async throws {
+        let gateway = try Gateway(agent: fixture.agent, configuration: GatewayConfiguration(), extraCAFile: nil, logger: Logger(label: "test"))
+        do {
+            try await Application(responder: GatewayResponder(gateway: gateway)).test(.router, body)
+        } catch {
+            await gateway.shutdown()
+            throw error
+        }
+        await gateway.shutdown()
+    }
+
+    @Test("a foreign Origin, a cross-site fetch and an unknown path are refused before any route is looked at")
+    func refusedRequests() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([AgentFixture.lan("10.9.0.2")])
+            try await test(fixture) { client in
+                try await client.execute(uri: "/v1/models", method: .get, headers: [.origin: "https://evil.example"]) { response in
+                    #expect(response.status == .forbidden)
+                    #expect(String(buffer: response.body).contains("forbidden_origin"))
+                }
+                try await client.execute(uri: "/etc/passwd", method: .get) { response in
+                    #expect(response.status == .notFound)
+                }
+            }
+            #expect(fixture.agent.metrics.text().contains("lmx_gateway_refused_total 2"))
+        }
+    }
+
+    @Test("no usable route: 503 naming why, with Retry-After")
+    func noRoute() async throws {
+        try await AgentFixture.with { fixture in
+            try await test(fixture) { client in
+                try await client.execute(uri: "/v1/models", method: .get) { response in
+                    #expect(response.status == .serviceUnavailable)
+                    #expect(response.headers[.retryAfter] == "2")
+                    #expect(String(buffer: response.body).contains("no_endpoint"))
+                }
+            }
+        }
+    }
+
+    @Test("a server that requires an inference key, reached only without one: 401 unless the client brings its own")
+    func keyRequired() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([AgentFixture.lan("10.9.0.2")], keyRequired: true)
+            try await test(fixture) { client in
+                try await client.execute(uri: "/v1/models", method: .get) { response in
+                    #expect(response.status == .unauthorized)
+                    #expect(String(buffer: response.body).contains("inference_key_required"))
+                }
+            }
+            let plan = fixture.agent.board.snapshot.gatewayPlan(limit: 3, clientHasKey: true)
+            guard case .forward(let targets) = plan else { Issue.record("expected a route for a client with its own key"); return }
+            #expect(targets.map(\.baseURL) == ["http://10.9.0.2:1234"])
+        }
+    }
+
+    @Test("a model only announced servers have, with a pairing set up: 404 model_not_trusted naming both")
+    func untrustedModel() async throws {
+        try await AgentFixture.with { fixture in
+            let paired = Route(baseURL: "https://studio.example", via: .wan, source: .pairing, name: "Studio")
+            fixture.publish([paired], models: ["alpha"], trust: .paired)
+            var snapshot = fixture.agent.board.snapshot
+            _ = snapshot.planner.upsert(AgentFixture.lan("10.9.0.7"), now: 101)
+            for step in 102...105 {
+                var report = ProbeReport(verdict: .ready, latency: 0.001, instanceID: "stranger", ready: true, modelCount: 1)
+                report.models = ["secret-model"]
+                _ = snapshot.planner.record(report, for: "lan/10.9.0.7:1234", now: Double(step))
+            }
+            fixture.agent.board.publish(snapshot)
+            try await test(fixture) { client in
+                try await client.execute(
+                    uri: "/v1/chat/completions", method: .post, headers: [.contentType: "application/json"],
+                    body: ByteBuffer(string: #"{"model":"secret-model","messages":[]}"#)
+                ) { response in
+                    #expect(response.status == .notFound)
+                    let text = String(buffer: response.body)
+                    #expect(text.contains("model_not_trusted"))
+                    #expect(text.contains("secret-model"))
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,96 @@
+import Foundation
+import LMXCore
+import LMXSystem
+import Logging
+import Testing
+
+@testable import LMXAgent
+
+@Suite("The manager's outputs and bookkeeping")
+struct OutputsTests {
+    func snapshot() -> AgentSnapshot {
+        AgentSnapshot(planner: ConnectionPlanner(), discovery: .running, originWall: 1_800_000_000)
+    }
+
+    @Test("the watch hub numbers lines, replays what a watcher missed, and starts a late one with a snapshot")
+    func watchHub() async throws {
+        let board = StateBoard()
+        let hub = WatchHub(board: board, heartbeat: 15, logger: Logger(label: "test"))
+        let s = snapshot()
+        hub.receive([.discoveryChanged(.waiting("no daemon")), .discoveryChanged(.running)], snapshot: s, now: 1)
+        #expect(hub.seq == 2)
+        let replay = hub.watch(since: 1)
+        #expect(replay.first.count == 1)
+        let line = try JSONDecoder().decode(StatusAPI.WatchLine.self, from: Data(replay.first[0]))
+        #expect(line.type == .avahi && line.seq == 2 && line.avahi == "running")
+        let late = hub.watch(since: nil)
+        let first = try JSONDecoder().decode(StatusAPI.WatchLine.self, from: Data(late.first[0]))
+        #expect(first.type == .snapshot && first.seq == 2 && first.status?.avahi == "running")
+        // Later lines reach every watcher.
+        hub.receive([.discoveryChanged(.reconnecting)], snapshot: s, now: 2)
+        var iterator = late.stream.makeAsyncIterator()
+        let next = try JSONDecoder().decode(StatusAPI.WatchLine.self, from: Data(try #require(await iterator.next())))
+        #expect(next.seq == 3 && next.avahi == "reconnecting")
+        hub.unwatch(replay.id)
+        hub.unwatch(late.id)
+        #expect(hub.watcherCount == 0)
+    }
+
+    @Test("a watcher that stops reading is dropped, and nobody else waits for it")
+    func slowWatcher() {
+        let hub = WatchHub(board: StateBoard(), heartbeat: 15, logger: Logger(label: "test"))
+        let slow = hub.watch(since: nil)
+        for i in 0..<(hub.watcherBuffer + 10) {
+            hub.receive([.discoveryChanged(i.isMultiple(of: 2) ? .running : .reconnecting)], snapshot: snapshot(), now: Double(i))
+        }
+        #expect(hub.watcherCount == 0)
+        _ = slow
+    }
+
+    @Test("events name their history row once: kind, route, from, to")
+    func records() {
+        let route = Route(baseURL: "http://10.0.0.2:1234", via: .lan, source: .mdns, name: "a")
+        var planner = ConnectionPlanner()
+        let added = AgentEvent.from(planner.upsert(route, now: 0), of: planner)
+        #expect(added.compactMap(\.record).map(\.kind) == ["candidate-added"])
+        let removed = AgentEvent.pairing(.removed, id: "p1", detail: "Studio").record
+        #expect(removed?.kind == "pairing-removed" && removed?.from == "p1" && removed?.to == nil)
+        #expect(AgentEvent.configured.record == nil)
+    }
+
+    @Test("route sources: a flood is bounded and said once; a pairing's routes are remembered; configured ones diffed")
+    func routeSources() {
+        var sources = RouteSources()
+        #expect(sources.setManual(["a", "b"]).isEmpty)
+        #expect(sources.setManual(["b"]) == ["a"])
+        sources.setPairing("p", routes: ["r1", "r2"])
+        #expect(sources.removePairing("p") == ["r1", "r2"])
+        #expect(sources.removePairing("p") == nil)
+    }
+
+    @Test("pairing expiry is read on the clock passed in")
+    func expiry() {
+        var expiry = PairingExpiry()
+        expiry.set("p", expiresAt: 1000)
+        expiry.set("q", expiresAt: nil)
+        #expect(expiry.nextDeadline(now: 5, wallNow: 990) == 15)
+        #expect(expiry.takeExpired(at: 999).isEmpty)
+        #expect(expiry.takeExpired(at: 1000) == ["p"])
+        #expect(expiry.nextDeadline(now: 5, wallNow: 1001) == nil)
+        #expect(PairingExpiry.hasExpired(10, at: 10) && !PairingExpiry.hasExpired(nil, at: 10))
+    }
+
+    @Test("endpoint.env follows the snapshot, 0644, and is removed at a clean stop")
+    func endpointFile() throws {
+        let directory = NSTemporaryDirectory() + "lmx-env-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let writer = EndpointFileWriter(file: EndpointFile(path: directory + "/endpoint.env"), logger: Logger(label: "test"))
+        writer.receive([.configured], snapshot: snapshot(), now: 1)
+        let text = try String(contentsOfFile: directory + "/endpoint.env", encoding: .utf8)
+        #expect(text.contains("LMX_ACTIVE='0'"))
+        #expect(FileSystem.info(directory + "/endpoint.env")?.mode == 0o644)
+        writer.remove()
+        #expect(!FileManager.default.fileExists(atPath: directory + "/endpoint.env"))
+    }
+}

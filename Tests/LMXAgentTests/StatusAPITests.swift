@@ -1,0 +1,145 @@
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import NIOCore
+import LMXCore
+import LMXSystem
+import Testing
+
+@testable import LMXAgent
+
+/// The status API's routes in process (HummingbirdTesting's router tests), on a real SQLite file.
+/// The peer's user id, which the socket gives from the kernel, is chosen per test.
+@Suite("Status API routes (in process)")
+struct StatusAPITests {
+    static let stranger: UInt32 = 4_000_123
+
+    func app(_ fixture: AgentFixture, peer: UInt32?) -> some ApplicationProtocol {
+        Application(router: StatusServer.router(agent: fixture.agent) { _ in peer })
+    }
+
+    @Test("/v1/active: 503 with the reason while nothing is usable, then the active endpoint")
+    func active() async throws {
+        try await AgentFixture.with { fixture in
+            try await app(fixture, peer: 0).test(.router) { client in
+                try await client.execute(uri: "/v1/active", method: .get) { response in
+                    #expect(response.status == .serviceUnavailable)
+                    let body = try JSONDecoder().decode(StatusAPI.ErrorBody.self, from: Data(buffer: response.body))
+                    #expect(body.error == "no-active-endpoint")
+                    #expect(body.reason.contains("no endpoint known"))
+                }
+                fixture.publish([AgentFixture.lan("10.9.0.2")])
+                try await client.execute(uri: "/v1/active", method: .get) { response in
+                    #expect(response.status == .ok)
+                    let active = try JSONDecoder().decode(StatusAPI.Active.self, from: Data(buffer: response.body))
+                    #expect(active.baseURL == "http://10.9.0.2:1234")
+                    #expect(active.via == .lan)
+                }
+                try await client.execute(uri: "/v1/status", method: .get) { response in
+                    let status = try JSONDecoder().decode(StatusAPI.Status.self, from: Data(buffer: response.body))
+                    #expect(status.candidates.count == 1)
+                    #expect(status.avahi == "running")
+                    #expect(response.headers[.cacheControl] == "no-store")
+                }
+            }
+        }
+    }
+
+    @Test("/v1/resolve: 400 without a model, the server that has it, 503 naming the model otherwise")
+    func resolve() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([AgentFixture.lan("10.9.0.2")], models: ["alpha"])
+            try await app(fixture, peer: 0).test(.router) { client in
+                try await client.execute(uri: "/v1/resolve", method: .get) { #expect($0.status == .badRequest) }
+                try await client.execute(uri: "/v1/resolve?model=alpha", method: .get) { response in
+                    #expect(response.status == .ok)
+                    let resolved = try JSONDecoder().decode(StatusAPI.Resolved.self, from: Data(buffer: response.body))
+                    #expect(resolved.endpoint?.baseURL == "http://10.9.0.2:1234")
+                }
+                try await client.execute(uri: "/v1/resolve?model=gamma", method: .get) { response in
+                    #expect(response.status == .serviceUnavailable)
+                    #expect(String(buffer: response.body).contains("gamma"))
+                }
+            }
+        }
+    }
+
+    @Test("changes answer root and the agent's user only: another user gets 403 and changes nothing")
+    func changesNeedAdministrator() async throws {
+        try await AgentFixture.with { fixture in
+            let token = "opta-lmx://pair?v=1&name=Studio&url=https%3A%2F%2Fquiet-river-1234.trycloudflare.com&key=ADMIN&instance=Mono512%3A1234"
+            let upload = try JSONEncoder().encode(PairingUpload(payloads: [.init(text: token)], allowInsecure: false))
+            try await app(fixture, peer: Self.stranger).test(.router) { client in
+                try await client.execute(uri: "/v1/refresh", method: .post) { #expect($0.status == .forbidden) }
+                try await client.execute(uri: "/v1/pairings", method: .post, body: ByteBuffer(data: upload)) { response in
+                    #expect(response.status == .forbidden)
+                    #expect(String(buffer: response.body).contains("only root or the agent's own user"))
+                }
+                try await client.execute(uri: "/v1/pairings/x", method: .delete) { #expect($0.status == .forbidden) }
+            }
+            #expect(try fixture.store.pairings().isEmpty)
+            try await app(fixture, peer: Users.effective).test(.router) { client in
+                try await client.execute(uri: "/v1/refresh", method: .post) { #expect($0.status == .accepted) }
+            }
+        }
+    }
+
+    @Test("POST /v1/pairings: 400 for a bad body, 422 naming the bad payload, 201 and listed without secrets")
+    func pairings() async throws {
+        try await AgentFixture.with { fixture in
+            let good = "opta-lmx://pair?v=1&name=Studio&url=https%3A%2F%2Fquiet-river-1234.trycloudflare.com&key=SECRET-ADMIN&instance=Mono512%3A1234"
+            @Sendable func upload(_ texts: [String]) throws -> ByteBuffer {
+                ByteBuffer(data: try JSONEncoder().encode(PairingUpload(payloads: texts.map { .init(text: $0) }, allowInsecure: false)))
+            }
+            try await app(fixture, peer: 0).test(.router) { client in
+                try await client.execute(uri: "/v1/pairings", method: .post, body: ByteBuffer(string: "not json")) { #expect($0.status == .badRequest) }
+                try await client.execute(uri: "/v1/pairings", method: .post, body: try upload([good, "opta-lmx://pair?v=9"])) { response in
+                    #expect(response.status == .unprocessableContent)
+                    #expect(String(buffer: response.body).contains("payload 2"))
+                }
+                #expect(try fixture.store.pairings().isEmpty, "all or nothing")
+                try await client.execute(uri: "/v1/pairings", method: .post, body: try upload([good])) { response in
+                    #expect(response.status == .created)
+                    #expect(!String(buffer: response.body).contains("SECRET-ADMIN"))
+                }
+                try await client.execute(uri: "/v1/pairings", method: .get) { response in
+                    let listed = try JSONDecoder().decode([PairingSummary].self, from: Data(buffer: response.body))
+                    #expect(listed.map(\.name) == ["Studio"])
+                    #expect(listed.first?.secrets == ["admin_key"])
+                    #expect(!String(buffer: response.body).contains("SECRET-ADMIN"))
+                }
+                try await client.execute(uri: "/v1/pairings/nope", method: .delete) { #expect($0.status == .notFound) }
+                try await client.execute(uri: "/v1/pairings/Studio", method: .delete) { #expect($0.status == .ok) }
+            }
+            #expect(try fixture.store.pairings().isEmpty)
+        }
+    }
+
+    @Test("every error has the API's one JSON shape")
+    func errorShape() async throws {
+        try await AgentFixture.with { fixture in
+            try await app(fixture, peer: 0).test(.router) { client in
+                try await client.execute(uri: "/v1/nothing", method: .get) { response in
+                    #expect(response.status == .notFound)
+                    let body = try JSONDecoder().decode(StatusAPI.ErrorBody.self, from: Data(buffer: response.body))
+                    #expect(body.error == "not-found")
+                    #expect(body.reason.contains("/v1/nothing"))
+                }
+            }
+        }
+    }
+
+    @Test("/metrics: sampled from the snapshot (routes by verdict, the active route's way)")
+    func metrics() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([AgentFixture.lan("10.9.0.2"), AgentFixture.lan("10.9.0.3")])
+            try await app(fixture, peer: 0).test(.router) { client in
+                try await client.execute(uri: "/metrics", method: .get) { response in
+                    let text = String(buffer: response.body)
+                    #expect(text.contains(#"lmx_routes{verdict="ready"} 2"#))
+                    #expect(text.contains(#"lmx_active_via{via="lan"} 1"#))
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,93 @@
+import Foundation
+import LMXCore
+import LMXProbe
+import LMXSystem
+import Testing
+
+@Suite("The system layer and the probe adapter")
+struct SystemTests {
+    func temporaryDirectory() throws -> String {
+        let directory = NSTemporaryDirectory() + "lmx-system-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        return directory
+    }
+
+    @Test("atomic files: whole content, the mode asked whatever the umask, a planted link replaced, never followed")
+    func atomicFile() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let target = directory + "/victim"
+        try "keep".write(toFile: target, atomically: false, encoding: .utf8)
+        try FileManager.default.createSymbolicLink(atPath: directory + "/file", withDestinationPath: target)
+        try FileSystem.writeAtomically(Array("new".utf8), to: directory + "/file", mode: 0o600)
+        #expect(try String(contentsOfFile: target, encoding: .utf8) == "keep")
+        #expect(FileSystem.info(directory + "/file")?.kind == .file)
+        #expect(FileSystem.info(directory + "/file")?.mode == 0o600)
+        #expect(try FileSystem.read(directory + "/file", limit: 10) == Array("new".utf8))
+        #expect(throws: FileSystem.ReadError.self) { try FileSystem.read(directory + "/file", limit: 2) }
+        #expect(throws: FileSystem.ReadError.self) { try FileSystem.read(directory + "/missing", limit: 2) }
+    }
+
+    @Test("socket files: free, live, stale (nobody listens) and unusable (not a socket)")
+    func socketFile() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = directory + "/agent.sock"
+        #expect(SocketFile.probe(path) == .free)
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
+        _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) } }
+        listen(fd, 4)
+        #expect(SocketFile.probe(path) == .live)
+        close(fd)
+        #expect(SocketFile.probe(path) == .stale)
+        try FileManager.default.removeItem(atPath: path)
+        try "x".write(toFile: path, atomically: false, encoding: .utf8)
+        #expect(SocketFile.probe(path) == .unusable("it exists and is not a socket"))
+        #expect(UnixSocketAddress(String(repeating: "a", count: 200)) == nil)
+    }
+
+    @Test("the directory watch reports a file renamed into place")
+    func directoryWatch() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let watch = try DirectoryWatch()
+        try watch.add(directory)
+        try "{}".write(toFile: directory + "/.book.tmp", atomically: false, encoding: .utf8)
+        try FileManager.default.moveItem(atPath: directory + "/.book.tmp", toPath: directory + "/book.json")
+        var seen: Set<String> = []
+        for _ in 0..<10 where !seen.contains(directory + "/book.json") { seen.formUnion(watch.next(milliseconds: 100)) }
+        #expect(seen.contains(directory + "/book.json"))
+    }
+
+    @Test("paths: one idea of a path's directory")
+    func directories() {
+        #expect(FileSystem.directory(of: "/run/lmx/agent.sock") == "/run/lmx")
+        #expect(FileSystem.directory(of: "/agent.sock") == "/")
+        #expect(FileSystem.directory(of: "agent.sock") == ".")
+    }
+
+    @Test("IP literals: one parser for announcements, links and vouched addresses")
+    func addresses() {
+        #expect(IPAddress.v4("10.0.0.1") != nil)
+        #expect(IPAddress.v4("010.0.0.1") == nil)
+        #expect(IPAddress.v4("256.0.0.1") == nil)
+        #expect(IPAddress.v6("fe80::1")?.count == 16)
+        #expect(IPAddress.v6("::ffff:10.0.0.1")?.suffix(4) == [10, 0, 0, 1])
+        #expect(IPAddress.v6("1::2::3") == nil)
+        #expect(AddressPolicy.refusal("010.0.0.1", onLoopbackInterface: false) != nil)
+    }
+
+    @Test("the prober: a port nobody listens on is down (refused) quickly; a missing CA file fails at start")
+    func prober() async throws {
+        let prober = try Prober()
+        let route = Route(baseURL: "http://127.0.0.1:9", via: .lan, source: .manual, name: "nobody")
+        let report = await prober.probe(route, timeout: 2)
+        #expect(report.verdict == .down)
+        #expect(report.detail?.contains("refused") == true)
+        await prober.shutdown()
+        #expect(throws: (any Error).self) { try Prober(extraCAFile: "/nonexistent/ca.pem") }
+    }
+}
