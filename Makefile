@@ -20,9 +20,9 @@ run:
 test:
 	scripts/run-tests.sh
 
-# Core unit tests only: no daemon, no root.
+# Fast in-process tests only: no daemon, no root, no test LAN.
 unit:
-	$(SWIFT) test --filter 'LMXCoreTests|LMXStoreTests|LMXAgentTests'
+	$(SWIFT) test --filter 'LMXCoreTests|LMXStoreTests|LMXAgentTests|LMXDiscoveryTests'
 
 bench:
 	scripts/bench.sh

@@ -162,6 +162,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        .testTarget(name: "LMXDiscoveryTests", dependencies: ["LMXCore", "LMXDiscovery", "CAvahi"]),
         // Mutated-image fuzzing of the decoders (libpng, TurboJPEG, zbar) in process.
         .testTarget(
             name: "LMXImageTests",
