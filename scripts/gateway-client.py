@@ -7,7 +7,11 @@
   gateway-client.py fetch URL [--unix PATH]
       GETs URL and prints JSON: status, length, sha256, seconds to the first body byte.
   gateway-client.py stream URL [--unix PATH]
-      POSTs a streaming chat completion and prints JSON: events, [DONE] seen, first-event delay.
+      POSTs a streaming chat completion and prints JSON: events, [DONE] seen, first-event delay,
+      and an `event: error` the gateway sent when the stream was cut.
+  gateway-client.py streams URL --concurrency C [--unix PATH]
+      C streaming chat completions at once; prints JSON: how many completed with [DONE], the
+      statuses, the slowest and median first-event delays.
 Standard library only, so that it runs wherever the tests do.
 """
 import argparse
@@ -119,7 +123,7 @@ def stream(args):
     conn.request("POST", path_of(parts, "/chat/completions"), body=chat_body(True),
                  headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
     response = conn.getresponse()
-    events, done, first, gaps, last = 0, False, None, [], None
+    events, done, first, gaps, last, error_event = 0, False, None, [], None, None
     buffer = b""
     try:
         while True:
@@ -135,6 +139,9 @@ def stream(args):
                 if event.strip() == b"data: [DONE]":
                     done = True
                     continue
+                if event.startswith(b"event: error\n"):
+                    error_event = json.loads(event.split(b"\ndata: ", 1)[1])
+                    continue
                 events += 1
                 payload = json.loads(event[len(b"data: "):])
                 # How long after the server wrote the event this client read it.
@@ -146,21 +153,66 @@ def stream(args):
         return
     gaps.sort()
     print(json.dumps({"status": response.status, "events": events, "done": done, "instance": last,
-                      "content_type": response.getheader("Content-Type"),
+                      "content_type": response.getheader("Content-Type"), "error_event": error_event,
                       "first_event_ms": round(first * 1000, 3) if first is not None else None,
                       "delivery_p50_ms": round(gaps[len(gaps) // 2] / 1e6, 3) if gaps else None}))
 
 
+def streams(args):
+    """C streams at once: every one must complete; the slowest first event is the figure."""
+    results = []
+    lock = threading.Lock()
+    gate = threading.Barrier(args.concurrency)
+
+    def one():
+        conn, parts = connection(args.url, args.unix, timeout=60)
+        gate.wait()
+        start = time.monotonic()
+        outcome = {"status": None, "done": False, "first": None}
+        try:
+            conn.request("POST", path_of(parts, "/chat/completions"), body=chat_body(True),
+                         headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+            response = conn.getresponse()
+            outcome["status"] = response.status
+            buffer = b""
+            while True:
+                chunk = response.read1(65536)
+                if not chunk:
+                    break
+                if outcome["first"] is None:
+                    outcome["first"] = time.monotonic() - start
+                buffer += chunk
+                if b"data: [DONE]" in buffer:
+                    outcome["done"] = True
+        except (OSError, http.client.HTTPException) as error:
+            outcome["error"] = type(error).__name__
+        with lock:
+            results.append(outcome)
+
+    threads = [threading.Thread(target=one) for _ in range(args.concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    firsts = sorted(r["first"] for r in results if r["first"] is not None)
+    statuses = {}
+    for r in results:
+        statuses[str(r["status"])] = statuses.get(str(r["status"]), 0) + 1
+    print(json.dumps({"streams": len(results), "completed": sum(1 for r in results if r["done"]), "statuses": statuses,
+                      "first_event_max_ms": round(firsts[-1] * 1000, 3) if firsts else None,
+                      "first_event_p50_ms": round(firsts[len(firsts) // 2] * 1000, 3) if firsts else None}))
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["loop", "fetch", "stream"])
+    parser.add_argument("command", choices=["loop", "fetch", "stream", "streams"])
     parser.add_argument("url")
     parser.add_argument("--unix")
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--pause", type=float, default=0, help="milliseconds between one worker's requests")
     args = parser.parse_args()
-    {"loop": loop, "fetch": fetch, "stream": stream}[args.command](args)
+    {"loop": loop, "fetch": fetch, "stream": stream, "streams": streams}[args.command](args)
 
 
 if __name__ == "__main__":

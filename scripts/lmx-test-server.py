@@ -5,7 +5,7 @@ Usage: lmx-test-server.py --bind ADDR --port N [--instance ID] [--tls CERT KEY]
                           [--require-access ID SECRET]
 
 Reads commands on stdin, one per line, and answers "ok <command>" on stdout:
-  ready | notready | overloaded | 401 | 403 | 502 | 530 | login-redirect | wrong-service
+  ready | notready | overloaded | 401 | 403 | 502 | 530 | login-redirect | wrong-service | drop
   slow MS       every answer waits MS milliseconds
   hang          accept connections but never answer
   stall         send the status line, headers and half a body, then never finish
@@ -15,6 +15,9 @@ Reads commands on stdin, one per line, and answers "ok <command>" on stdout:
   instance ID   report another instance_id
   load M | unload M   a model loaded or unloaded (discovery document and /admin/events)
   mute | unmute       stop or resume /admin/events heartbeats (the connection stays open)
+  busy | idle         chat completions answer 429 (all slots busy, Retry-After: 5), or not
+  cut N | cut         streamed completions end abruptly after N events, or not
+  drop                chat completions are read, then the connection closes without an answer
   quit
 Every request is logged on stdout as "REQ <path> <header names that carry credentials>".
 
@@ -152,7 +155,11 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/v1/") and not self.authorized():
             return self.send_json(401, {"error": {"message": "Invalid or missing API key", "type": "authentication_error"}})
         if path == "/v1/echo":
-            return self.send_json(200, {"headers": {k.lower(): v for k, v in self.headers.items()}, "instance": ident})
+            # The request as it arrived (path with query, headers), and a cookie the gateway
+            # must not pass back, a header it replaces.
+            return self.send_json(200, {"headers": {k.lower(): v for k, v in self.headers.items()}, "instance": ident,
+                                        "path": self.path},
+                                  {"Set-Cookie": "session=from-upstream; Path=/", "X-Content-Type-Options": "upstream"})
         if path == "/v1/models":
             return self.send_json(200, {"object": "list", "data": [
                 {"id": name, "object": "model", "created": 0, "owned_by": "opta-lmx"} for name in args.models]})
@@ -171,7 +178,15 @@ class Handler(BaseHTTPRequestHandler):
                  if self.headers.get(h) is not None]
         say("REQ POST %s %s" % (self.path, ",".join(creds) or "-"))
         with lock:
-            mode, instance = state["mode"], state["instance"]
+            mode, instance, busy = state["mode"], state["instance"], state.get("busy", False)
+        if mode == "drop":
+            # Reads the request, then closes the connection without a word: it may have acted.
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if busy:
+            return self.send_json(429, {"error": {"message": "All inference slots are busy", "type": "rate_limit_exceeded",
+                                                  "code": "rate_limit_exceeded"}}, {"Retry-After": "5"})
         if mode == "overloaded":
             return self.send_json(503, {"error": {"message": "Server under memory pressure", "type": "server_error",
                                                   "code": "overloaded"}}, {"Retry-After": state["retry_after"]})
@@ -295,7 +310,14 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         try:
+            with lock:
+                cut = state.get("cut")
             for i in range(args.stream_chunks):
+                if cut is not None and i == cut:
+                    # The server goes away mid-answer: no last chunk, the connection just ends.
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 event = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": int(time.time()),
                          "model": request.get("model", "test/model"),
                          "choices": [{"index": 0, "delta": {"content": "t%d " % i}, "finish_reason": None}],
@@ -434,6 +456,10 @@ def main():
                     args.models.remove(model)
                 for q in subscribers:
                     q.put(("model_loaded" if name == "load" else "model_unloaded", {"model_id": model}))
+            elif name in ("busy", "idle"):
+                state["busy"] = name == "busy"
+            elif name == "cut":
+                state["cut"] = int(command[1]) if len(command) > 1 else None
             elif name in ("mute", "unmute"):
                 state["muted"] = name == "mute"
             elif name == "dead":

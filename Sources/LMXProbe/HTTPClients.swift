@@ -18,13 +18,15 @@ public enum HTTPClients {
         return tls
     }
 
-    public static func make(tls: TLSConfiguration, connectTimeout: Double? = nil, idleTimeout: Int64) -> HTTPClient {
+    /// - Parameter connectionsPerHost: connections to one server at most (async-http-client's
+    ///   default is 8; the gateway sets hundreds).
+    public static func make(tls: TLSConfiguration, connectTimeout: Double? = nil, idleTimeout: Int64, connectionsPerHost: Int = 8) -> HTTPClient {
         var configuration = HTTPClient.Configuration(
             tlsConfiguration: tls,
             redirectConfiguration: .disallow,
             timeout: .init(connect: connectTimeout.map { .milliseconds(Int64($0 * 1000)) }),
             decompression: .disabled)
-        configuration.connectionPool = .init(idleTimeout: .seconds(idleTimeout))
+        configuration.connectionPool = .init(idleTimeout: .seconds(idleTimeout), concurrentHTTP1ConnectionsPerHostSoftLimit: connectionsPerHost)
         configuration.connectionPool.retryConnectionEstablishment = false
         configuration.httpVersion = .http1Only
         return HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)

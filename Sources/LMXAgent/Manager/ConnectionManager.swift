@@ -30,10 +30,12 @@ public actor ConnectionManager {
     }
     private let jobs: AsyncStream<Job>
     private let jobInput: AsyncStream<Job>.Continuation
-    private var probing: Set<String> = []
+    var probing: Set<String> = []
     private var wakeAt: Double?
     private var wakeGeneration = 0
     var stopped = false
+    /// When a held gateway request last had every route probed.
+    var lastWaitingRefresh = -Double.infinity
 
     public init(
         configuration: AgentConfiguration, prober: Prober, store: StoreExecutor, board: StateBoard,
@@ -201,7 +203,7 @@ public actor ConnectionManager {
     /// Discovery is off (disabled in the configuration) or has stopped for good.
     public func discoveryEnded(_ state: DiscoveryState) {
         discovery = state
-        publish([], now: clock.now())
+        pump()
     }
 
     /// Where the gateway listens, for `/v1/status` and `endpoint.env`.
@@ -215,15 +217,6 @@ public actor ConnectionManager {
         planner.refreshAll(now: clock.now())
         logger.info("refresh requested: probing every endpoint")
         pump()
-    }
-
-    /// The gateway could not reach a route (refused, reset, timed out): probe it now rather
-    /// than at its next turn, so the active endpoint moves on quickly.
-    public func gatewayFailed(_ routeID: String, reason: String) {
-        guard planner.routes[routeID] != nil, !probing.contains(routeID) else { return }
-        logger.info("gateway could not reach a route: probing it now", metadata: ["route": "\(routeID)", "reason": "\(reason)"])
-        planner.probeNow(routeID, now: clock.now())
-        pump(reselect: false)
     }
 
     // MARK: - Pairings

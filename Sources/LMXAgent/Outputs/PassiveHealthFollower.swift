@@ -61,14 +61,25 @@ public final class PassiveHealthFollower: AgentEventSink, Service {
 
     private func follow(_ route: Route) async {
         var backoff = 1.0
+        var delivers = false
         while !Task.isCancelled {
             let policy = board.snapshot.planner.policy
+            let heard = StopFlag()
             let end = await prober.followEvents(
                 route, silence: policy.eventHeartbeatTimeout, connectTimeout: policy.timeout(for: route.via)
             ) { [manager] event in
+                heard.set()
                 await manager.serverEvent(event, routeID: route.id)
             }
             guard !Task.isCancelled else { return }
+            delivers = delivers || heard.isSet
+            if case .silent = end, !delivers {
+                // Not even a first heartbeat: the path buffers server-sent events (a Cloudflare
+                // quick tunnel does). Silence there says nothing of the server: probes alone
+                // watch this route until another one is active.
+                await manager.eventStreamNeverDelivered(routeID: route.id)
+                return
+            }
             let pause = await manager.eventStreamEnded(end, routeID: route.id, backoff: backoff)
             try? await Task.sleep(for: .milliseconds(Int64(pause * 1000)))
             backoff = min(backoff * 2, 30)

@@ -25,6 +25,13 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
     public var attempts = 3
     /// Seconds to connect to a route before trying the next (LAN; tunnels get 8).
     public var connectTimeout = 1.5
+    /// Connections the gateway opens to one route at most (as many streams at once). Past it a
+    /// request waits for a connection; waiting is never counted against the route.
+    public var maxConnectionsPerRoute = 256
+    /// Seconds a request waits for a usable route (mid-failover, after resume) before 503.
+    public var holdSeconds = 5.0
+    /// The longest a busy server (429, or 503 overloaded, with `Retry-After`) is passed over.
+    public var busyCooldownMax = 30.0
 
     public static let defaultListen = HostPort(host: "127.0.0.1", port: 1235)
 
@@ -32,7 +39,8 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
 
     enum CodingKeys: String, CodingKey {
         case enabled, listen, socket, admin, group, maxRequestBytes = "max_request_bytes", attempts
-        case connectTimeout = "connect_timeout"
+        case connectTimeout = "connect_timeout", maxConnectionsPerRoute = "max_connections_per_route"
+        case holdSeconds = "hold_seconds", busyCooldownMax = "busy_cooldown_max"
     }
 
     public init(from decoder: any Decoder) throws {
@@ -67,6 +75,18 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
         connectTimeout = try c.decodeIfPresent(Double.self, forKey: .connectTimeout) ?? connectTimeout
         guard connectTimeout >= 0.1, connectTimeout <= 60 else {
             throw DecodingError.dataCorruptedError(forKey: .connectTimeout, in: c, debugDescription: "must be between 0.1 and 60 seconds")
+        }
+        maxConnectionsPerRoute = try c.decodeIfPresent(Int.self, forKey: .maxConnectionsPerRoute) ?? maxConnectionsPerRoute
+        guard (1...10_000).contains(maxConnectionsPerRoute) else {
+            throw DecodingError.dataCorruptedError(forKey: .maxConnectionsPerRoute, in: c, debugDescription: "must be between 1 and 10000")
+        }
+        holdSeconds = try c.decodeIfPresent(Double.self, forKey: .holdSeconds) ?? holdSeconds
+        guard holdSeconds >= 0, holdSeconds <= 120 else {
+            throw DecodingError.dataCorruptedError(forKey: .holdSeconds, in: c, debugDescription: "must be between 0 and 120 seconds")
+        }
+        busyCooldownMax = try c.decodeIfPresent(Double.self, forKey: .busyCooldownMax) ?? busyCooldownMax
+        guard busyCooldownMax >= 0, busyCooldownMax <= 3600 else {
+            throw DecodingError.dataCorruptedError(forKey: .busyCooldownMax, in: c, debugDescription: "must be between 0 and 3600 seconds")
         }
     }
 

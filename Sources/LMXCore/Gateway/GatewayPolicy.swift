@@ -31,8 +31,15 @@ public enum GatewayPolicy {
                 return Refusal(status: 403, code: "forbidden_host", message: "the gateway answers only requests addressed to 127.0.0.1, [::1] or localhost")
             }
         }
-        if let origin = header("origin"), !isLocalOrigin(origin) {
+        let origin = header("origin")
+        if let origin, !isLocalOrigin(origin) {
             return Refusal(status: 403, code: "forbidden_origin", message: "the gateway does not serve web pages from other sites (Origin \(origin.prefix(80)))")
+        }
+        // What a browser says of any request a page makes, including navigations and <img>
+        // loads that carry no Origin: from another site, it is refused like a foreign Origin (a
+        // page of this machine's own, with its local Origin, keeps working).
+        if header("sec-fetch-site")?.lowercased() == "cross-site", origin == nil {
+            return Refusal(status: 403, code: "forbidden_site", message: "the gateway does not serve requests a browser makes for another site (Sec-Fetch-Site: cross-site)")
         }
         if header("upgrade") != nil {
             return Refusal(status: 403, code: "upgrade_refused", message: "the gateway does not forward WebSocket or other protocol upgrades; use the HTTP streaming API (\"stream\": true)")
@@ -77,7 +84,8 @@ public enum GatewayPolicy {
         var present: Set<String> = []
         for header in client {
             let name = header.name.lowercased()
-            if hopByHop.contains(name) || connectionListed.contains(name) { continue }
+            // Cookies are not scoped by port: another local app's cookies never travel on.
+            if hopByHop.contains(name) || connectionListed.contains(name) || name == "cookie" { continue }
             out.append(header)
             present.insert(name)
         }
@@ -92,10 +100,24 @@ public enum GatewayPolicy {
         return out
     }
 
-    /// The headers sent back to the client: the server's, minus hop-by-hop ones.
+    /// The headers sent back to the client: the server's, minus hop-by-hop ones and cookies
+    /// (cookies are not scoped by port: they would reach every local app), and minus whatever
+    /// the gateway sets itself (`securityHeaders`).
     public static func downstreamHeaders(_ upstream: [(name: String, value: String)]) -> [(name: String, value: String)] {
-        upstream.filter { !hopByHop.contains($0.name.lowercased()) }
+        let replaced = Set(securityHeaders.map { $0.name.lowercased() })
+        return upstream.filter {
+            let name = $0.name.lowercased()
+            return !hopByHop.contains(name) && name != "set-cookie" && name != "set-cookie2" && !replaced.contains(name)
+        }
     }
+
+    /// On every answer of the gateway: nothing an upstream returns is sniffed into a script,
+    /// runs on the gateway's origin, or is embedded by a page of another origin.
+    public static let securityHeaders: [(name: String, value: String)] = [
+        ("X-Content-Type-Options", "nosniff"),
+        ("Content-Security-Policy", "sandbox; default-src 'none'; frame-ancestors 'none'"),
+        ("Cross-Origin-Resource-Policy", "same-origin"),
+    ]
 
     /// Safe to send twice (RFC 9110 §9.2.2): may be retried on another route even when the
     /// first may have received it.

@@ -153,7 +153,9 @@ extension AgentSnapshot {
                     + ": send your own Authorization header, or pair again with the server's api_key")
         }
         return .forward(keyed.prefix(limit).map { state in
-            GatewayTarget(routeID: state.id, baseURL: state.route.baseURL, via: state.route.via, credentials: state.route.credentials)
+            GatewayTarget(
+                routeID: state.id, baseURL: state.route.baseURL, via: state.route.via, credentials: state.route.credentials,
+                rank: planner.rank(state) ?? 9)
         })
     }
 }
@@ -164,12 +166,15 @@ public struct GatewayTarget: Sendable {
     public var baseURL: String
     public var via: Via
     public var credentials: Credentials
+    /// The planner's rank (lower is better): among equal ranks the gateway picks the least busy.
+    public var rank: Int
 
-    public init(routeID: String, baseURL: String, via: Via, credentials: Credentials) {
+    public init(routeID: String, baseURL: String, via: Via, credentials: Credentials, rank: Int = 0) {
         self.routeID = routeID
         self.baseURL = baseURL
         self.via = via
         self.credentials = credentials
+        self.rank = rank
     }
 }
 

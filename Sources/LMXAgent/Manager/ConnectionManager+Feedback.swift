@@ -1,9 +1,18 @@
 import LMXCore
 import LMXProbe
 
-// Passive health: what the active server says on its `/admin/events` stream (followed by
-// `PassiveHealthFollower`).
+// Feedback from the outputs: what the active server says on its `/admin/events` stream
+// (followed by `PassiveHealthFollower`), and what the gateway finds.
 extension ConnectionManager {
+    /// The gateway could not reach a route (refused, reset, timed out): probe it now rather
+    /// than at its next turn, so the active endpoint moves on quickly.
+    public func gatewayFailed(_ routeID: String, reason: String) {
+        guard planner.routes[routeID] != nil, !probing.contains(routeID) else { return }
+        logger.info("gateway could not reach a route: probing it now", metadata: ["route": "\(routeID)", "reason": "\(reason)"])
+        planner.probeNow(routeID, now: clock.now())
+        pump(reselect: false)
+    }
+
     func serverEvent(_ event: ServerEvent, routeID: String) {
         guard routeID == planner.activeID, !stopped else { return }
         let t = clock.now()
@@ -42,5 +51,24 @@ extension ConnectionManager {
             pump(reselect: false)
             return backoff
         }
+    }
+
+    /// The route's event stream opened but never delivered a first event (a path that buffers
+    /// server-sent events): said once; probes alone watch it, nothing is counted as failing.
+    func eventStreamNeverDelivered(routeID: String) {
+        logger.notice(
+            "no event arrived on /admin/events, not even a heartbeat (the path buffers server-sent events, as quick tunnels do): relying on probes for this route",
+            metadata: ["route": "\(routeID)"])
+    }
+
+    /// A gateway request is waiting for a usable route: everything is probed now (at most once a
+    /// second), rather than at each route's next turn of its backoff.
+    func gatewayWaiting() {
+        let t = clock.now()
+        guard t - lastWaitingRefresh >= 1 else { return }
+        lastWaitingRefresh = t
+        logger.debug("a gateway request waits for a usable route: probing every endpoint")
+        planner.refreshAll(now: t)
+        pump()
     }
 }

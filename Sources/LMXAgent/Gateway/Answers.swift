@@ -1,0 +1,133 @@
+import AsyncHTTPClient
+import Hummingbird
+import HummingbirdCore
+import LMXCore
+import NIOCore
+import NIOHTTP1
+import Prometheus
+import Synchronization
+
+extension Gateway {
+    /// The server's answer as it comes: status and headers (cookies dropped, the security
+    /// headers set), then each chunk as soon as it arrives (server-sent events are never held
+    /// back). A stream of events cut after its first byte ends with an `error` event naming the
+    /// route, not a silent truncation.
+    static func passThrough(_ upstream: HTTPClientResponse, target: GatewayTarget, holding tokens: [any AnyObject & Sendable]) -> Response {
+        var headers = secured(fields(upstream.headers))
+        if let via = HTTPFields.Element.Name("X-LMX-Via") { headers[via] = target.via.rawValue }
+        let length = upstream.headers.first(name: "content-length").flatMap(Int.init)
+        let events = upstream.headers.first(name: "content-type")?.lowercased().hasPrefix("text/event-stream") == true
+        let body = upstream.body
+        let response = ResponseBody(contentLength: length) { writer in
+            withExtendedLifetime(tokens) {}
+            do {
+                for try await chunk in body {
+                    try await writer.write(chunk)
+                }
+            } catch where events {
+                try await writer.write(ByteBuffer(bytes: streamLostEvent(target: target, error: error)))
+            }
+            try await writer.finish(nil)
+        }
+        return Response(status: HTTPResponse.Status(code: Int(upstream.status.code)), headers: headers, body: response)
+    }
+
+    /// `event: error` with the OpenAI error shape, `code: upstream_lost` and the route.
+    static func streamLostEvent(target: GatewayTarget, error: any Error) -> [UInt8] {
+        struct Body: Encodable {
+            struct Detail: Encodable {
+                var message: String
+                var type = "lmx_gateway_error"
+                var code = "upstream_lost"
+                var route: String
+            }
+            var error: Detail
+        }
+        let detail = Body.Detail(
+            message: "the connection to the Opta LMX server was lost mid-answer; the agent is probing it again", route: target.routeID)
+        let json = (try? StatusAPI.encoder.encode(Body(error: detail))).map { Array($0) } ?? Array("{}".utf8)
+        return Array("event: error\ndata: ".utf8) + json + Array("\n\n".utf8)
+    }
+
+    /// The upstream's headers the client may see.
+    static func fields(_ headers: HTTPHeaders) -> HTTPFields {
+        var fields = HTTPFields()
+        for (name, value) in GatewayPolicy.downstreamHeaders(headers.map { (name: $0.name, value: $0.value) }) {
+            if let field = HTTPFields.Element.Name(name) { fields[values: field].append(value) }
+        }
+        return fields
+    }
+}
+
+/// How busy each route is, as the gateway sees it: its own requests in flight, and the servers
+/// that answered 429 (all slots busy) or 503 overloaded, passed over until their `Retry-After`.
+final class RouteLoad: Sendable {
+    private struct State {
+        var inFlight: [String: Int] = [:]
+        var coolUntil: [String: ContinuousClock.Instant] = [:]
+    }
+    private let state = Mutex(State())
+
+    /// Counts a request to `routeID` until the returned token is released.
+    func started(_ routeID: String) -> any AnyObject & Sendable {
+        state.withLock { $0.inFlight[routeID, default: 0] += 1 }
+        return Release { [self] in
+            self.state.withLock { s in
+                let left = s.inFlight[routeID, default: 1] - 1
+                s.inFlight[routeID] = left > 0 ? left : nil
+            }
+        }
+    }
+
+    func inFlight(_ routeID: String) -> Int { state.withLock { $0.inFlight[routeID] ?? 0 } }
+
+    func coolDown(_ routeID: String, seconds: Double) {
+        let until = ContinuousClock.now + .milliseconds(Int64(seconds * 1000))
+        state.withLock { $0.coolUntil[routeID] = until }
+    }
+
+    /// Best first: routes not cooling down before those that are, then the planner's rank, then
+    /// the fewest requests in flight (the planner's order breaks the remaining ties).
+    func order(_ targets: [GatewayTarget]) -> [GatewayTarget] {
+        let now = ContinuousClock.now
+        let (cooling, counts): ([String: Bool], [String: Int]) = state.withLock { s in
+            s.coolUntil = s.coolUntil.filter { $0.value > now }
+            return (Dictionary(uniqueKeysWithValues: targets.map { ($0.routeID, s.coolUntil[$0.routeID] != nil) }),
+                    Dictionary(uniqueKeysWithValues: targets.map { ($0.routeID, s.inFlight[$0.routeID] ?? 0) }))
+        }
+        return targets.enumerated().sorted { a, b in
+            let ka = (cooling[a.element.routeID]! ? 1 : 0, a.element.rank, counts[a.element.routeID]!, a.offset)
+            let kb = (cooling[b.element.routeID]! ? 1 : 0, b.element.rank, counts[b.element.routeID]!, b.offset)
+            return ka < kb
+        }.map(\.element)
+    }
+
+    /// The cool-down a busy answer asks for: 429, or 503 that says it is overloaded (or gives a
+    /// `Retry-After`); its `Retry-After` seconds, capped; nil for any other answer.
+    static func busyCooldown(_ response: HTTPClientResponse, cap: Double) -> Double? {
+        let code = response.status.code
+        let retryAfter = response.headers.first(name: "retry-after").flatMap(Double.init)
+        guard code == 429 || (code == 503 && retryAfter != nil) else { return nil }
+        return min(max(retryAfter ?? 5, 1), cap)
+    }
+}
+
+/// Runs `action` once, when released.
+final class Release: Sendable {
+    let action: @Sendable () -> Void
+    init(_ action: @escaping @Sendable () -> Void) { self.action = action }
+    deinit { action() }
+}
+
+/// One request in flight, for the gauge: released with the answer's body (or with the request
+/// when no answer is passed on).
+final class InFlightToken: Sendable {
+    let gauge: Gauge
+
+    init(_ gauge: Gauge) {
+        self.gauge = gauge
+        gauge.increment()
+    }
+
+    deinit { gauge.decrement() }
+}

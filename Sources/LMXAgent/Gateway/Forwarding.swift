@@ -1,0 +1,239 @@
+import AsyncHTTPClient
+import Hummingbird
+import HummingbirdCore
+import LMXCore
+import LMXProbe
+import NIOCore
+import NIOHTTP1
+
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+extension Gateway {
+    func forward(_ request: Request, context: AgentRequestContext) async -> Response {
+        let method = request.method.rawValue
+        let clientHeaders = request.headers.map { (name: $0.name.canonicalName, value: $0.value) }
+        if let refusal = GatewayPolicy.refusal(
+            method: method, path: request.uri.path, authority: request.head.authority, headers: clientHeaders,
+            adminEnabled: configuration.admin, overTCP: context.isTCP)
+        {
+            metrics.gatewayRefused.increment()
+            return Self.error(refusal.status, code: refusal.code, message: refusal.message)
+        }
+        if let groupGate {
+            let uid = await context.peerUID()
+            let allowed = uid.flatMap(groupGate.allows)
+            if uid != nil, allowed == nil {
+                logger.warning("gateway.group: no group named \(groupGate.group) any more; only root and the agent's user are served")
+            }
+            guard allowed == true else {
+                metrics.gatewayRefused.increment()
+                return Self.error(403, code: "forbidden", message: "only members of the group \(configuration.group ?? "") may use this gateway")
+            }
+        }
+        let tooLarge = Self.error(
+            413, code: "request_too_large", message: "request bodies are limited to \(configuration.maxRequestBytes) bytes (gateway.max_request_bytes)")
+        if let declared = request.headers[.contentLength].flatMap(Int.init), declared > configuration.maxRequestBytes {
+            metrics.gatewayRefused.increment()
+            return tooLarge
+        }
+        // A body up to `bufferedBodyBytes` is read whole: such a request can be sent again to
+        // another route and routed by its `model`. A larger one streams through as it comes
+        // (still capped), to the best route, and is never repeated.
+        var iterator = request.body.makeAsyncIterator()
+        var prefix: [ByteBuffer] = []
+        var prefixBytes = 0
+        var ended = false
+        do {
+            while prefixBytes <= Self.bufferedBodyBytes {
+                guard let chunk = try await iterator.next() else {
+                    ended = true
+                    break
+                }
+                prefixBytes += chunk.readableBytes
+                prefix.append(chunk)
+            }
+        } catch {
+            return Self.error(400, code: "bad_request", message: "the request body could not be read")
+        }
+        if prefixBytes > configuration.maxRequestBytes {
+            metrics.gatewayRefused.increment()
+            return tooLarge
+        }
+        var body = ByteBuffer()
+        var streamed: StreamedBody?
+        if ended {
+            for var chunk in prefix { body.writeBuffer(&chunk) }
+        } else {
+            streamed = StreamedBody(prefix: prefix, rest: UnsafeSendableIterator(iterator), limit: configuration.maxRequestBytes)
+        }
+        // Routed by the JSON `model` field, like the server itself: to a server that has it.
+        let model = method == "POST" && streamed == nil ? Self.modelField(body) : nil
+        let clientHasKey = clientHeaders.contains { ["authorization", "x-api-key"].contains($0.name.lowercased()) }
+        var targets: [GatewayTarget]
+        switch await plan(model: model, clientHasKey: clientHasKey) {
+        case .forward(let routes):
+            targets = load.order(routes)
+        case .refuse(let status, let code, let message):
+            metrics.gatewayFailures.increment()
+            var response = Self.error(status, code: code, message: message)
+            if status == 503 { response.headers[.retryAfter] = "2" }
+            return response
+        }
+        if streamed != nil { targets = Array(targets.prefix(1)) }
+        metrics.gatewayRequests.increment()
+        // Counted until the answer's body is done or dropped (a client that went away).
+        let inFlight = InFlightToken(metrics.gatewayInFlight)
+        var lastFailure = ""
+        var lastBusy: (status: HTTPResponseStatus, headers: HTTPHeaders, body: ByteBuffer, target: GatewayTarget)?
+        for (index, target) in targets.enumerated() {
+            if index > 0 { metrics.gatewayRetries.increment() }
+            var outgoing = Self.upstreamRequest(target: target, method: method, uri: request.uri, headers: clientHeaders, body: body)
+            if let streamed {
+                let length = request.headers[.contentLength].flatMap(Int.init)
+                outgoing.body = .stream(streamed, length: length.map { .known(Int64($0)) } ?? .unknown)
+            }
+            let routeToken = load.started(target.routeID)
+            do {
+                // No overall deadline: a long generation is normal; the client decides when to
+                // give up (closing its connection cancels the upstream request).
+                let upstream = try await (target.via == .lan ? lanClient : wanClient).execute(outgoing, timeout: .hours(24))
+                // All slots busy (429) or overloaded (503): before any byte reached the client,
+                // another server with the model may take it; the busy one cools down meanwhile.
+                if let cooldown = RouteLoad.busyCooldown(upstream, cap: configuration.busyCooldownMax) {
+                    load.coolDown(target.routeID, seconds: cooldown)
+                    if index + 1 < targets.count, streamed == nil {
+                        logger.info("gateway: server busy, trying the next", metadata: ["route": "\(target.routeID)", "status": "\(upstream.status.code)"])
+                        let answer = (try? await upstream.body.collect(upTo: 1 << 20)) ?? ByteBuffer()
+                        lastBusy = (upstream.status, upstream.headers, answer, target)
+                        continue
+                    }
+                }
+                return Self.passThrough(upstream, target: target, holding: [inFlight, routeToken])
+            } catch {
+                if error is RequestBodyTooLarge {
+                    metrics.gatewayRefused.increment()
+                    return tooLarge
+                }
+                if let error = error as? HTTPClientError, error == .getConnectionFromPoolTimeout {
+                    // Waiting for one of our own connections is not the route's failure.
+                    lastFailure = "every connection to the route is busy (gateway.max_connections_per_route)"
+                    continue
+                }
+                let failure = Prober.classify(error)
+                lastFailure = failure.detail
+                await agent.manager.gatewayFailed(target.routeID, reason: failure.detail)
+                let canRetry = GatewayPolicy.isIdempotent(method) || Self.certainlyNotSent(error, failure)
+                logger.notice(
+                    "gateway: route failed before answering",
+                    metadata: ["route": "\(target.routeID)", "reason": "\(failure.detail)", "retry": "\(canRetry && index + 1 < targets.count)"])
+                if !canRetry { break }
+            }
+        }
+        if let busy = lastBusy {
+            // Every other candidate failed too: the client sees the busy server's own answer.
+            var headers = Self.secured(Self.fields(busy.headers))
+            if let via = HTTPFields.Element.Name("X-LMX-Via") { headers[via] = busy.target.via.rawValue }
+            return Response(status: HTTPResponse.Status(code: Int(busy.status.code)), headers: headers, body: .init(byteBuffer: busy.body))
+        }
+        metrics.gatewayFailures.increment()
+        return Self.error(502, code: "upstream_unreachable", message: "the Opta LMX server could not be reached (\(lastFailure)); the agent is probing it again")
+    }
+
+    /// The routes for a request; while none is usable (mid-failover, just after resume), waits
+    /// up to `gateway.hold_seconds` for one before answering 503 with why.
+    func plan(model: String?, clientHasKey: Bool) async -> GatewayPlan {
+        let deadline = ContinuousClock.now + .milliseconds(Int64(configuration.holdSeconds * 1000))
+        while true {
+            let snapshot = agent.board.snapshot
+            let plan = snapshot.gatewayPlan(limit: configuration.attempts, model: model, clientHasKey: clientHasKey)
+            if case .forward(let routes) = plan, routes.isEmpty {
+                if ContinuousClock.now < deadline, !Task.isCancelled {
+                    await agent.manager.gatewayWaiting()
+                    try? await Task.sleep(for: .milliseconds(25))
+                    continue
+                }
+                return .refuse(
+                    status: 503, code: "no_endpoint",
+                    message: "no Opta LMX endpoint is usable now (waited \(configuration.holdSeconds) s): \(snapshot.noActiveReason)")
+            }
+            return plan
+        }
+    }
+
+    /// Request bodies up to this size are read whole before forwarding (retry, routing by model).
+    static let bufferedBodyBytes = 1024 * 1024
+
+    /// The `model` of a JSON request body (OpenAI requests name it at the top level).
+    static func modelField(_ body: ByteBuffer) -> String? {
+        guard body.readableBytes > 0, body.readableBytes <= 4 * 1024 * 1024 else { return nil }
+        struct Model: Decodable { var model: String? }
+        let bytes = body.readableBytesView
+        guard bytes.first(where: { $0 != 0x20 && $0 != 0x0A && $0 != 0x0D && $0 != 0x09 }) == UInt8(ascii: "{") else { return nil }
+        return (try? JSONDecoder().decode(Model.self, from: Data(bytes)))?.model
+    }
+
+    /// Failures where the request certainly never reached the server (refused, no route to the
+    /// host, name resolution, no connection made in time): safe to send elsewhere even when it is
+    /// not idempotent. Never after TLS or read errors: the request may have gone.
+    static func certainlyNotSent(_ error: any Error, _ failure: ProbeTransportFailure) -> Bool {
+        switch failure {
+        case .refused, .unreachable, .nameResolution: return true
+        case .timeout:
+            if let error = error as? HTTPClientError, error == .connectTimeout { return true }
+            if let error = error as? ChannelError, case .connectTimeout = error { return true }
+            return false
+        case .tls, .reset, .other: return false
+        }
+    }
+
+    /// The request as the route receives it: path and query only (an absolute-form target's
+    /// scheme and authority are never forwarded), the client's headers minus hop-by-hop ones and
+    /// cookies, the route's credentials.
+    static func upstreamRequest(
+        target: GatewayTarget, method: String, uri: URI, headers: [(name: String, value: String)], body: ByteBuffer
+    ) -> HTTPClientRequest {
+        var outgoing = HTTPClientRequest(url: target.baseURL + uri.path + (uri.query.map { "?" + $0 } ?? ""))
+        outgoing.method = HTTPMethod(rawValue: method)
+        for header in GatewayPolicy.upstreamHeaders(
+            client: headers, credentials: target.credentials, path: uri.path, userAgent: "lmx-agent/\(StatusAPI.version)")
+        {
+            outgoing.headers.add(name: header.name, value: header.value)
+        }
+        if body.readableBytes > 0 || !["GET", "HEAD", "OPTIONS", "DELETE"].contains(method) {
+            outgoing.body = .bytes(body)
+        }
+        return outgoing
+    }
+
+    /// The gateway's own answer headers: JSON, never cached, and the security headers.
+    static func secured(_ fields: HTTPFields) -> HTTPFields {
+        var fields = fields
+        for (name, value) in GatewayPolicy.securityHeaders {
+            if let field = HTTPFields.Element.Name(name) { fields[field] = value }
+        }
+        return fields
+    }
+
+    /// An error in the OpenAI API's shape, so clients show the message.
+    static func error(_ status: Int, code: String, message: String) -> Response {
+        struct Body: Encodable {
+            struct Detail: Encodable {
+                var message: String
+                var type: String
+                var code: String
+            }
+            var error: Detail
+        }
+        let body = Body(error: .init(message: message, type: "lmx_gateway_error", code: code))
+        var bytes = (try? StatusAPI.encoder.encode(body)).map { Array($0) } ?? Array("{}".utf8)
+        bytes.append(0x0A)
+        return Response(
+            status: HTTPResponse.Status(code: status),
+            headers: secured([.contentType: "application/json", .cacheControl: "no-store"]),
+            body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+    }
+}
