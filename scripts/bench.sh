@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: release build, test LAN up, discovery and agent benchmarks, test LAN down.
-# Writes the tables to Benchmarks/results-discovery.md and results-agent.md (copied into
-# Benchmarks/README.md by hand). BENCH=agent, discovery or pair runs only one of them.
+# Writes the tables to Benchmarks/results-discovery.md, results-agent.md, results-pair.md and
+# results-proxy.md (copied into Benchmarks/README.md by hand). BENCH=agent, discovery, pair or
+# proxy runs only one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOG_NAME=make-bench
@@ -10,6 +11,9 @@ require_root "make bench"
 command -v swift >/dev/null || export PATH="/opt/swift/usr/bin:$PATH"
 trap 'scripts/testbed.sh down' EXIT
 install_packages time hyperfine
+# nginx (the reverse proxy the gateway is compared with) and wrk (its load); nginx's own service
+# is never started: the benchmark runs its own on loopback and stops it by PID.
+BLOCK_SERVICE_STARTS=1 install_packages nginx wrk
 scripts/testbed.sh up
 swift build -c release --static-swift-stdlib
 case "${BENCH:-all}" in
@@ -20,4 +24,7 @@ all | pair) BENCH_RESULTS=Benchmarks/results-pair.md LMX_BIN_DIR=.build/release 
 esac
 case "${BENCH:-all}" in
 all | agent) BENCH_RESULTS=Benchmarks/results-agent.md python3 Benchmarks/agent_bench.py ;;
+esac
+case "${BENCH:-all}" in
+all | proxy) BENCH_RESULTS=Benchmarks/results-proxy.md python3 Benchmarks/proxy_bench.py ;;
 esac

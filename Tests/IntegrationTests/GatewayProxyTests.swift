@@ -224,4 +224,47 @@ struct GatewayProxyTests {
             #expect(!other.requests.contains { $0.hasPrefix("REQ POST") })
         }
     }
+
+    @Test("1,500 slow-body connections from one user over TCP: that user's limit holds, others are served, the status answers fast, memory stays bounded")
+    func slowBodyFlood() async throws {
+        try await withResources {
+            let port = freePort(), gatewayPort = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "flood-\(port)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [endpoint(server, name: "Studio")], top: #""gateway": {"max_connections_per_user": 256}"#),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            let hostile = LiveProcess(
+                "/usr/bin/setpriv",
+                ["--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3",
+                 "\(TestBed.repo)/scripts/hostile-clients.py", "--tcp", "127.0.0.1:\(gatewayPort)", "--slow-body",
+                 "--count", "1500", "--seconds", "20"])
+            try await hostile.start()
+            #expect(await hostile.waitForLine(containing: "open ", timeout: 40))
+            let summary = hostile.stdoutLines.first { $0.hasPrefix("open ") } ?? ""
+            let numbers = summary.split(separator: " ").compactMap { Int($0) }
+            #expect(numbers.count == 3 && numbers[0] <= 256, "\(summary)")
+
+            var times: [Double] = []
+            for _ in 0..<10 {
+                let result = try await Command.run(
+                    "/usr/bin/setpriv",
+                    ["--reuid", "daemon", "--regid", "daemon", "--clear-groups", "--", "\(TestBed.binDir)/lmx-status", "--url", "--socket", agent.socket])
+                #expect(result.status == 0, "\(result.stderr)")
+                times.append(result.seconds)
+            }
+            times.sort()
+            #expect(times[5] <= 0.03, "median \(times[5]) s")
+            // Another user still gets through the gateway.
+            let other = try await Command.run(
+                "/usr/bin/setpriv",
+                ["--reuid", "daemon", "--regid", "daemon", "--clear-groups", "--", "/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                 "http://127.0.0.1:\(gatewayPort)/v1/models"])
+            #expect(other.stdout == "200")
+            let rss = RobustnessTests.rss(agent)
+            #expect(rss > 0 && rss < 256 * 1024, "RSS \(rss) KiB against the unit's MemoryMax=512M")
+            print("figure: 1,500 slow-body TCP connections from one user: \(summary); lmx-status --url median \(times[5] * 1000) ms; daemon RSS \(rss / 1024) MiB")
+            await hostile.stop()
+        }
+    }
 }

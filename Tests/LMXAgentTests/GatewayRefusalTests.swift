@@ -97,3 +97,36 @@ struct GatewayRefusalTests {
         }
     }
 }
+
+@Suite("The gateway's route load")
+struct RouteLoadTests {
+    func target(_ id: String, rank: Int, server: Int = 0) -> GatewayTarget {
+        GatewayTarget(routeID: id, baseURL: "http://\(id)", via: .lan, credentials: Credentials(), rank: rank, serverInFlight: server)
+    }
+
+    @Test("among equal ranks the least busy comes first; a cooling route goes last; rank still wins")
+    func order() {
+        let load = RouteLoad()
+        let a = target("a", rank: 1), b = target("b", rank: 1), c = target("c", rank: 2)
+        #expect(load.order([a, b, c]).map(\.routeID) == ["a", "b", "c"])
+        let token = load.started("a")
+        #expect(load.order([a, b, c]).map(\.routeID) == ["b", "a", "c"])
+        withExtendedLifetime(token) {}
+        #expect(load.order([target("a", rank: 1, server: 3), b]).map(\.routeID) == ["b", "a"], "the server's own count")
+        load.coolDown("b", seconds: 30)
+        #expect(load.order([a, b, c]).map(\.routeID).last == "b")
+    }
+
+    @Test("the read-ahead budget is shared and given back")
+    func budget() {
+        let budget = ReadAheadBudget(bytes: 100)
+        var first: ReadAheadBudget.Reservation? = budget.reservation()
+        #expect(first!.take(80))
+        let second = budget.reservation()
+        #expect(!second.take(30))
+        #expect(second.take(20))
+        first = nil
+        #expect(budget.available == 80)
+        withExtendedLifetime(second) {}
+    }
+}

@@ -91,3 +91,30 @@ struct SystemTests {
         #expect(throws: (any Error).self) { try Prober(extraCAFile: "/nonexistent/ca.pem") }
     }
 }
+
+extension SystemTests {
+    @Test("the owner of a loopback TCP peer comes from the kernel's socket tables")
+    func socketOwner() throws {
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(listener) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+        address.sin_port = 0
+        _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        listen(listener, 4)
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(listener, $0, &length) } }
+        let serverPort = UInt16(bigEndian: address.sin_port)
+        let client = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(client) }
+        _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(client, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        var mine = sockaddr_in()
+        length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &mine) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(client, $0, &length) } }
+        let clientPort = UInt16(bigEndian: mine.sin_port)
+        let loopback: [UInt8] = [127, 0, 0, 1]
+        #expect(SocketOwner.uid(peer: (loopback, clientPort), local: (loopback, serverPort)) == Users.effective)
+        #expect(SocketOwner.uid(peer: (loopback, 1), local: (loopback, serverPort)) == nil, "no such connection")
+    }
+}

@@ -130,4 +130,21 @@ struct ConfigurationTests {
         let bytes = try [UInt8](Data(contentsOf: file))
         #expect(try AgentConfiguration.parse(bytes, file: "agent.json") == AgentConfiguration())
     }
+
+    @Test("the commented example config parses, with the gateway's limits; out-of-range limits name their key")
+    func exampleAndGatewayLimits() throws {
+        let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("examples/agent.json").path
+        let example = try AgentConfiguration.parse(Array(try Data(contentsOf: URL(fileURLWithPath: path))), file: path)
+        #expect(example.gateway.maxConnectionsPerRoute == 256)
+        #expect(example.gateway.readAheadBudgetBytes == 64 << 20)
+        #expect(example.gateway.holdSeconds == 5)
+        let defaults = try parse("{}").gateway
+        #expect(defaults.maxConnectionsPerUser == 256 && defaults.readAheadBytes == 256 << 10 && defaults.busyCooldownMax == 30)
+        for (key, value) in [("max_connections_per_route", "0"), ("hold_seconds", "-1"), ("read_ahead_bytes", "10"),
+                             ("read_ahead_budget_bytes", "2048"), ("busy_cooldown_max", "99999"), ("max_connections_per_user", "0")] {
+            #expect(throws: ConfigurationError.self) { try parse(#"{"gateway": {"\#(key)": \#(value)}}"#) }
+            do { _ = try parse(#"{"gateway": {"\#(key)": \#(value)}}"#) } catch { #expect(error.description.contains(key), "\(error)") }
+        }
+    }
 }

@@ -102,4 +102,40 @@ struct GatewayPolicyTests {
         #expect(throws: ConfigurationError.self) { try AgentConfiguration.parse(Array(#"{"gateway": {"listen": "0.0.0.0:80"}}"#.utf8), file: "t.json") }
         #expect(AgentConfiguration().gateway.listen == GatewayConfiguration.defaultListen)
     }
+
+    @Test("a browser's cross-site request is refused unless a page of this machine's own made it")
+    func crossSite() {
+        #expect(refusal("/v1/models", headers: [("Sec-Fetch-Site", "cross-site")]) == "forbidden_site")
+        #expect(refusal("/v1/models", headers: [("sec-fetch-site", "Cross-Site"), ("Sec-Fetch-Dest", "image")]) == "forbidden_site")
+        #expect(refusal("/v1/models", headers: [("Sec-Fetch-Site", "cross-site"), ("Origin", "http://localhost:3000")]) == nil)
+        #expect(refusal("/v1/models", headers: [("Sec-Fetch-Site", "cross-site"), ("Origin", "https://evil.example")]) == "forbidden_origin")
+        #expect(refusal("/v1/models", headers: [("Sec-Fetch-Site", "same-origin")]) == nil)
+        #expect(refusal("/v1/models", headers: [("Sec-Fetch-Site", "none")]) == nil)
+    }
+
+    @Test("cookies never cross the gateway, either way; the gateway's own security headers replace the upstream's")
+    func cookiesAndHeaders() {
+        let up = GatewayPolicy.upstreamHeaders(
+            client: [("Cookie", "a=1"), ("Accept", "*/*")], credentials: Credentials(), path: "/v1/models", userAgent: "x")
+        #expect(!up.contains { $0.name.lowercased() == "cookie" })
+        #expect(up.contains { $0.name == "Accept" })
+        let down = GatewayPolicy.downstreamHeaders([
+            ("Set-Cookie", "s=1"), ("set-cookie2", "t=2"), ("X-Content-Type-Options", "upstream"), ("Content-Type", "text/html"),
+        ])
+        #expect(down.map(\.name) == ["Content-Type"])
+        #expect(GatewayPolicy.securityHeaders.map(\.name) == ["X-Content-Type-Options", "Content-Security-Policy", "Cross-Origin-Resource-Policy"])
+    }
+
+    @Test("the model field is found in a prefix of the body, wherever it stands at the top level")
+    func modelField() {
+        func find(_ text: String) -> String? { ModelField.find(in: Array(text.utf8)) }
+        #expect(find(#"{"model":"alpha","messages":[]}"#) == "alpha")
+        #expect(find(#"  {"messages":[{"role":"user","content":"say \"model\": x {"}],"stream":true,"model":"b\u00e9ta"}"#) == "béta")
+        #expect(find(#"{"messages":[{"model":"inner"}],"model":"outer"}"#) == "outer")
+        #expect(find(#"{"messages":[{"role":"user","content":"long…"#) == nil, "cut before the field")
+        #expect(find(#"{"model":"alpha"#) == nil, "cut inside the value")
+        #expect(find(#"{"model":42}"#) == nil)
+        #expect(find(#"["model","x"]"#) == nil)
+        #expect(find("") == nil)
+    }
 }

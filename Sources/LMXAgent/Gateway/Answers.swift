@@ -87,13 +87,14 @@ final class RouteLoad: Sendable {
     }
 
     /// Best first: routes not cooling down before those that are, then the planner's rank, then
-    /// the fewest requests in flight (the planner's order breaks the remaining ties).
+    /// the fewest requests in flight (the gateway's own, and what the server said at its last
+    /// probe); the planner's order breaks the remaining ties.
     func order(_ targets: [GatewayTarget]) -> [GatewayTarget] {
         let now = ContinuousClock.now
         let (cooling, counts): ([String: Bool], [String: Int]) = state.withLock { s in
             s.coolUntil = s.coolUntil.filter { $0.value > now }
             return (Dictionary(uniqueKeysWithValues: targets.map { ($0.routeID, s.coolUntil[$0.routeID] != nil) }),
-                    Dictionary(uniqueKeysWithValues: targets.map { ($0.routeID, s.inFlight[$0.routeID] ?? 0) }))
+                    Dictionary(uniqueKeysWithValues: targets.map { ($0.routeID, (s.inFlight[$0.routeID] ?? 0) + $0.serverInFlight) }))
         }
         return targets.enumerated().sorted { a, b in
             let ka = (cooling[a.element.routeID]! ? 1 : 0, a.element.rank, counts[a.element.routeID]!, a.offset)
@@ -130,4 +131,40 @@ final class InFlightToken: Sendable {
     }
 
     deinit { gauge.decrement() }
+}
+
+/// Bytes of request bodies read ahead by all requests together, at most: a flood of slow or large
+/// bodies costs at most this much memory, then requests stream at once.
+final class ReadAheadBudget: Sendable {
+    private let left: Mutex<Int>
+
+    init(bytes: Int) { left = Mutex(bytes) }
+
+    var available: Int { left.withLock { $0 } }
+
+    /// What one request holds; given back when it is released.
+    final class Reservation: Sendable {
+        let budget: ReadAheadBudget
+        private let held = Mutex(0)
+
+        init(_ budget: ReadAheadBudget) { self.budget = budget }
+
+        /// Takes `bytes` more; false (taking none) when the budget has no room.
+        func take(_ bytes: Int) -> Bool {
+            let taken = budget.left.withLock { left in
+                guard left >= bytes else { return false }
+                left -= bytes
+                return true
+            }
+            if taken { held.withLock { $0 += bytes } }
+            return taken
+        }
+
+        deinit {
+            let bytes = held.withLock { $0 }
+            budget.left.withLock { $0 += bytes }
+        }
+    }
+
+    func reservation() -> Reservation { Reservation(self) }
 }

@@ -40,21 +40,24 @@ extension Gateway {
             metrics.gatewayRefused.increment()
             return tooLarge
         }
-        // A body up to `bufferedBodyBytes` is read whole: such a request can be sent again to
-        // another route and routed by its `model`. A larger one streams through as it comes
-        // (still capped), to the best route, and is never repeated.
+        // Read ahead: up to `read_ahead_bytes`, within the budget all requests share. A body
+        // that ends within it can be sent again (a busy server, a route gone before answering);
+        // a longer one streams through as it comes (still capped), to the best route only.
         var iterator = request.body.makeAsyncIterator()
         var prefix: [ByteBuffer] = []
         var prefixBytes = 0
         var ended = false
+        let reservation = readAhead.reservation()
+        defer { withExtendedLifetime(reservation) {} }  // held until the answer's head is in
         do {
-            while prefixBytes <= Self.bufferedBodyBytes {
+            while prefixBytes < configuration.readAheadBytes {
                 guard let chunk = try await iterator.next() else {
                     ended = true
                     break
                 }
                 prefixBytes += chunk.readableBytes
                 prefix.append(chunk)
+                if !reservation.take(chunk.readableBytes) { break }  // the budget is spent: stream the rest
             }
         } catch {
             return Self.error(400, code: "bad_request", message: "the request body could not be read")
@@ -71,7 +74,7 @@ extension Gateway {
             streamed = StreamedBody(prefix: prefix, rest: UnsafeSendableIterator(iterator), limit: configuration.maxRequestBytes)
         }
         // Routed by the JSON `model` field, like the server itself: to a server that has it.
-        let model = method == "POST" && streamed == nil ? Self.modelField(body) : nil
+        let model = method == "POST" ? ModelField.find(in: prefix.lazy.flatMap(\.readableBytesView)) : nil
         let clientHasKey = clientHeaders.contains { ["authorization", "x-api-key"].contains($0.name.lowercased()) }
         var targets: [GatewayTarget]
         switch await plan(model: model, clientHasKey: clientHasKey) {
@@ -162,18 +165,6 @@ extension Gateway {
             }
             return plan
         }
-    }
-
-    /// Request bodies up to this size are read whole before forwarding (retry, routing by model).
-    static let bufferedBodyBytes = 1024 * 1024
-
-    /// The `model` of a JSON request body (OpenAI requests name it at the top level).
-    static func modelField(_ body: ByteBuffer) -> String? {
-        guard body.readableBytes > 0, body.readableBytes <= 4 * 1024 * 1024 else { return nil }
-        struct Model: Decodable { var model: String? }
-        let bytes = body.readableBytesView
-        guard bytes.first(where: { $0 != 0x20 && $0 != 0x0A && $0 != 0x0D && $0 != 0x09 }) == UInt8(ascii: "{") else { return nil }
-        return (try? JSONDecoder().decode(Model.self, from: Data(bytes)))?.model
     }
 
     /// Failures where the request certainly never reached the server (refused, no route to the

@@ -33,12 +33,15 @@ public final class Gateway: Sendable {
     let groupGate: GroupMembership?
     /// Requests in flight per route and busy servers' cool-downs.
     let load = RouteLoad()
+    /// Request bytes read ahead by all requests together.
+    let readAhead: ReadAheadBudget
 
     public init(agent: Agent, configuration: GatewayConfiguration, extraCAFile: String?, logger: Logger) throws {
         self.agent = agent
         self.metrics = agent.metrics
         self.configuration = configuration
         self.logger = logger
+        self.readAhead = ReadAheadBudget(bytes: configuration.readAheadBudgetBytes)
         let tls = try HTTPClients.tls(extraCAFile: extraCAFile)
         // As many connections to a route as streams at once (up to the configured bound): a
         // request never waits behind a pool of our own smaller than what the server takes.
@@ -64,16 +67,16 @@ public final class Gateway: Sendable {
     public func applications(socketPath: String?) -> [(name: String, app: any Service)] {
         var apps: [(String, any Service)] = []
         let responder = GatewayResponder(gateway: self)
+        // Per user, on the socket and over TCP together (the kernel names the user of a loopback
+        // TCP peer too): one user's connections cannot crowd out another's.
+        let limiter = ConnectionLimiter(perUser: configuration.maxConnectionsPerUser)
+        let server = HTTPServerBuilder { responder in
+            PerUserLimitedChannel(base: HTTP1Channel(responder: responder, configuration: .init(idleTimeout: .seconds(60))), limiter: limiter)
+        }
         if let socketPath {
-            let limiter = ConnectionLimiter(perUser: 64)
             let app = Application(
                 responder: responder,
-                // Per user, as on the status socket: one user's idle connections cannot crowd out another's.
-                server: HTTPServerBuilder { responder in
-                    PerUserLimitedChannel(
-                        base: HTTP1Channel(responder: responder, configuration: .init(idleTimeout: .seconds(60))),
-                        limiter: limiter)
-                },
+                server: server,
                 configuration: .init(
                     address: .unixDomainSocket(path: socketPath), serverName: nil,
                     availableConnectionsDelegate: .maximum(2048, logger: logger)),
@@ -89,7 +92,7 @@ public final class Gateway: Sendable {
         if let listen = configuration.listen, configuration.group == nil {
             let app = Application(
                 responder: responder,
-                server: .http1(configuration: .init(idleTimeout: .seconds(60))),
+                server: server,
                 configuration: .init(
                     address: .hostname(listen.host, port: listen.port), serverName: nil,
                     availableConnectionsDelegate: .maximum(2048, logger: logger)),

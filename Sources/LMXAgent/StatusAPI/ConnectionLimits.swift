@@ -1,4 +1,5 @@
 import HummingbirdCore
+import LMXCore
 import Logging
 import NIOCore
 import Synchronization
@@ -41,28 +42,48 @@ public final class ConnectionLimiter: Sendable {
 }
 
 /// A child channel that admits a connection only while its peer's user is under the limit,
-/// then hands it to the HTTP/1 channel.
+/// then hands it to the HTTP/1 channel. The peer's user is the kernel's word: `SO_PEERCRED` on a
+/// Unix socket, the socket tables (sock_diag) for a loopback TCP connection; a peer the kernel
+/// does not name counts as one unknown user.
 struct PerUserLimitedChannel<Base: ServerChildChannel>: ServerChildChannel {
     typealias Value = Base.Value
     let base: Base
     let limiter: ConnectionLimiter
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
-        guard let credentials = channel.peerCredentialsFuture() else {
-            return base.setup(channel: channel, logger: logger)
-        }
-        return credentials.flatMap { peer in
-            guard limiter.admit(peer.uid) else {
-                logger.debug("refused a connection over the per-user limit", metadata: ["uid": "\(peer.uid)"])
+        return channel.peerUID().flatMap { known in
+            let uid = known ?? UInt32.max
+            guard limiter.admit(uid) else {
+                logger.debug("refused a connection over the per-user limit", metadata: ["uid": "\(uid)"])
                 channel.close(promise: nil)
                 return channel.eventLoop.makeFailedFuture(ChannelError.inputClosed)
             }
-            channel.closeFuture.whenComplete { _ in limiter.release(peer.uid) }
+            channel.closeFuture.whenComplete { _ in limiter.release(uid) }
             return base.setup(channel: channel, logger: logger)
         }
     }
 
     func handle(value: Value, logger: Logger) async {
         await base.handle(value: value, logger: logger)
+    }
+}
+
+extension Channel {
+    /// The user at the other end, as the kernel says: `SO_PEERCRED` on a Unix socket, the socket
+    /// tables for a TCP connection between two sockets of this machine; nil otherwise.
+    func peerUID() -> EventLoopFuture<UInt32?> {
+        switch (localAddress, remoteAddress) {
+        case (.unixDomainSocket?, _):
+            guard let credentials = peerCredentialsFuture() else { return eventLoop.makeSucceededFuture(nil) }
+            return credentials.map { Optional($0.uid) }.recover { _ in nil }
+        case (let local?, let remote?):
+            guard let localIP = local.ipAddress, let remoteIP = remote.ipAddress, let localPort = local.port, let remotePort = remote.port,
+                let localBytes = IPAddress.bytes(localIP), let remoteBytes = IPAddress.bytes(remoteIP)
+            else { return eventLoop.makeSucceededFuture(nil) }
+            return eventLoop.makeSucceededFuture(
+                SocketOwner.uid(peer: (remoteBytes, UInt16(remotePort)), local: (localBytes, UInt16(localPort))))
+        default:
+            return eventLoop.makeSucceededFuture(nil)
+        }
     }
 }

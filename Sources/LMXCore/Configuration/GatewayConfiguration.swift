@@ -28,6 +28,15 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
     /// Connections the gateway opens to one route at most (as many streams at once). Past it a
     /// request waits for a connection; waiting is never counted against the route.
     public var maxConnectionsPerRoute = 256
+    /// Connections one local user may hold open to the gateway (socket and TCP together; root and
+    /// the agent's own user are not limited).
+    public var maxConnectionsPerUser = 256
+    /// Bytes of a request body read before it is forwarded, at most: routing by `model` looks
+    /// at them, and a body that ends within them can be sent again (busy server, route gone).
+    /// Larger bodies stream through as they come.
+    public var readAheadBytes = 256 * 1024
+    /// Bytes read ahead by all requests together, at most: past it, requests stream at once.
+    public var readAheadBudgetBytes = 64 * 1024 * 1024
     /// Seconds a request waits for a usable route (mid-failover, after resume) before 503.
     public var holdSeconds = 5.0
     /// The longest a busy server (429, or 503 overloaded, with `Retry-After`) is passed over.
@@ -41,6 +50,8 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
         case enabled, listen, socket, admin, group, maxRequestBytes = "max_request_bytes", attempts
         case connectTimeout = "connect_timeout", maxConnectionsPerRoute = "max_connections_per_route"
         case holdSeconds = "hold_seconds", busyCooldownMax = "busy_cooldown_max"
+        case maxConnectionsPerUser = "max_connections_per_user", readAheadBytes = "read_ahead_bytes"
+        case readAheadBudgetBytes = "read_ahead_budget_bytes"
     }
 
     public init(from decoder: any Decoder) throws {
@@ -79,6 +90,18 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
         maxConnectionsPerRoute = try c.decodeIfPresent(Int.self, forKey: .maxConnectionsPerRoute) ?? maxConnectionsPerRoute
         guard (1...10_000).contains(maxConnectionsPerRoute) else {
             throw DecodingError.dataCorruptedError(forKey: .maxConnectionsPerRoute, in: c, debugDescription: "must be between 1 and 10000")
+        }
+        maxConnectionsPerUser = try c.decodeIfPresent(Int.self, forKey: .maxConnectionsPerUser) ?? maxConnectionsPerUser
+        guard (1...100_000).contains(maxConnectionsPerUser) else {
+            throw DecodingError.dataCorruptedError(forKey: .maxConnectionsPerUser, in: c, debugDescription: "must be between 1 and 100000")
+        }
+        readAheadBytes = try c.decodeIfPresent(Int.self, forKey: .readAheadBytes) ?? readAheadBytes
+        guard (1024...(64 << 20)).contains(readAheadBytes) else {
+            throw DecodingError.dataCorruptedError(forKey: .readAheadBytes, in: c, debugDescription: "must be between 1024 and 67108864")
+        }
+        readAheadBudgetBytes = try c.decodeIfPresent(Int.self, forKey: .readAheadBudgetBytes) ?? readAheadBudgetBytes
+        guard readAheadBudgetBytes >= readAheadBytes, readAheadBudgetBytes <= 1 << 32 else {
+            throw DecodingError.dataCorruptedError(forKey: .readAheadBudgetBytes, in: c, debugDescription: "must be at least read_ahead_bytes and at most 4 GiB")
         }
         holdSeconds = try c.decodeIfPresent(Double.self, forKey: .holdSeconds) ?? holdSeconds
         guard holdSeconds >= 0, holdSeconds <= 120 else {

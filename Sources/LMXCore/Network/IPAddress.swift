@@ -52,4 +52,10 @@ public enum IPAddress {
         let words = head + [UInt16](repeating: 0, count: 8 - total) + tail
         return words.flatMap { [UInt8($0 >> 8), UInt8($0 & 0xFF)] }
     }
+
+    /// The bytes of an address literal: 4 for IPv4, 16 for IPv6 (a `%zone` dropped).
+    public static func bytes(_ text: String) -> [UInt8]? {
+        if let v4 = v4(text) { return [v4.0, v4.1, v4.2, v4.3] }
+        return v6(text.split(separator: "%", maxSplits: 1).first ?? "")
+    }
 }

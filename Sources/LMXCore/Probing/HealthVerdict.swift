@@ -49,6 +49,8 @@ public struct ProbeReport: Sendable, Hashable, Codable {
     public var retryAfter: Double?
     /// The models the server has loaded (discovery document, else `/v1/models`); nil: not known.
     public var models: [String]?
+    /// Requests the server said it was working on at the last full probe.
+    public var inFlightRequests: Int?
     /// The server's own base URLs from its discovery document (`endpoints.preferred_base_url`,
     /// then `endpoints.base_urls`), as sent; nil when no document was read. Only a document read
     /// through a tunnel vouches for any of them (`TunnelVouch`).
@@ -111,6 +113,8 @@ public struct DiscoveryDocument: Sendable, Hashable, Decodable {
     public var ready: Bool?
     public var loadedModelCount: Int?
     public var loadedModels: [String]?
+    /// Requests the server is working on (when the document was read).
+    public var inFlightRequests: Int?
     public var auth: Auth?
     public var endpoints: Endpoints?
 
@@ -121,6 +125,7 @@ public struct DiscoveryDocument: Sendable, Hashable, Decodable {
         case securityProfile = "security_profile"
         case loadedModelCount = "loaded_model_count"
         case loadedModels = "loaded_models"
+        case inFlightRequests = "in_flight_requests"
     }
 
     public init(from decoder: any Decoder) throws {
@@ -134,6 +139,7 @@ public struct DiscoveryDocument: Sendable, Hashable, Decodable {
         ready = try? c.decodeIfPresent(Bool.self, forKey: .ready)
         loadedModelCount = try? c.decodeIfPresent(Int.self, forKey: .loadedModelCount)
         loadedModels = try? c.decodeIfPresent([String].self, forKey: .loadedModels)
+        inFlightRequests = try? c.decodeIfPresent(Int.self, forKey: .inFlightRequests)
         auth = try? c.decodeIfPresent(Auth.self, forKey: .auth)
         endpoints = try? c.decodeIfPresent(Endpoints.self, forKey: .endpoints)
     }

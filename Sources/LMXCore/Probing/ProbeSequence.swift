@@ -143,6 +143,7 @@ public struct ProbeSequence: Sendable {
                 report.modelCount = document.loadedModelCount ?? document.loadedModels?.count
                 report.ready = document.ready
                 report.advertisedBaseURLs = document.endpoints?.all ?? []
+                report.inFlightRequests = document.inFlightRequests
                 if let names = document.loadedModels, !names.isEmpty || document.loadedModelCount == 0 {
                     report.models = Self.cleanModels(names)
                 }

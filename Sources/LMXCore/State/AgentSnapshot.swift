@@ -155,7 +155,7 @@ extension AgentSnapshot {
         return .forward(keyed.prefix(limit).map { state in
             GatewayTarget(
                 routeID: state.id, baseURL: state.route.baseURL, via: state.route.via, credentials: state.route.credentials,
-                rank: planner.rank(state) ?? 9)
+                rank: planner.rank(state) ?? 9, serverInFlight: state.lastReport?.inFlightRequests ?? 0)
         })
     }
 }
@@ -168,13 +168,16 @@ public struct GatewayTarget: Sendable {
     public var credentials: Credentials
     /// The planner's rank (lower is better): among equal ranks the gateway picks the least busy.
     public var rank: Int
+    /// Requests the server said it was working on at its last full probe.
+    public var serverInFlight: Int
 
-    public init(routeID: String, baseURL: String, via: Via, credentials: Credentials, rank: Int = 0) {
+    public init(routeID: String, baseURL: String, via: Via, credentials: Credentials, rank: Int = 0, serverInFlight: Int = 0) {
         self.routeID = routeID
         self.baseURL = baseURL
         self.via = via
         self.credentials = credentials
         self.rank = rank
+        self.serverInFlight = serverInFlight
     }
 }
 

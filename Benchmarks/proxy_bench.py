@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""The gateway side by side with nginx as a reverse proxy, in one run (figures, not pass/fail).
+
+Upstream: nginx serving the LMX contract's static answers (/healthz, /readyz, the discovery
+document, /v1/models) on 127.0.0.1: a fast stand-in for a server, so that what is measured is
+the proxy. In front of it, on loopback: nginx as a reverse proxy (keepalive upstream
+connections, as a tuned nginx would be) and lmx-agentd's gateway (the upstream configured as an
+endpoint). wrk asks each of the three at 1, 8 and 64 connections: requests/s, and the latency
+each proxy adds to the direct one at p50 and p99. Streaming: the LMX test server's streamed
+completions (20 events, 50 ms apart) directly, through nginx (proxy_buffering off) and through
+the gateway: first event and server-write → client-read delay per event.
+Run through `make bench` (BENCH=proxy).
+"""
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.environ.get("LMX_BIN_DIR", os.path.join(REPO, ".build", "release"))
+SERVER = os.path.join(REPO, "scripts", "lmx-test-server.py")
+CLIENT = os.path.join(REPO, "scripts", "gateway-client.py")
+SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
+CLIENTS = [int(c) for c in os.environ.get("BENCH_CLIENTS", "1,8,64").split(",")]
+UPSTREAM, NGINX, GATEWAY, STREAMER, NGINX_STREAM, GATEWAY_STREAM = 21700, 21701, 21702, 21703, 21704, 21705
+LIVE = []
+
+
+def start(argv, **kwargs):
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs)
+    LIVE.append(p)
+    return p
+
+
+def stop_all():
+    for p in LIVE:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+DISCOVERY = json.dumps({
+    "schema_version": "2026-03-02", "instance_id": "bench:%d" % UPSTREAM, "service": "opta-lmx", "version": "0.1.0",
+    "security_profile": "lan", "ready": True, "loaded_models": ["test/model"], "loaded_model_count": 1,
+    "in_flight_requests": 0, "auth": {"admin_key_required": True, "inference_key_required": False},
+    "endpoints": {"preferred_base_url": "http://127.0.0.1:%d" % UPSTREAM, "base_urls": []}})
+MODELS = json.dumps({"object": "list", "data": [{"id": "test/model", "object": "model", "created": 0, "owned_by": "opta-lmx"}]})
+
+
+def nginx_config(directory):
+    def answer(path, body):
+        return "location = %s { default_type application/json; return 200 '%s'; }" % (path, body)
+    return """
+worker_processes 1;
+error_log %(d)s/error.log;
+pid %(d)s/nginx.pid;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path %(d)s/body; proxy_temp_path %(d)s/proxy; fastcgi_temp_path %(d)s/fcgi;
+    uwsgi_temp_path %(d)s/uwsgi; scgi_temp_path %(d)s/scgi;
+    keepalive_requests 1000000;
+    server {
+        listen 127.0.0.1:%(upstream)d;
+        %(healthz)s
+        %(readyz)s
+        %(discovery)s
+        %(models)s
+    }
+    upstream lmx { server 127.0.0.1:%(upstream)d; keepalive 128; }
+    server {
+        listen 127.0.0.1:%(proxy)d;
+        location / { proxy_pass http://lmx; proxy_http_version 1.1; proxy_set_header Connection ""; }
+    }
+    upstream streamer { server 127.0.0.1:%(streamer)d; keepalive 16; }
+    server {
+        listen 127.0.0.1:%(proxy_stream)d;
+        location / { proxy_pass http://streamer; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
+    }
+}
+""" % {"d": directory, "upstream": UPSTREAM, "proxy": NGINX, "streamer": STREAMER, "proxy_stream": NGINX_STREAM,
+       "healthz": answer("/healthz", '{"status":"ok","version":"0.1.0"}'),
+       "readyz": answer("/readyz", '{"status":"ready","version":"0.1.0","models_loaded":1}'),
+       "discovery": answer("/.well-known/opta-lmx", DISCOVERY), "models": answer("/v1/models", MODELS)}
+
+
+def wait_http(url, timeout=15):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if subprocess.run(["curl", "-s", "-o", "/dev/null", "-f", url]).returncode == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def wrk(url, connections):
+    out = subprocess.run(["wrk", "-t", str(min(connections, 2)), "-c", str(connections), "-d", "%gs" % SECONDS, "--latency", url],
+                         capture_output=True, text=True, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+    def pct(p):
+        value, unit = re.search(r"\s%s%%\s+([\d.]+)(us|ms|s)" % p, out).groups()
+        return float(value) * {"us": 0.001, "ms": 1, "s": 1000}[unit]
+    return {"rps": rps, "p50": pct(50), "p99": pct(99)}
+
+
+def stream(url, runs=10):
+    firsts, deliveries = [], []
+    for _ in range(runs):
+        r = json.loads(subprocess.run(["python3", CLIENT, "stream", url], capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+        firsts.append(r["first_event_ms"])
+        deliveries.append(r["delivery_p50_ms"])
+    return statistics.median(firsts), statistics.median(deliveries)
+
+
+def main():
+    directory = tempfile.mkdtemp(prefix="lmx-proxy-bench-")
+    results = {}
+    try:
+        with open(directory + "/nginx.conf", "w") as f:
+            f.write(nginx_config(directory))
+        start(["nginx", "-c", directory + "/nginx.conf", "-p", directory, "-g", "daemon off;"])
+        start(["python3", SERVER, "--bind", "127.0.0.1", "--port", str(STREAMER)], stdin=subprocess.PIPE)
+        # One agent in front of each upstream, as nginx has one upstream per server block.
+        for name, upstream, gateway in (("static", UPSTREAM, GATEWAY), ("stream", STREAMER, GATEWAY_STREAM)):
+            with open("%s/%s.json" % (directory, name), "w") as f:
+                json.dump({"discovery": False, "endpoints": [{"url": "http://127.0.0.1:%d" % upstream, "name": name}]}, f)
+            start([BIN + "/lmx-agentd", "--socket", "%s/%s.sock" % (directory, name), "--db", "%s/%s.db" % (directory, name),
+                   "--config", "%s/%s.json" % (directory, name), "--no-discovery", "--gateway", "127.0.0.1:%d" % gateway,
+                   "--gateway-socket", "%s/%s-gateway.sock" % (directory, name), "--log-level", "warning"])
+        for url in ("http://127.0.0.1:%d/healthz" % UPSTREAM, "http://127.0.0.1:%d/healthz" % NGINX,
+                    "http://127.0.0.1:%d/v1/models" % GATEWAY, "http://127.0.0.1:%d/v1/models" % GATEWAY_STREAM):
+            assert wait_http(url), "not answering: " + url
+        time.sleep(1)
+        for c in CLIENTS:
+            for name, port in (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY)):
+                results["%s_%d" % (name, c)] = wrk("http://127.0.0.1:%d/v1/models" % port, c)
+        results["stream_direct"] = stream("http://127.0.0.1:%d/v1" % STREAMER)
+        results["stream_nginx"] = stream("http://127.0.0.1:%d/v1" % NGINX_STREAM)
+        results["stream_gateway"] = stream("http://127.0.0.1:%d/v1" % GATEWAY_STREAM)
+        for name, port in (("direct", STREAMER), ("nginx", NGINX_STREAM), ("gateway", GATEWAY_STREAM)):
+            out = subprocess.run(["python3", CLIENT, "streams", "http://127.0.0.1:%d/v1" % port, "--concurrency", "64"],
+                                 capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+            results["streams64_" + name] = json.loads(out)
+    finally:
+        stop_all()
+    rows = ["| clients | direct req/s | nginx req/s | gateway req/s | nginx added p50 / p99 | gateway added p50 / p99 |",
+            "|---|---|---|---|---|---|"]
+    for c in CLIENTS:
+        d, n, g = results["direct_%d" % c], results["nginx_%d" % c], results["gateway_%d" % c]
+        rows.append("| %d | %.0f | %.0f | %.0f | %.3f / %.3f ms | %.3f / %.3f ms |" % (
+            c, d["rps"], n["rps"], g["rps"], n["p50"] - d["p50"], n["p99"] - d["p99"], g["p50"] - d["p50"], g["p99"] - d["p99"]))
+    rows.append("")
+    rows.append("| streamed completion (20 events, 50 ms apart) | direct | nginx | gateway |")
+    rows.append("|---|---|---|---|")
+    rows.append("| first event (median of 10) | %.2f ms | %.2f ms | %.2f ms |" % (
+        results["stream_direct"][0], results["stream_nginx"][0], results["stream_gateway"][0]))
+    rows.append("| server write → client read, p50 | %.3f ms | %.3f ms | %.3f ms |" % (
+        results["stream_direct"][1], results["stream_nginx"][1], results["stream_gateway"][1]))
+    r = {name: results["streams64_" + name] for name in ("direct", "nginx", "gateway")}
+    rows.append("| 64 streams at once: completed; slowest first event | %d, %.1f ms | %d, %.1f ms | %d, %.1f ms |" % (
+        r["direct"]["completed"], r["direct"]["first_event_max_ms"], r["nginx"]["completed"], r["nginx"]["first_event_max_ms"],
+        r["gateway"]["completed"], r["gateway"]["first_event_max_ms"]))
+    text = "\n".join(rows)
+    print(text)
+    out = os.environ.get("BENCH_RESULTS")
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        stop_all()
+        sys.exit(130)

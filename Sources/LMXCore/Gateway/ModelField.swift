@@ -1,0 +1,74 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// The top-level `"model"` of a JSON request body, read from as much of the body as the gateway
+/// has (a prefix is enough when the field comes early): what routing by model needs, without
+/// parsing or holding the whole body.
+public enum ModelField {
+    /// The model named at the top level of the JSON object in `bytes`; nil when it is not there
+    /// (yet), is not a string, or the text is not a JSON object.
+    public static func find(in bytes: some Collection<UInt8>) -> String? {
+        let data = Array(bytes)
+        var i = 0
+        func skipSpace() { while i < data.count, [0x20, 0x09, 0x0A, 0x0D].contains(data[i]) { i += 1 } }
+        /// Skips a string starting at `i` (a quote); returns its range including the quotes.
+        func skipString() -> Range<Int>? {
+            let start = i
+            i += 1
+            while i < data.count {
+                if data[i] == 0x5C { i += 2; continue }
+                if data[i] == 0x22 { i += 1; return start..<i }
+                i += 1
+            }
+            return nil
+        }
+        /// Skips any value: strings, objects and arrays (nested), numbers and literals.
+        func skipValue() -> Bool {
+            skipSpace()
+            guard i < data.count else { return false }
+            switch data[i] {
+            case 0x22:
+                return skipString() != nil
+            case 0x7B, 0x5B:
+                var depth = 0
+                while i < data.count {
+                    switch data[i] {
+                    case 0x22: guard skipString() != nil else { return false }; continue
+                    case 0x7B, 0x5B: depth += 1
+                    case 0x7D, 0x5D:
+                        depth -= 1
+                        if depth == 0 { i += 1; return true }
+                    default: break
+                    }
+                    i += 1
+                }
+                return false
+            default:
+                while i < data.count, ![0x2C, 0x7D, 0x5D, 0x20, 0x09, 0x0A, 0x0D].contains(data[i]) { i += 1 }
+                return i < data.count
+            }
+        }
+        skipSpace()
+        guard i < data.count, data[i] == 0x7B else { return nil }
+        i += 1
+        while true {
+            skipSpace()
+            guard i < data.count, data[i] == 0x22, let key = skipString() else { return nil }
+            skipSpace()
+            guard i < data.count, data[i] == 0x3A else { return nil }
+            i += 1
+            skipSpace()
+            if data[key] == Array(#""model""#.utf8)[...] {
+                guard i < data.count, data[i] == 0x22, let value = skipString() else { return nil }
+                return try? JSONDecoder().decode(String.self, from: Data(data[value]))
+            }
+            guard skipValue() else { return nil }
+            skipSpace()
+            guard i < data.count, data[i] == 0x2C else { return nil }
+            i += 1
+        }
+    }
+}
