@@ -104,12 +104,11 @@ public enum GatewayPolicy {
     /// (cookies are not scoped by port: they would reach every local app), and minus whatever
     /// the gateway sets itself (`securityHeaders`).
     public static func downstreamHeaders(_ upstream: [(name: String, value: String)]) -> [(name: String, value: String)] {
-        let replaced = Set(securityHeaders.map { $0.name.lowercased() })
-        return upstream.filter {
-            let name = $0.name.lowercased()
-            return !hopByHop.contains(name) && name != "set-cookie" && name != "set-cookie2" && !replaced.contains(name)
-        }
+        upstream.filter { !droppedDownstream.contains($0.name.lowercased()) }
     }
+
+    private static let droppedDownstream: Set<String> =
+        hopByHop.union(["set-cookie", "set-cookie2"]).union(securityHeaders.map { $0.name.lowercased() })
 
     /// On every answer of the gateway: nothing an upstream returns is sniffed into a script,
     /// runs on the gateway's origin, or is embedded by a page of another origin.
