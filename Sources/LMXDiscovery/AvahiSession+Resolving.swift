@@ -105,7 +105,6 @@ extension AvahiSession {
         }
     }
 
-
     /// Closes answered resolvers until at most `persistentResolvers` stay open.
     func closeAnsweredBeyondLimit() {
         var excess = resolvers.count - persistentResolvers
@@ -115,21 +114,19 @@ extension AvahiSession {
         }
     }
 
-    static func monotonic() -> Double { SystemClock.monotonic() }
-
     /// Schedules another resolve of a sighting that is still browsed: 1, 2, 4 … up to 30 s.
     func retryResolve(_ key: RecordKey) {
         guard browsed[key] != nil else { return }
         let attempts = resolveAttempts[key, default: 0] + 1
         resolveAttempts[key] = attempts
-        resolveDue[key] = Self.monotonic() + min(30, Double(1 << min(attempts - 1, 5)))
+        resolveDue[key] = SystemClock.monotonic() + min(30, Double(1 << min(attempts - 1, 5)))
         armRetryTimer()
     }
 
     func armRetryTimer() {
         guard let next = resolveDue.values.min() else { return }
         var when = timeval()
-        avahi_elapse_time(&when, UInt32(max(1, (next - Self.monotonic()) * 1000)), 0)
+        avahi_elapse_time(&when, UInt32(max(1, (next - SystemClock.monotonic()) * 1000)), 0)
         if let resolveRetryTimer {
             lmx_avahi_timeout_update(pollAPI, resolveRetryTimer, &when)
         } else {
@@ -142,7 +139,7 @@ extension AvahiSession {
 
     func retryDueResolves() {
         lmx_avahi_timeout_update(pollAPI, resolveRetryTimer, nil)
-        let now = Self.monotonic()
+        let now = SystemClock.monotonic()
         for (key, due) in resolveDue where due <= now {
             resolveDue[key] = nil
             guard let queued = browsed[key], resolvers[key] == nil else { continue }

@@ -34,6 +34,7 @@ public enum PairingInput {
             bytes = try FileSystem.read(file, limit: ImageLimits.maxFileBytes)
         } catch {
             switch error {
+            case .missing: throw .unreadable("\(name): no such file")
             case .unreadable(let why): throw .unreadable("\(name): \(why)")
             case .tooLarge(let size): throw .invalid("\(name): \(ImageError.fileTooLarge(bytes: size).description)")
             }

@@ -50,8 +50,6 @@ public struct StatusClient: Sendable {
     /// is far smaller).
     public static let maxBody = 16 << 20
 
-    static func monotonic() -> Double { SystemClock.monotonic() }
-
     /// Performs one request and reads the whole answer, all within `timeout` seconds (connecting
     /// included: a full listen backlog waits at most that long).
     /// A JSON `body` is sent with its length.
@@ -60,7 +58,7 @@ public struct StatusClient: Sendable {
         let type = body.isEmpty ? "" : "Content-Type: application/json\r\n"
         try send(socket, Array("\(method) \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\n\(type)Content-Length: \(body.count)\r\n\r\n".utf8) + body)
         // The whole exchange has one deadline: a peer that drips a byte at a time cannot hold us.
-        var reader = Reader(socket: socket, deadline: Self.monotonic() + timeout)
+        var reader = Reader(socket: socket, deadline: SystemClock.monotonic() + timeout)
         let (status, headers) = try reader.readHead()
         var body: [UInt8] = []
         if headers["transfer-encoding"]?.lowercased().contains("chunked") == true {
@@ -136,7 +134,7 @@ private struct Reader {
 
     mutating func fill() throws(StatusClientError) -> Bool {
         guard !eof else { return false }
-        if let deadline, StatusClient.monotonic() > deadline { throw .timedOut }
+        if let deadline, SystemClock.monotonic() > deadline { throw .timedOut }
         switch socket.receive() {
         case .data(let bytes):
             buffer += bytes

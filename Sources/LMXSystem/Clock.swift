@@ -8,8 +8,6 @@ public enum SystemClock {
     public static func realtime() -> Double { read(CLOCK_REALTIME) }
     /// Monotonic time: never jumps, stops during suspend.
     public static func monotonic() -> Double { read(CLOCK_MONOTONIC) }
-    /// Monotonic time that keeps counting during suspend.
-    public static func boottime() -> Double { read(CLOCK_BOOTTIME) }
     /// Whole seconds since 1970.
     public static func unixTime() -> Int64 { Int64(time(nil)) }
 

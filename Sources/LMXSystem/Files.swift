@@ -90,7 +90,9 @@ public enum FileSystem {
     }
 
     public enum ReadError: Error, Sendable {
-        /// Could not open or read (missing, permission, a directory).
+        /// Nothing at the path.
+        case missing
+        /// Could not open or read (permission, a directory, an I/O error).
         case unreadable(String)
         /// Larger than the limit (`size`: what was seen).
         case tooLarge(size: Int)
@@ -107,7 +109,8 @@ public enum FileSystem {
             fd = open(path, O_RDONLY | O_CLOEXEC | (nonBlocking ? O_NONBLOCK : 0))
             guard fd >= 0 else {
                 let code = errno
-                throw .unreadable(code == ENOENT ? "no such file" : code == EACCES ? "permission denied" : SystemError.describe(code))
+                if code == ENOENT { throw .missing }
+                throw .unreadable(code == EACCES ? "permission denied" : SystemError.describe(code))
             }
         }
         defer { if fd != STDIN_FILENO { close(fd) } }
@@ -144,79 +147,5 @@ extension FileSystem.Info {
             default: .other
             }
         self.init(kind: kind, owner: st.st_uid, group: st.st_gid, mode: UInt32(st.st_mode & 0o777), size: Int(st.st_size))
-    }
-}
-
-/// Standard output and error, written whole (retrying short writes and signals).
-public enum StandardStream {
-    case output, error
-
-    public func write(_ text: String) {
-        var text = text
-        let fd = self == .output ? STDOUT_FILENO : STDERR_FILENO
-        text.withUTF8 { buffer in
-            var offset = 0
-            while offset < buffer.count {
-                let n = Glibc.write(fd, buffer.baseAddress! + offset, buffer.count - offset)
-                if n < 0 && errno == EINTR { continue }
-                guard n > 0 else { return }
-                offset += n
-            }
-        }
-    }
-
-    /// Whether standard error is the journal stream named by `JOURNAL_STREAM` (`device:inode`),
-    /// as systemd's documentation says to check.
-    public static func errorIsJournal(_ journalStream: String?) -> Bool {
-        guard let parts = journalStream?.split(separator: ":"), parts.count == 2,
-            let device = UInt64(parts[0]), let inode = UInt64(parts[1])
-        else { return false }
-        var st = stat()
-        guard fstat(STDERR_FILENO, &st) == 0 else { return false }
-        return UInt64(st.st_dev) == device && UInt64(st.st_ino) == inode
-    }
-}
-
-/// Limits of this process.
-public enum ProcessLimits {
-    /// Raises the soft limit on open files to the hard limit (at most `cap`): every local client
-    /// holds a descriptor, and by hand the soft limit is often 1024.
-    public static func raiseOpenFiles(cap: UInt64 = 65_536) {
-        var files = rlimit()
-        let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
-        if getrlimit(resource, &files) == 0, files.rlim_cur < files.rlim_max {
-            files.rlim_cur = min(files.rlim_max, rlim_t(cap))
-            _ = setrlimit(resource, &files)
-        }
-    }
-
-    public static var processID: Int32 { getpid() }
-
-    /// Ends the process with `code` after writing `message` to standard error.
-    public static func exit(_ code: Int32, message: String) -> Never {
-        StandardStream.error.write(message + "\n")
-        Glibc.exit(code)
-    }
-}
-
-/// Lines for people on standard output and standard error (commands).
-public enum Console {
-    public static func out(_ line: String) { StandardStream.output.write(line + "\n") }
-    public static func error(_ line: String) { StandardStream.error.write(line + "\n") }
-}
-
-/// This process's environment variables.
-public enum ProcessEnvironment {
-    public static var current: [String: String] {
-        var result: [String: String] = [:]
-        var pointer = environ
-        while let entry = pointer.pointee {
-            let text = String(cString: entry)
-            if let equals = text.firstIndex(of: "=") {
-                result[String(text[..<equals])] = String(text[text.index(after: equals)...])
-            }
-            pointer += 1
-        }
-        return result
     }
 }

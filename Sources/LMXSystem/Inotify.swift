@@ -8,7 +8,7 @@ public final class DirectoryWatch {
     private let fd: Int32
     private var directories: [Int32: String] = [:]
 
-    /// Nil when inotify is unavailable (`reason` says why).
+    /// - Throws: when inotify is unavailable.
     public init() throws(SystemError) {
         fd = inotify_init1(Int32(IN_CLOEXEC | IN_NONBLOCK))
         guard fd >= 0 else { throw SystemError("inotify is unavailable") }

@@ -15,9 +15,6 @@ public struct SystemError: Error, Sendable, CustomStringConvertible {
     public var reason: String { Self.describe(code) }
     public var description: String { "\(action): \(reason)" }
 
-    public var isNotFound: Bool { code == ENOENT }
-    public var isPermissionDenied: Bool { code == EACCES || code == EPERM }
-
     /// The kernel's text for an errno value.
     public static func describe(_ code: Int32) -> String { String(cString: strerror(code)) }
 

@@ -81,10 +81,10 @@ struct Locations: ParsableArguments {
         }
     }
 
-    /// The stored pairings with their secrets, read straight from the database.
-    func storedPairings() throws -> [StoredPairing] {
+    /// The stored pairings with their secrets, read straight from the database (to find `id`).
+    func storedPairings(for id: String) throws -> [StoredPairing] {
         guard FileSystem.exists(paths.database) else {
-            throw Failure.invalid("no pairing: there is no database at \(paths.database) yet")
+            throw Failure.invalid("no pairing \(id): there is no database at \(paths.database) yet")
         }
         do { return try AgentStore.open(path: paths.database) { Console.error("lmx-pair: \($0)") }.pairings() } catch {
             throw Failure.unavailable("cannot read \(paths.database): \(error)")
@@ -253,7 +253,7 @@ struct Export: ParsableCommand {
         try reporting {
             // The secrets are only in the database: read it directly (owner only), as the agent's
             // user when root (the output file is then written with the caller's rights).
-            let all = try Users.acting(as: locations.stateOwner()) { () throws in try locations.storedPairings() }
+            let all = try Users.acting(as: locations.stateOwner()) { () throws in try locations.storedPairings(for: id) }
             guard let match = AgentStore.match(id, in: all) else { throw Failure.invalid("no pairing \(id); see lmx-pair list") }
             let matrix: QRMatrix
             do { matrix = try QREncoder.matrix(match.pairing.token()) } catch { throw Failure.invalid("\(id): \(error)") }

@@ -58,7 +58,7 @@ struct OutputsTests {
         #expect(AgentEvent.configured.record == nil)
     }
 
-    @Test("route sources: a flood is bounded and said once; a pairing's routes are remembered; configured ones diffed")
+    @Test("route sources: configured endpoints are diffed; a pairing's routes are remembered, then forgotten once")
     func routeSources() {
         var sources = RouteSources()
         #expect(sources.setManual(["a", "b"]).isEmpty)

@@ -40,8 +40,10 @@ public struct DaemonOptions: Sendable {
     static func load(_ path: String, required: Bool) throws -> AgentConfiguration {
         do {
             return try AgentConfiguration.parse(try FileSystem.read(path, limit: 1_048_576), file: path)
+        } catch FileSystem.ReadError.missing {
+            if !required { return AgentConfiguration() }
+            throw ConfigurationError("cannot read config file \(path): no such file")
         } catch FileSystem.ReadError.unreadable(let why) {
-            if why == "no such file" && !required { return AgentConfiguration() }
             throw ConfigurationError("cannot read config file \(path): \(why)")
         } catch FileSystem.ReadError.tooLarge {
             throw ConfigurationError("config file \(path) is larger than 1 MiB")

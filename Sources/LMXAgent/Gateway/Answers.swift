@@ -79,8 +79,6 @@ final class RouteLoad: Sendable {
         }
     }
 
-    func inFlight(_ routeID: String) -> Int { state.withLock { $0.inFlight[routeID] ?? 0 } }
-
     func coolDown(_ routeID: String, seconds: Double) {
         let until = ContinuousClock.now + .milliseconds(Int64(seconds * 1000))
         state.withLock { $0.coolUntil[routeID] = until }

@@ -150,12 +150,18 @@ extension Gateway {
     /// up to `gateway.hold_seconds` for one before answering 503 with why.
     func plan(model: String?, clientHasKey: Bool) async -> GatewayPlan {
         let deadline = ContinuousClock.now + .milliseconds(Int64(configuration.holdSeconds * 1000))
+        var nextNudge = ContinuousClock.now
         while true {
             let snapshot = agent.board.snapshot
             let plan = snapshot.gatewayPlan(limit: configuration.attempts, model: model, clientHasKey: clientHasKey)
             if case .forward(let routes) = plan, routes.isEmpty {
                 if ContinuousClock.now < deadline, !Task.isCancelled {
-                    await agent.manager.gatewayWaiting()
+                    // The agent probes everything at once when a request starts waiting, and
+                    // again each second it goes on waiting.
+                    if ContinuousClock.now >= nextNudge {
+                        await agent.manager.gatewayWaiting()
+                        nextNudge = ContinuousClock.now + .seconds(1)
+                    }
                     try? await Task.sleep(for: .milliseconds(25))
                     continue
                 }
@@ -200,7 +206,7 @@ extension Gateway {
         return outgoing
     }
 
-    /// The gateway's own answer headers: JSON, never cached, and the security headers.
+    /// `fields` with the security headers set (replacing any of the same name).
     static func secured(_ fields: HTTPFields) -> HTTPFields {
         var fields = fields
         for (name, value) in GatewayPolicy.securityHeaders {

@@ -44,7 +44,7 @@ public struct AddressBookWatcher: Service {
 
         let (changes, continuation) = AsyncStream<Set<String>>.makeStream(bufferingPolicy: .bufferingNewest(16))
         // A thread of its own blocks on inotify (polling every 250 ms for the stop flag).
-        let stop = StopFlag()
+        let stop = AtomicFlag()
         let watched = Set(paths)
         let box = UncheckedBox(watch)
         DispatchQueue(label: "lmx.address-book-watch").async {
@@ -97,8 +97,8 @@ public struct AddressBookWatcher: Service {
     }
 }
 
-/// A flag one thread sets and another polls.
-final class StopFlag: Sendable {
+/// A flag one thread or task sets and another reads.
+final class AtomicFlag: Sendable {
     private let flag = Atomic<Bool>(false)
     func set() { flag.store(true, ordering: .relaxed) }
     var isSet: Bool { flag.load(ordering: .relaxed) }

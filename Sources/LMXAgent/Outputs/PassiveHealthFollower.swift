@@ -64,7 +64,7 @@ public final class PassiveHealthFollower: AgentEventSink, Service {
         var delivers = false
         while !Task.isCancelled {
             let policy = board.snapshot.planner.policy
-            let heard = StopFlag()
+            let heard = AtomicFlag()
             let end = await prober.followEvents(
                 route, silence: policy.eventHeartbeatTimeout, connectTimeout: policy.timeout(for: route.via)
             ) { [manager] event in

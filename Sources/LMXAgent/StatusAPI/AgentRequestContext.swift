@@ -13,18 +13,14 @@ public struct AgentRequestContext: RequestContext {
         channel = source.channel
     }
 
-    /// The peer's user id from `SO_PEERCRED` (Unix sockets only).
+    /// The peer's user id, as the kernel says (see `Channel.peerUID()`).
     public func peerUID() async -> UInt32? {
-        await channel.peerCredentials()?.uid
+        (try? await channel.peerUID().get()) ?? nil
     }
 }
 
 extension Channel {
     /// The peer's credentials as the kernel recorded them (`SO_PEERCRED`); nil off Unix sockets.
-    func peerCredentials() async -> PeerCredentials? {
-        try? await peerCredentialsFuture()?.get()
-    }
-
     func peerCredentialsFuture() -> EventLoopFuture<PeerCredentials>? {
         guard let provider = self as? any SocketOptionProvider else { return nil }
         return provider.unsafeGetSocketOption(
