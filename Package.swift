@@ -43,9 +43,13 @@ let package = Package(
         .target(name: "LMXCore"),
 
         // The one system layer: clocks, files written atomically, Unix sockets and peer
-        // credentials, users and groups, privilege switches, inotify, sd-notify, signals. Nothing
+        // credentials, users and groups, privilege switches, inotify, netlink and route lookups,
+        // logind's sleep signal, sd-notify, signals. Nothing
         // above it (but the C adapters) imports Glibc.
-        .target(name: "LMXSystem", dependencies: [.product(name: "SystemPackage", package: "swift-system")]),
+        .target(name: "LMXSystem", dependencies: ["CDBus", .product(name: "SystemPackage", package: "swift-system")]),
+
+        // Thin module map over libdbus-1: logind's PrepareForSleep signal on the system bus.
+        .systemLibrary(name: "CDBus", pkgConfig: "dbus-1", providers: [.apt(["libdbus-1-dev"])]),
 
         // Thin module map over libavahi-client (D-Bus client of the system avahi-daemon), from
         // libavahi-client-dev. The module map names the libraries; no pkgConfig: avahi-client.pc

@@ -1,5 +1,6 @@
 import CAvahi
 import LMXCore
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -18,16 +19,36 @@ public enum AvahiBrowser {
     /// Starts browsing; stops when the consumer stops iterating.
     /// - Throws: ``DiscoveryError`` through the stream: the daemon is unreachable (when not
     ///   waiting for it), was lost, or refused the browse.
-    public static func events(_ configuration: BrowseConfiguration) -> AsyncThrowingStream<BrowseEvent, any Error> {
+    /// - Parameter requery: lets the caller ask avahi-daemon again (a link came up).
+    public static func events(_ configuration: BrowseConfiguration, requery: AvahiRequery? = nil) -> AsyncThrowingStream<BrowseEvent, any Error> {
         AsyncThrowingStream(bufferingPolicy: .unbounded) { continuation in
             let session = AvahiSession(configuration: configuration, continuation: continuation)
             continuation.onTermination = { _ in
                 // Stopping the poll thread joins it, which must not happen on that thread;
                 // termination can be triggered from it, so always stop from elsewhere.
-                DispatchQueue.global().async { session.stop() }
+                DispatchQueue.global().async {
+                    requery?.attach(nil)
+                    session.stop()
+                }
             }
             session.start()
+            requery?.attach(session)
         }
+    }
+}
+
+/// Asks avahi-daemon to browse again now: a new browser sends a fresh query at once, instead of
+/// waiting for the daemon's query backoff (minutes, once a browse has run for a while). What is
+/// already known is not reported again.
+public final class AvahiRequery: Sendable {
+    private let session = Mutex<AvahiSession?>(nil)
+
+    public init() {}
+
+    func attach(_ session: AvahiSession?) { self.session.withLock { $0 = session } }
+
+    public func now() {
+        session.withLock { $0?.requery() }
     }
 }
 
@@ -209,15 +230,17 @@ final class AvahiSession: @unchecked Sendable {
 
     // MARK: Browsing
 
+    /// A new browser in place of the current one (on any thread but the poll's).
+    func requery() {
+        avahi_threaded_poll_lock(poll)
+        defer { avahi_threaded_poll_unlock(poll) }
+        guard !finished, let client, let old = browser, let fresh = makeBrowser(client) else { return }
+        browser = fresh
+        avahi_service_browser_free(old)
+    }
+
     func openBrowser(_ client: OpaquePointer) {
-        let created = avahi_service_browser_new(
-            client, AvahiIfIndex(AVAHI_IF_UNSPEC), avahiProtocol(configuration.ipProtocol),
-            configuration.serviceType, configuration.domain, AvahiLookupFlags(0),
-            { _, interface, proto, event, name, type, domain, _, userdata in
-                guard let userdata else { return }
-                Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue()
-                    .browserEvent(interface, proto, event, name, type, domain)
-            }, userdata)
+        let created = makeBrowser(client)
         guard let created else {
             let detail = String(cString: avahi_strerror(avahi_client_errno(client)))
             if configuration.waitForDaemon {
@@ -232,6 +255,17 @@ final class AvahiSession: @unchecked Sendable {
             return
         }
         browser = created
+    }
+
+    func makeBrowser(_ client: OpaquePointer) -> OpaquePointer? {
+        avahi_service_browser_new(
+            client, AvahiIfIndex(AVAHI_IF_UNSPEC), avahiProtocol(configuration.ipProtocol),
+            configuration.serviceType, configuration.domain, AvahiLookupFlags(0),
+            { _, interface, proto, event, name, type, domain, _, userdata in
+                guard let userdata else { return }
+                Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue()
+                    .browserEvent(interface, proto, event, name, type, domain)
+            }, userdata)
     }
 
     func closeBrowsing() {

@@ -36,8 +36,10 @@ extension Prober {
             request.headers.add(name: header.name, value: header.value)
         }
         let response: HTTPClientResponse
+        let lease = eventClient.lease()
+        defer { withExtendedLifetime(lease) {} }
         do {
-            response = try await eventClient.execute(request, deadline: .now() + .milliseconds(Int64(connectTimeout * 1000)))
+            response = try await lease.client.execute(request, deadline: .now() + .milliseconds(Int64(connectTimeout * 1000)))
         } catch {
             return .closed(Self.classify(error).detail)
         }

@@ -1,6 +1,7 @@
 import AsyncHTTPClient
 import NIOCore
 import NIOSSL
+import Synchronization
 
 /// The one way the agent makes HTTP clients (probes, the event stream, the gateway): the system
 /// trust store plus an optional CA file, no redirects followed (a redirect is the server's
@@ -30,5 +31,75 @@ public enum HTTPClients {
         configuration.connectionPool.retryConnectionEstablishment = false
         configuration.httpVersion = .http1Only
         return HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+    }
+}
+
+/// An HTTP client whose pooled connections can be dropped all at once (this machine's network
+/// changed: they may be bound to an address that is gone) without cutting requests in flight:
+/// `renew()` starts a new client for what follows; the old one shuts down when the last request
+/// that leased it is done.
+public final class RenewableHTTPClient: Sendable {
+    private let make: @Sendable () -> HTTPClient
+    private let current: Mutex<Generation>
+
+    /// One client and the requests using it.
+    final class Generation: Sendable {
+        let client: HTTPClient
+        private let state = Mutex((leases: 0, retired: false, closed: false))
+        init(_ client: HTTPClient) { self.client = client }
+
+        func acquire() { state.withLock { $0.leases += 1 } }
+        func release() { state.withLock { $0.leases -= 1 }; closeIfDone() }
+        func retire() { state.withLock { $0.retired = true }; closeIfDone() }
+
+        private func closeIfDone() {
+            let close = state.withLock { s in
+                guard s.retired, s.leases == 0, !s.closed else { return false }
+                s.closed = true
+                return true
+            }
+            if close { Task { [client] in try? await client.shutdown() } }
+        }
+    }
+
+    /// A client for one request, kept until the lease is released (or dropped).
+    public final class Lease: Sendable {
+        let generation: Generation
+        public var client: HTTPClient { generation.client }
+        init(_ generation: Generation) {
+            self.generation = generation
+            generation.acquire()
+        }
+        deinit { generation.release() }
+    }
+
+    public init(_ make: @escaping @Sendable () -> HTTPClient) {
+        self.make = make
+        current = Mutex(Generation(make()))
+    }
+
+    public func lease() -> Lease { current.withLock { Lease($0) } }
+
+    /// Runs `body` with a client leased for its duration.
+    public func with<T>(_ body: (HTTPClient) async throws -> T) async rethrows -> T {
+        let lease = lease()
+        defer { withExtendedLifetime(lease) {} }
+        return try await body(lease.client)
+    }
+
+    /// New connections from now on; the old pool closes once its last request is done.
+    public func renew() {
+        let fresh = Generation(make())
+        let old = current.withLock { current in
+            defer { current = fresh }
+            return current
+        }
+        old.retire()
+    }
+
+    public func shutdown() async {
+        let generation = current.withLock { $0 }
+        generation.retire()
+        try? await generation.client.shutdown()
     }
 }

@@ -9,26 +9,34 @@ import Synchronization
 import LMXSystem
 
 /// Probes Opta LMX endpoints over HTTP(S) by the contract (`ProbeSequence` decides, this performs).
-/// One shared client, so connections to each server are pooled and reused between probes.
+/// One shared client, so connections to each server are pooled and reused between probes
+/// (and dropped together when this machine's network changes: `dropConnections()`).
 public final class Prober: Sendable {
-    private let client: HTTPClient
+    private let client: RenewableHTTPClient
     /// A client of its own for `/admin/events`: a stream holds its connection for as long as it
     /// lasts and must not take one from the probes.
-    let eventClient: HTTPClient
+    let eventClient: RenewableHTTPClient
 
     /// - Parameter extraCAFile: a PEM file of certificate authorities trusted in addition to the
     ///   system trust store (private deployments and tests).
     /// - Throws: when the CA file cannot be read.
     public init(extraCAFile: String? = nil) throws {
         let tls = try HTTPClients.tls(extraCAFile: extraCAFile)
-        client = HTTPClients.make(tls: tls, idleTimeout: 90)
-        eventClient = HTTPClients.make(tls: tls, idleTimeout: 90)
+        client = RenewableHTTPClient { HTTPClients.make(tls: tls, idleTimeout: 90) }
+        eventClient = RenewableHTTPClient { HTTPClients.make(tls: tls, idleTimeout: 90) }
     }
 
     /// Closes pooled connections. Call once, before the process exits.
     public func shutdown() async {
-        try? await client.shutdown()
-        try? await eventClient.shutdown()
+        await client.shutdown()
+        await eventClient.shutdown()
+    }
+
+    /// This machine's network changed: probes from now on open new connections (those pooled
+    /// may be bound to an address that is gone); probes and streams in flight finish on theirs.
+    public func dropConnections() {
+        client.renew()
+        eventClient.renew()
     }
 
     /// Probes one route; never throws: every failure is a verdict.
@@ -65,11 +73,11 @@ public final class Prober: Sendable {
         }
         // One deadline for the whole exchange, head and body: async-http-client's own deadline ends
         // with the head, and a server that stalls mid-body would otherwise hold the probe forever.
-        let client = self.client, prepared = request
+        let client = self.client.lease(), prepared = request
         let budget = TimeAmount.milliseconds(Int64(timeout * 1000))
         return await Self.withDeadline(seconds: timeout) {
             do {
-                let response = try await client.execute(prepared, deadline: .now() + budget)
+                let response = try await client.client.execute(prepared, deadline: .now() + budget)
                 var headers: [String: String] = [:]
                 for (name, value) in response.headers { headers[name.lowercased()] = headers[name.lowercased()] ?? value }
                 var body: [UInt8] = []

@@ -49,3 +49,17 @@ public final class DirectoryWatch {
         return paths
     }
 }
+
+/// Waits for any of several descriptors to be readable.
+public enum Poll {
+    /// - Returns: whether any is readable before `milliseconds` pass.
+    @discardableResult
+    public static func wait(_ descriptors: [Int32], milliseconds: Int32) -> Bool {
+        guard !descriptors.isEmpty else {
+            SystemClock.sleep(seconds: Double(milliseconds) / 1000)
+            return false
+        }
+        var fds = descriptors.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
+        return poll(&fds, nfds_t(fds.count), milliseconds) > 0
+    }
+}

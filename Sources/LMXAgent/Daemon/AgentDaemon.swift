@@ -66,11 +66,12 @@ public struct AgentDaemon {
             .init(service: ManagerService(manager: manager), serviceName: "manager"),
             .init(service: follower, serviceName: "passive-health"),
         ]
+        let requery = configuration.discovery ? AvahiRequery() : nil
         if configuration.discovery {
             let browse = BrowseConfiguration(
                 interfaces: InterfaceFilter(include: configuration.interfaces, exclude: configuration.excludeInterfaces), waitForDaemon: true)
             services.append(.init(
-                service: DiscoveryService(manager: manager, configuration: browse, logger: logger), successTerminationBehavior: .ignore,
+                service: DiscoveryService(manager: manager, configuration: browse, requery: requery, logger: logger), successTerminationBehavior: .ignore,
                 serviceName: "discovery"))
         } else {
             await manager.discoveryEnded(.disabled)
@@ -94,6 +95,9 @@ public struct AgentDaemon {
             gateway = service
             services += entries
         }
+        services.append(.init(
+            service: MachineWatcher(manager: manager, prober: prober, gateway: gateway, requery: requery, logger: logger),
+            serviceName: "machine"))
         // After the status API: stops first, ending every watch stream so the HTTP server has no
         // endless answer to wait for.
         services.append(.init(service: hub, serviceName: "watch"))

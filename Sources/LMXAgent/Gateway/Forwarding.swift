@@ -100,10 +100,12 @@ extension Gateway {
                 outgoing.body = .stream(streamed, length: length.map { .known(Int64($0)) } ?? .unknown)
             }
             let routeToken = load.started(target.routeID)
+            // The client's connection pool stays open until the answer has streamed through.
+            let lease = (target.via == .lan ? lanClient : wanClient).lease()
             do {
                 // No overall deadline: a long generation is normal; the client decides when to
                 // give up (closing its connection cancels the upstream request).
-                let upstream = try await (target.via == .lan ? lanClient : wanClient).execute(outgoing, timeout: .hours(24))
+                let upstream = try await lease.client.execute(outgoing, timeout: .hours(24))
                 // All slots busy (429) or overloaded (503): before any byte reached the client,
                 // another server with the model may take it; the busy one cools down meanwhile.
                 if let cooldown = RouteLoad.busyCooldown(upstream, cap: configuration.busyCooldownMax) {
@@ -115,7 +117,7 @@ extension Gateway {
                         continue
                     }
                 }
-                return Self.passThrough(upstream, target: target, holding: [inFlight, routeToken])
+                return Self.passThrough(upstream, target: target, holding: [inFlight, routeToken, lease])
             } catch {
                 if error is RequestBodyTooLarge {
                     metrics.gatewayRefused.increment()

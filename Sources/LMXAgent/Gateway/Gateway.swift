@@ -27,8 +27,8 @@ public final class Gateway: Sendable {
     let configuration: GatewayConfiguration
     let logger: Logger
     let metrics: AgentMetrics
-    let lanClient: HTTPClient
-    let wanClient: HTTPClient
+    let lanClient: RenewableHTTPClient
+    let wanClient: RenewableHTTPClient
     /// Who may use the gateway when `gateway.group` is set.
     let groupGate: GroupMembership?
     /// Requests in flight per route and busy servers' cool-downs.
@@ -46,8 +46,9 @@ public final class Gateway: Sendable {
         // As many connections to a route as streams at once (up to the configured bound): a
         // request never waits behind a pool of our own smaller than what the server takes.
         let perRoute = configuration.maxConnectionsPerRoute
-        lanClient = HTTPClients.make(tls: tls, connectTimeout: configuration.connectTimeout, idleTimeout: 60, connectionsPerHost: perRoute)
-        wanClient = HTTPClients.make(tls: tls, connectTimeout: max(configuration.connectTimeout, 8), idleTimeout: 60, connectionsPerHost: perRoute)
+        let connectTimeout = configuration.connectTimeout
+        lanClient = RenewableHTTPClient { HTTPClients.make(tls: tls, connectTimeout: connectTimeout, idleTimeout: 60, connectionsPerHost: perRoute) }
+        wanClient = RenewableHTTPClient { HTTPClients.make(tls: tls, connectTimeout: max(connectTimeout, 8), idleTimeout: 60, connectionsPerHost: perRoute) }
         if let group = configuration.group {
             guard Users.groupID(named: group) != nil else {
                 throw ConfigurationError("gateway.group: no group named \(group) on this machine")
@@ -59,8 +60,15 @@ public final class Gateway: Sendable {
     }
 
     public func shutdown() async {
-        try? await lanClient.shutdown()
-        try? await wanClient.shutdown()
+        await lanClient.shutdown()
+        await wanClient.shutdown()
+    }
+
+    /// This machine's network changed: new requests open new connections; those streaming now
+    /// finish on theirs.
+    public func dropConnections() {
+        lanClient.renew()
+        wanClient.renew()
     }
 
     /// The applications to run: the Unix socket always, TCP on loopback when configured.

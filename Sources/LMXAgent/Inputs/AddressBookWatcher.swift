@@ -105,7 +105,7 @@ final class AtomicFlag: Sendable {
 }
 
 /// Hands a value used by one thread only to that thread.
-private struct UncheckedBox<Value>: @unchecked Sendable {
+struct UncheckedBox<Value>: @unchecked Sendable {
     let value: Value
     init(_ value: Value) { self.value = value }
 }

@@ -8,18 +8,21 @@ import ServiceLifecycle
 public struct DiscoveryService: Service {
     let manager: ConnectionManager
     let configuration: BrowseConfiguration
+    /// Asks avahi-daemon again when a link comes up (`MachineWatcher`).
+    let requery: AvahiRequery?
     let logger: Logger
 
-    public init(manager: ConnectionManager, configuration: BrowseConfiguration, logger: Logger) {
+    public init(manager: ConnectionManager, configuration: BrowseConfiguration, requery: AvahiRequery? = nil, logger: Logger) {
         self.manager = manager
         self.configuration = configuration
+        self.requery = requery
         self.logger = logger
     }
 
     public func run() async throws {
         var registry = ServerRegistry()
         do {
-            for try await event in AvahiBrowser.events(configuration).cancelOnGracefulShutdown() {
+            for try await event in AvahiBrowser.events(configuration, requery: requery).cancelOnGracefulShutdown() {
                 for change in registry.apply(event) {
                     await manager.discovery(change)
                 }

@@ -31,6 +31,8 @@ public actor ConnectionManager {
     private let jobs: AsyncStream<Job>
     private let jobInput: AsyncStream<Job>.Continuation
     var probing: Set<String> = []
+    /// LAN routes with no IP address to look up a path to (host names).
+    var pathless: Set<String> = []
     private var wakeAt: Double?
     private var wakeGeneration = 0
     var stopped = false
@@ -285,6 +287,7 @@ public actor ConnectionManager {
         let t = clock.now()
         guard !stopped else { return publish(events, now: t) }
         var events = events
+        recordNewPaths()
         for id in expiry.takeExpired(at: clock.realtime()) {
             for routeID in sources.removePairing(id) ?? [] {
                 events += dropPairingRoute(routeID, reason: "pairing \(id) expired", now: t)

@@ -13,6 +13,8 @@ public final class AgentMetrics: Sendable {
     let switches: Counter
     let serverEvents: Counter
     let ignoredAnnouncements: Counter
+    let networkChanges: Counter
+    let wakes: Counter
     let storeDroppedWrites: Counter
     let storePendingWrites: Gauge
     let watchClients: Gauge
@@ -38,6 +40,8 @@ public final class AgentMetrics: Sendable {
         switches = r.makeCounter(descriptor: .lmx("lmx_active_switches_total", "Changes of the active endpoint."))
         serverEvents = r.makeCounter(descriptor: .lmx("lmx_server_events_total", "Events received on the active server's /admin/events stream."))
         ignoredAnnouncements = r.makeCounter(descriptor: .lmx("lmx_ignored_announcements_total", "Servers announced past the limit of followed ones, ignored."))
+        networkChanges = r.makeCounter(descriptor: .lmx("lmx_network_changes_total", "Changes of this machine's links, addresses or routes that moved a LAN route."))
+        wakes = r.makeCounter(descriptor: .lmx("lmx_wakes_total", "Wakes from sleep (logind's PrepareForSleep, or the clocks)."))
         storeDroppedWrites = r.makeCounter(descriptor: .lmx("lmx_store_dropped_writes_total", "Statistics writes skipped while the database write queue was full."))
         storePendingWrites = r.makeGauge(descriptor: .lmx("lmx_store_pending_writes", "Database writes waiting (the database may be locked)."))
         watchClients = r.makeGauge(descriptor: .lmx("lmx_watch_clients", "Connected /v1/watch clients."))
@@ -91,6 +95,7 @@ extension AgentMetrics: AgentEventSink {
                 probes.increment()
                 if report.verdict.isAlive { probeDuration.record(report.latency) }
             case .announcementIgnored: ignoredAnnouncements.increment()
+            case .machine(let change, _): (change == .wake ? wakes : networkChanges).increment()
             case .serverEventReceived: serverEvents.increment()
             default: break
             }

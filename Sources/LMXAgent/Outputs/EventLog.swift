@@ -49,6 +49,8 @@ public struct EventLog: AgentEventSink {
                 logger.notice("\(text)", metadata: metadata)
             case .discoveryChanged(let state):
                 logger.info("avahi-daemon \(state.name)\(state.detail.map { ": \($0)" } ?? "")")
+            case .machine(let change, let detail):
+                logger.notice("\(change == .wake ? "woke from sleep" : "this machine's network changed"): \(detail)")
             case .serverSeen, .probed, .announcementIgnored, .serverEventReceived, .configured:
                 break
             }

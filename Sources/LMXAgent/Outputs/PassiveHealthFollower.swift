@@ -13,7 +13,7 @@ public final class PassiveHealthFollower: AgentEventSink, Service {
     let board: StateBoard
     private let wanted: AsyncStream<Route?>
     private let wantedInput: AsyncStream<Route?>.Continuation
-    private let following = Mutex<String?>(nil)
+    private let following = Mutex<Route?>(nil)
 
     public init(manager: ConnectionManager, prober: Prober, board: StateBoard) {
         self.manager = manager
@@ -23,13 +23,22 @@ public final class PassiveHealthFollower: AgentEventSink, Service {
     }
 
     public func receive(_ events: [AgentEvent], snapshot: AgentSnapshot, now: Double) {
-        for case .activeChanged(_, let to, _) in events {
-            let route = to.flatMap { $0.route.credentials.adminKey == nil ? nil : $0.route }
-            let changed = following.withLock { current in
-                defer { current = route?.id }
-                return current != route?.id
+        for event in events {
+            switch event {
+            case .activeChanged(_, let to, _):
+                let route = to.flatMap { $0.route.credentials.adminKey == nil ? nil : $0.route }
+                let changed = following.withLock { current in
+                    defer { current = route }
+                    return current?.id != route?.id
+                }
+                if changed { wantedInput.yield(route) }
+            case .machine:
+                // The stream may be bound to an address that is gone, or have died in a sleep:
+                // open it again.
+                if let route = following.withLock({ $0 }) { wantedInput.yield(route) }
+            default:
+                break
             }
-            if changed { wantedInput.yield(route) }
         }
     }
 

@@ -11,7 +11,9 @@ extension ConnectionPlanner {
 
     /// Why a route is or is not the active one, for people.
     public func explain(_ state: RouteState, now: Double) -> String {
-        if state.id == activeID { return "active" }
+        if state.id == activeID { return state.stale ? "active, probing again after this machine woke" : "active" }
+        if let why = state.offNetwork { return "not reachable from this machine now: \(why)" }
+        if state.stale { return "probing again after this machine woke" }
         switch state.health {
         case .unknown:
             return state.inFlight ? "probing" : "not probed yet"

@@ -41,9 +41,26 @@ extension ConnectionPlanner {
         }
         if good { state.lastGoodAt = now }
 
+        // The first probe after this machine's network changed or it woke decides alone: a
+        // verdict from before means nothing, and a failure there is no flapping of the server.
+        let decisive = state.suspect || state.stale
+        if good, state.offNetwork != nil { state.offNetwork = nil }  // got through after all
+        if !good, decisive { state.localLoss = true }
+        state.suspect = false
+        state.stale = false
+        if good, state.localLoss {
+            state.localLoss = false
+            state.returnAtOnce = true
+        } else if !good {
+            state.returnAtOnce = false
+        }
+
         switch (state.health, good) {
         case (.unknown, _):
             // Nothing to flap from yet: the first probe sets the health.
+            state.health = good ? .up : .down
+            state.verdict = report.verdict
+        case (.up, false) where decisive, (.down, true) where state.returnAtOnce:
             state.health = good ? .up : .down
             state.verdict = report.verdict
         case (.up, true), (.down, false):

@@ -7,7 +7,7 @@ extension ConnectionPlanner {
     /// inference key their server requires. `nil`: not selectable (down, or not allowed by the
     /// trust policy).
     public func rank(_ state: RouteState) -> Int? {
-        guard state.health == .up, let verdict = state.verdict, verdict.isAlive, isAllowed(state) else { return nil }
+        guard state.health == .up, let verdict = state.verdict, verdict.isAlive, state.offNetwork == nil, isAllowed(state) else { return nil }
         let base = state.route.via == .lan ? 0 : 2
         if lacksRequiredKey(state) { return 4 + base / 2 }
         return base + (verdict == .ready ? 0 : 1)
@@ -145,7 +145,9 @@ extension ConnectionPlanner {
                 else { return false }
                 // A route that has never failed has no flapping to guard against (a server that
                 // just appeared); one that came back must stay healthy for the window.
-                return state.failureCount == 0 || now - since >= window
+                // One that failed only because this machine's network changed (or it slept)
+                // returns as soon as it answers.
+                return state.failureCount == 0 || state.returnAtOnce || now - since >= window
             }
             guard let best = upgrades.min(by: planner.better) else { return [] }
             return switchActive(
@@ -154,6 +156,8 @@ extension ConnectionPlanner {
                 ? "\(describe(best)) comes before \(describe(current)) in prefer"
                 : best.failureCount == 0
                 ? "\(describe(best)) is better than \(describe(current))"
+                : best.returnAtOnce
+                ? "\(describe(best)) reachable again from this machine, better than \(describe(current))"
                 : "\(describe(best)) healthy for \(Int(policy.stabilityWindow)) s, better than \(describe(current))")
         }
         guard let best = usable.min(by: planner.better) else {

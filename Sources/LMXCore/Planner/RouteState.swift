@@ -55,6 +55,21 @@ public struct RouteState: Sendable, Hashable, Identifiable {
     /// The server's `instance_id`, learned from its discovery document (or remembered).
     public var instanceID: String?
 
+    // This machine's network (see ConnectionPlanner+Network).
+    /// How this machine reached the route's address at the last look (LAN routes with an IP).
+    public var path: RoutePath?
+    /// Why this machine cannot reach the route the way it did (it left the route's network):
+    /// not usable until a probe gets through.
+    public var offNetwork: String?
+    /// The way to the route changed: the next probe decides alone (one failure is enough).
+    public var suspect = false
+    /// Failing because this machine's network changed or it slept, not because the server failed.
+    public var localLoss = false
+    /// Came back after a local loss: returns without the stability window.
+    public var returnAtOnce = false
+    /// The verdict predates a sleep of this machine: not used for requests until probed again.
+    public var stale = false
+
     public let id: String
 
     init(route: Route, now: Double) {

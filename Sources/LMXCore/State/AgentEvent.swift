@@ -22,6 +22,12 @@ public enum AgentEvent: Sendable {
     case serverEventReceived
     /// The agent started, reloaded its configuration or learned the gateway's address.
     case configured
+    /// This machine's network changed, or it woke from sleep (`detail` says what).
+    case machine(MachineChange, detail: String)
+
+    public enum MachineChange: String, Sendable {
+        case network, wake
+    }
 
     public enum PairingChange: String, Sendable {
         case added = "pairing-added", updated = "pairing-updated", removed = "pairing-removed", expired = "pairing-expired"
@@ -46,6 +52,8 @@ public enum AgentEvent: Sendable {
             case .added, .updated: (change.rawValue, nil, nil, id, detail)
             case .removed, .expired: (change.rawValue, nil, id, nil, detail)
             }
+        case .machine(let change, let detail):
+            (change.rawValue, nil, nil, nil, detail)
         case .vouchesChanged, .discoveryChanged, .serverSeen, .probed, .announcementIgnored, .serverEventReceived, .configured:
             nil
         }

@@ -142,7 +142,9 @@ extension AgentSnapshot {
         if let refusal = planner.untrustedOnly(model: model) {
             return .refuse(status: 404, code: "model_not_trusted", message: refusal)
         }
-        let order = planner.requestOrder(model: model)
+        // Nothing goes to a route whose verdict predates a sleep: the request waits for its
+        // first probe since the wake (the gateway holds it while the plan is empty).
+        let order = planner.requestOrder(model: model).filter { !$0.stale }
         // A route without the key its server requires would answer a certain 401.
         let keyed = clientHasKey ? order : order.filter { !planner.lacksRequiredKey($0) }
         if keyed.isEmpty, let keyless = order.first {

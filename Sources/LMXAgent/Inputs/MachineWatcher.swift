@@ -1,0 +1,123 @@
+import Dispatch
+import LMXCore
+import LMXDiscovery
+import LMXProbe
+import LMXSystem
+import Logging
+import ServiceLifecycle
+
+/// Follows this machine across networks and sleep (anchor: tailscale's `net/netmon`):
+/// - the kernel's link, address and route changes (rtnetlink): after a burst settles, the paths
+///   to LAN routes are looked up again (the manager and planner decide), pooled connections are
+///   dropped (they may be bound to an address that is gone), and avahi-daemon is asked again
+///   when a link or an address came up;
+/// - logind's `PrepareForSleep(false)` on the system bus, and where logind is absent a jump
+///   between `CLOCK_BOOTTIME` and `CLOCK_MONOTONIC`: a wake, after which every verdict is stale.
+/// One thread blocks in `poll` on both sockets (waking once a second for the clocks and the stop
+/// flag) and hands what it saw to the async side.
+public struct MachineWatcher: Service {
+    let manager: ConnectionManager
+    let prober: Prober
+    let gateway: Gateway?
+    let requery: AvahiRequery?
+    let logger: Logger
+    /// How long a burst of network messages may go on before the agent looks, seconds.
+    static let settle = 0.03
+
+    enum Seen: Sendable {
+        case network(linkOrAddressUp: Bool)
+        case woke(String)
+    }
+
+    public init(manager: ConnectionManager, prober: Prober, gateway: Gateway?, requery: AvahiRequery?, logger: Logger) {
+        self.manager = manager
+        self.prober = prober
+        self.gateway = gateway
+        self.requery = requery
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        var monitor: NetworkMonitor?
+        do {
+            monitor = try NetworkMonitor()
+        } catch {
+            logger.warning("network changes are not followed (\(error)): a move between networks is noticed by probes only")
+        }
+        let (seen, input) = AsyncStream<Seen>.makeStream(bufferingPolicy: .bufferingNewest(64))
+        let stop = AtomicFlag()
+        let box = UncheckedBox(monitor)
+        let logger = logger
+        DispatchQueue(label: "lmx.machine-watch").async {
+            Self.watch(box.value, stop: stop, logger: logger) { input.yield($0) }
+            input.finish()
+        }
+        await withGracefulShutdownHandler {
+            for await event in seen {
+                switch event {
+                case .woke(let how):
+                    await manager.woke(how)
+                case .network(let linkUp):
+                    prober.dropConnections()
+                    gateway?.dropConnections()
+                    await manager.networkChanged()
+                    if linkUp { requery?.now() }
+                }
+            }
+        } onGracefulShutdown: {
+            stop.set()
+        }
+    }
+
+    /// The thread: polls netlink and the system bus, checks the clocks, until `stop`.
+    static func watch(_ monitor: NetworkMonitor?, stop: AtomicFlag, logger: Logger, send: @escaping (Seen) -> Void) {
+        var bus: SleepSignal?
+        var nextBusAttempt = 0.0
+        var detector = SuspendDetector()
+        var loggedNoBus = false
+        var lastWake = -Double.infinity
+        // logind and the clocks both tell of the same sleep: once is enough.
+        func wake(_ how: String) {
+            let now = SystemClock.monotonic()
+            if now - lastWake >= 10 { send(.woke(how)) }
+            lastWake = now
+        }
+        while !stop.isSet {
+            let now = SystemClock.monotonic()
+            if bus == nil, now >= nextBusAttempt {
+                do {
+                    bus = try SleepSignal()
+                } catch {
+                    if !loggedNoBus {
+                        logger.notice("logind's sleep signal is not followed (\(error)): a wake is noticed from the clocks instead")
+                        loggedNoBus = true
+                    }
+                    nextBusAttempt = now + 30
+                }
+            }
+            let fds = [monitor?.descriptor, bus?.descriptor].compactMap { $0 }
+            _ = Poll.wait(fds, milliseconds: 1000)
+            if let monitor {
+                var change = monitor.drain()
+                if change.any {
+                    // Let the burst settle (an address moving is a handful of messages): one
+                    // look at the end of it.
+                    SystemClock.sleep(seconds: settle)
+                    let more = monitor.drain()
+                    change.linkOrAddressUp = change.linkOrAddressUp || more.linkOrAddressUp
+                    send(.network(linkOrAddressUp: change.linkOrAddressUp))
+                }
+            }
+            if let current = bus {
+                let (signals, connected) = current.drain()
+                if signals.contains(false) { wake("logind: PrepareForSleep(false)") }
+                if !connected {
+                    logger.notice("the system D-Bus went away: following logind's sleep signal again once it is back")
+                    bus = nil
+                    nextBusAttempt = SystemClock.monotonic() + 5
+                }
+            }
+            if let slept = detector.check() { wake("the clocks: about \(Int(slept)) s asleep") }
+        }
+    }
+}

@@ -1,0 +1,77 @@
+import LMXCore
+import LMXSystem
+
+// This machine itself: its network (links, addresses, routes) and its sleep. Followed by
+// `MachineWatcher`; the planner decides what follows (ConnectionPlanner+Network).
+extension ConnectionManager {
+    /// This machine's links, addresses or routes changed: the path to every LAN route is looked
+    /// up again; routes this machine left are out at once, changed ones suspect, and every route
+    /// without a path of its own (tunnels, host names) is probed now too.
+    public func networkChanged() {
+        let t = clock.now()
+        let paths = lookUpPaths(of: planner.routes.values.filter { $0.route.via == .lan }.map(\.id))
+        let moved = paths.filter { id, path in planner.routes[id]?.path.map { $0 != path } ?? false }
+        planner.probeUnpathed(now: t)
+        var events = planned(planner.applyPaths(paths, now: t))
+        if !moved.isEmpty {
+            let detail = moved.sorted { $0.key < $1.key }.prefix(3).map { "\($0.key): \($0.value)" }.joined(separator: "; ")
+                + (moved.count > 3 ? " and \(moved.count - 3) more" : "")
+            events.insert(.machine(.network, detail: detail), at: 0)
+        } else {
+            logger.debug("this machine's network changed; no LAN route moved")
+        }
+        pump(events)
+    }
+
+    /// This machine woke from sleep: every verdict is stale; everything is probed now, and the
+    /// gateway holds requests until a route has answered since.
+    public func woke(_ how: String) {
+        let t = clock.now()
+        let events = planned(planner.woke(now: t))
+        pump(events + [.machine(.wake, detail: how)])
+    }
+
+    /// Records the path of LAN routes seen for the first time (the baseline a change compares
+    /// with). Called on every pump; looks up only routes it has not seen.
+    func recordNewPaths() {
+        let fresh = planner.routes.values.filter { $0.path == nil && $0.route.via == .lan && !pathless.contains($0.id) }
+        guard !fresh.isEmpty else { return }
+        _ = planner.applyPaths(lookUpPaths(of: fresh.map(\.id)), now: clock.now())
+    }
+
+    /// How this machine reaches each LAN route with an IP address now (host names have no
+    /// path of their own and are remembered as such).
+    func lookUpPaths(of ids: [String]) -> [String: RoutePath] {
+        let interfaces = RouteLookup.interfaces()
+        var paths: [String: RoutePath] = [:]
+        for id in ids {
+            guard let state = planner.routes[id], state.route.via == .lan,
+                  let host = Self.literalHost(state.route.baseURL) else {
+                pathless.insert(id)
+                continue
+            }
+            switch RouteLookup.path(to: host, in: interfaces) {
+            case .failure(let error):
+                paths[id] = .unreachable("no route from this machine (\(error.reason))")
+            case .success(let path) where !path.running:
+                paths[id] = .unreachable("\(path.interface) has no carrier")
+            case .success(let path):
+                paths[id] = .reachable(path.description, onLink: path.onLink)
+            }
+        }
+        return paths
+    }
+
+    /// The IP literal of `http://10.0.0.5:1234` or `http://[fe80::1%25eth0]:1234`; nil for a name.
+    static func literalHost(_ baseURL: String) -> String? {
+        guard let start = baseURL.firstRange(of: "://")?.upperBound else { return nil }
+        var rest = baseURL[start...]
+        if let slash = rest.firstIndex(of: "/") { rest = rest[..<slash] }
+        if rest.hasPrefix("["), let close = rest.firstIndex(of: "]") {
+            let inner = rest[rest.index(after: rest.startIndex)..<close].replacingOccurrences(of: "%25", with: "%")
+            return IPAddress.v6(inner.split(separator: "%").first ?? "") != nil ? inner : nil
+        }
+        let host = rest.split(separator: ":").first.map(String.init) ?? ""
+        return IPAddress.v4(host) != nil ? host : nil
+    }
+}

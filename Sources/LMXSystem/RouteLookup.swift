@@ -1,0 +1,136 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// How this machine reaches an address right now, as the kernel's routing table says: the
+/// interface and local address a connection would leave from, whether the address is on that
+/// interface's own subnet (no router in between), and whether the interface has a carrier.
+public struct LocalPath: Sendable, Hashable, CustomStringConvertible {
+    public var interface: String
+    public var source: String
+    public var onLink: Bool
+    public var running: Bool
+
+    public init(interface: String, source: String, onLink: Bool, running: Bool) {
+        self.interface = interface
+        self.source = source
+        self.onLink = onLink
+        self.running = running
+    }
+
+    public var description: String {
+        "\(onLink ? "on-link on" : "routed via") \(interface) from \(source)\(running ? "" : " (no carrier)")"
+    }
+}
+
+/// Route lookups without sending a packet: connecting a UDP socket makes the kernel choose a
+/// route and a source address, which `getsockname` then tells.
+public enum RouteLookup {
+    /// The interfaces and their addresses, read once for a batch of lookups.
+    public struct Interfaces: Sendable {
+        struct Entry: Sendable {
+            var name: String
+            var flags: UInt32
+            var address: [UInt8]
+            var mask: [UInt8]
+        }
+        var entries: [Entry] = []
+
+        /// Interfaces that are up with a carrier and have an address other than loopback's:
+        /// compared before and after a change to see whether a link came up.
+        public var runningWithAddress: Set<String> {
+            Set(entries.filter { $0.flags & UInt32(IFF_RUNNING) != 0 && $0.flags & UInt32(IFF_LOOPBACK) == 0 }.map(\.name))
+        }
+    }
+
+    /// Reads every interface address (`getifaddrs`).
+    public static func interfaces() -> Interfaces {
+        var list: UnsafeMutablePointer<ifaddrs>?
+        guard getifaddrs(&list) == 0, let first = list else { return Interfaces() }
+        defer { freeifaddrs(list) }
+        var result = Interfaces()
+        var cursor: UnsafeMutablePointer<ifaddrs>? = first
+        while let item = cursor {
+            defer { cursor = item.pointee.ifa_next }
+            guard let address = item.pointee.ifa_addr, let name = item.pointee.ifa_name,
+                  let bytes = rawAddress(address) else { continue }
+            let maskPointer: UnsafeMutablePointer<sockaddr>? = item.pointee.ifa_netmask
+            let mask = maskPointer.flatMap { rawAddress($0) } ?? [UInt8](repeating: 0xff, count: bytes.count)
+            result.entries.append(.init(name: String(cString: name), flags: item.pointee.ifa_flags, address: bytes, mask: mask))
+        }
+        return result
+    }
+
+    /// The path a connection to `host` (an IPv4 or IPv6 literal, `%zone` allowed) would take now.
+    /// - Returns: `nil` with the kernel's reason when there is no route at all.
+    public static func path(to host: String, in interfaces: Interfaces) -> Result<LocalPath, SystemError> {
+        var storage = sockaddr_storage()
+        let length: socklen_t
+        var literal = host
+        var zone: UInt32 = 0
+        if let percent = host.firstIndex(of: "%") {
+            literal = String(host[..<percent])
+            zone = if_nametoindex(String(host[host.index(after: percent)...]))
+        }
+        let family: Int32
+        if literal.contains(":") {
+            var a = sockaddr_in6()
+            a.sin6_family = sa_family_t(AF_INET6)
+            a.sin6_port = in_port_t(9).bigEndian
+            a.sin6_scope_id = zone
+            guard inet_pton(AF_INET6, literal, &a.sin6_addr) == 1 else { return .failure(SystemError("not an address: \(host)", code: EINVAL)) }
+            withUnsafeMutableBytes(of: &storage) { raw in withUnsafeBytes(of: a) { raw.copyMemory(from: $0) } }
+            length = socklen_t(MemoryLayout<sockaddr_in6>.size)
+            family = AF_INET6
+        } else {
+            var a = sockaddr_in()
+            a.sin_family = sa_family_t(AF_INET)
+            a.sin_port = in_port_t(9).bigEndian
+            guard inet_pton(AF_INET, literal, &a.sin_addr) == 1 else { return .failure(SystemError("not an address: \(host)", code: EINVAL)) }
+            withUnsafeMutableBytes(of: &storage) { raw in withUnsafeBytes(of: a) { raw.copyMemory(from: $0) } }
+            length = socklen_t(MemoryLayout<sockaddr_in>.size)
+            family = AF_INET
+        }
+        let fd = socket(family, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return .failure(SystemError("socket")) }
+        defer { close(fd) }
+        let connected = withUnsafePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, length) }
+        }
+        guard connected == 0 else { return .failure(SystemError("no route to \(host)")) }
+        var local = sockaddr_storage()
+        var localLength = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let named = withUnsafeMutablePointer(to: &local) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &localLength) }
+        }
+        guard named == 0, let source = withUnsafePointer(to: &local, { $0.withMemoryRebound(to: sockaddr.self, capacity: 1, rawAddress) }),
+              let destination = withUnsafePointer(to: &storage, { $0.withMemoryRebound(to: sockaddr.self, capacity: 1, rawAddress) })
+        else { return .failure(SystemError("no source address for \(host)")) }
+        let sourceText = text(source)
+        guard let entry = interfaces.entries.first(where: { $0.address == source }) else {
+            return .success(LocalPath(interface: "?", source: sourceText, onLink: false, running: true))
+        }
+        let onLink = zip(zip(destination, source), entry.mask).allSatisfy { pair, mask in pair.0 & mask == pair.1 & mask }
+        let running = entry.flags & UInt32(IFF_UP) != 0 && entry.flags & UInt32(IFF_RUNNING) != 0
+        return .success(LocalPath(interface: entry.name, source: sourceText, onLink: onLink, running: running))
+    }
+
+    /// The address bytes of an IPv4 or IPv6 socket address.
+    private static func rawAddress(_ address: UnsafePointer<sockaddr>) -> [UInt8]? {
+        switch Int32(address.pointee.sa_family) {
+        case AF_INET:
+            return address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { withUnsafeBytes(of: $0.pointee.sin_addr) { Array($0) } }
+        case AF_INET6:
+            return address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { withUnsafeBytes(of: $0.pointee.sin6_addr) { Array($0) } }
+        default:
+            return nil
+        }
+    }
+
+    private static func text(_ bytes: [UInt8]) -> String {
+        var buffer = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN))
+        let family = bytes.count == 4 ? AF_INET : AF_INET6
+        _ = bytes.withUnsafeBytes { inet_ntop(family, $0.baseAddress, &buffer, socklen_t(buffer.count)) }
+        return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+}

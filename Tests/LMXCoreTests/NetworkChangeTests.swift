@@ -1,0 +1,112 @@
+import Testing
+
+@testable import LMXCore
+
+/// This machine moving between networks and sleeping (ConnectionPlanner+Network), as opposed to
+/// servers failing.
+@Suite("Planner: this machine's network and sleep")
+struct NetworkChangeTests {
+    static let lanID = "lan/10.0.0.1:1234"
+    static let wanID = "wan/https://t.example.com"
+    static let home = RoutePath.reachable("on-link on lan0 from 10.0.0.14", onLink: true)
+    static let away = RoutePath.reachable("routed via lan0 from 192.168.77.14", onLink: false)
+
+    /// LAN active, tunnel standby, the LAN route's path recorded.
+    func atHome(lanUp: @escaping (Double) -> Bool = { _ in true }) -> PlannerHarness {
+        var h = PlannerHarness { id, t in id.hasPrefix("wan") || lanUp(t) ? .ready : .down }
+        h.add(wan("https://t.example.com"))
+        h.add(lan("10.0.0.1"))
+        h.absorb(h.planner.applyPaths([Self.lanID: Self.home], now: h.now))
+        h.run(until: 20)
+        #expect(h.planner.activeID == Self.lanID)
+        return h
+    }
+
+    @Test("leaving the LAN's subnet: the tunnel is active at once, before any probe or timeout")
+    func leaveFailsOverAtOnce() {
+        var h = atHome()
+        h.absorb(h.planner.applyPaths([Self.lanID: Self.away], now: h.now))
+        #expect(h.planner.activeID == Self.wanID)
+        #expect(h.switches.last?.at == 20)
+        #expect(h.switches.last?.reason.contains("this machine's network changed") == true)
+        let lan = h.planner.routes[Self.lanID]!
+        #expect(h.planner.explain(lan, now: h.now).hasPrefix("not reachable from this machine now: no longer on a network"))
+        #expect(lan.nextProbeAt == h.now, "probed at once")
+    }
+
+    @Test("a link without carrier, or no route at all: out at once")
+    func unreachableOutAtOnce() {
+        var h = atHome()
+        h.absorb(h.planner.applyPaths([Self.lanID: .unreachable("lan0 has no carrier")], now: h.now))
+        #expect(h.planner.activeID == Self.wanID)
+        #expect(h.planner.explain(h.planner.routes[Self.lanID]!, now: h.now) == "not reachable from this machine now: lan0 has no carrier")
+    }
+
+    @Test("coming home: back on the LAN as soon as its probe answers, no stability window")
+    func homeWithoutWindow() {
+        // Away from t=20 to t=60: the LAN server cannot be reached (probes fail), then home.
+        var h = atHome { t in !(20..<60).contains(t) }
+        h.absorb(h.planner.applyPaths([Self.lanID: Self.away], now: h.now))
+        h.run(until: 60)
+        #expect(h.planner.activeID == Self.wanID)
+        #expect(h.planner.routes[Self.lanID]!.health == .down, "failed for the whole trip")
+        h.absorb(h.planner.applyPaths([Self.lanID: Self.home], now: h.now))
+        #expect(h.planner.activeID == Self.wanID, "not before a probe got through")
+        h.run(until: 61)
+        #expect(h.planner.activeID == Self.lanID)
+        let back = h.switches.last!
+        #expect(back.at - 60 < 0.01, "at its first probe: \(back.at)")
+        #expect(back.reason.contains("reachable again from this machine"))
+    }
+
+    @Test("a server that fails by itself still waits out the stability window when it returns")
+    func serverFailureKeepsWindow() {
+        var h = atHome { t in !(30..<40).contains(t) }
+        h.run(until: 60)
+        let back = h.switches.last!
+        #expect(back.to == Self.lanID)
+        #expect(back.at >= 40 + 10, "window kept: \(back.at)")
+    }
+
+    @Test("a path that changed but still exists: kept, probed now, and one failed probe is enough")
+    func suspectDecidedByOneProbe() {
+        var h = atHome { t in t < 20 }
+        let other = RoutePath.reachable("on-link on wlan0 from 10.0.0.15", onLink: true)
+        h.absorb(h.planner.applyPaths([Self.lanID: other], now: h.now))
+        #expect(h.planner.activeID == Self.lanID, "still usable until its probe says otherwise")
+        #expect(h.planner.routes[Self.lanID]!.suspect)
+        h.run(until: 20.001)
+        #expect(h.planner.routes[Self.lanID]!.health == .down, "down on one failure, not three")
+        #expect(h.planner.activeID == Self.wanID)
+    }
+
+    @Test("a route seen for the first time only records its path")
+    func firstPathIsBaseline() {
+        var h = atHome()
+        h.add(lan("10.0.0.2"))
+        let events = h.planner.applyPaths(["lan/10.0.0.2:1234": Self.away], now: h.now)
+        #expect(h.planner.routes["lan/10.0.0.2:1234"]!.offNetwork == nil)
+        #expect(!events.contains { if case .activeChanged = $0 { true } else { false } })
+    }
+
+    @Test("after a wake: no request goes to a route before it answered again; a failure then is decisive and local")
+    func wakeMakesEverythingStale() {
+        var h = atHome { t in t < 20 || t >= 25 }
+        #expect(h.planner.routes.values.allSatisfy { !$0.stale })
+        h.absorb(h.planner.woke(now: h.now))
+        #expect(h.planner.routes.values.allSatisfy { $0.stale && $0.nextProbeAt == h.now })
+        let snapshot = AgentSnapshot(planner: h.planner, originWall: 0)
+        guard case .forward(let held) = snapshot.gatewayPlan(limit: 3) else { Issue.record("refused"); return }
+        #expect(held.isEmpty, "the gateway holds")
+        // The LAN server does not answer its first probe after the wake: down at once.
+        h.run(until: 20.001)
+        #expect(h.planner.routes[Self.lanID]!.health == .down)
+        #expect(h.planner.activeID == Self.wanID)
+        guard case .forward(let targets) = AgentSnapshot(planner: h.planner, originWall: 0).gatewayPlan(limit: 3) else { return }
+        #expect(targets.map(\.routeID) == [Self.wanID])
+        // It answers again at t=25: back without the window.
+        h.run(until: 27)
+        #expect(h.planner.activeID == Self.lanID)
+        #expect(h.switches.last!.at < 26.5)
+    }
+}
