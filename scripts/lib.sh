@@ -1,9 +1,9 @@
 # Shell helpers shared by the project's scripts. Sourced, not run.
 
 # What building and running need, and what the test LAN adds.
-BUILD_PACKAGES=(avahi-daemon avahi-utils libavahi-client-dev libsqlite3-dev dbus pkg-config
+BUILD_PACKAGES=(avahi-daemon avahi-utils libavahi-client-dev libdbus-1-dev libsqlite3-dev dbus pkg-config
     libzbar-dev libpng-dev libturbojpeg0-dev libqrencode-dev)
-TEST_PACKAGES=("${BUILD_PACKAGES[@]}" iproute2 python3-venv openssl curl zbar-tools qrencode imagemagick)
+TEST_PACKAGES=("${BUILD_PACKAGES[@]}" iproute2 python3-venv python3-dbus openssl curl zbar-tools qrencode imagemagick)
 # The package tests: building (dpkg-dev, debhelper, binutils' strip), checking (lintian, systemd-analyze from
 # systemd; no running systemd is needed) and the man pages systemd-analyze verify looks up.
 TEST_PACKAGES+=(dpkg-dev debhelper binutils lintian systemd man-db util-linux)

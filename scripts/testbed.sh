@@ -10,6 +10,7 @@
 #   scripts/testbed.sh restart-avahi NAME
 #   scripts/testbed.sh reload-avahi NAME  SIGHUP: re-read static service files
 #   scripts/testbed.sh link hN up|down    cut or restore a namespace host's link (no goodbye)
+#   scripts/testbed.sh roam away|home     move h4 off the test LAN to another subnet, or back
 #   scripts/testbed.sh publish-bulk N PREFIX  publish N services "PREFIX 001".. from host h2
 #   scripts/testbed.sh unpublish-bulk     withdraw them
 #
@@ -24,11 +25,16 @@
 #   h1    namespace lmxh1, 10.254.0.11, own avahi-daemon and D-Bus bus
 #   h2    namespace lmxh2, 10.254.0.12, own avahi-daemon and D-Bus bus, static services dir
 #   h3    namespace lmxh3, 10.254.0.13, a D-Bus bus with no avahi-daemon, zeroconf publishers
+#   h4    namespace lmxh4, a roaming client with two links: lan0 on the test LAN (10.254.0.14)
+#         and wan0 (10.253.0.2) to this machine's 10.253.0.1, where the tunnel stand-ins listen;
+#         own avahi-daemon (lan0 only) and D-Bus bus (where a logind stand-in may send signals)
 set -euo pipefail
 
 STATE=${LMX_TESTBED_DIR:-/run/lmx-testbed}
 BRIDGE=lmxbr0
 SUBNET=10.254.0
+WAN_SUBNET=10.253.0
+AWAY_SUBNET=10.77.0
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${LMX_TESTBED_VENV:-$REPO/.build-testbed/venv}
 
@@ -111,7 +117,7 @@ start_avahi() { # host
             >> "$dir/avahi.log" 2>&1 &
         echo $! > "$dir/avahi.pid"
         ;;
-    h1 | h2)
+    h1 | h2 | h4)
         avahi_config "$h" lan0 "$([ "$h" = h2 ] && echo "${LMX_TESTBED_IPV6:-no}" || echo no)"
         mkdir -p "$dir/services"
         # ip netns exec gives the daemon a mount namespace of its own: a private
@@ -121,7 +127,7 @@ start_avahi() { # host
             >> "$dir/avahi.log" 2>&1 &
         echo $! > "$dir/avahi.pid"
         ;;
-    *) die "unknown host '$h' (root, h1 or h2)" ;;
+    *) die "unknown host '$h' (root, h1, h2 or h4)" ;;
     esac
     wait_for_log "$dir/avahi.log" "Server startup complete" 10 ||
         { cat "$dir/avahi.log" >&2; die "avahi-daemon for $h did not start"; }
@@ -152,7 +158,7 @@ make_network() {
         ip link set "$BRIDGE" up
     fi
     local i
-    for i in 1 2 3; do
+    for i in 1 2 3 4; do
         ip netns list | grep -qw "lmxh$i" && continue
         ip netns add "lmxh$i"
         ip link add "lmxv$i" type veth peer name lan0 netns "lmxh$i"
@@ -163,6 +169,35 @@ make_network() {
         ip -n "lmxh$i" route add 224.0.0.0/4 dev lan0 2>/dev/null || true
         mkdir -p "$STATE/h$i"
     done
+    # h4's second link: the way to the tunnels, whatever happens to the LAN.
+    if ! ip link show lmxw4 >/dev/null 2>&1; then
+        ip link add lmxw4 type veth peer name wan0 netns lmxh4
+        ip addr add "$WAN_SUBNET.1/24" dev lmxw4
+        ip link set lmxw4 up
+        ip -n lmxh4 addr add "$WAN_SUBNET.2/24" dev wan0
+        ip -n lmxh4 link set wan0 up
+    fi
+}
+
+# h4 leaves home for another network (its LAN port off the bridge, its address on another
+# subnet, a default route to a router that never answers), or comes back. Each side is one
+# batch, so the change reaches the kernel as it does when a laptop changes Wi-Fi networks.
+roam() { # away|home
+    case "$1" in
+    away)
+        ip link set lmxv4 nomaster
+        printf 'addr del %s.14/24 dev lan0\naddr add %s.14/24 dev lan0\nroute add default via %s.1 dev lan0\n' \
+            "$SUBNET" "$AWAY_SUBNET" "$AWAY_SUBNET" | ip -n lmxh4 -batch -
+        ;;
+    home)
+        ip link set lmxv4 master "$BRIDGE"
+        # Also when already home (tests bring h4 home whatever happened): errors are expected.
+        printf 'route del default\naddr del %s.14/24 dev lan0\naddr add %s.14/24 dev lan0\n' \
+            "$AWAY_SUBNET" "$SUBNET" | ip -n lmxh4 -force -batch - 2>/dev/null || true
+        ip -n lmxh4 addr show dev lan0 | grep -q "inet $SUBNET.14/" || die "h4 did not get $SUBNET.14 back"
+        ;;
+    *) die "roam away|home" ;;
+    esac
 }
 
 # A test certificate authority and a server certificate for 127.0.0.1 / localhost / tunnel.lmx.test
@@ -170,13 +205,14 @@ make_network() {
 # LAN endpoint), trusted only through --extra-ca-file.
 make_tls() {
     local dir="$STATE/tls"
-    [ -s "$dir/tunnel.pem" ] && grep -q 'h1' "$dir/ext.cnf" 2>/dev/null && return 0
+    [ -s "$dir/tunnel.pem" ] && grep -q 'h4' "$dir/ext.cnf" 2>/dev/null && return 0
     mkdir -p "$dir"
     openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=lmx test CA" \
         -keyout "$dir/ca.key" -out "$dir/ca.pem" 2>/dev/null
     openssl req -newkey rsa:2048 -nodes -subj "/CN=tunnel.lmx.test" \
         -keyout "$dir/tunnel.key" -out "$dir/tunnel.csr" 2>/dev/null
-    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:tunnel.lmx.test,IP:%s.11\n# h1\n' "$SUBNET" > "$dir/ext.cnf"
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:tunnel.lmx.test,IP:%s.11,IP:%s.1\n# h1, the tunnels seen from h4\n' \
+        "$SUBNET" "$WAN_SUBNET" > "$dir/ext.cnf"
     openssl x509 -req -in "$dir/tunnel.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -CAcreateserial \
         -days 2 -extfile "$dir/ext.cnf" -out "$dir/tunnel.pem" 2>/dev/null
     # A second, untrusted certificate: what a man in the middle would present.
@@ -216,6 +252,10 @@ LMX_TESTBED_H2_BUS=unix:path=$STATE/h2/bus
 LMX_TESTBED_H2_SERVICES=$STATE/h2/services
 LMX_TESTBED_H3_NS=lmxh3
 LMX_TESTBED_H3_ADDR=$SUBNET.13
+LMX_TESTBED_H4_NS=lmxh4
+LMX_TESTBED_H4_ADDR=$SUBNET.14
+LMX_TESTBED_H4_BUS=unix:path=$STATE/h4/bus
+LMX_TESTBED_H4_TUNNEL_ADDR=$WAN_SUBNET.1
 LMX_TESTBED_NO_AVAHI_BUS=unix:path=$STATE/h3/bus
 LMX_TESTBED_PYTHON=$VENV/bin/python
 LMX_TESTBED_SCRIPT=$REPO/scripts/testbed.sh
@@ -232,13 +272,15 @@ up() {
     start_private_bus h1
     start_private_bus h2
     start_private_bus h3
+    start_private_bus h4
     start_avahi root
     start_avahi h1
     start_avahi h2
+    start_avahi h4
     make_venv
     make_tls
     write_env
-    log "up: root avahi on lo,$BRIDGE; hosts lmxh1 $SUBNET.11, lmxh2 $SUBNET.12, lmxh3 $SUBNET.13 ($STATE/env)"
+    log "up: root avahi on lo,$BRIDGE; hosts lmxh1 $SUBNET.11, lmxh2 $SUBNET.12, lmxh3 $SUBNET.13, lmxh4 $SUBNET.14 + $WAN_SUBNET.2 ($STATE/env)"
 }
 
 down() {
@@ -247,13 +289,14 @@ down() {
     # Publishers the tests left behind (they record their PIDs here).
     local f
     for f in "$STATE"/publishers/*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
-    for h in h1 h2 root; do stop_avahi "$h"; done
-    for h in h1 h2 h3; do stop_pidfile "$STATE/$h/dbus.pid"; done
+    for h in h1 h2 h4 root; do stop_avahi "$h"; done
+    for h in h1 h2 h3 h4; do stop_pidfile "$STATE/$h/dbus.pid"; done
     if [ -f "$STATE/dbus-system.pid" ]; then
         stop_pidfile "$STATE/dbus-system.pid"
         rm -f /run/dbus/pid /run/dbus/system_bus_socket
     fi
-    for i in 1 2 3; do
+    ip link show lmxw4 >/dev/null 2>&1 && ip link delete lmxw4
+    for i in 1 2 3 4; do
         ip netns list | grep -qw "lmxh$i" && ip netns delete "lmxh$i"
         ip link show "lmxv$i" >/dev/null 2>&1 && ip link delete "lmxv$i"
     done
@@ -295,10 +338,11 @@ down) down ;;
 status) cat "$STATE/env" ;;
 stop-avahi) stop_avahi "${2:?host}" ;;
 link) link "${2:?host}" "${3:?up or down}" ;;
+roam) roam "${2:?away or home}" ;;
 start-avahi) start_avahi "${2:?host}" ;;
 restart-avahi) stop_avahi "${2:?host}"; start_avahi "$2" ;;
 reload-avahi) kill -HUP "$(cat "$STATE/${2:?host}/avahi.pid")" ;;
 publish-bulk) publish_bulk "${2:?count}" "${3:-Bulk}" ;;
 unpublish-bulk) unpublish_bulk ;;
-*) die "usage: $0 up|down|status|stop-avahi H|start-avahi H|restart-avahi H|reload-avahi H|publish-bulk N PREFIX|unpublish-bulk" ;;
+*) die "usage: $0 up|down|status|stop-avahi H|start-avahi H|restart-avahi H|reload-avahi H|link hN up|down|roam away|home|publish-bulk N PREFIX|unpublish-bulk" ;;
 esac

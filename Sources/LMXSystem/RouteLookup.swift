@@ -36,10 +36,11 @@ public enum RouteLookup {
         }
         var entries: [Entry] = []
 
-        /// Interfaces that are up with a carrier and have an address other than loopback's:
-        /// compared before and after a change to see whether a link came up.
-        public var runningWithAddress: Set<String> {
-            Set(entries.filter { $0.flags & UInt32(IFF_RUNNING) != 0 && $0.flags & UInt32(IFF_LOOPBACK) == 0 }.map(\.name))
+        /// The addresses of interfaces that are up with a carrier (loopback aside): when this is
+        /// unchanged, so is every way out of this machine that does not depend on routes alone.
+        public var usable: Set<String> {
+            Set(entries.filter { $0.flags & UInt32(IFF_RUNNING) != 0 && $0.flags & UInt32(IFF_LOOPBACK) == 0 }
+                .map { "\($0.name) \(text($0.address))/\(text($0.mask))" })
         }
     }
 

@@ -33,19 +33,22 @@ final class AgentProcess: Sendable {
     /// - Parameters:
     ///   - config: the JSON config file's content (`nil`: no file).
     ///   - directory: reuse a directory (a restart keeps the database).
+    ///   - host: run it in a namespace host (its avahi-daemon and bus); its files stay here.
     static func start(
         _ bed: TestBed, config: String? = nil, arguments: [String] = [], directory: String? = nil,
-        environment: [String: String] = [:], waitForSocket: Bool = true
+        environment: [String: String] = [:], waitForSocket: Bool = true, host: TestBed.Host = .root
     ) async throws -> AgentProcess {
         let dir = directory ?? makeDirectory()
         if let config {
             try config.write(toFile: dir + "/agent.json", atomically: true, encoding: .utf8)
         }
-        var env = ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(.root), "LMX_SOCKET": "", "LMX_DB": ""]
+        var env = ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(host), "LMX_SOCKET": "", "LMX_DB": ""]
         env.merge(environment) { $1 }
+        let binary = "\(TestBed.binDir)/lmx-agentd"
         let process = LiveProcess(
-            "\(TestBed.binDir)/lmx-agentd",
-            ["--socket", dir + "/agent.sock", "--db", dir + "/state/agent.db", "--config", dir + "/agent.json",
+            host == .root ? binary : "/usr/sbin/ip",
+            (host == .root ? [] : ["netns", "exec", bed["LMX_TESTBED_\(host.rawValue.uppercased())_NS"], binary])
+            + ["--socket", dir + "/agent.sock", "--db", dir + "/state/agent.db", "--config", dir + "/agent.json",
              "--log-level", "debug"]
                 // Many agents run at once in the tests: only those that test the gateway take a port.
                 + (arguments.contains { $0.hasPrefix("--gateway") || $0 == "--no-gateway" } ? [] : ["--gateway", "off"])
@@ -154,8 +157,8 @@ final class LMXServer: Sendable {
         switch host {
         case .root:
             process = LiveProcess("/usr/bin/python3", arguments)
-        case .h1, .h2:
-            let namespace = host == .h1 ? bed["LMX_TESTBED_H1_NS"] : bed["LMX_TESTBED_H2_NS"]
+        case .h1, .h2, .h4:
+            let namespace = bed["LMX_TESTBED_\(host.rawValue.uppercased())_NS"]
             process = LiveProcess("/usr/sbin/ip", ["netns", "exec", namespace, "/usr/bin/python3"] + arguments)
         }
         try await process.start()

@@ -7,7 +7,7 @@ import Testing
 /// The running test LAN (`scripts/testbed.sh up`, done by `make test`), read from its env file.
 /// Integration tests fail, never skip, when it is missing.
 struct TestBed: Sendable {
-    enum Host: String, Sendable { case root, h1, h2 }
+    enum Host: String, Sendable { case root, h1, h2, h4 }
 
     let values: [String: String]
 
@@ -36,6 +36,7 @@ struct TestBed: Sendable {
         case .root: self["LMX_TESTBED_ROOT_BUS"]
         case .h1: self["LMX_TESTBED_H1_BUS"]
         case .h2: self["LMX_TESTBED_H2_BUS"]
+        case .h4: self["LMX_TESTBED_H4_BUS"]
         }
     }
 
@@ -44,6 +45,7 @@ struct TestBed: Sendable {
         case .root: self["LMX_TESTBED_ROOT_ADDR"]
         case .h1: self["LMX_TESTBED_H1_ADDR"]
         case .h2: self["LMX_TESTBED_H2_ADDR"]
+        case .h4: self["LMX_TESTBED_H4_ADDR"]
         }
     }
 

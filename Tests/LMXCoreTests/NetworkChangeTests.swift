@@ -109,4 +109,17 @@ struct NetworkChangeTests {
         #expect(h.planner.activeID == Self.lanID)
         #expect(h.switches.last!.at < 26.5)
     }
+
+    @Test("a probe in flight across the sleep: its answer is dropped, the route probed again")
+    func probeAcrossSleepDropped() {
+        var h = atHome()
+        h.planner.refreshAll(now: h.now)
+        let tasks = h.planner.takeDueProbes(now: h.now)
+        #expect(tasks.contains { $0.route.id == Self.lanID })
+        _ = h.planner.woke(now: h.now + 1)
+        let events = h.planner.record(ProbeReport(verdict: .down, latency: 0, detail: "timed out"), for: Self.lanID, now: h.now + 2)
+        #expect(events.isEmpty)
+        let lan = h.planner.routes[Self.lanID]!
+        #expect(lan.stale && lan.health == .up && lan.nextProbeAt == h.now + 2 && !lan.inFlight)
+    }
 }

@@ -58,10 +58,11 @@ public struct MachineWatcher: Service {
                 case .woke(let how):
                     await manager.woke(how)
                 case .network(let linkUp):
-                    prober.dropConnections()
-                    gateway?.dropConnections()
-                    await manager.networkChanged()
-                    if linkUp { requery?.now() }
+                    let relevant = await manager.networkChanged { [prober, gateway] in
+                        prober.dropConnections()
+                        gateway?.dropConnections()
+                    }
+                    if relevant, linkUp { requery?.now() }
                 }
             }
         } onGracefulShutdown: {
@@ -75,12 +76,13 @@ public struct MachineWatcher: Service {
         var nextBusAttempt = 0.0
         var detector = SuspendDetector()
         var loggedNoBus = false
-        var lastWake = -Double.infinity
-        // logind and the clocks both tell of the same sleep: once is enough.
-        func wake(_ how: String) {
+        var lastWake = (logind: -Double.infinity, clocks: -Double.infinity)
+        // logind and the clocks both tell of the same sleep: the second to tell is not heard.
+        func wake(_ how: String, fromLogind: Bool) {
             let now = SystemClock.monotonic()
-            if now - lastWake >= 10 { send(.woke(how)) }
-            lastWake = now
+            let other = fromLogind ? lastWake.clocks : lastWake.logind
+            if now - other >= 10 { send(.woke(how)) }
+            if fromLogind { lastWake.logind = now } else { lastWake.clocks = now }
         }
         while !stop.isSet {
             let now = SystemClock.monotonic()
@@ -110,14 +112,14 @@ public struct MachineWatcher: Service {
             }
             if let current = bus {
                 let (signals, connected) = current.drain()
-                if signals.contains(false) { wake("logind: PrepareForSleep(false)") }
+                if signals.contains(false) { wake("logind: PrepareForSleep(false)", fromLogind: true) }
                 if !connected {
                     logger.notice("the system D-Bus went away: following logind's sleep signal again once it is back")
                     bus = nil
                     nextBusAttempt = SystemClock.monotonic() + 5
                 }
             }
-            if let slept = detector.check() { wake("the clocks: about \(Int(slept)) s asleep") }
+            if let slept = detector.check() { wake("the clocks: about \(Int(slept)) s asleep", fromLogind: false) }
         }
     }
 }

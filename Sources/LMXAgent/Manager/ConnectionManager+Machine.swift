@@ -7,10 +7,24 @@ extension ConnectionManager {
     /// This machine's links, addresses or routes changed: the path to every LAN route is looked
     /// up again; routes this machine left are out at once, changed ones suspect, and every route
     /// without a path of its own (tunnels, host names) is probed now too.
-    public func networkChanged() {
+    /// - Returns: whether anything the agent uses changed (a LAN route moved, or the addresses
+    ///   of this machine's usable interfaces), so that pooled connections are worth dropping.
+    /// - Parameter whenRelevant: runs before any probe starts, when something did change (drops
+    ///   pooled connections).
+    @discardableResult
+    public func networkChanged(whenRelevant: @Sendable () -> Void = {}) -> Bool {
         let t = clock.now()
-        let paths = lookUpPaths(of: planner.routes.values.filter { $0.route.via == .lan }.map(\.id))
+        let interfaces = RouteLookup.interfaces()
+        let paths = lookUpPaths(of: planner.routes.values.filter { $0.route.via == .lan }.map(\.id), in: interfaces)
         let moved = paths.filter { id, path in planner.routes[id]?.path.map { $0 != path } ?? false }
+        let usable = interfaces.usable
+        let addressesChanged = usable != lastUsableInterfaces
+        lastUsableInterfaces = usable
+        guard addressesChanged || !moved.isEmpty else {
+            logger.debug("this machine's network changed; nothing the agent uses")
+            return false
+        }
+        whenRelevant()
         planner.probeUnpathed(now: t)
         var events = planned(planner.applyPaths(paths, now: t))
         if !moved.isEmpty {
@@ -18,9 +32,10 @@ extension ConnectionManager {
                 + (moved.count > 3 ? " and \(moved.count - 3) more" : "")
             events.insert(.machine(.network, detail: detail), at: 0)
         } else {
-            logger.debug("this machine's network changed; no LAN route moved")
+            logger.info("this machine's addresses changed; no LAN route moved: probing the tunnels again")
         }
         pump(events)
+        return true
     }
 
     /// This machine woke from sleep: every verdict is stale; everything is probed now, and the
@@ -36,13 +51,14 @@ extension ConnectionManager {
     func recordNewPaths() {
         let fresh = planner.routes.values.filter { $0.path == nil && $0.route.via == .lan && !pathless.contains($0.id) }
         guard !fresh.isEmpty else { return }
-        _ = planner.applyPaths(lookUpPaths(of: fresh.map(\.id)), now: clock.now())
+        let interfaces = RouteLookup.interfaces()
+        if lastUsableInterfaces.isEmpty { lastUsableInterfaces = interfaces.usable }
+        _ = planner.applyPaths(lookUpPaths(of: fresh.map(\.id), in: interfaces), now: clock.now())
     }
 
     /// How this machine reaches each LAN route with an IP address now (host names have no
     /// path of their own and are remembered as such).
-    func lookUpPaths(of ids: [String]) -> [String: RoutePath] {
-        let interfaces = RouteLookup.interfaces()
+    func lookUpPaths(of ids: [String], in interfaces: RouteLookup.Interfaces) -> [String: RoutePath] {
         var paths: [String: RoutePath] = [:]
         for id in ids {
             guard let state = planner.routes[id], state.route.via == .lan,

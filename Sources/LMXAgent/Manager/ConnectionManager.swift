@@ -33,6 +33,8 @@ public actor ConnectionManager {
     var probing: Set<String> = []
     /// LAN routes with no IP address to look up a path to (host names).
     var pathless: Set<String> = []
+    /// The addresses of this machine's usable interfaces at the last look.
+    var lastUsableInterfaces: Set<String> = []
     private var wakeAt: Double?
     private var wakeGeneration = 0
     var stopped = false

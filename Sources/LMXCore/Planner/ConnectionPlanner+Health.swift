@@ -5,6 +5,12 @@ extension ConnectionPlanner {
     public mutating func record(_ report: ProbeReport, for routeID: String, full: Bool = true, now: Double) -> [PlannerEvent] {
         guard var state = routes[routeID] else { return [] }
         state.inFlight = false
+        if let since = state.staleSince, let started = state.probeStartedAt, started < since {
+            // Started before this machine slept: says nothing of now. Probe again at once.
+            state.nextProbeAt = now
+            routes[routeID] = state
+            return []
+        }
         var report = report
         if full {
             state.lastFullProbeAt = now
@@ -47,7 +53,7 @@ extension ConnectionPlanner {
         if good, state.offNetwork != nil { state.offNetwork = nil }  // got through after all
         if !good, decisive { state.localLoss = true }
         state.suspect = false
-        state.stale = false
+        state.staleSince = nil
         if good, state.localLoss {
             state.localLoss = false
             state.returnAtOnce = true

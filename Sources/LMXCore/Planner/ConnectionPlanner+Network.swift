@@ -55,8 +55,10 @@ extension ConnectionPlanner {
     /// no request goes to a route until its first probe since the wake has answered.
     public mutating func woke(now: Double) -> [PlannerEvent] {
         for id in routes.keys {
-            routes[id]!.stale = true
+            routes[id]!.staleSince = now
             routes[id]!.suspect = false
+            // A probe in flight across the sleep tells nothing: its answer is dropped and the
+            // route probed again (see `record`).
             if !routes[id]!.inFlight {
                 routes[id]!.nextProbeAt = now
                 routes[id]!.backoff = 0

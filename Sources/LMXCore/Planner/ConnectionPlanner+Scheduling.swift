@@ -37,7 +37,10 @@ extension ConnectionPlanner {
             }
             due.append(state)
         }
-        for state in due { routes[state.id]!.inFlight = true }
+        for state in due {
+            routes[state.id]!.inFlight = true
+            routes[state.id]!.probeStartedAt = now
+        }
         return due.map { state in
             // The active route is checked often and cheaply; every stable interval, in full.
             let quick = state.id == activeID && state.health == .up && state.badStreak == 0

@@ -67,8 +67,12 @@ public struct RouteState: Sendable, Hashable, Identifiable {
     public var localLoss = false
     /// Came back after a local loss: returns without the stability window.
     public var returnAtOnce = false
-    /// The verdict predates a sleep of this machine: not used for requests until probed again.
-    public var stale = false
+    /// When this machine woke, if the verdict predates that: not used for requests until a
+    /// probe started since then has answered.
+    public var staleSince: Double?
+    public var stale: Bool { staleSince != nil }
+    /// When the probe in flight started.
+    public var probeStartedAt: Double?
 
     public let id: String
 

@@ -1,0 +1,147 @@
+import Foundation
+import LMXCore
+import Testing
+
+/// The agent on a roaming machine (CONTRACT §7 trust, issue: follow the machine): it runs in
+/// namespace host h4, which has two links: lan0 on the test LAN, and wan0 to this machine,
+/// where the paired server's tunnel (HTTPS) listens. The paired server itself is on h1, at the
+/// address its tunnel vouches for. `testbed.sh roam away` moves h4 to another subnet with a
+/// default route to a router that never answers (a laptop joining another Wi-Fi network);
+/// `roam home` brings it back. A logind stand-in on h4's bus sends `PrepareForSleep`.
+@Suite("Roaming: leaving home, coming home, waking from sleep", .serialized)
+struct RoamingTests {
+    let bed: TestBed
+
+    init() throws {
+        bed = try TestBed.load()
+    }
+
+    struct Home {
+        let lan: LMXServer
+        let tunnel: LMXServer
+        let agent: AgentProcess
+        var lanURL: String { lan.baseURL }
+        var tunnelURL: String
+        var gatewaySocket: String { agent.directory + "/gateway.sock" }
+    }
+
+    /// The paired server on h1 and its tunnel on this machine's wan side; the agent in h4,
+    /// paired by a QR-code text, active on the LAN, the tunnel probed and up.
+    private func startHome(lanDelayMS: Int = 0) async throws -> Home {
+        let port = freePort(), tunnelPort = freePort()
+        let instance = "roam-\(port)"
+        let lan = try await LMXServer.start(bed, on: .h1, port: port, instance: instance)
+        let tunnelAddress = bed["LMX_TESTBED_H4_TUNNEL_ADDR"]
+        let tunnel = try await LMXServer.start(
+            bed, on: .root, port: tunnelPort, instance: instance, bind: tunnelAddress, tls: true,
+            extra: ["--base-urls", "http://\(bed.address(.h1)):\(port)"])
+        _ = try await Publish.avahi(bed, on: .h1, name: "Roam \(TestBed.tag())", port: port)
+        let config = #"{"interfaces": ["lan0"], "extra_ca_file": "\#(bed["LMX_TESTBED_TLS"])/ca.pem"}"#
+        // The gateway on h4's own loopback, and on its socket (which the tests use from here).
+        let agent = try await AgentProcess.start(bed, config: config, arguments: ["--gateway", "127.0.0.1:\(freePort())"], host: .h4)
+        let tunnelURL = "https://\(tunnelAddress):\(tunnelPort)"
+        let token = "opta-lmx://pair?v=1&name=Studio&url=" + tunnelURL.replacingOccurrences(of: ":", with: "%3A").replacingOccurrences(of: "/", with: "%2F")
+            + "&key=ADMIN-S3CRET"
+        let file = agent.directory + "/pairing.txt"
+        try token.write(toFile: file, atomically: true, encoding: .utf8)
+        let paired = try await Command.run(
+            "\(TestBed.binDir)/lmx-pair", [file, "--socket", agent.socket, "--db", agent.database],
+            environment: ["LMX_SOCKET": "", "LMX_DB": ""])
+        #expect(paired.status == 0, "\(paired.stderr)")
+        let home = Home(lan: lan, tunnel: tunnel, agent: agent, tunnelURL: tunnelURL)
+        #expect(await agent.waitForActive(timeout: 15) { $0?.baseURL == home.lanURL } != nil, "active on the LAN: \(agent.process.stderr.suffix(2000))")
+        #expect(await agent.waitForRoute(timeout: 15) { $0.baseURL == tunnelURL && $0.health == .up } != nil, "tunnel up")
+        return home
+    }
+
+    /// Always brings h4 home again, whatever the test did.
+    private func roaming(_ body: () async throws -> Void) async throws {
+        do {
+            try await withResources { try await body() }
+        } catch {
+            try? await bed.control("roam", "home")
+            throw error
+        }
+        try await bed.control("roam", "home")
+    }
+
+    @Test("leave home: active via the tunnel within 500 ms (no probe timeouts); come home: on the LAN within 2 s (no stability window)")
+    func leaveAndComeHome() async throws {
+        try await roaming {
+            let home = try await startHome()
+            let agent = home.agent
+
+            let leaving = ContinuousClock.now
+            try await bed.control("roam", "away")
+            let away = await agent.waitForActive(timeout: 10) { $0?.via == .wan }
+            let leave = (ContinuousClock.now - leaving).seconds
+            #expect(away != nil)
+            #expect(leave <= 0.5, "tunnel active \(leave) s after leaving")
+            let lanRoute = await agent.waitForRoute(timeout: 2) { $0.baseURL == home.lanURL }
+            #expect(lanRoute?.reason.hasPrefix("not reachable from this machine now") == true, "\(lanRoute?.reason ?? "")")
+            // Requests go through the tunnel.
+            let models = try await curl(["-D", "-", "--unix-socket", home.gatewaySocket, "http://localhost/v1/models"])
+            #expect(models.status == 200 && models.body.contains("X-LMX-Via: wan"), "\(models.body)")
+
+            // Away long enough for the LAN route's probes to fail and back off.
+            try await Task.sleep(for: .seconds(6))
+            #expect(agent.active()?.via == .wan)
+
+            let returning = ContinuousClock.now
+            try await bed.control("roam", "home")
+            let back = await agent.waitForActive(timeout: 30) { $0?.baseURL == home.lanURL }
+            let homeTime = (ContinuousClock.now - returning).seconds
+            #expect(back != nil)
+            #expect(homeTime <= 2, "LAN active \(homeTime) s after coming home")
+            let again = try await curl(["-D", "-", "--unix-socket", home.gatewaySocket, "http://localhost/v1/models"])
+            #expect(again.status == 200 && again.body.contains("X-LMX-Via: lan"), "\(again.body)")
+            let events = try agent.client.request("GET", "/v1/events?limit=50")
+            #expect(String(decoding: events.body, as: UTF8.self).contains(#""kind":"network""#))
+            print("roaming: leave → tunnel \(String(format: "%.3f", leave)) s, home → LAN \(String(format: "%.3f", homeTime)) s")
+        }
+    }
+
+    @Test("PrepareForSleep(false) from logind (a stand-in owning org.freedesktop.login1): every route re-probed within 1 s; the gateway waits for a fresh verdict")
+    func wakeFromSleep() async throws {
+        try await roaming {
+            let home = try await startHome()
+            let agent = home.agent
+            // Let the tunnel settle into its 60 s standby schedule.
+            try await Task.sleep(for: .seconds(2))
+            let before = try Dictionary(uniqueKeysWithValues: agent.status().candidates.flatMap(\.routes).map { ($0.id, $0.probes) })
+            #expect(before.count >= 2)
+
+            let sent = ContinuousClock.now
+            let standin = try await Command.run(
+                "/usr/bin/python3", ["\(TestBed.repo)/scripts/login1-standin.py", "--bus", bed.bus(.h4), "wake"])
+            #expect(standin.status == 0, "\(standin.stderr)")
+            var reprobed: Double?
+            while (ContinuousClock.now - sent).seconds < 5 {
+                let now = try agent.status().candidates.flatMap(\.routes)
+                if now.allSatisfy({ $0.probes > (before[$0.id] ?? 0) }) {
+                    reprobed = (ContinuousClock.now - sent).seconds
+                    break
+                }
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            #expect(reprobed != nil && reprobed! <= 1, "every route re-probed after \(reprobed.map { "\($0) s" } ?? "more than 5 s")")
+            #expect(agent.process.stderr.contains("woke from sleep: logind: PrepareForSleep(false)"))
+
+            // The gateway: a request right after the wake waits for a first probe since (every
+            // answer of either server takes 800 ms now), instead of going to a route last seen
+            // before the sleep: 800 ms for that probe, then 800 ms for the request itself.
+            await home.lan.set("slow 800")
+            await home.tunnel.set("slow 800")
+            try await Task.sleep(for: .seconds(2))
+            let logged = agent.process.stderr.components(separatedBy: "woke from sleep").count
+            _ = try await Command.run("/usr/bin/python3", ["\(TestBed.repo)/scripts/login1-standin.py", "--bus", bed.bus(.h4), "wake"])
+            #expect(await agent.process.waitFor(timeout: 5) { $0.stderr.components(separatedBy: "woke from sleep").count > logged })
+            let start = ContinuousClock.now
+            let models = try await curl(["-D", "-", "--unix-socket", home.gatewaySocket, "http://localhost/v1/models"])
+            let took = (ContinuousClock.now - start).seconds
+            #expect(models.status == 200, "\(models.body)")
+            #expect(took >= 1.2, "held for a fresh probe, then answered: \(took) s")
+            print("wake: every route re-probed after \(reprobed.map { String(format: "%.3f", $0) } ?? "-") s; a gateway request after the wake took \(String(format: "%.3f", took)) s")
+        }
+    }
+}
