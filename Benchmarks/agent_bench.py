@@ -8,6 +8,7 @@
   - GET /v1/active latency p50/p99 and requests per second at 1 and 50 concurrent clients
   - a LAN server killed without goodbye and restarted with no new announcement: time from its
     /healthz answering to usable (hysteresis) and to active again (stability window 10 s)
+  - roaming (agent in h4, two links): leave home → tunnel, come home → LAN, wake → re-probed
   - whole-process time of `lmx-status --url`
   - the local gateway against the server directly (same run): chat completions req/s and
     p50/p99 at 1 and 8 clients, streaming first event and per-event delivery, and a client loop
@@ -105,9 +106,9 @@ class Proc:
                 self.p.wait()
 
 
-def lmx_server(host, port, count=1, tls=False):
-    addr = "127.0.0.1" if host == "root" else ENV["LMX_TESTBED_%s_ADDR" % host.upper()]
-    argv = ["python3", SERVER, "--bind", addr, "--port", str(port), "--count", str(count)]
+def lmx_server(host, port, count=1, tls=False, bind=None, extra=()):
+    addr = bind or ("127.0.0.1" if host == "root" else ENV["LMX_TESTBED_%s_ADDR" % host.upper()])
+    argv = ["python3", SERVER, "--bind", addr, "--port", str(port), "--count", str(count), *extra]
     if tls:
         argv += ["--tls", ENV["LMX_TESTBED_TLS"] + "/tunnel.pem", ENV["LMX_TESTBED_TLS"] + "/tunnel.key"]
     p = Proc(argv if host == "root" else ns(host) + argv)
@@ -144,17 +145,18 @@ def request(sock, path):
 
 
 class Agent:
-    def __init__(self, config, args=(), directory=None):
+    def __init__(self, config, args=(), directory=None, host="root"):
         self.dir = directory or tempfile.mkdtemp(prefix="lmx-bench-")
         self.sock = self.dir + "/agent.sock"
         with open(self.dir + "/agent.json", "w") as f:
             json.dump(config, f)
         self.started = time.perf_counter()
         self.p = subprocess.Popen(
-            [BIN + "/lmx-agentd", "--socket", self.sock, "--db", self.dir + "/agent.db", "--config",
-             self.dir + "/agent.json", *args],
+            (ns(host) if host != "root" else []) + [
+                BIN + "/lmx-agentd", "--socket", self.sock, "--db", self.dir + "/agent.db", "--config",
+                self.dir + "/agent.json", *args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ, "DBUS_SYSTEM_BUS_ADDRESS": ENV["LMX_TESTBED_ROOT_BUS"]})
+            env={**os.environ, "DBUS_SYSTEM_BUS_ADDRESS": ENV["LMX_TESTBED_%s_BUS" % host.upper()]})
         LIVE.append(self.p)
 
     def active(self):
@@ -284,6 +286,58 @@ def bench_restart(results):
     results["restart_back_max"] = max([x for x in back if x is not None] or [float("nan")])
 
 
+def bench_roam(results):
+    """The agent in h4 (two links): leave home (h4 moves to another subnet, default route to a
+    router that never answers) → active via the tunnel; home again → active on the LAN; a
+    PrepareForSleep(false) from a logind stand-in on h4's bus → every route probed again."""
+    tunnel_addr = ENV["LMX_TESTBED_H4_TUNNEL_ADDR"]
+    leave, home, wake = [], [], []
+    for run in range(RUNS):
+        port, tport = 21600 + run, 21650 + run
+        lan = "http://%s:%d" % (ENV["LMX_TESTBED_H1_ADDR"], port)
+        server = lmx_server("h1", port, extra=["--instance", "roam-%d" % run])
+        tunnel = lmx_server("root", tport, tls=True, bind=tunnel_addr,
+                            extra=["--instance", "roam-%d" % run, "--base-urls", lan])
+        pub = publish("h1", "bench roam %d" % run, port)
+        wan = {"url": "https://%s:%d" % (tunnel_addr, tport), "via": "wan", "name": "tunnel"}
+        config = {"interfaces": ["lan0"], "endpoints": [wan], "extra_ca_file": ENV["LMX_TESTBED_TLS"] + "/ca.pem"}
+        agent = Agent(config, ["--gateway", "off"], host="h4")
+        try:
+            if agent.wait_active(lambda a: a and a["base_url"] == lan, 15) is None:
+                continue
+            time.sleep(2)
+            start = time.perf_counter()
+            subprocess.run([TESTBED, "roam", "away"], check=True)
+            leave.append(agent.wait_active(lambda a: a and a["via"] == "wan", 15) and time.perf_counter() - start)
+            time.sleep(8)  # the LAN route's probes fail and back off meanwhile
+            start = time.perf_counter()
+            subprocess.run([TESTBED, "roam", "home"], check=True)
+            home.append(agent.wait_active(lambda a: a and a["base_url"] == lan, 60) and time.perf_counter() - start)
+            time.sleep(2)
+            _, body = request(agent.sock, "/v1/status")
+            before = {r["id"]: r["probes"] for c in json.loads(body)["candidates"] for r in c["routes"]}
+            start = time.perf_counter()
+            subprocess.run(["/usr/bin/python3", os.path.join(REPO, "scripts", "login1-standin.py"), "--bus",
+                            ENV["LMX_TESTBED_H4_BUS"], "wake"], check=True, stdout=subprocess.DEVNULL)
+            took = None
+            while time.perf_counter() - start < 10 and took is None:
+                _, body = request(agent.sock, "/v1/status")
+                now = {r["id"]: r["probes"] for c in json.loads(body)["candidates"] for r in c["routes"]}
+                if all(now.get(k, 0) > v for k, v in before.items()):
+                    took = time.perf_counter() - start
+                time.sleep(0.005)
+            wake.append(took)
+        finally:
+            subprocess.run([TESTBED, "roam", "home"], check=False)
+            agent.stop()
+            pub.stop()
+            tunnel.stop()
+            server.stop()
+    for name, xs in (("leave", leave), ("home", home), ("wake", wake)):
+        results["roam_" + name] = median(xs)
+        results["roam_" + name + "_max"] = max([x for x in xs if x] or [float("nan")])
+
+
 def bench_api(results):
     server = lmx_server("h1", 21500)
     agent = Agent(cfg(endpoints=[{"url": "http://%s:21500" % ENV["LMX_TESTBED_H1_ADDR"]}]), ["--no-discovery"])
@@ -408,7 +462,7 @@ def bench_scale(results):
 
 def main():
     results = {}
-    steps = (bench_first_active, bench_failover, bench_restart, bench_api, bench_gateway, bench_scale)
+    steps = (bench_first_active, bench_failover, bench_restart, bench_roam, bench_api, bench_gateway, bench_scale)
     only = os.environ.get("BENCH_STEPS")
     if only:
         steps = [step for step in steps if step.__name__.replace("bench_", "") in only.split(",")]
@@ -425,6 +479,9 @@ def main():
         ("failover to WAN, black hole (median / max)", "%s / %s" % (ms(results["failover_black hole"]), ms(results["failover_black hole_max"])), "≤ 5 s"),
         ("restart without announcement: /healthz answers → usable (median / max)", "%s / %s" % (ms(results["restart_usable"]), ms(results["restart_usable_max"])), "≤ 3 s"),
         ("restart without announcement: /healthz answers → active again, window 10 s (median / max)", "%s / %s" % (ms(results["restart_back"]), ms(results["restart_back_max"])), "≤ 13 s"),
+        ("roaming: leave home → active via the tunnel (median / max)", "%s / %s" % (ms(results["roam_leave"]), ms(results["roam_leave_max"])), "≤ 500 ms"),
+        ("roaming: come home → active on the LAN (median / max)", "%s / %s" % (ms(results["roam_home"]), ms(results["roam_home_max"])), "≤ 2 s"),
+        ("roaming: PrepareForSleep(false) → every route probed again (median / max)", "%s / %s" % (ms(results["roam_wake"]), ms(results["roam_wake_max"])), "≤ 1 s"),
         ("GET /v1/active, 1 client: req/s, p50, p99", "%.0f, %.2f ms, %.2f ms" % (results["api_1_rps"], results["api_1_p50_ms"], results["api_1_p99_ms"]), "p99 ≤ 1 ms"),
         ("GET /v1/active, 50 clients: req/s, p50, p99", "%.0f, %.2f ms, %.2f ms" % (results["api_50_rps"], results["api_50_p50_ms"], results["api_50_p99_ms"]), "≥ 10,000 req/s"),
         ("lmx-status --url, whole process (hyperfine, median of 30)", ms(results["lmx_status_url"]), "≤ 30 ms"),

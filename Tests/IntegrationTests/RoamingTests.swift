@@ -93,11 +93,16 @@ struct RoamingTests {
             let homeTime = (ContinuousClock.now - returning).seconds
             #expect(back != nil)
             #expect(homeTime <= 2, "LAN active \(homeTime) s after coming home")
+            // mDNS withdrew the server while away (avahi-daemon dropped what it had heard on the
+            // old network); it is announced again at once.
+            #expect(lanRoute?.announced == false)
+            #expect(await agent.waitForRoute(timeout: 2) { $0.baseURL == home.lanURL && $0.announced } != nil)
+            let announced = (ContinuousClock.now - returning).seconds
             let again = try await curl(["-D", "-", "--unix-socket", home.gatewaySocket, "http://localhost/v1/models"])
             #expect(again.status == 200 && again.body.contains("X-LMX-Via: lan"), "\(again.body)")
             let events = try agent.client.request("GET", "/v1/events?limit=50")
             #expect(String(decoding: events.body, as: UTF8.self).contains(#""kind":"network""#))
-            print("roaming: leave → tunnel \(String(format: "%.3f", leave)) s, home → LAN \(String(format: "%.3f", homeTime)) s")
+            print("roaming: leave → tunnel \(String(format: "%.3f", leave)) s, home → LAN \(String(format: "%.3f", homeTime)) s, announced again \(String(format: "%.3f", announced)) s")
         }
     }
 
