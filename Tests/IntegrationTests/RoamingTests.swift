@@ -116,6 +116,15 @@ struct RoamingTests {
             let before = try Dictionary(uniqueKeysWithValues: agent.status().candidates.flatMap(\.routes).map { ($0.id, $0.probes) })
             #expect(before.count >= 2)
 
+            // Anyone on the bus may send a signal of that name; only logind's is heard.
+            let forged = try await Command.run("/usr/bin/dbus-send", [
+                "--bus=\(bed.bus(.h4))", "--type=signal", "/org/freedesktop/login1",
+                "org.freedesktop.login1.Manager.PrepareForSleep", "boolean:false",
+            ])
+            #expect(forged.status == 0, "\(forged.stderr)")
+            try await Task.sleep(for: .milliseconds(500))
+            #expect(!agent.process.stderr.contains("woke from sleep"), "a signal not from org.freedesktop.login1's owner")
+
             let sent = ContinuousClock.now
             let standin = try await Command.run(
                 "/usr/bin/python3", ["\(TestBed.repo)/scripts/login1-standin.py", "--bus", bed.bus(.h4), "wake"])
