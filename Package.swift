@@ -22,6 +22,7 @@ let package = Package(
         .executable(name: "lmx-agentd", targets: ["lmx-agentd"]),
         .executable(name: "lmx-status", targets: ["lmx-status"]),
         .executable(name: "lmx-pair", targets: ["lmx-pair"]),
+        .executable(name: "lmx-agent", targets: ["lmx-agent"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -109,44 +110,53 @@ let package = Package(
             ]
         ),
 
-        .executableTarget(
-            name: "lmx-discover",
+        // The four commands, each a library: one multi-call binary holds them all (the package
+        // installs it once, the commands as links to it), and each also has an executable of its
+        // own for development and the tests.
+        .target(
+            name: "LMXDiscoverCommand",
             dependencies: [
-                "LMXCore",
-                "LMXDiscovery",
-                "LMXProbe",
-                "LMXSystem",
+                "LMXCore", "LMXDiscovery", "LMXProbe", "LMXSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
-        .executableTarget(
-            name: "lmx-agentd",
+        .target(
+            name: "LMXAgentdCommand",
             dependencies: [
-                "LMXAgent",
-                "LMXCore",
-                "LMXSystem",
+                "LMXAgent", "LMXCore", "LMXSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
-        .executableTarget(
-            name: "lmx-status",
+        .target(
+            name: "LMXStatusCommand",
             dependencies: [
-                "LMXCore",
-                "LMXStatusClient",
-                "LMXSystem",
+                "LMXCore", "LMXStatusClient", "LMXSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
-
-        .executableTarget(
-            name: "lmx-pair",
+        .target(
+            name: "LMXPairCommand",
             dependencies: [
-                "LMXCore",
-                "LMXImage",
-                "LMXStore",
-                "LMXStatusClient",
-                "LMXSystem",
+                "LMXCore", "LMXImage", "LMXStore", "LMXStatusClient", "LMXSystem",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .executableTarget(
+            name: "lmx-discover",
+            dependencies: ["LMXDiscoverCommand", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+        ),
+        .executableTarget(
+            name: "lmx-agentd",
+            dependencies: ["LMXAgentdCommand", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+        ),
+        .executableTarget(name: "lmx-status", dependencies: ["LMXStatusCommand"]),
+        .executableTarget(name: "lmx-pair", dependencies: ["LMXPairCommand"]),
+        // The multi-call binary: dispatches on the name it was started by (busybox-style).
+        .executableTarget(
+            name: "lmx-agent",
+            dependencies: [
+                "LMXAgentdCommand", "LMXStatusCommand", "LMXDiscoverCommand", "LMXPairCommand", "LMXSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

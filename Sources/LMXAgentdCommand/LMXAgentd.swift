@@ -4,9 +4,10 @@ import LMXCore
 import LMXSystem
 import Logging
 
-@main
-struct LMXAgentd: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
+public struct LMXAgentd: AsyncParsableCommand {
+    public init() {}
+
+    public static let configuration = CommandConfiguration(
         commandName: "lmx-agentd",
         abstract: "Keep track of which Opta LMX server this machine should use, and tell local tools.",
         discussion: """
@@ -83,7 +84,7 @@ struct LMXAgentd: AsyncParsableCommand {
             valueName: "path"))
     var addressBooks: [String] = []
 
-    func validate() throws {
+    public func validate() throws {
         for url in endpoints {
             do { _ = try ManualEndpoint(url: url).route() } catch { throw ValidationError("--endpoint: \(error.description)") }
         }
@@ -98,7 +99,7 @@ struct LMXAgentd: AsyncParsableCommand {
         }
     }
 
-    func run() async throws {
+    public func run() async throws {
         var options = DaemonOptions()
         options.socket = socket
         options.database = db

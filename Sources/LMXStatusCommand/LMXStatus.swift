@@ -4,9 +4,10 @@ import LMXStatusClient
 
 import LMXSystem
 
-@main
-struct LMXStatus: ParsableCommand {
-    static let configuration = CommandConfiguration(
+public struct LMXStatus: ParsableCommand {
+    public init() {}
+
+    public static let configuration = CommandConfiguration(
         commandName: "lmx-status",
         abstract: "Show which Opta LMX endpoint to use now, as lmx-agentd sees it.",
         discussion: """
@@ -73,7 +74,7 @@ struct LMXStatus: ParsableCommand {
     @Option(name: .long, help: ArgumentHelp("The agent's socket.", valueName: "path"))
     var socket: String?
 
-    func validate() throws {
+    public func validate() throws {
         if url && json { throw ValidationError("--url and --json cannot be used together") }
         if url && watch { throw ValidationError("--url and --watch cannot be used together") }
         if wait != nil && watch { throw ValidationError("--wait and --watch cannot be used together") }
@@ -82,7 +83,7 @@ struct LMXStatus: ParsableCommand {
         if let wait, !(wait >= 0 && wait <= 86_400) { throw ValidationError("--wait takes 0 to 86400 seconds") }
     }
 
-    func run() throws {
+    public func run() throws {
         let uid = Users.effective
         let resolved = RuntimeDirectory.clientPaths(uid: uid, environment: ProcessEnvironment.current)
         var path = resolved.paths.socket

@@ -5,9 +5,10 @@ import LMXStatusClient
 import LMXStore
 import LMXSystem
 
-@main
-struct LMXPair: ParsableCommand {
-    static let configuration = CommandConfiguration(
+public struct LMXPair: ParsableCommand {
+    public init() {}
+
+    public static let configuration = CommandConfiguration(
         commandName: "lmx-pair",
         abstract: "Pair this machine with an Opta LMX server: import QR codes, links and address books.",
         discussion: """
@@ -48,7 +49,7 @@ struct Locations: ParsableArguments {
     }
 
     /// Refuses (exit 69) a socket or database in an unsafe `/tmp/lmx-<uid>` (see RuntimeDirectory).
-    func validate() throws {
+    public func validate() throws {
         let env = ProcessEnvironment.current
         if let warning = RuntimeDirectory.unsafeDefault(socketGiven: socket != nil, databaseGiven: db != nil, uid: Users.effective, environment: env) {
             Console.error("lmx-pair: \(warning)")

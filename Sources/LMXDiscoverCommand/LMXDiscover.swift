@@ -11,9 +11,10 @@ import Foundation
 #endif
 import Dispatch
 
-@main
-struct LMXDiscover: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
+public struct LMXDiscover: AsyncParsableCommand {
+    public init() {}
+
+    public static let configuration = CommandConfiguration(
         commandName: "lmx-discover",
         abstract: "List the Opta LMX servers on the local network (mDNS, through avahi-daemon).",
         discussion: """
@@ -79,7 +80,7 @@ struct LMXDiscover: AsyncParsableCommand {
     @Option(name: [.customShort("d"), .long], help: ArgumentHelp("The browse domain (default: local).", valueName: "domain"))
     var domain: String?
 
-    func validate() throws {
+    public func validate() throws {
         if json && parsable { throw ValidationError("--json and --parsable are different formats: choose one.") }
         if watch && parsable { throw ValidationError("--watch prints JSON lines; --parsable does not apply to it.") }
         if watch && terminate { throw ValidationError("-t (exit after the listing) and --watch exclude each other.") }
@@ -106,7 +107,7 @@ struct LMXDiscover: AsyncParsableCommand {
             interfaces: filter, waitForDaemon: watch)
     }
 
-    func run() async throws {
+    public func run() async throws {
         do {
             if watch {
                 try await runWatch()

@@ -1,0 +1,44 @@
+import ArgumentParser
+import LMXAgentdCommand
+import LMXDiscoverCommand
+import LMXPairCommand
+import LMXStatusCommand
+import LMXSystem
+
+// One binary, four commands: installed once, with lmx-agentd, lmx-status, lmx-discover and
+// lmx-pair as links to it; the name it was started by says which command runs. Started by any
+// other name, the first argument names the command (`lmx-agent status --url`).
+var arguments = CommandLine.arguments
+let invokedAs = arguments.first.map { String($0.split(separator: "/").last ?? "") } ?? ""
+var command = invokedAs
+if !MultiCall.commands.contains(command), arguments.count > 1 {
+    let asked = arguments[1]
+    command = asked.hasPrefix("lmx-") ? asked : "lmx-" + asked
+    arguments.removeFirst()
+}
+let rest = Array(arguments.dropFirst())
+switch command {
+case "lmx-agentd": await MultiCall.run(LMXAgentd.self, rest)
+case "lmx-status": LMXStatus.main(rest)
+case "lmx-discover": await MultiCall.run(LMXDiscover.self, rest)
+case "lmx-pair": LMXPair.main(rest)
+default:
+    MultiCall.usage(invokedAs)
+}
+
+enum MultiCall {
+    static let commands = ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair"]
+
+    /// The asynchronous entry point (top-level code would pick the synchronous overload).
+    static func run<Command: AsyncParsableCommand>(_: Command.Type, _ arguments: [String]) async {
+        await Command.main(arguments)
+    }
+
+    static func usage(_ name: String) -> Never {
+        ProcessLimits.exit(
+            64,
+            message: "\(name.isEmpty ? "lmx-agent" : name): the lmx-agent commands in one binary. Run it as one of "
+                + "\(commands.joined(separator: ", ")) (the package installs them as links to it), or name the command "
+                + "first: lmx-agent status --url")
+    }
+}

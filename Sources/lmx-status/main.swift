@@ -1,0 +1,4 @@
+import LMXStatusCommand
+
+// The command alone (development and tests); the package installs the multi-call lmx-agent.
+LMXStatus.main()
