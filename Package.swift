@@ -32,7 +32,6 @@ let package = Package(
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.25.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.6.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.10.0"),
-        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.1.0"),
         .package(url: "https://github.com/apple/swift-system", from: "1.5.0"),
         // Tests only: the harness launches the real binaries, servers and publishers with it.
@@ -45,12 +44,14 @@ let package = Package(
 
         // The one system layer: clocks, files written atomically, Unix sockets and peer
         // credentials, users and groups, privilege switches, inotify, netlink and route lookups,
-        // logind's sleep signal, sd-notify, signals. Nothing
+        // the clocks' view of a suspend, sd-notify, signals. Nothing
         // above it (but the C adapters) imports Glibc.
-        .target(name: "LMXSystem", dependencies: ["CDBus", .product(name: "SystemPackage", package: "swift-system")]),
+        .target(name: "LMXSystem", dependencies: [.product(name: "SystemPackage", package: "swift-system")]),
 
-        // Thin module map over libdbus-1: logind's PrepareForSleep signal on the system bus.
+        // Thin module map over libdbus-1, and the adapter on it: logind's PrepareForSleep signal
+        // on the system bus (the daemon only: the commands do not load libdbus).
         .systemLibrary(name: "CDBus", pkgConfig: "dbus-1", providers: [.apt(["libdbus-1-dev"])]),
+        .target(name: "LMXBus", dependencies: ["CDBus", "LMXSystem"]),
 
         // Thin module map over libavahi-client (D-Bus client of the system avahi-daemon), from
         // libavahi-client-dev. The module map names the libraries; no pkgConfig: avahi-client.pc
@@ -83,11 +84,11 @@ let package = Package(
             ]
         ),
 
-        // Adapter: the agent's memory in SQLite (system libsqlite3 through GRDB).
-        .target(
-            name: "LMXStore",
-            dependencies: ["LMXCore", "LMXSystem", .product(name: "GRDB", package: "GRDB.swift")]
-        ),
+        // Thin module map over the system SQLite (libsqlite3-dev).
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+
+        // Adapter: the agent's memory in SQLite (the system libsqlite3, through CSQLite).
+        .target(name: "LMXStore", dependencies: ["LMXCore", "LMXSystem", "CSQLite"]),
 
         // Tiny HTTP/1.1 client over the agent's Unix socket; no NIO so `lmx-status` starts fast.
         .target(name: "LMXStatusClient", dependencies: ["LMXCore", "LMXSystem"]),
@@ -96,7 +97,7 @@ let package = Package(
         .target(
             name: "LMXAgent",
             dependencies: [
-                "LMXCore", "LMXDiscovery", "LMXProbe", "LMXStore", "LMXStatusClient", "LMXSystem",
+                "LMXCore", "LMXDiscovery", "LMXProbe", "LMXStore", "LMXStatusClient", "LMXSystem", "LMXBus",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -162,7 +163,8 @@ let package = Package(
         ),
 
         .testTarget(name: "LMXCoreTests", dependencies: ["LMXCore"]),
-        .testTarget(name: "LMXStoreTests", dependencies: ["LMXCore", "LMXStore"]),
+        // Fixtures/: a database made by an earlier version, opened as it is.
+        .testTarget(name: "LMXStoreTests", dependencies: ["LMXCore", "LMXStore"], exclude: ["Fixtures"]),
         // The daemon's parts in process: the status API and the gateway's refusals through
         // HummingbirdTesting's router tests, the manager, probes against a local server, the
         // system layer.

@@ -1,4 +1,3 @@
-import GRDB
 import LMXCore
 
 #if canImport(Glibc)
@@ -73,7 +72,7 @@ public struct StoreError: Error, CustomStringConvertible, Sendable {
 /// partial row.
 public final class AgentStore: Sendable {
     public let path: String
-    let pool: DatabasePool
+    let pool: SQLiteConnection
     /// Events kept at most.
     public let eventRetention: Int
     /// Servers seen kept at most (the most recently seen): a flood of announcements must not
@@ -88,14 +87,14 @@ public final class AgentStore: Sendable {
         if !directory.isEmpty { try makePrivateDirectory(directory) }
         do {
             return try AgentStore(path: path, eventRetention: eventRetention)
-        } catch let error as DatabaseError where [ResultCode.SQLITE_CORRUPT, .SQLITE_NOTADB].contains(error.resultCode.primaryResultCode) {
+        } catch let error as SQLiteError where error.isCorrupt {
             let aside = "\(path).corrupt-\(Int(time(nil)))"
             for suffix in ["", "-wal", "-shm"] where access(path + suffix, F_OK) == 0 {
                 guard rename(path + suffix, aside + suffix) == 0 else {
                     throw StoreError(description: "database \(path) is corrupt and could not be moved aside (errno \(errno)); remove it by hand")
                 }
             }
-            log("database \(path) is corrupt (\(error.resultCode)); moved it to \(aside) and started a fresh one")
+            log("database \(path) is corrupt (\(error.message)); moved it to \(aside) and started a fresh one")
             return try AgentStore(path: path, eventRetention: eventRetention)
         }
     }
@@ -105,16 +104,10 @@ public final class AgentStore: Sendable {
         self.eventRetention = eventRetention
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
-        var configuration = Configuration()
-        // A database locked by another process (a backup, sqlite3 by hand) is retried for 5 s.
-        configuration.busyMode = .timeout(5)
-        configuration.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA synchronous = NORMAL")
-        }
-        pool = try DatabasePool(path: path, configuration: configuration)
+        pool = try SQLiteConnection(path: path)
         // Reading the schema fails at once on a file that is not SQLite or is corrupt.
-        try pool.read { db in _ = try Row.fetchAll(db, sql: "PRAGMA quick_check(1)") }
-        try Self.migrator.migrate(pool)
+        _ = try pool.read { db in try db.rows(sql: "PRAGMA quick_check(1)") }
+        try pool.migrate(Self.migrations)
         for suffix in ["", "-wal", "-shm"] { chmod(path + suffix, 0o600) }
     }
 
@@ -129,90 +122,47 @@ public final class AgentStore: Sendable {
         }
     }
 
-    static var migrator: DatabaseMigrator {
-        var migrator = DatabaseMigrator()
-        migrator.registerMigration("v1") { db in
-            try db.create(table: "route") { t in
-                t.primaryKey("id", .text)
-                t.column("base_url", .text).notNull()
-                t.column("via", .text).notNull()
-                t.column("source", .text).notNull()
-                t.column("name", .text).notNull()
-                t.column("service_path", .text).notNull()
-                t.column("pinned_instance", .text)
-                t.column("instance_id", .text)
-                t.column("admin_key", .text)
-                t.column("api_key", .text)
-                t.column("cf_id", .text)
-                t.column("cf_secret", .text)
-                t.column("addresses", .text).notNull().defaults(to: "")
-                t.column("created_at", .double).notNull()
-                t.column("last_seen", .double)
-                t.column("expires_at", .double)
-            }
-            try db.create(table: "server") { t in
-                t.primaryKey("key", .text)
-                t.column("instance_id", .text)
-                t.column("name", .text).notNull()
-                t.column("addresses", .text).notNull()
-                t.column("source", .text).notNull()
-                t.column("first_seen", .double).notNull()
-                t.column("last_seen", .double).notNull()
-            }
-            try db.create(table: "probe_stats") { t in
-                t.primaryKey("route_id", .text)
-                t.column("probes", .integer).notNull()
-                t.column("failures", .integer).notNull()
-                t.column("smoothed_latency", .double)
-                t.column("last_verdict", .text)
-                t.column("last_detail", .text)
-                t.column("last_probe_at", .double)
-                t.column("last_good_at", .double)
-                t.column("instance_id", .text)
-            }
-            try db.create(table: "event") { t in
-                t.autoIncrementedPrimaryKey("id")
-                t.column("at", .double).notNull()
-                t.column("kind", .text).notNull()
-                t.column("route_id", .text)
-                t.column("from_value", .text)
-                t.column("to_value", .text)
-                t.column("reason", .text).notNull()
-            }
-            try db.create(table: "meta") { t in
-                t.primaryKey("key", .text)
-                t.column("value", .text).notNull()
-            }
-        }
-        migrator.registerMigration("v2-pairings") { db in
-            try db.create(table: "pairing") { t in
-                t.primaryKey("id", .text)
-                t.column("name", .text)
-                t.column("format", .text).notNull()
-                t.column("wan_url", .text)
-                t.column("admin_key", .text)
-                t.column("api_key", .text)
-                t.column("cf_id", .text)
-                t.column("cf_secret", .text)
-                t.column("lan", .text)
-                t.column("instance", .text)
-                t.column("expires_at", .integer)
-                t.column("created_at", .double).notNull()
-                t.column("updated_at", .double).notNull()
-            }
-        }
-        migrator.registerMigration("v3-tunnel-vouches") { db in
-            // The LAN addresses each paired or configured tunnel vouches for, as its server listed
-            // them: they hold across restarts and while the tunnel is down.
-            try db.create(table: "tunnel_vouch") { t in
-                t.primaryKey("tunnel_route", .text)
-                t.column("instance_id", .text)
-                t.column("base_urls", .text).notNull()
-                t.column("updated_at", .double).notNull()
-            }
-        }
-        return migrator
-    }
+    /// The schema, one migration at a time (recorded in `grdb_migrations`, as by the versions
+    /// that used GRDB: their databases open unchanged).
+    static let migrations: [(identifier: String, sql: [String])] = [
+        ("v1", [
+            """
+            CREATE TABLE "route" ("id" TEXT PRIMARY KEY NOT NULL, "base_url" TEXT NOT NULL, "via" TEXT NOT NULL,
+                "source" TEXT NOT NULL, "name" TEXT NOT NULL, "service_path" TEXT NOT NULL, "pinned_instance" TEXT,
+                "instance_id" TEXT, "admin_key" TEXT, "api_key" TEXT, "cf_id" TEXT, "cf_secret" TEXT,
+                "addresses" TEXT NOT NULL DEFAULT '', "created_at" DOUBLE NOT NULL, "last_seen" DOUBLE, "expires_at" DOUBLE)
+            """,
+            """
+            CREATE TABLE "server" ("key" TEXT PRIMARY KEY NOT NULL, "instance_id" TEXT, "name" TEXT NOT NULL,
+                "addresses" TEXT NOT NULL, "source" TEXT NOT NULL, "first_seen" DOUBLE NOT NULL, "last_seen" DOUBLE NOT NULL)
+            """,
+            """
+            CREATE TABLE "probe_stats" ("route_id" TEXT PRIMARY KEY NOT NULL, "probes" INTEGER NOT NULL,
+                "failures" INTEGER NOT NULL, "smoothed_latency" DOUBLE, "last_verdict" TEXT, "last_detail" TEXT,
+                "last_probe_at" DOUBLE, "last_good_at" DOUBLE, "instance_id" TEXT)
+            """,
+            """
+            CREATE TABLE "event" ("id" INTEGER PRIMARY KEY AUTOINCREMENT, "at" DOUBLE NOT NULL, "kind" TEXT NOT NULL,
+                "route_id" TEXT, "from_value" TEXT, "to_value" TEXT, "reason" TEXT NOT NULL)
+            """,
+            #"CREATE TABLE "meta" ("key" TEXT PRIMARY KEY NOT NULL, "value" TEXT NOT NULL)"#,
+        ]),
+        ("v2-pairings", [
+            """
+            CREATE TABLE "pairing" ("id" TEXT PRIMARY KEY NOT NULL, "name" TEXT, "format" TEXT NOT NULL, "wan_url" TEXT,
+                "admin_key" TEXT, "api_key" TEXT, "cf_id" TEXT, "cf_secret" TEXT, "lan" TEXT, "instance" TEXT,
+                "expires_at" INTEGER, "created_at" DOUBLE NOT NULL, "updated_at" DOUBLE NOT NULL)
+            """
+        ]),
+        // The LAN addresses each paired or configured tunnel vouches for, as its server listed
+        // them: they hold across restarts and while the tunnel is down.
+        ("v3-tunnel-vouches", [
+            """
+            CREATE TABLE "tunnel_vouch" ("tunnel_route" TEXT PRIMARY KEY NOT NULL, "instance_id" TEXT,
+                "base_urls" TEXT NOT NULL, "updated_at" DOUBLE NOT NULL)
+            """
+        ]),
+    ]
 
     // MARK: - Routes
 
@@ -250,7 +200,7 @@ public final class AgentStore: Sendable {
 
     public func routes() throws -> [StoredRoute] {
         try pool.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM route ORDER BY id").compactMap { row -> StoredRoute? in
+            try db.rows(sql: "SELECT * FROM route ORDER BY id").compactMap { row -> StoredRoute? in
                 guard let via = Via(rawValue: row["via"]), let source = RouteSource(rawValue: row["source"]) else { return nil }
                 let addresses: String = row["addresses"]
                 let route = Route(
@@ -281,7 +231,7 @@ public final class AgentStore: Sendable {
                     """,
                 arguments: [key, instanceID, name, addresses.joined(separator: " "), source.rawValue, now, now])
             // Cheap check first (the table's row id grows with inserts); prune only past the bound.
-            let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM server") ?? 0
+            let count: Int = try db.rows(sql: "SELECT COUNT(*) AS n FROM server").first?["n"] ?? 0
             if count > Self.serverRetention + 100 {
                 try db.execute(
                     sql: "DELETE FROM server WHERE key NOT IN (SELECT key FROM server ORDER BY last_seen DESC LIMIT ?)",
@@ -292,7 +242,7 @@ public final class AgentStore: Sendable {
 
     public func servers() throws -> [SeenServer] {
         try pool.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM server ORDER BY last_seen DESC").map { row in
+            try db.rows(sql: "SELECT * FROM server ORDER BY last_seen DESC").map { row in
                 let addresses: String = row["addresses"]
                 return SeenServer(
                     key: row["key"], instanceID: row["instance_id"], name: row["name"],
@@ -322,7 +272,7 @@ public final class AgentStore: Sendable {
     public func stats() throws -> [String: ProbeStats] {
         try pool.read { db in
             var result: [String: ProbeStats] = [:]
-            for row in try Row.fetchAll(db, sql: "SELECT * FROM probe_stats") {
+            for row in try db.rows(sql: "SELECT * FROM probe_stats") {
                 let verdict: String? = row["last_verdict"]
                 let stats = ProbeStats(
                     routeID: row["route_id"], probes: row["probes"], failures: row["failures"],
@@ -353,7 +303,7 @@ public final class AgentStore: Sendable {
 
     public func recentEvents(limit: Int) throws -> [StatusAPI.Event] {
         try pool.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM event ORDER BY id DESC LIMIT ?", arguments: [limit]).map { row in
+            try db.rows(sql: "SELECT * FROM event ORDER BY id DESC LIMIT ?", arguments: [limit]).map { row in
                 StatusAPI.Event(
                     id: row["id"], at: Timestamp.iso8601(row["at"] as Double), kind: row["kind"], routeID: row["route_id"],
                     from: row["from_value"], to: row["to_value"], reason: row["reason"])
@@ -362,7 +312,7 @@ public final class AgentStore: Sendable {
     }
 
     public func eventCount() throws -> Int {
-        try pool.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM event") ?? 0 }
+        try pool.read { db in try db.rows(sql: "SELECT COUNT(*) AS n FROM event").first?["n"] ?? 0 }
     }
 
     // MARK: - Meta
@@ -378,12 +328,11 @@ public final class AgentStore: Sendable {
     }
 
     public func meta(_ key: String) throws -> String? {
-        try pool.read { db in try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = ?", arguments: [key]) }
+        try pool.read { db in try db.rows(sql: "SELECT value FROM meta WHERE key = ?", arguments: [key]).first?["value"] }
     }
 
     /// Checkpoints the WAL and closes the file.
     public func close() throws {
-        pool.writeWithoutTransaction { db in _ = try? db.checkpoint(.truncate) }
-        try pool.close()
+        pool.checkpoint()
     }
 }

@@ -1,4 +1,3 @@
-import GRDB
 import LMXCore
 
 /// A pairing as stored, with when it was imported and last updated (Unix seconds).
@@ -85,7 +84,7 @@ extension AgentStore {
         }
     }
 
-    static func write(_ stored: StoredPairing, _ db: Database) throws {
+    static func write(_ stored: StoredPairing, _ db: SQLiteConnection) throws {
         let p = stored.pairing
         let c = p.wan?.credentials
         try db.execute(
@@ -104,8 +103,8 @@ extension AgentStore {
             ])
     }
 
-    static func fetchPairings(_ db: Database) throws -> [StoredPairing] {
-        try Row.fetchAll(db, sql: "SELECT * FROM pairing ORDER BY created_at, id").compactMap { row -> StoredPairing? in
+    static func fetchPairings(_ db: SQLiteConnection) throws -> [StoredPairing] {
+        try db.rows(sql: "SELECT * FROM pairing ORDER BY created_at, id").compactMap { row -> StoredPairing? in
             guard let format = PairingFormat(rawValue: row["format"]) else { return nil }
             let url: String? = row["wan_url"]
             let wan = url.map {

@@ -1,4 +1,3 @@
-import GRDB
 import LMXCore
 
 /// What a tunnel vouched for when it was last read: its server's LAN base URLs and instance.
@@ -38,7 +37,7 @@ extension AgentStore {
 
     public func vouches() throws -> [StoredVouch] {
         try pool.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM tunnel_vouch ORDER BY tunnel_route").map { row in
+            try db.rows(sql: "SELECT * FROM tunnel_vouch ORDER BY tunnel_route").map { row in
                 let urls: String = row["base_urls"]
                 return StoredVouch(
                     tunnelRouteID: row["tunnel_route"], baseURLs: urls.split(separator: " ").map(String.init),

@@ -34,6 +34,26 @@ struct AgentStoreTests {
         #expect(dirMode == 0o700)
     }
 
+    @Test("a database made by 0.4.0 (GRDB) opens as it is: its pairing, its applied migrations, and writes after")
+    func databaseOfEarlierVersionOpens() throws {
+        let dir = temporaryDirectory()
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("Fixtures/made-by-grdb-0.4.0.db").path
+        let path = dir + "/agent.db"
+        try FileManager.default.copyItem(atPath: fixture, toPath: path)
+        let store = try AgentStore.open(path: path)
+        let pairings = try store.pairings()
+        #expect(pairings.map(\.pairing.name) == ["Studio"])
+        #expect(pairings.first?.pairing.wan?.url == "https://studio.example.com")
+        #expect(pairings.first?.pairing.wan?.credentials.adminKey == "ADMIN-S3CRET")
+        #expect(pairings.first?.pairing.lan?.description == "192.168.1.20:1234")
+        try store.setMeta("last_good_route", "lan/192.168.1.20:1234")
+        try store.close()
+        let again = try AgentStore.open(path: path)
+        #expect(try again.meta("last_good_route") == "lan/192.168.1.20:1234")
+        #expect(try again.pairings().count == 1)
+    }
+
     @Test("a file that is not a database is moved aside, with a log line, and a fresh one is created")
     func corruptFileMovedAside() throws {
         let dir = temporaryDirectory()

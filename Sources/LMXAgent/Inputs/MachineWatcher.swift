@@ -1,4 +1,5 @@
 import Dispatch
+import LMXBus
 import LMXCore
 import LMXDiscovery
 import LMXProbe
