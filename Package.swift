@@ -1,4 +1,4 @@
-// swift-tools-version:6.0
+// swift-tools-version:6.1
 import PackageDescription
 
 /// What the tests launch processes with (the harness, ImageMagick in the image fuzz test).
@@ -31,7 +31,10 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.29.0"),
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.25.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.6.0"),
-        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.10.0"),
+        // No default traits: `FullFoundation` would bring full Foundation and with it ICU (34 MB
+        // of data) for form-date formatters the agent never uses; `ConfigurationSupport` brings
+        // swift-configuration, which the agent does not use either.
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.10.0", traits: []),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.1.0"),
         .package(url: "https://github.com/apple/swift-system", from: "1.5.0"),
         // Tests only: the harness launches the real binaries, servers and publishers with it.

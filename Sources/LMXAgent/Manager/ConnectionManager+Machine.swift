@@ -84,7 +84,7 @@ extension ConnectionManager {
         var rest = baseURL[start...]
         if let slash = rest.firstIndex(of: "/") { rest = rest[..<slash] }
         if rest.hasPrefix("["), let close = rest.firstIndex(of: "]") {
-            let inner = rest[rest.index(after: rest.startIndex)..<close].replacingOccurrences(of: "%25", with: "%")
+            let inner = String(rest[rest.index(after: rest.startIndex)..<close]).replacing("%25", with: "%")
             return IPAddress.v6(inner.split(separator: "%").first ?? "") != nil ? inner : nil
         }
         let host = rest.split(separator: ":").first.map(String.init) ?? ""
