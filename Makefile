@@ -8,8 +8,12 @@ all: build
 build:
 	$(SWIFT) build
 
+# The same flags as scripts/lib.sh's RELEASE_BUILD (static Swift runtime, lld, DT_RELR, no exports).
+RELEASE_FLAGS = -c release --static-swift-stdlib -Xswiftc -use-ld=lld -Xlinker --no-export-dynamic \
+	-Xlinker -z -Xlinker pack-relative-relocs
+
 release:
-	$(SWIFT) build -c release --static-swift-stdlib
+	$(SWIFT) build $(RELEASE_FLAGS)
 
 # Installs what is missing, builds, makes sure avahi-daemon runs, then runs lmx-agentd
 # in the foreground (extra daemon arguments: make run ARGS="--endpoint https://…").
@@ -67,8 +71,13 @@ install:
 		$(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
 		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d $(DESTDIR)$(PREFIX)/lib/systemd/system \
 		$(DESTDIR)$(PREFIX)/lib/systemd/user $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(PREFIX)/share/doc/lmx-agent
+	# One multi-call binary as lmx-agentd, lmx-discover and lmx-pair as links to it; lmx-status
+	# stays a small binary of its own (it starts faster alone).
+	install -m 0755 $(RELEASE_BIN)/lmx-agent $(DESTDIR)$(BINDIR)/lmx-agentd
+	install -m 0755 $(RELEASE_BIN)/lmx-status $(DESTDIR)$(BINDIR)/lmx-status
+	ln -sf lmx-agentd $(DESTDIR)$(BINDIR)/lmx-discover
+	ln -sf lmx-agentd $(DESTDIR)$(BINDIR)/lmx-pair
 	for c in $(COMMANDS); do \
-		install -m 0755 $(RELEASE_BIN)/$$c $(DESTDIR)$(BINDIR)/$$c && \
 		install -m 0644 Packaging/man/$$c.1 $(DESTDIR)$(PREFIX)/share/man/man1/$$c.1 && \
 		install -m 0644 Packaging/completions/bash/$$c $(DESTDIR)$(PREFIX)/share/bash-completion/completions/$$c && \
 		install -m 0644 Packaging/completions/zsh/_$$c $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_$$c && \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make deb`: lmx-agent_<version>_<arch>.deb from a release build with the Swift runtime linked
 # statically, packaged by debhelper (Packaging/debian: dh, dh_installsystemd, dh_installsysusers).
-# Holds the four commands, the system and user units, a commented /etc/lmx/agent.json, man pages,
+# Holds the multi-call binary (as lmx-agentd, with lmx-discover and lmx-pair linked to it) and
+# lmx-status, the system and user units, a commented /etc/lmx/agent.json, man pages,
 # bash/zsh/fish completions and the copyright file; Depends: is computed from the binaries by
 # dh_shlibdeps. The package is written to the repository's top folder.
 set -euo pipefail
@@ -16,9 +17,9 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 command -v dh >/dev/null || die "debhelper is missing: sudo apt-get install debhelper"
 
-swift build -c release --static-swift-stdlib
-BIN=$(swift build -c release --static-swift-stdlib --show-bin-path)
-VERSION=$("$BIN/lmx-agentd" --version)
+swift build "${RELEASE_BUILD[@]}"
+BIN=$(swift build "${RELEASE_BUILD[@]}" --show-bin-path)
+VERSION=$("$BIN/lmx-agent" agentd --version)
 changelog_version=$(dpkg-parsechangelog -l Packaging/debian/changelog -S Version)
 [ "$changelog_version" = "$VERSION" ] ||
     die "Packaging/debian/changelog is at $changelog_version but the binaries say $VERSION: add a changelog entry (dch -v $VERSION)"

@@ -24,8 +24,8 @@ else
     done
 fi
 
-swift build -c release --static-swift-stdlib
-BIN="$(swift build -c release --static-swift-stdlib --show-bin-path)"
+swift build "${RELEASE_BUILD[@]}"
+BIN="$(swift build "${RELEASE_BUILD[@]}" --show-bin-path)"
 
 started=""
 cleanup() {

@@ -73,6 +73,15 @@ struct PackagingTests {
         }
         // No Swift runtime is needed on the target: it is linked in.
         #expect(!fields.stdout.contains("swift"))
+        // One multi-call binary: lmx-discover and lmx-pair are links to lmx-agentd.
+        #expect(listing.stdout.contains("./usr/bin/lmx-discover -> lmx-agentd"))
+        #expect(listing.stdout.contains("./usr/bin/lmx-pair -> lmx-agentd"))
+        // The footprint budget: a package of at most 15 MB that installs at most 50 MB.
+        let bytes = (try? FileManager.default.attributesOfItem(atPath: deb)[.size] as? Int) ?? .max
+        #expect(bytes <= 15_000_000, "package: \(bytes) bytes")
+        let installed = try await run("/usr/bin/dpkg-deb", ["--field", deb, "Installed-Size"])
+        let kib = Int(installed.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? .max
+        #expect(kib * 1024 <= 50_000_000, "installed: \(kib) KiB")
     }
 
     @Test("the unit passes systemd-analyze security with a low exposure and keeps the required settings")
