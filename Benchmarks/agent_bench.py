@@ -293,7 +293,7 @@ def bench_roam(results):
     tunnel_addr = ENV["LMX_TESTBED_H4_TUNNEL_ADDR"]
     leave, home, wake = [], [], []
     for run in range(RUNS):
-        port, tport = 21600 + run, 21650 + run
+        port, tport = 21700 + run, 21750 + run
         lan = "http://%s:%d" % (ENV["LMX_TESTBED_H1_ADDR"], port)
         server = lmx_server("h1", port, extra=["--instance", "roam-%d" % run])
         tunnel = lmx_server("root", tport, tls=True, bind=tunnel_addr,

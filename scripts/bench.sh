@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: release build, test LAN up, discovery and agent benchmarks, test LAN down.
 # Writes the tables to Benchmarks/results-discovery.md, results-agent.md, results-pair.md and
-# results-proxy.md (copied into Benchmarks/README.md by hand). BENCH=agent, discovery, pair or
-# proxy runs only one of them.
+# results-proxy.md and results-footprint.md (copied into Benchmarks/README.md by hand). BENCH=agent,
+# discovery, pair, proxy or footprint runs only one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOG_NAME=make-bench
@@ -24,6 +24,9 @@ all | pair) BENCH_RESULTS=Benchmarks/results-pair.md LMX_BIN_DIR=.build/release 
 esac
 case "${BENCH:-all}" in
 all | agent) BENCH_RESULTS=Benchmarks/results-agent.md python3 Benchmarks/agent_bench.py ;;
+esac
+case "${BENCH:-all}" in
+all | footprint) scripts/build-deb.sh && BENCH_RESULTS=Benchmarks/results-footprint.md python3 Benchmarks/footprint_bench.py ;;
 esac
 case "${BENCH:-all}" in
 all | proxy) BENCH_RESULTS=Benchmarks/results-proxy.md python3 Benchmarks/proxy_bench.py ;;
