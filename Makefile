@@ -24,7 +24,7 @@ run:
 test:
 	scripts/run-tests.sh
 
-# Fast in-process tests only: no daemon, no root, no test LAN.
+# Fast in-process tests only: no daemon, no test LAN (root for the netlink test's namespace).
 unit:
 	$(SWIFT) test --filter 'LMXCoreTests|LMXStoreTests|LMXAgentTests|LMXDiscoveryTests'
 

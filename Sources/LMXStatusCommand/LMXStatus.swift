@@ -34,8 +34,13 @@ public struct LMXStatus: ParsableCommand {
 
     /// `--wait` may come bare (`--wait`, `--wait --url`) or with seconds (`--wait=10`,
     /// `--wait 10`); the argument parser wants a value, so a bare one gets the default.
-    static func main() {
-        var arguments = Array(CommandLine.arguments.dropFirst())
+    public static func main() {
+        start(Array(CommandLine.arguments.dropFirst()))
+    }
+
+    /// Runs with `arguments` (the multi-call binary's entry).
+    public static func start(_ arguments: [String]) {
+        var arguments = arguments
         var index = 0
         while index < arguments.count {
             if arguments[index] == "--" { break }

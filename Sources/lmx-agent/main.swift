@@ -19,7 +19,7 @@ if !MultiCall.commands.contains(command), arguments.count > 1 {
 let rest = Array(arguments.dropFirst())
 switch command {
 case "lmx-agentd": await MultiCall.run(LMXAgentd.self, rest)
-case "lmx-status": LMXStatus.main(rest)
+case "lmx-status": LMXStatus.start(rest)
 case "lmx-discover": await MultiCall.run(LMXDiscover.self, rest)
 case "lmx-pair": LMXPair.main(rest)
 default:
