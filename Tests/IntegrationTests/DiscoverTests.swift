@@ -354,7 +354,8 @@ struct DiscoverTests {
             let watcher = try await watch(bus: bus)
             #expect(await watcher.waitFor(timeout: 3) { _ in events(watcher).contains { $0.state == "waiting" } })
             #expect(events(watcher).first?.reason?.contains(reason) == true)
-            #expect(watcher.stderr.contains("waiting for avahi-daemon"))
+            // stderr is written first, but read by another reader than stdout: wait for it too.
+            #expect(await watcher.waitFor(timeout: 3) { $0.stderr.contains("waiting for avahi-daemon") })
             try await Task.sleep(for: .milliseconds(1500))
             #expect(watcher.isRunning)
             watcher.signal(SIGTERM)
