@@ -47,6 +47,9 @@ public enum ProcessLimits {
 
     public static var processID: Int32 { getpid() }
 
+    /// Ends the process with `code`.
+    public static func exit(_ code: Int32) -> Never { Glibc.exit(code) }
+
     /// Ends the process with `code` after writing `message` to standard error.
     public static func exit(_ code: Int32, message: String) -> Never {
         StandardStream.error.write(message + "\n")

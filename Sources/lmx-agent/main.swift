@@ -5,25 +5,35 @@ import LMXPairCommand
 import LMXStatusCommand
 import LMXSystem
 
-// One binary, four commands: installed once, with lmx-agentd, lmx-status, lmx-discover and
-// lmx-pair as links to it; the name it was started by says which command runs. Started by any
-// other name, the first argument names the command (`lmx-agent status --url`).
-var arguments = CommandLine.arguments
+// One binary, four commands: installed once, with lmx-agentd, lmx-discover and lmx-pair as links
+// to it; the name it was started by says which command runs. Started by any other name, the
+// first argument names the command (`lmx-agent status --url`).
+let arguments = CommandLine.arguments
 let invokedAs = arguments.first.map { String($0.split(separator: "/").last ?? "") } ?? ""
 var command = invokedAs
-if !MultiCall.commands.contains(command), arguments.count > 1 {
-    let asked = arguments[1]
-    command = asked.hasPrefix("lmx-") ? asked : "lmx-" + asked
-    arguments.removeFirst()
+var rest = Array(arguments.dropFirst())
+if !MultiCall.commands.contains(command) {
+    switch rest.first {
+    case "--experimental-dump-help":
+        // Tools that document every executable (swift-argument-parser's generate-manual) get
+        // the daemon's description, as the binary is installed under its name.
+        command = "lmx-agentd"
+    case "--help", "-h":
+        StandardStream.output.write(MultiCall.usage(invokedAs) + "\n")
+        ProcessLimits.exit(0)
+    case let named? where !named.hasPrefix("-"):
+        command = named.hasPrefix("lmx-") ? named : "lmx-" + named
+        rest.removeFirst()
+    default:
+        break
+    }
 }
-let rest = Array(arguments.dropFirst())
 switch command {
 case "lmx-agentd": await MultiCall.run(LMXAgentd.self, rest)
 case "lmx-status": LMXStatus.start(rest)
 case "lmx-discover": await MultiCall.run(LMXDiscover.self, rest)
 case "lmx-pair": LMXPair.main(rest)
-default:
-    MultiCall.usage(invokedAs)
+default: ProcessLimits.exit(64, message: MultiCall.usage(invokedAs))
 }
 
 enum MultiCall {
@@ -34,11 +44,9 @@ enum MultiCall {
         await Command.main(arguments)
     }
 
-    static func usage(_ name: String) -> Never {
-        ProcessLimits.exit(
-            64,
-            message: "\(name.isEmpty ? "lmx-agent" : name): the lmx-agent commands in one binary. Run it as one of "
-                + "\(commands.joined(separator: ", ")) (the package installs them as links to it), or name the command "
-                + "first: lmx-agent status --url")
+    static func usage(_ name: String) -> String {
+        "\(name.isEmpty ? "lmx-agent" : name): the lmx-agent commands in one binary. Run it as one of "
+            + "\(commands.joined(separator: ", ")) (the package installs them as links to it), or name the command "
+            + "first: lmx-agent status --url"
     }
 }
