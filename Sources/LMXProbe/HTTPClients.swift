@@ -80,13 +80,6 @@ public final class RenewableHTTPClient: Sendable {
 
     public func lease() -> Lease { current.withLock { Lease($0) } }
 
-    /// Runs `body` with a client leased for its duration.
-    public func with<T>(_ body: (HTTPClient) async throws -> T) async rethrows -> T {
-        let lease = lease()
-        defer { withExtendedLifetime(lease) {} }
-        return try await body(lease.client)
-    }
-
     /// New connections from now on; the old pool closes once its last request is done.
     public func renew() {
         let fresh = Generation(make())

@@ -15,12 +15,7 @@ public struct SuspendDetector: Sendable {
     }
 
     /// Seconds slept since the last check, when a sleep happened.
-    public mutating func check() -> Double? {
-        let now = Self.gap()
-        defer { gap = now }
-        let slept = now - gap
-        return slept >= threshold ? slept : nil
-    }
+    public mutating func check() -> Double? { check(gap: Self.gap()) }
 
     /// Feeds a gap read elsewhere (tests).
     public mutating func check(gap now: Double) -> Double? {

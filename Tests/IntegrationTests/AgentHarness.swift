@@ -67,6 +67,16 @@ final class AgentProcess: Sendable {
         return agent
     }
 
+    /// Imports a pairing link through `lmx-pair` (a file, as a QR code's text would be saved),
+    /// into this agent over its socket.
+    func pair(_ link: String) async throws -> CommandResult {
+        let file = directory + "/pairing.txt"
+        try link.write(toFile: file, atomically: true, encoding: .utf8)
+        return try await Command.run(
+            "\(TestBed.binDir)/lmx-pair", [file, "--socket", socket, "--db", database],
+            environment: ["LMX_SOCKET": "", "LMX_DB": ""])
+    }
+
     var isServing: Bool { (try? client.request("GET", "/v1/status").status) == 200 }
 
     func status() throws -> StatusAPI.Status {
@@ -232,4 +242,11 @@ func withResources(_ body: () async throws -> Void) async throws {
         throw error
     }
     await resources.releaseAll()
+}
+
+/// A v1 pairing link for the tunnel at `url` (percent-encoded as a generator writes it), with
+/// `extra` query fields (`&key=…`).
+func pairingLink(name: String, url: String, extra: String) -> String {
+    let encoded = url.replacingOccurrences(of: ":", with: "%3A").replacingOccurrences(of: "/", with: "%2F")
+    return "opta-lmx://pair?v=1&name=\(name)&url=\(encoded)\(extra)"
 }

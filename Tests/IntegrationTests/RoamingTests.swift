@@ -40,13 +40,7 @@ struct RoamingTests {
         // The gateway on h4's own loopback, and on its socket (which the tests use from here).
         let agent = try await AgentProcess.start(bed, config: config, arguments: ["--gateway", "127.0.0.1:\(freePort())"], host: .h4)
         let tunnelURL = "https://\(tunnelAddress):\(tunnelPort)"
-        let token = "opta-lmx://pair?v=1&name=Studio&url=" + tunnelURL.replacingOccurrences(of: ":", with: "%3A").replacingOccurrences(of: "/", with: "%2F")
-            + "&key=ADMIN-S3CRET"
-        let file = agent.directory + "/pairing.txt"
-        try token.write(toFile: file, atomically: true, encoding: .utf8)
-        let paired = try await Command.run(
-            "\(TestBed.binDir)/lmx-pair", [file, "--socket", agent.socket, "--db", agent.database],
-            environment: ["LMX_SOCKET": "", "LMX_DB": ""])
+        let paired = try await agent.pair(pairingLink(name: "Studio", url: tunnelURL, extra: "&key=ADMIN-S3CRET"))
         #expect(paired.status == 0, "\(paired.stderr)")
         let home = Home(lan: lan, tunnel: tunnel, agent: agent, tunnelURL: tunnelURL)
         #expect(await agent.waitForActive(timeout: 15) { $0?.baseURL == home.lanURL } != nil, "active on the LAN: \(agent.process.stderr.suffix(2000))")

@@ -40,13 +40,8 @@ struct TrustTests {
 
     /// Pairs the agent with the tunnel only (no `lan=`), as a QR code of the server would.
     private func pair(_ agent: AgentProcess, _ home: Home) async throws {
-        let url = home.tunnelURL.replacingOccurrences(of: ":", with: "%3A").replacingOccurrences(of: "/", with: "%2F")
-        let token = "opta-lmx://pair?v=1&name=Studio&url=\(url)&key=ADMIN-S3CRET&api_key=\(Self.inferenceKey)"
-        let file = agent.directory + "/pairing.txt"
-        try token.write(toFile: file, atomically: true, encoding: .utf8)
-        let result = try await Command.run(
-            "\(TestBed.binDir)/lmx-pair", [file, "--socket", agent.socket, "--db", agent.database],
-            environment: ["LMX_SOCKET": "", "LMX_DB": ""])
+        let result = try await agent.pair(
+            pairingLink(name: "Studio", url: home.tunnelURL, extra: "&key=ADMIN-S3CRET&api_key=\(Self.inferenceKey)"))
         #expect(result.status == 0, "\(result.stderr)")
     }
 

@@ -47,7 +47,7 @@ extension ConnectionManager {
     }
 
     /// Records the path of LAN routes seen for the first time (the baseline a change compares
-    /// with). Called on every pump; looks up only routes it has not seen.
+    /// with). Called when routes were added; looks up only routes it has not seen.
     func recordNewPaths() {
         let fresh = planner.routes.values.filter { $0.path == nil && $0.route.via == .lan && !pathless.contains($0.id) }
         guard !fresh.isEmpty else { return }

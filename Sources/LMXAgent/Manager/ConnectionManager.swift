@@ -289,7 +289,7 @@ public actor ConnectionManager {
         let t = clock.now()
         guard !stopped else { return publish(events, now: t) }
         var events = events
-        recordNewPaths()
+        if events.contains(where: { if case .routeAdded = $0 { true } else { false } }) { recordNewPaths() }
         for id in expiry.takeExpired(at: clock.realtime()) {
             for routeID in sources.removePairing(id) ?? [] {
                 events += dropPairingRoute(routeID, reason: "pairing \(id) expired", now: t)
