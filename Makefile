@@ -8,12 +8,15 @@ all: build
 build:
 	$(SWIFT) build
 
-# The same flags as scripts/lib.sh's RELEASE_BUILD (static Swift runtime, lld, DT_RELR, no exports).
-RELEASE_FLAGS = -c release --static-swift-stdlib -Xswiftc -use-ld=lld -Xlinker --no-export-dynamic \
-	-Xlinker -z -Xlinker pack-relative-relocs
+# The same flags as scripts/lib.sh's RELEASE_BUILD (static Swift runtime, lld, DT_RELR, no exports,
+# function sections placed by Packaging/lmx-agent.order, lmx-status a static PIE).
+RELEASE_FLAGS = -c release --static-swift-stdlib --disable-local-rpath -Xswiftc -use-ld=lld \
+	-Xswiftc -Xfrontend -Xswiftc -function-sections -Xcc -ffunction-sections -Xcc -fdata-sections \
+	-Xlinker --no-export-dynamic -Xlinker -z -Xlinker pack-relative-relocs \
+	-Xlinker --symbol-ordering-file=$(CURDIR)/Packaging/lmx-agent.order -Xlinker --no-warn-symbol-ordering
 
 release:
-	$(SWIFT) build $(RELEASE_FLAGS)
+	LMX_STATIC_STATUS=1 $(SWIFT) build $(RELEASE_FLAGS)
 
 # Installs what is missing, builds, makes sure avahi-daemon runs, then runs lmx-agentd
 # in the foreground (extra daemon arguments: make run ARGS="--endpoint https://…").
@@ -26,7 +29,7 @@ test:
 
 # Fast in-process tests only: no daemon, no test LAN (root for the netlink test's namespace).
 unit:
-	$(SWIFT) test --filter 'LMXCoreTests|LMXStoreTests|LMXAgentTests|LMXDiscoveryTests'
+	$(SWIFT) test --filter 'LMXCoreTests|LMXStoreTests|LMXAgentTests|LMXDiscoveryTests|LMXCommandTests'
 
 bench:
 	scripts/bench.sh

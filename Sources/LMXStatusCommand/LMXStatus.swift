@@ -52,6 +52,12 @@ public struct LMXStatus: ParsableCommand {
             }
             index += 1
         }
+        // The common short forms (`--url`, `--json`, `--socket P`) skip the argument parser's
+        // reflection, a third of the command's start-up; anything else, or anything invalid, goes
+        // through it, so help, errors and their exit codes are the parser's own.
+        if let request = StatusRequest(quick: arguments), (try? request.validate()) != nil {
+            request.runAndExit()
+        }
         main(arguments)
     }
 
@@ -79,7 +85,55 @@ public struct LMXStatus: ParsableCommand {
     @Option(name: .long, help: ArgumentHelp("The agent's socket.", valueName: "path"))
     var socket: String?
 
-    public func validate() throws {
+    /// What was asked, as plain values.
+    var request: StatusRequest {
+        StatusRequest(url: url, json: json, watch: watch, wait: wait, model: model, socket: socket)
+    }
+
+    public func validate() throws { try request.validate() }
+
+    public func run() throws { try request.run() }
+}
+
+/// One invocation of lmx-status as plain values: what the argument parser produced, or what the
+/// quick parse of the common short forms did.
+struct StatusRequest: Equatable {
+    var url = false
+    var json = false
+    var watch = false
+    var wait: Double?
+    var model: String?
+    var socket: String?
+
+    /// Parses only `--url`, `--json`, `--socket PATH` and `--socket=PATH`, each at most once; nil
+    /// for anything else (the argument parser then handles it).
+    init?(quick arguments: [String]) {
+        var index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            if argument == "--url", !url {
+                url = true
+            } else if argument == "--json", !json {
+                json = true
+            } else if argument == "--socket", socket == nil, index + 1 < arguments.count,
+                let value = arguments[index + 1].first, value != "-"
+            {
+                socket = arguments[index + 1]
+                index += 1
+            } else if argument.hasPrefix("--socket="), socket == nil, argument.utf8.count > 9 {
+                socket = String(argument.dropFirst(9))
+            } else {
+                return nil
+            }
+            index += 1
+        }
+    }
+
+    init(url: Bool, json: Bool, watch: Bool, wait: Double?, model: String?, socket: String?) {
+        (self.url, self.json, self.watch, self.wait, self.model, self.socket) = (url, json, watch, wait, model, socket)
+    }
+
+    func validate() throws(ValidationError) {
         if url && json { throw ValidationError("--url and --json cannot be used together") }
         if url && watch { throw ValidationError("--url and --watch cannot be used together") }
         if wait != nil && watch { throw ValidationError("--wait and --watch cannot be used together") }
@@ -88,7 +142,19 @@ public struct LMXStatus: ParsableCommand {
         if let wait, !(wait >= 0 && wait <= 86_400) { throw ValidationError("--wait takes 0 to 86400 seconds") }
     }
 
-    public func run() throws {
+    /// Runs outside the argument parser and exits with the command's code.
+    func runAndExit() -> Never {
+        do {
+            try run()
+            ProcessLimits.exit(0)
+        } catch let code as ExitCode {
+            ProcessLimits.exit(code.rawValue)
+        } catch {
+            LMXStatus.exit(withError: error)
+        }
+    }
+
+    func run() throws {
         let uid = Users.effective
         let resolved = RuntimeDirectory.clientPaths(uid: uid, environment: ProcessEnvironment.current)
         var path = resolved.paths.socket
