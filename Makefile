@@ -9,11 +9,11 @@ build:
 	$(SWIFT) build
 
 # The same flags as scripts/lib.sh's RELEASE_BUILD (static Swift runtime, lld, DT_RELR, no exports,
-# function sections placed by Packaging/lmx-agent.order, lmx-status a static PIE).
+# function sections placed by Packaging/lmx-agent-hot.ld, lmx-status a static PIE).
 RELEASE_FLAGS = -c release --static-swift-stdlib --disable-local-rpath -Xswiftc -use-ld=lld \
 	-Xswiftc -Xfrontend -Xswiftc -function-sections -Xcc -ffunction-sections -Xcc -fdata-sections \
 	-Xlinker --no-export-dynamic -Xlinker -z -Xlinker pack-relative-relocs \
-	-Xlinker --symbol-ordering-file=$(CURDIR)/Packaging/lmx-agent.order -Xlinker --no-warn-symbol-ordering
+	-Xlinker $(CURDIR)/Packaging/lmx-agent-hot.ld
 
 release:
 	LMX_STATIC_STATUS=1 $(SWIFT) build $(RELEASE_FLAGS)

@@ -36,6 +36,11 @@ def package(results):
     for name in sorted(os.listdir(root + "/usr/bin")):
         path = root + "/usr/bin/" + name
         results["file_" + name] = "-> " + os.readlink(path) if os.path.islink(path) else os.path.getsize(path)
+    # The code the daemon runs, gathered by Packaging/lmx-agent-hot.ld, against all of its code.
+    for line in sh("readelf", "-SW", root + "/usr/bin/lmx-agentd").splitlines():
+        parts = line.replace("[ ", "[").split()
+        if len(parts) > 6 and parts[1] in (".text.lmx_hot", ".text"):
+            results["code_" + parts[1].strip(".").replace(".", "_")] = int(parts[5], 16)
     return root
 
 
@@ -122,6 +127,9 @@ def main():
     for key, value in sorted(results.items()):
         if key.startswith("file_"):
             rows.append(("/usr/bin/" + key[5:], value if isinstance(value, str) else mb(value), ""))
+    if "code_text_lmx_hot" in results:
+        rows.append(("lmx-agentd's code: the part it runs (`.text.lmx_hot`) / the rest (`.text`)",
+                     "%s / %s" % (mb(results["code_text_lmx_hot"]), mb(results.get("code_text", 0))), ""))
     for n in (1, 200):
         r = results["rss_%d" % n]
         rows.append(("daemon RSS with %d live server(s): total (anonymous + file-backed; of which the binary)" % n,

@@ -3,15 +3,16 @@
 # The release build every script makes (and `make release`): the Swift runtime linked statically,
 # linked by lld with packed relative relocations (DT_RELR, glibc 2.36) and no exported symbols;
 # every function in a section of its own, so the link drops the unused ones and places the ones
-# lmx-agentd runs side by side (Packaging/lmx-agent.order, made by scripts/order-file.py): the
-# kernel maps code 64 KB around each page touched, and packed code is fewer windows.
+# lmx-agentd runs side by side (the linker script Packaging/lmx-agent-hot.ld, made by
+# scripts/order-file.py): the kernel maps code 64 KB around each page touched, and packed code
+# is fewer windows.
 # LMX_STATIC_STATUS=1 links lmx-status as a static PIE (Package.swift), which needs the local
 # run path off (a static PIE cannot have one). Keep Makefile's RELEASE_FLAGS the same.
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RELEASE_BUILD=(-c release --static-swift-stdlib --disable-local-rpath -Xswiftc -use-ld=lld
     -Xswiftc -Xfrontend -Xswiftc -function-sections -Xcc -ffunction-sections -Xcc -fdata-sections
     -Xlinker --no-export-dynamic -Xlinker -z -Xlinker pack-relative-relocs
-    -Xlinker "--symbol-ordering-file=$REPO_ROOT/Packaging/lmx-agent.order" -Xlinker --no-warn-symbol-ordering)
+    -Xlinker "$REPO_ROOT/Packaging/lmx-agent-hot.ld")
 export LMX_STATIC_STATUS=1
 
 # What building and running need, and what the test LAN adds.

@@ -1,24 +1,30 @@
 #!/usr/bin/env python3
-"""Writes Packaging/lmx-agent.order: every function the daemon runs, for the release link to
-place side by side (lld --symbol-ordering-file).
+"""Writes Packaging/lmx-agent-hot.ld: the code lmx-agentd runs, for the release link to place
+side by side.
 
 Why: the kernel maps a program's code 64 KB around each page it touches, so the daemon's
 resident memory is mostly its own binary, spread over every 64 KB window that holds one function
 it ran. With the functions it runs packed together, those windows are few (Benchmarks/README.md,
 footprint).
 
-How: the release build (scripts/lib.sh RELEASE_BUILD compiles with function sections) runs as
-lmx-agentd under valgrind's callgrind through the footprint benchmark's workload (discovery of 1
-then 200 announced servers, a paired TLS tunnel, status, watch, metrics and gateway requests),
-and the names of the functions it entered are kept in the order they were first reached.
+How: the release build (RELEASE_BUILD in scripts/lib.sh: every function in a section of its own)
+is linked once more with a map file and runs as lmx-agentd under valgrind's callgrind through the
+footprint benchmark's workload (discovery of 1 then 200 announced servers, a paired TLS tunnel,
+status, watch, metrics and gateway requests). Every instruction address it executed is traced
+back through the map to the input section that holds it (by object file and section name, which
+also names the private functions that have no symbol), and the script lists those sections, in
+the order first reached, for an output section `.text.lmx_hot` inserted before `.text`.
 
 Run as root with the test LAN up (scripts/testbed.sh up) after `make release`; commit the file.
-A function missing from the file is not an error: it is placed after the ordered ones, so a stale
-file costs memory, never correctness. `python3 scripts/order-file.py --check` reports how much of
-the file the current build still has.
+A section the script names that a later build no longer has matches nothing: a stale file costs
+memory, never correctness. `python3 scripts/order-file.py --check` reports how many of the
+named sections the current build still has (it relinks with a map file).
 """
+import bisect
+import collections
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -27,25 +33,47 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BINARY = os.environ.get("LMX_ORDER_BINARY", os.path.join(REPO, ".build", "release", "lmx-agent"))
-ORDER = os.path.join(REPO, "Packaging", "lmx-agent.order")
+SCRIPT = os.path.join(REPO, "Packaging", "lmx-agent-hot.ld")
 
 
-def symbols(binary):
-    out = subprocess.run(["nm", "--defined-only", binary], check=True, capture_output=True, text=True).stdout
-    return {line.split()[2] for line in out.splitlines() if len(line.split()) == 3 and line.split()[1] in "tTwW"}
+def release_link_with_map(map_path):
+    """Relinks the multi-call binary with the release flags and a map file; returns its path."""
+    # LMX_ORDER_SCRATCH: another build folder (swift build --scratch-path).
+    scratch = " --scratch-path '%s'" % os.environ["LMX_ORDER_SCRATCH"] if os.environ.get("LMX_ORDER_SCRATCH") else ""
+    build = ("source scripts/lib.sh && swift build \"${RELEASE_BUILD[@]}\"%s -Xlinker -Map=%s --product lmx-agent >&2 "
+             "&& swift build \"${RELEASE_BUILD[@]}\"%s --show-bin-path") % (scratch, map_path, scratch)
+    bindir = subprocess.run(["bash", "-c", build], cwd=REPO, check=True, capture_output=True, text=True).stdout.split()[-1]
+    return os.path.join(bindir, "lmx-agent")
 
 
-def check():
-    names = [line.strip() for line in open(ORDER) if line.strip() and not line.startswith("#")]
-    have = symbols(BINARY)
-    found = sum(1 for name in names if name in have)
-    print("%s: %d of %d functions are in %s (%.0f%%)" % (os.path.relpath(ORDER, REPO), found, len(names),
-                                                          os.path.relpath(BINARY, REPO), 100.0 * found / max(1, len(names))))
+def input_sections(map_path):
+    """(address, size, file pattern, section name) of every code input section, by address."""
+    line_re = re.compile(r"^\s*([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)\s+\d+\s+(\S.*):\((\.text[^)]*)\)\s*$")
+    sections = []
+    for line in open(map_path, errors="replace"):
+        m = line_re.match(line)
+        if not m or int(m.group(2), 16) == 0:
+            continue
+        sections.append((int(m.group(1), 16), int(m.group(2), 16), pattern(m.group(3)), m.group(4)))
+    sections.sort()
+    return sections
+
+
+def pattern(path):
+    """A file pattern that names the same object in any checkout: `*/Module.build/File.o`, or
+    `*libX.a:member.o` for an archive member."""
+    m = re.match(r"^(.*)\((.*)\)$", path)
+    if m:
+        return "*" + os.path.basename(m.group(1)) + ":" + m.group(2)
+    parts = path.split("/")
+    return "*/" + "/".join(parts[-2:]) if len(parts) >= 2 else path
 
 
 def gateway_get(path):
-    s = socket.create_connection(("127.0.0.1", 1235), timeout=10)
+    try:
+        s = socket.create_connection(("127.0.0.1", 1235), timeout=10)
+    except OSError:
+        return
     try:
         s.sendall(("GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n" % path).encode())
         while s.recv(65536):
@@ -62,12 +90,12 @@ def workload(work):
     sys.path.insert(0, os.path.join(REPO, "Benchmarks"))
     import agent_bench as ab
 
-    tunnel = ab.lmx_server("root", 21950, tls=True, bind=ab.ENV.get("LMX_TESTBED_H4_TUNNEL_ADDR", "10.253.0.1"))
+    tunnel_addr = ab.ENV["LMX_TESTBED_H4_TUNNEL_ADDR"]
+    tunnel = ab.lmx_server("root", 21950, tls=True, bind=tunnel_addr)
     for n in (1, 200):
         server = ab.lmx_server("h2", 10001, count=n)
         subprocess.run([ab.TESTBED, "publish-bulk", str(n), "Order"], check=True)
-        config = ab.cfg(window=2, endpoints=[{"url": "https://%s:21950" % ab.ENV.get("LMX_TESTBED_H4_TUNNEL_ADDR", "10.253.0.1")}])
-        agent = ab.Agent(config)
+        agent = ab.Agent(ab.cfg(window=2, endpoints=[{"url": "https://%s:21950" % tunnel_addr}]))
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             status, body = ab.request(agent.sock, "/v1/status")
@@ -78,49 +106,109 @@ def workload(work):
             time.sleep(1)
         end = time.monotonic() + 90
         while time.monotonic() < end:
-            for path in ("/v1/status", "/v1/active", "/v1/pairings", "/metrics", "/v1/events?limit=20"):
+            for path in ("/v1/status", "/v1/active", "/v1/pairings", "/metrics", "/v1/events?limit=20",
+                         "/v1/resolve?model=m"):
                 ab.request(agent.sock, path)
             gateway_get("/v1/models")
             time.sleep(2)
         agent.p.send_signal(15)
-        agent.p.wait(120)
+        agent.p.wait(180)
         shutil.rmtree(agent.dir, ignore_errors=True)
         subprocess.run([ab.TESTBED, "unpublish-bulk"], check=True)
         server.stop()
     tunnel.stop()
 
 
-def main():
-    if "--check" in sys.argv:
-        return check()
-    work = tempfile.mkdtemp(prefix="lmx-order-")
-    os.makedirs(work + "/real")
-    # valgrind reads the symbols but not the Swift toolchain's DWARF: give it a copy without debug info.
-    subprocess.run(["strip", "--strip-debug", "-o", work + "/real/lmx-agentd", BINARY], check=True)
-    wrapper = work + "/lmx-agentd"
-    with open(wrapper, "w") as f:
-        f.write("#!/bin/sh\nexec valgrind -q --tool=callgrind --callgrind-out-file=%s/cg.%%p --dump-instr=no "
-                "--compress-strings=no --compress-pos=no --demangle=no %s/real/lmx-agentd \"$@\"\n" % (work, work))
-    os.chmod(wrapper, 0o755)
-    workload(work)
+def executed(work, binary):
+    """Addresses (link-time) of the instructions lmx-agentd executed, in the order first seen."""
+    symbols = {}
+    for line in subprocess.run(["nm", "--defined-only", binary], check=True, capture_output=True, text=True).stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in "tTwW":
+            symbols[parts[2]] = int(parts[0], 16)
+    target = os.path.realpath(work + "/real/lmx-agentd")
     seen, order = set(), []
     for name in sorted(os.listdir(work)):
         if not name.startswith("cg."):
             continue
+        ob = fn = None
+        first = None
+        # Callgrind gives the binary's own functions at link-time addresses, and code it could
+        # not place in an object ("???": in practice ours too, functions valgrind read no
+        # object for) at run-time addresses; each kind gets its own offset, found from the
+        # functions it names.
+        run, starts = [], {target: collections.Counter(), "???": collections.Counter()}
         for line in open(os.path.join(work, name), errors="replace"):
-            if line.startswith(("fn=", "cfn=")):
-                symbol = line.split("=", 1)[1].strip()
-                if symbol not in seen:
-                    seen.add(symbol)
-                    order.append(symbol)
-    have = symbols(BINARY)
-    kept = [name for name in order if name in have]
-    with open(ORDER, "w") as f:
-        f.write("# Functions lmx-agentd runs, in the order first reached (scripts/order-file.py); the release\n"
-                "# link places them together (lld --symbol-ordering-file). Regenerate after larger changes.\n")
-        f.write("\n".join(kept) + "\n")
-    print("%d functions written to %s" % (len(kept), os.path.relpath(ORDER, REPO)))
-    shutil.rmtree(work, ignore_errors=True)
+            if line.startswith("ob="):
+                ob = line[3:].strip()
+                ob = ob if ob == "???" else os.path.realpath(ob)
+            elif line.startswith("fn="):
+                fn, first = line[3:].strip().split("'")[0], None
+            elif line.startswith("0x") and ob in starts:
+                address = int(line.split()[0], 16)
+                run.append((ob, address))
+                if first is None and fn in symbols:
+                    first = address
+                    starts[ob][address - symbols[fn]] += 1
+        base = {kind: counts.most_common(1)[0][0] for kind, counts in starts.items() if counts}
+        for kind, address in run:
+            if kind in base and address - base[kind] not in seen:
+                seen.add(address - base[kind])
+                order.append(address - base[kind])
+    return order
+
+
+def write_script(sections, addresses):
+    starts = [s[0] for s in sections]
+    hot, seen = [], set()
+    for address in addresses:
+        i = bisect.bisect_right(starts, address) - 1
+        if i < 0 or address >= sections[i][0] + sections[i][1]:
+            continue
+        key = sections[i][2:]
+        if key not in seen:
+            seen.add(key)
+            hot.append(key)
+    by_file = collections.OrderedDict()
+    for file, section in hot:
+        by_file.setdefault(file, []).append(section)
+    with open(SCRIPT, "w") as f:
+        f.write("/* The code lmx-agentd runs, placed together before .text (scripts/order-file.py; the\n"
+                "   release link reads it, scripts/lib.sh). %d sections from %d files. */\n" % (len(hot), len(by_file)))
+        f.write("SECTIONS {\n  .text.lmx_hot : {\n")
+        for file, names in by_file.items():
+            f.write("    %s(%s)\n" % (file, " ".join(names)))
+        f.write("  }\n} INSERT BEFORE .text;\n")
+    return len(hot), len(by_file)
+
+
+def main():
+    work = tempfile.mkdtemp(prefix="lmx-order-")
+    map_path = work + "/lmx-agent.map"
+    binary = release_link_with_map(map_path)
+    sections = input_sections(map_path)
+    if "--check" in sys.argv:
+        have = {s[2:] for s in sections}
+        named = re.findall(r"^    (\S+)\((.*)\)$", open(SCRIPT).read(), re.M)
+        wanted = [(file, s) for file, names in named for s in names.split()]
+        found = sum(1 for key in wanted if key in have)
+        print("%s: %d of %d sections are in the current build (%.0f%%)" % (
+            os.path.relpath(SCRIPT, REPO), found, len(wanted), 100.0 * found / max(1, len(wanted))))
+        return shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work + "/real")
+    # valgrind reads the symbols but not the Swift toolchain's DWARF: give it a copy without debug info.
+    subprocess.run(["strip", "--strip-debug", "-o", work + "/real/lmx-agentd", binary], check=True)
+    with open(work + "/lmx-agentd", "w") as f:
+        f.write("#!/bin/sh\nexec valgrind -q --tool=callgrind --callgrind-out-file=%s/cg.%%p --dump-instr=yes "
+                "--compress-strings=no --compress-pos=no --demangle=no %s/real/lmx-agentd \"$@\"\n" % (work, work))
+    os.chmod(work + "/lmx-agentd", 0o755)
+    workload(work)
+    count, files = write_script(sections, executed(work, binary))
+    print("%d sections from %d files written to %s" % (count, files, os.path.relpath(SCRIPT, REPO)))
+    if os.environ.get("LMX_ORDER_KEEP"):
+        print("kept", work)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

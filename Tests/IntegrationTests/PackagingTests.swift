@@ -128,6 +128,13 @@ struct PackagingTests {
             #expect(help.stdout.contains("lmx-status"))
             let version = try await run("/usr/bin/lmx-agentd", ["--version"])
             #expect(version.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == StatusAPI.version)
+            // The release layout: lmx-status a static PIE (no program interpreter, position
+            // independent), the daemon's hot code gathered by Packaging/lmx-agent-hot.ld.
+            let statusHeaders = try await run("/usr/bin/readelf", ["-hlW", "/usr/bin/lmx-status"])
+            #expect(statusHeaders.stdout.contains("DYN (Position-Independent Executable file)"), "\(statusHeaders.stdout.prefix(400))")
+            #expect(!statusHeaders.stdout.contains("INTERP"), "lmx-status is not static")
+            let sections = try await run("/usr/bin/readelf", ["-SW", "/usr/bin/lmx-agentd"])
+            #expect(sections.stdout.contains(".text.lmx_hot"), "lmx-agentd has no hot-code section")
             let port = Int.random(in: 40_000...49_999)
             let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "packaged-\(port)")
             let name = "packaged \(TestBed.tag())"
