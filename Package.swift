@@ -70,11 +70,14 @@ let package = Package(
         .systemLibrary(name: "CAvahi"),
 
         // Thin module maps for pairing codes in images: zbar reads QR codes, libpng and
-        // libjpeg-turbo (TurboJPEG API) decode images, libqrencode draws codes for export.
-        .systemLibrary(name: "CZBar", pkgConfig: "zbar", providers: [.apt(["libzbar-dev"])]),
-        .systemLibrary(name: "CPNG", pkgConfig: "libpng16", providers: [.apt(["libpng-dev"])]),
-        .systemLibrary(name: "CTurboJPEG", pkgConfig: "libturbojpeg", providers: [.apt(["libturbojpeg0-dev"])]),
-        .systemLibrary(name: "CQRencode", pkgConfig: "libqrencode", providers: [.apt(["libqrencode-dev"])]),
+        // libjpeg-turbo (TurboJPEG API) decode images, libqrencode draws codes for export. Headers
+        // only (libzbar-dev, libpng-dev, libturbojpeg0-dev, libqrencode-dev): LMXImage opens the
+        // libraries when an image is first read or drawn, so lmx-agentd, which shares the
+        // multi-call binary, never maps them (nor the X11 and v4l libraries zbar brings).
+        .systemLibrary(name: "CZBar"),
+        .systemLibrary(name: "CPNG"),
+        .systemLibrary(name: "CTurboJPEG"),
+        .systemLibrary(name: "CQRencode"),
 
         // Adapter: images to grey pixels (limits checked from the header), QR codes in and out.
         .target(name: "LMXImage", dependencies: ["LMXCore", "LMXSystem", "CZBar", "CPNG", "CTurboJPEG", "CQRencode"]),
@@ -202,7 +205,7 @@ let package = Package(
         // Mutated-image fuzzing of the decoders (libpng, TurboJPEG, zbar) in process.
         .testTarget(
             name: "LMXImageTests",
-            dependencies: ["LMXCore", "LMXImage"] + processLaunching
+            dependencies: ["LMXCore", "LMXImage", "LMXSystem"] + processLaunching
         ),
         // End to end: the real binaries against real avahi-daemons, namespace hosts and servers.
         .testTarget(

@@ -28,6 +28,7 @@ public enum ImageError: Error, Sendable, Equatable, CustomStringConvertible {
     case fileTooLarge(bytes: Int)
     case corrupt(format: String, detail: String)
     case unsupported(String)
+    case libraryMissing(library: String, package: String, detail: String)
 
     public var description: String {
         switch self {
@@ -39,6 +40,8 @@ public enum ImageError: Error, Sendable, Equatable, CustomStringConvertible {
             "not a readable \(format) image (\(detail)): the file is truncated or damaged; export or photograph the code again"
         case .unsupported(let name):
             "\(name) images are not read: save the code as PNG or JPEG"
+        case .libraryMissing(let library, let package, let detail):
+            "images need \(library), which could not be loaded (\(detail)): install the package \(package), or give the pairing as text"
         }
     }
 }
@@ -91,22 +94,23 @@ public enum ImageDecoder {
             func be(_ at: Int) -> Int { bytes[at..<at + 4].reduce(0) { $0 << 8 | Int($1) } }
             try checkSize(width: be(16), height: be(20))
         }
+        let png = try ImageLibraries.png.get()
         var image = png_image()
         image.version = png_uint_32(PNG_IMAGE_VERSION)
         let begun = bytes.withUnsafeBytes { raw in
-            png_image_begin_read_from_memory(&image, raw.baseAddress, raw.count)
+            png.png_image_begin_read_from_memory(&image, raw.baseAddress, raw.count)
         }
         guard begun != 0 else {
             throw .corrupt(format: "PNG", detail: message(of: &image))
         }
-        defer { png_image_free(&image) }
+        defer { png.png_image_free(&image) }
         try checkSize(width: Int(image.width), height: Int(image.height))
         image.format = png_uint_32(PNG_FORMAT_GRAY)
         let width = Int(image.width), height = Int(image.height)
         var pixels = [UInt8](repeating: 255, count: width * height)
         var white = png_color(red: 255, green: 255, blue: 255)
         let finished = pixels.withUnsafeMutableBytes { out in
-            png_image_finish_read(&image, &white, out.baseAddress, png_int_32(width), nil)
+            png.png_image_finish_read(&image, &white, out.baseAddress, png_int_32(width), nil)
         }
         guard finished != 0 else {
             throw .corrupt(format: "PNG", detail: message(of: &image))
@@ -124,22 +128,23 @@ public enum ImageDecoder {
     /// libjpeg-turbo's TurboJPEG API: baseline and progressive, any colour space, straight to
     /// grey; errors come back as a status, not a long jump.
     static func decodeJPEG(_ bytes: [UInt8]) throws(ImageError) -> GrayImage {
-        guard let handle = tjInitDecompress() else {
+        let tj = try ImageLibraries.turboJPEG.get()
+        guard let handle = tj.tjInitDecompress() else {
             throw .corrupt(format: "JPEG", detail: "no decoder")
         }
-        defer { tjDestroy(handle) }
+        defer { _ = tj.tjDestroy(handle) }
         var width: Int32 = 0, height: Int32 = 0, subsampling: Int32 = 0, colorspace: Int32 = 0
         let header = bytes.withUnsafeBufferPointer { buffer in
-            tjDecompressHeader3(handle, buffer.baseAddress, UInt(buffer.count), &width, &height, &subsampling, &colorspace)
+            tj.tjDecompressHeader3(handle, buffer.baseAddress, UInt(buffer.count), &width, &height, &subsampling, &colorspace)
         }
         guard header == 0 else {
-            throw .corrupt(format: "JPEG", detail: String(cString: tjGetErrorStr2(handle)))
+            throw .corrupt(format: "JPEG", detail: tj.tjGetErrorStr2(handle).map { String(cString: $0) } ?? "unknown error")
         }
         try checkSize(width: Int(width), height: Int(height))
         var pixels = [UInt8](repeating: 255, count: Int(width) * Int(height))
         let status = bytes.withUnsafeBufferPointer { buffer in
             pixels.withUnsafeMutableBufferPointer { out in
-                tjDecompress2(
+                tj.tjDecompress2(
                     handle, buffer.baseAddress, UInt(buffer.count), out.baseAddress, width, width, height,
                     Int32(TJPF_GRAY.rawValue), Int32(TJFLAG_ACCURATEDCT))
             }
@@ -147,8 +152,8 @@ public enum ImageDecoder {
         if status != 0 {
             // A warning (a few missing bytes at the end) still leaves a usable image; an error
             // does not.
-            guard tjGetErrorCode(handle) == Int32(TJERR_WARNING.rawValue) else {
-                throw .corrupt(format: "JPEG", detail: String(cString: tjGetErrorStr2(handle)))
+            guard tj.tjGetErrorCode(handle) == Int32(TJERR_WARNING.rawValue) else {
+                throw .corrupt(format: "JPEG", detail: tj.tjGetErrorStr2(handle).map { String(cString: $0) } ?? "unknown error")
             }
         }
         return GrayImage(width: Int(width), height: Int(height), pixels: pixels)

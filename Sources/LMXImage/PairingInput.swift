@@ -54,7 +54,8 @@ public enum PairingInput {
         case .png, .jpeg:
             let image: GrayImage
             do { image = try ImageDecoder.decode(bytes) } catch { throw .invalid("\(name): \(error.description)") }
-            let codes = QRScanner.scan(image)
+            let codes: [[UInt8]]
+            do { codes = try QRScanner.scan(image) } catch { throw .invalid("\(name): \(error.description)") }
             if codes.isEmpty {
                 throw .invalid(
                     "\(name): no QR code found in the \(image.width) × \(image.height) image; photograph the code straight on, filling most of the picture, or use the text of the link")

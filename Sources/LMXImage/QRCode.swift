@@ -4,30 +4,31 @@ import CZBar
 
 /// Finds QR codes in grey pixels with zbar (QR only, binary mode: the bytes as encoded).
 public enum QRScanner {
-    public static func scan(_ image: GrayImage) -> [[UInt8]] {
-        guard let scanner = zbar_image_scanner_create() else { return [] }
-        defer { zbar_image_scanner_destroy(scanner) }
-        zbar_image_scanner_set_config(scanner, ZBAR_NONE, ZBAR_CFG_ENABLE, 0)
-        zbar_image_scanner_set_config(scanner, ZBAR_QRCODE, ZBAR_CFG_ENABLE, 1)
-        zbar_image_scanner_set_config(scanner, ZBAR_QRCODE, ZBAR_CFG_BINARY, 1)
-        guard let zimage = zbar_image_create() else { return [] }
-        defer { zbar_image_destroy(zimage) }
-        zbar_image_set_format(zimage, lmx_zbar_format_y800())
-        zbar_image_set_size(zimage, UInt32(image.width), UInt32(image.height))
+    public static func scan(_ image: GrayImage) throws(ImageError) -> [[UInt8]] {
+        let z = try ImageLibraries.zbar.get()
+        guard let scanner = z.zbar_image_scanner_create() else { return [] }
+        defer { z.zbar_image_scanner_destroy(scanner) }
+        _ = z.zbar_image_scanner_set_config(scanner, ZBAR_NONE, ZBAR_CFG_ENABLE, 0)
+        _ = z.zbar_image_scanner_set_config(scanner, ZBAR_QRCODE, ZBAR_CFG_ENABLE, 1)
+        _ = z.zbar_image_scanner_set_config(scanner, ZBAR_QRCODE, ZBAR_CFG_BINARY, 1)
+        guard let zimage = z.zbar_image_create() else { return [] }
+        defer { z.zbar_image_destroy(zimage) }
+        z.zbar_image_set_format(zimage, lmx_zbar_format_y800())
+        z.zbar_image_set_size(zimage, UInt32(image.width), UInt32(image.height))
         var codes: [[UInt8]] = []
         image.pixels.withUnsafeBytes { raw in
             // zbar only reads the pixels during the scan; no cleanup handler, the array owns them.
-            zbar_image_set_data(zimage, raw.baseAddress, UInt(raw.count), nil)
-            guard zbar_scan_image(scanner, zimage) > 0 else { return }
-            var symbol = zbar_image_first_symbol(zimage)
+            z.zbar_image_set_data(zimage, raw.baseAddress, UInt(raw.count), nil)
+            guard z.zbar_scan_image(scanner, zimage) > 0 else { return }
+            var symbol = z.zbar_image_first_symbol(zimage)
             while let current = symbol {
-                if let data = zbar_symbol_get_data(current) {
-                    let count = Int(zbar_symbol_get_data_length(current))
+                if let data = z.zbar_symbol_get_data(current) {
+                    let count = Int(z.zbar_symbol_get_data_length(current))
                     codes.append(data.withMemoryRebound(to: UInt8.self, capacity: count) { Array(UnsafeBufferPointer(start: $0, count: count)) })
                 }
-                symbol = zbar_symbol_next(current)
+                symbol = z.zbar_symbol_next(current)
             }
-            zbar_image_set_data(zimage, nil, 0, nil)
+            z.zbar_image_set_data(zimage, nil, 0, nil)
         }
         // The same code can be reported twice (zbar's two passes); each distinct payload once.
         var seen = Set<[UInt8]>()
@@ -49,10 +50,12 @@ public struct QRMatrix: Sendable {
 public enum QREncodeError: Error, CustomStringConvertible {
     case tooLong
     case pngWrite(String)
+    case library(String)
 
     public var description: String {
         switch self {
         case .tooLong: "the pairing is too long for one QR code"
+        case .library(let detail): detail
         case .pngWrite(let detail): "could not encode the PNG: \(detail)"
         }
     }
@@ -61,9 +64,11 @@ public enum QREncodeError: Error, CustomStringConvertible {
 public enum QREncoder {
     /// Encodes bytes in 8-bit mode with error correction level M.
     public static func matrix(_ text: String) throws(QREncodeError) -> QRMatrix {
-        let code: UnsafeMutablePointer<QRcode>? = text.withCString { QRcode_encodeString8bit($0, 0, QR_ECLEVEL_M) }
+        let qr: ImageLibraries.QRencode
+        do { qr = try ImageLibraries.qrencode.get() } catch { throw .library(error.description) }
+        let code: UnsafeMutablePointer<QRcode>? = text.withCString { qr.QRcode_encodeString8bit($0, 0, QR_ECLEVEL_M) }
         guard let code else { throw .tooLong }
-        defer { QRcode_free(code) }
+        defer { qr.QRcode_free(code) }
         let size = Int(code.pointee.width)
         var modules = [Bool](repeating: false, count: size * size)
         for i in 0..<(size * size) { modules[i] = code.pointee.data[i] & 1 == 1 }
@@ -83,6 +88,8 @@ public enum QREncoder {
                 }
             }
         }
+        let png: ImageLibraries.PNG
+        do { png = try ImageLibraries.png.get() } catch { throw .library(error.description) }
         var image = png_image()
         image.version = png_uint_32(PNG_IMAGE_VERSION)
         image.width = png_uint_32(side)
@@ -90,11 +97,11 @@ public enum QREncoder {
         image.format = png_uint_32(PNG_FORMAT_GRAY)
         var size = 0
         // First call: the size; second: the bytes.
-        let sized = pixels.withUnsafeBytes { png_image_write_to_memory(&image, nil, &size, 0, $0.baseAddress, png_int_32(side), nil) }
+        let sized = pixels.withUnsafeBytes { png.png_image_write_to_memory(&image, nil, &size, 0, $0.baseAddress, png_int_32(side), nil) }
         guard sized != 0, size > 0 else { throw .pngWrite(pngMessage(&image)) }
         var out = [UInt8](repeating: 0, count: size)
         let written = out.withUnsafeMutableBytes { buffer in
-            pixels.withUnsafeBytes { png_image_write_to_memory(&image, buffer.baseAddress, &size, 0, $0.baseAddress, png_int_32(side), nil) }
+            pixels.withUnsafeBytes { png.png_image_write_to_memory(&image, buffer.baseAddress, &size, 0, $0.baseAddress, png_int_32(side), nil) }
         }
         guard written != 0 else { throw .pngWrite(pngMessage(&image)) }
         return Array(out.prefix(size))

@@ -135,6 +135,11 @@ struct PackagingTests {
             #expect(!statusHeaders.stdout.contains("INTERP"), "lmx-status is not static")
             let sections = try await run("/usr/bin/readelf", ["-SW", "/usr/bin/lmx-agentd"])
             #expect(sections.stdout.contains(".text.lmx_hot"), "lmx-agentd has no hot-code section")
+            // The image libraries are opened by lmx-pair when needed, never linked into the daemon.
+            let needed = try await run("/usr/bin/readelf", ["-dW", "/usr/bin/lmx-agentd"])
+            for library in ["libzbar", "libpng", "libturbojpeg", "libqrencode"] {
+                #expect(!needed.stdout.contains(library), "lmx-agentd links \(library)")
+            }
             let port = Int.random(in: 40_000...49_999)
             let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "packaged-\(port)")
             let name = "packaged \(TestBed.tag())"
