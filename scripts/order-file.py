@@ -183,6 +183,11 @@ def write_script(sections, addresses):
 
 
 def main():
+    if "--check" not in sys.argv:
+        if os.geteuid() != 0 or not os.path.exists("/run/lmx-testbed/env"):
+            sys.exit("order-file: run as root with the test LAN up (sudo scripts/testbed.sh up)")
+        if not shutil.which("valgrind"):
+            sys.exit("order-file: needs valgrind (apt-get install valgrind)")
     work = tempfile.mkdtemp(prefix="lmx-order-")
     map_path = work + "/lmx-agent.map"
     binary = release_link_with_map(map_path)
