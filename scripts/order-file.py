@@ -10,10 +10,11 @@ footprint).
 How: the release build (RELEASE_BUILD in scripts/lib.sh: every function in a section of its own)
 is linked once more with a map file and runs as lmx-agentd under valgrind's callgrind through the
 footprint benchmark's workload (discovery of 1 then 200 announced servers, a paired TLS tunnel,
-status, watch, metrics and gateway requests). Every instruction address it executed is traced
+status, events, metrics, resolve and gateway requests). Every instruction address it executed is traced
 back through the map to the input section that holds it (by object file and section name, which
-also names the private functions that have no symbol), and the script lists those sections, in
-the order first reached, for an output section `.text.lmx_hot` inserted before `.text`.
+also names the private functions that have no symbol), and the script lists those sections,
+grouped by object file, for an output section `.text.lmx_hot` inserted before `.text` (their
+order inside it does not matter for memory: only that they are together).
 
 Run as root with the test LAN up (scripts/testbed.sh up) after `make release`; commit the file.
 A section the script names that a later build no longer has matches nothing: a stale file costs
@@ -120,7 +121,7 @@ def workload(work):
 
 
 def executed(work, binary):
-    """Addresses (link-time) of the instructions lmx-agentd executed, in the order first seen."""
+    """Link-time addresses of the instructions lmx-agentd executed (each once)."""
     symbols = {}
     for line in subprocess.run(["nm", "--defined-only", binary], check=True, capture_output=True, text=True).stdout.splitlines():
         parts = line.split()
