@@ -55,8 +55,8 @@ let package = Package(
 
         // The one system layer: clocks, files written atomically, Unix sockets and peer
         // credentials, users and groups, privilege switches, inotify, netlink and route lookups,
-        // the clocks' view of a suspend, sd-notify, signals. Nothing
-        // above it (but the C adapters) imports Glibc.
+        // the clocks' view of a suspend, sd-notify, signals, libraries opened at run time
+        // (dlopen). Nothing above it (but the C adapters) imports Glibc.
         .target(name: "LMXSystem", dependencies: [.product(name: "SystemPackage", package: "swift-system")]),
 
         // Thin module map over libdbus-1, and the adapter on it: logind's PrepareForSleep signal
