@@ -25,19 +25,19 @@ enum ImageLibraries {
         let zbar_symbol_next: lmx_zbar_symbol_next
 
         init(_ l: SharedLibrary) throws(SharedLibraryError) {
-            zbar_image_scanner_create = try l.function("zbar_image_scanner_create", as: lmx_zbar_image_scanner_create.self)
-            zbar_image_scanner_destroy = try l.function("zbar_image_scanner_destroy", as: lmx_zbar_image_scanner_destroy.self)
-            zbar_image_scanner_set_config = try l.function("zbar_image_scanner_set_config", as: lmx_zbar_image_scanner_set_config.self)
-            zbar_image_create = try l.function("zbar_image_create", as: lmx_zbar_image_create.self)
-            zbar_image_destroy = try l.function("zbar_image_destroy", as: lmx_zbar_image_destroy.self)
-            zbar_image_set_format = try l.function("zbar_image_set_format", as: lmx_zbar_image_set_format.self)
-            zbar_image_set_size = try l.function("zbar_image_set_size", as: lmx_zbar_image_set_size.self)
-            zbar_image_set_data = try l.function("zbar_image_set_data", as: lmx_zbar_image_set_data.self)
-            zbar_scan_image = try l.function("zbar_scan_image", as: lmx_zbar_scan_image.self)
-            zbar_image_first_symbol = try l.function("zbar_image_first_symbol", as: lmx_zbar_image_first_symbol.self)
-            zbar_symbol_get_data = try l.function("zbar_symbol_get_data", as: lmx_zbar_symbol_get_data.self)
-            zbar_symbol_get_data_length = try l.function("zbar_symbol_get_data_length", as: lmx_zbar_symbol_get_data_length.self)
-            zbar_symbol_next = try l.function("zbar_symbol_next", as: lmx_zbar_symbol_next.self)
+            zbar_image_scanner_create = try l.function("zbar_image_scanner_create")
+            zbar_image_scanner_destroy = try l.function("zbar_image_scanner_destroy")
+            zbar_image_scanner_set_config = try l.function("zbar_image_scanner_set_config")
+            zbar_image_create = try l.function("zbar_image_create")
+            zbar_image_destroy = try l.function("zbar_image_destroy")
+            zbar_image_set_format = try l.function("zbar_image_set_format")
+            zbar_image_set_size = try l.function("zbar_image_set_size")
+            zbar_image_set_data = try l.function("zbar_image_set_data")
+            zbar_scan_image = try l.function("zbar_scan_image")
+            zbar_image_first_symbol = try l.function("zbar_image_first_symbol")
+            zbar_symbol_get_data = try l.function("zbar_symbol_get_data")
+            zbar_symbol_get_data_length = try l.function("zbar_symbol_get_data_length")
+            zbar_symbol_next = try l.function("zbar_symbol_next")
         }
     }
 
@@ -48,10 +48,10 @@ enum ImageLibraries {
         let png_image_write_to_memory: lmx_png_image_write_to_memory
 
         init(_ l: SharedLibrary) throws(SharedLibraryError) {
-            png_image_begin_read_from_memory = try l.function("png_image_begin_read_from_memory", as: lmx_png_image_begin_read_from_memory.self)
-            png_image_finish_read = try l.function("png_image_finish_read", as: lmx_png_image_finish_read.self)
-            png_image_free = try l.function("png_image_free", as: lmx_png_image_free.self)
-            png_image_write_to_memory = try l.function("png_image_write_to_memory", as: lmx_png_image_write_to_memory.self)
+            png_image_begin_read_from_memory = try l.function("png_image_begin_read_from_memory")
+            png_image_finish_read = try l.function("png_image_finish_read")
+            png_image_free = try l.function("png_image_free")
+            png_image_write_to_memory = try l.function("png_image_write_to_memory")
         }
     }
 
@@ -64,12 +64,12 @@ enum ImageLibraries {
         let tjGetErrorCode: lmx_tjGetErrorCode
 
         init(_ l: SharedLibrary) throws(SharedLibraryError) {
-            tjInitDecompress = try l.function("tjInitDecompress", as: lmx_tjInitDecompress.self)
-            tjDestroy = try l.function("tjDestroy", as: lmx_tjDestroy.self)
-            tjDecompressHeader3 = try l.function("tjDecompressHeader3", as: lmx_tjDecompressHeader3.self)
-            tjDecompress2 = try l.function("tjDecompress2", as: lmx_tjDecompress2.self)
-            tjGetErrorStr2 = try l.function("tjGetErrorStr2", as: lmx_tjGetErrorStr2.self)
-            tjGetErrorCode = try l.function("tjGetErrorCode", as: lmx_tjGetErrorCode.self)
+            tjInitDecompress = try l.function("tjInitDecompress")
+            tjDestroy = try l.function("tjDestroy")
+            tjDecompressHeader3 = try l.function("tjDecompressHeader3")
+            tjDecompress2 = try l.function("tjDecompress2")
+            tjGetErrorStr2 = try l.function("tjGetErrorStr2")
+            tjGetErrorCode = try l.function("tjGetErrorCode")
         }
     }
 
@@ -78,19 +78,19 @@ enum ImageLibraries {
         let QRcode_free: lmx_QRcode_free
 
         init(_ l: SharedLibrary) throws(SharedLibraryError) {
-            QRcode_encodeString8bit = try l.function("QRcode_encodeString8bit", as: lmx_QRcode_encodeString8bit.self)
-            QRcode_free = try l.function("QRcode_free", as: lmx_QRcode_free.self)
+            QRcode_encodeString8bit = try l.function("QRcode_encodeString8bit")
+            QRcode_free = try l.function("QRcode_free")
         }
     }
 
     // Each opened once, on first use (Swift's lazy globals); a failure is kept and reported each
     // time, naming the Debian package that holds the library.
-    static let zbar = Result { () throws(ImageError) -> ZBar in try open("libzbar.so.0", "libzbar0", ZBar.init) }
-    static let png = Result { () throws(ImageError) -> PNG in try open("libpng16.so.16", "libpng16-16", PNG.init) }
-    static let turboJPEG = Result { () throws(ImageError) -> TurboJPEG in
+    static let zbar = Result<ZBar, ImageError> { () throws(ImageError) in try open("libzbar.so.0", "libzbar0", ZBar.init) }
+    static let png = Result<PNG, ImageError> { () throws(ImageError) in try open("libpng16.so.16", "libpng16-16", PNG.init) }
+    static let turboJPEG = Result<TurboJPEG, ImageError> { () throws(ImageError) in
         try open("libturbojpeg.so.0", "libturbojpeg0", TurboJPEG.init)
     }
-    static let qrencode = Result { () throws(ImageError) -> QRencode in
+    static let qrencode = Result<QRencode, ImageError> { () throws(ImageError) in
         try open("libqrencode.so.4", "libqrencode4", QRencode.init)
     }
 

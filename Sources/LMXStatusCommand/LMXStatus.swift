@@ -105,34 +105,6 @@ struct StatusRequest: Equatable {
     var model: String?
     var socket: String?
 
-    /// Parses only `--url`, `--json`, `--socket PATH` and `--socket=PATH`, each at most once; nil
-    /// for anything else (the argument parser then handles it).
-    init?(quick arguments: [String]) {
-        var index = 0
-        while index < arguments.count {
-            let argument = arguments[index]
-            if argument == "--url", !url {
-                url = true
-            } else if argument == "--json", !json {
-                json = true
-            } else if argument == "--socket", socket == nil, index + 1 < arguments.count,
-                let value = arguments[index + 1].first, value != "-"
-            {
-                socket = arguments[index + 1]
-                index += 1
-            } else if argument.hasPrefix("--socket="), socket == nil, argument.utf8.count > 9 {
-                socket = String(argument.dropFirst(9))
-            } else {
-                return nil
-            }
-            index += 1
-        }
-    }
-
-    init(url: Bool, json: Bool, watch: Bool, wait: Double?, model: String?, socket: String?) {
-        (self.url, self.json, self.watch, self.wait, self.model, self.socket) = (url, json, watch, wait, model, socket)
-    }
-
     func validate() throws(ValidationError) {
         if url && json { throw ValidationError("--url and --json cannot be used together") }
         if url && watch { throw ValidationError("--url and --watch cannot be used together") }
@@ -314,6 +286,33 @@ struct StatusRequest: Equatable {
             return "\(line.at) avahi-daemon \(line.avahi ?? "?")\(line.reason.map { ": \(p($0))" } ?? "")"
         case .heartbeat, .unknown:
             return nil
+        }
+    }
+}
+
+// In an extension, so the memberwise initializer stays (what the argument parser's values fill).
+extension StatusRequest {
+    /// Parses only `--url`, `--json`, `--socket PATH` and `--socket=PATH`, each at most once; nil
+    /// for anything else (the argument parser then handles it).
+    init?(quick arguments: [String]) {
+        var index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            if argument == "--url", !url {
+                url = true
+            } else if argument == "--json", !json {
+                json = true
+            } else if argument == "--socket", socket == nil, index + 1 < arguments.count,
+                let value = arguments[index + 1].first, value != "-"
+            {
+                socket = arguments[index + 1]
+                index += 1
+            } else if argument.hasPrefix("--socket="), socket == nil, argument.utf8.count > 9 {
+                socket = String(argument.dropFirst(9))
+            } else {
+                return nil
+            }
+            index += 1
         }
     }
 }

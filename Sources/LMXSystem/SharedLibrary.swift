@@ -19,9 +19,10 @@ public final class SharedLibrary: @unchecked Sendable {
         self.name = name
     }
 
-    /// The function `symbol` as `type`, a C function pointer type taken from the library's
-    /// header (`typedef __typeof__(&function) name;` in the module map's shim).
-    public func function<T>(_ symbol: String, as type: T.Type) throws(SharedLibraryError) -> T {
+    /// The function `symbol` as `type` (by default the type the result is stored as), a C
+    /// function pointer type taken from the library's header (`typedef __typeof__(&function)
+    /// name;` in the module map's shim).
+    public func function<T>(_ symbol: String, as type: T.Type = T.self) throws(SharedLibraryError) -> T {
         guard MemoryLayout<T>.size == MemoryLayout<UnsafeMutableRawPointer>.size, let address = dlsym(handle, symbol) else {
             throw SharedLibraryError(library: name, detail: "no function \(symbol)")
         }
