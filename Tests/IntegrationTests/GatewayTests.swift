@@ -49,9 +49,14 @@ struct GatewayTests {
             #expect(headers?["authorization"] == "Bearer lan-inference-key")
             #expect(headers?["x-admin-key"] == nil)
             #expect(headers?["host"] == "10.254.0.11:\(port)")
-            // The client's own key wins.
-            let own = try await curl(["-H", "Authorization: Bearer wrong", base + "/models"])
-            #expect(own.status == 401)
+            // A client's placeholder key (the OpenAI SDKs always send one) does not replace the
+            // route's: the server gets the route's key.
+            let own = try await curl(["-H", "Authorization: Bearer sk-placeholder", base + "/models"])
+            #expect(own.status == 200)
+            let ownEcho = try await curl(["-H", "Authorization: Bearer sk-placeholder", "-H", "X-Api-Key: other", base + "/echo"])
+            let ownHeaders = (try JSONSerialization.jsonObject(with: Data(ownEcho.body.utf8)) as? [String: Any])?["headers"] as? [String: String]
+            #expect(ownHeaders?["authorization"] == "Bearer lan-inference-key")
+            #expect(ownHeaders?["x-api-key"] == nil)
             // The same over the Unix socket.
             let viaSocket = try await curl(["--unix-socket", socket, "http://localhost/v1/models"])
             #expect(viaSocket.status == 200)

@@ -48,7 +48,7 @@ struct GatewayPolicyTests {
         #expect(refusal("/v1/models", headers: [("Origin", "null")]) == "forbidden_origin")
     }
 
-    @Test("credentials are added by path; the client's own auth wins; hop-by-hop headers go")
+    @Test("credentials are added by path; the route's key replaces a client's placeholder; hop-by-hop headers go")
     func headers() {
         let credentials = Credentials(adminKey: "ADMIN", inferenceKey: "INFER", accessClientID: "ID", accessClientSecret: "SECRET")
         func upstream(_ path: String, _ client: [(String, String)]) -> [String: String] {
@@ -69,11 +69,27 @@ struct GatewayPolicyTests {
         #expect(v1["connection"] == nil && v1["x-private"] == nil && v1["host"] == nil && v1["transfer-encoding"] == nil)
         #expect(v1["user-agent"] == "lmx-agent/test")
 
-        let own = upstream("/v1/models", [("Authorization", "Bearer MINE"), ("User-Agent", "openai-python")])
-        #expect(own["authorization"] == "Bearer MINE")
+        // The OpenAI SDKs always send a key (a placeholder when the user has none): on a keyed
+        // route the route's key is sent and the client's is not forwarded.
+        let own = upstream("/v1/models", [("Authorization", "Bearer sk-placeholder"), ("User-Agent", "openai-python")])
+        #expect(own["authorization"] == "Bearer INFER")
         #expect(own["user-agent"] == "openai-python")
         let apiKey = upstream("/v1/models", [("X-Api-Key", "MINE")])
-        #expect(apiKey["authorization"] == nil && apiKey["x-api-key"] == "MINE")
+        #expect(apiKey["authorization"] == "Bearer INFER" && apiKey["x-api-key"] == nil)
+        let ownAdmin = upstream("/admin/models", [("X-Admin-Key", "MINE")])
+        #expect(ownAdmin["x-admin-key"] == "ADMIN")
+        let access = upstream("/v1/models", [("CF-Access-Client-Secret", "forged")])
+        #expect(access["cf-access-client-secret"] == "SECRET")
+        // A route without a key of that kind: the client's own key travels.
+        func bare(_ path: String, _ client: [(String, String)], _ credentials: Credentials) -> [String: String] {
+            Dictionary(
+                GatewayPolicy.upstreamHeaders(
+                    client: client.map { (name: $0.0, value: $0.1) }, credentials: credentials, path: path, userAgent: "x"
+                ).map { ($0.name.lowercased(), $0.value) }, uniquingKeysWith: { a, _ in a })
+        }
+        #expect(bare("/v1/models", [("Authorization", "Bearer MINE")], Credentials())["authorization"] == "Bearer MINE")
+        #expect(bare("/v1/models", [("X-Api-Key", "MINE")], Credentials(adminKey: "ADMIN"))["x-api-key"] == "MINE")
+        #expect(bare("/v1/models", [("Authorization", "Bearer MINE")], Credentials(accessClientID: "I", accessClientSecret: "S"))["authorization"] == "Bearer MINE")
 
         let admin = upstream("/admin/models", [])
         #expect(admin["x-admin-key"] == "ADMIN")

@@ -15,7 +15,7 @@ extension Gateway {
     static func passThrough(_ upstream: HTTPClientResponse, target: GatewayTarget, holding tokens: [any AnyObject & Sendable]) -> Response {
         var headers = secured(fields(upstream.headers))
         if let via = HTTPFields.Element.Name("X-LMX-Via") { headers[via] = target.via.rawValue }
-        let length = upstream.headers.first(name: "content-length").flatMap(Int.init)
+        let length = upstream.headers.first(name: "content-length").flatMap(OutsideInput.contentLength)
         let events = upstream.headers.first(name: "content-type")?.lowercased().hasPrefix("text/event-stream") == true
         let body = upstream.body
         let response = ResponseBody(contentLength: length) { writer in
@@ -80,7 +80,8 @@ final class RouteLoad: Sendable {
     }
 
     func coolDown(_ routeID: String, seconds: Double) {
-        let until = ContinuousClock.now + .milliseconds(Int64(seconds * 1000))
+        guard seconds.isFinite, seconds > 0 else { return }
+        let until = ContinuousClock.now + .milliseconds(Int64(min(seconds, 86_400) * 1000))
         state.withLock { $0.coolUntil[routeID] = until }
     }
 
@@ -92,7 +93,7 @@ final class RouteLoad: Sendable {
         let (cooling, counts): ([String: Bool], [String: Int]) = state.withLock { s in
             s.coolUntil = s.coolUntil.filter { $0.value > now }
             return (Dictionary(uniqueKeysWithValues: targets.map { ($0.routeID, s.coolUntil[$0.routeID] != nil) }),
-                    Dictionary(uniqueKeysWithValues: targets.map { ($0.routeID, (s.inFlight[$0.routeID] ?? 0) + $0.serverInFlight) }))
+                    Dictionary(uniqueKeysWithValues: targets.map { ($0.routeID, (s.inFlight[$0.routeID] ?? 0) &+ min(max($0.serverInFlight, 0), OutsideInput.maxCount)) }))
         }
         return targets.enumerated().sorted { a, b in
             let ka = (cooling[a.element.routeID]! ? 1 : 0, a.element.rank, counts[a.element.routeID]!, a.offset)
@@ -105,9 +106,9 @@ final class RouteLoad: Sendable {
     /// `Retry-After`); its `Retry-After` seconds, capped; nil for any other answer.
     static func busyCooldown(_ response: HTTPClientResponse, cap: Double) -> Double? {
         let code = response.status.code
-        let retryAfter = response.headers.first(name: "retry-after").flatMap(Double.init)
+        let retryAfter = response.headers.first(name: "retry-after").flatMap { OutsideInput.delaySeconds($0, cap: cap) }
         guard code == 429 || (code == 503 && retryAfter != nil) else { return nil }
-        return min(max(retryAfter ?? 5, 1), cap)
+        return min(max(retryAfter ?? 5, 1), max(cap, 1))
     }
 }
 

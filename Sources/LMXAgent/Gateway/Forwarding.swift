@@ -36,7 +36,7 @@ extension Gateway {
         }
         let tooLarge = Self.error(
             413, code: "request_too_large", message: "request bodies are limited to \(configuration.maxRequestBytes) bytes (gateway.max_request_bytes)")
-        if let declared = request.headers[.contentLength].flatMap(Int.init), declared > configuration.maxRequestBytes {
+        if let declared = request.headers[.contentLength].flatMap(OutsideInput.contentLength), declared > configuration.maxRequestBytes {
             metrics.gatewayRefused.increment()
             return tooLarge
         }
@@ -96,7 +96,7 @@ extension Gateway {
             if index > 0 { metrics.gatewayRetries.increment() }
             var outgoing = Self.upstreamRequest(target: target, method: method, uri: request.uri, headers: clientHeaders, body: body)
             if let streamed {
-                let length = request.headers[.contentLength].flatMap(Int.init)
+                let length = request.headers[.contentLength].flatMap(OutsideInput.contentLength)
                 outgoing.body = .stream(streamed, length: length.map { .known(Int64($0)) } ?? .unknown)
             }
             let routeToken = load.started(target.routeID)

@@ -69,8 +69,11 @@ public enum GatewayPolicy {
     }
 
     /// The headers sent upstream: the client's, minus hop-by-hop ones, plus the route's
-    /// credentials where the client did not bring its own (its `Authorization` or `X-Api-Key`
-    /// wins over the inference key, its `X-Admin-Key` over the admin key).
+    /// credentials. Where the route carries a key for the path, that key is sent and the client's
+    /// own key header of that kind is not forwarded: the official OpenAI SDKs always send an
+    /// `Authorization` (a placeholder when the user has no key), and it must not replace the
+    /// route's. A client's own `Authorization` / `X-Api-Key` (or `X-Admin-Key`) travels only to a
+    /// route that has no key of that kind. The Cloudflare Access token is always the route's.
     public static func upstreamHeaders(
         client: [(name: String, value: String)], credentials: Credentials, path: String, userAgent: String
     ) -> [(name: String, value: String)] {
@@ -80,24 +83,29 @@ public enum GatewayPolicy {
                 connectionListed.insert(String(token).trimmingASCIIWhitespace().lowercased())
             }
         }
+        let routeHeaders = credentials.headers(forPath: path)
+        let routeNames = Set(routeHeaders.map { $0.name.lowercased() })
+        var replaced: Set<String> = routeNames
+        if routeNames.contains("authorization") { replaced.insert("x-api-key") }
         var out: [(name: String, value: String)] = []
         var present: Set<String> = []
         for header in client {
             let name = header.name.lowercased()
             // Cookies are not scoped by port: another local app's cookies never travel on.
             if hopByHop.contains(name) || connectionListed.contains(name) || name == "cookie" { continue }
+            if replaced.contains(name) { continue }
             out.append(header)
             present.insert(name)
         }
-        let clientAuth = present.contains("authorization") || present.contains("x-api-key")
-        for header in credentials.headers(forPath: path) {
-            let name = header.name.lowercased()
-            if name == "authorization" && clientAuth { continue }
-            if present.contains(name) { continue }
-            out.append(header)
-        }
+        out.append(contentsOf: routeHeaders)
         if !present.contains("user-agent") { out.append(("User-Agent", userAgent)) }
         return out
+    }
+
+    /// The request carries a key of its own that would travel upstream: an `Authorization` or
+    /// `X-Api-Key`. Only meaningful for routes without an inference key (the route's wins).
+    public static func clientHasKey(_ headers: [(name: String, value: String)]) -> Bool {
+        headers.contains { ["authorization", "x-api-key"].contains($0.name.lowercased()) }
     }
 
     /// The headers sent back to the client: the server's, minus hop-by-hop ones and cookies

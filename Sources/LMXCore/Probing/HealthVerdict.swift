@@ -101,8 +101,11 @@ public struct DiscoveryDocument: Sendable, Hashable, Decodable {
             baseURLs = try? c.decodeIfPresent([String].self, forKey: .baseURLs)
         }
 
-        /// Every URL named, preferred first, at most 64 (a real server lists a handful).
-        public var all: [String] { Array(([preferredBaseURL].compactMap { $0 } + (baseURLs ?? [])).prefix(64)) }
+        /// Every URL named, preferred first, at most 64 (a real server lists a handful), each at
+        /// most 512 bytes (longer ones are skipped).
+        public var all: [String] {
+            Array(([preferredBaseURL].compactMap { $0 } + (baseURLs ?? []).prefix(256)).filter { $0.utf8.count <= 512 }.prefix(64))
+        }
     }
 
     public var schemaVersion: String?
@@ -137,9 +140,9 @@ public struct DiscoveryDocument: Sendable, Hashable, Decodable {
         version = try? c.decodeIfPresent(String.self, forKey: .version)
         securityProfile = try? c.decodeIfPresent(String.self, forKey: .securityProfile)
         ready = try? c.decodeIfPresent(Bool.self, forKey: .ready)
-        loadedModelCount = try? c.decodeIfPresent(Int.self, forKey: .loadedModelCount)
+        loadedModelCount = OutsideInput.count(try? c.decodeIfPresent(Int.self, forKey: .loadedModelCount))
         loadedModels = try? c.decodeIfPresent([String].self, forKey: .loadedModels)
-        inFlightRequests = try? c.decodeIfPresent(Int.self, forKey: .inFlightRequests)
+        inFlightRequests = OutsideInput.count(try? c.decodeIfPresent(Int.self, forKey: .inFlightRequests))
         auth = try? c.decodeIfPresent(Auth.self, forKey: .auth)
         endpoints = try? c.decodeIfPresent(Endpoints.self, forKey: .endpoints)
     }
@@ -168,7 +171,7 @@ public struct ContractBody: Sendable, Hashable, Decodable {
         let c = try decoder.container(keyedBy: CodingKeys.self)
         status = try? c.decodeIfPresent(String.self, forKey: .status)
         version = try? c.decodeIfPresent(String.self, forKey: .version)
-        modelsLoaded = try? c.decodeIfPresent(Int.self, forKey: .modelsLoaded)
+        modelsLoaded = OutsideInput.count(try? c.decodeIfPresent(Int.self, forKey: .modelsLoaded))
         reason = try? c.decodeIfPresent(String.self, forKey: .reason)
         let error = try? c.nestedContainer(keyedBy: ErrorKeys.self, forKey: .error)
         errorCode = try? error?.decodeIfPresent(String.self, forKey: .code)

@@ -66,6 +66,8 @@ public struct ProbeSequence: Sendable {
     /// Model names kept per server, and their length: enough for any real server.
     public static let maxModels = 512
     public static let maxModelNameBytes = 256
+    /// A server's `version` as kept and shown (a real one is `0.1.0`).
+    public static let maxVersionBytes = 64
 
     /// - Parameters:
     ///   - quick: a liveness check of a route already known to be this server: `/readyz` alone.
@@ -121,7 +123,7 @@ public struct ProbeSequence: Sendable {
             guard let body, body.status != nil || body.version != nil else {
                 return finish(.wrongService, detail: "/healthz did not answer the LMX health document")
             }
-            report.version = body.version
+            report.version = OutsideInput.label(body.version, maxBytes: Self.maxVersionBytes)
             stage = .discovery(0)
             return .request(path: discoveryPaths[0])
 
@@ -135,15 +137,16 @@ public struct ProbeSequence: Sendable {
                         .wrongService,
                         detail: "instance_id is \"\(Self.printable(instance))\", expected \"\(Self.printable(pinned))\"")
                 }
-                report.instanceID = document.instanceID
-                report.version = document.version ?? report.version
-                report.securityProfile = document.securityProfile
+                // Kept whole or not at all: a pinned identity compares the server's own text.
+                report.instanceID = OutsideInput.identifier(document.instanceID)
+                report.version = OutsideInput.label(document.version, maxBytes: Self.maxVersionBytes) ?? report.version
+                report.securityProfile = OutsideInput.label(document.securityProfile, maxBytes: 32)
                 report.adminKeyRequired = document.auth?.adminKeyRequired
                 report.inferenceKeyRequired = document.auth?.inferenceKeyRequired
-                report.modelCount = document.loadedModelCount ?? document.loadedModels?.count
+                report.modelCount = OutsideInput.count(document.loadedModelCount ?? document.loadedModels?.count)
                 report.ready = document.ready
                 report.advertisedBaseURLs = document.endpoints?.all ?? []
-                report.inFlightRequests = document.inFlightRequests
+                report.inFlightRequests = OutsideInput.count(document.inFlightRequests)
                 if let names = document.loadedModels, !names.isEmpty || document.loadedModelCount == 0 {
                     report.models = Self.cleanModels(names)
                 }
@@ -166,7 +169,7 @@ public struct ProbeSequence: Sendable {
             case 200:
                 report.ready = true
                 if let count = body?.modelsLoaded { report.modelCount = count }
-                if let version = body?.version, report.version == nil { report.version = version }
+                if let version = OutsideInput.label(body?.version, maxBytes: Self.maxVersionBytes), report.version == nil { report.version = version }
                 // Under the `cloud` profile the document lists no models; /v1/models does, with
                 // the inference key when one is required.
                 if report.models == nil, (report.modelCount ?? 1) > 0, report.instanceID != nil || report.securityProfile != nil,
@@ -254,10 +257,7 @@ public struct ProbeSequence: Sendable {
     }
 
     static func retryAfter(_ response: ProbeResponse) -> Double? {
-        guard let raw = response.headers["retry-after"],
-            let seconds = Double(raw.filter { $0 != " " && $0 != "\t" }), seconds >= 0, seconds.isFinite
-        else { return nil }
-        return min(seconds, 3600)
+        response.headers["retry-after"].flatMap { OutsideInput.delaySeconds($0, cap: 3600) }
     }
 
     /// Server-provided text shown to people: control characters removed, length bounded.

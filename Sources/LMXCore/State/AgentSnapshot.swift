@@ -48,7 +48,10 @@ extension AgentSnapshot {
     }
 
     public func routeStatus(_ state: RouteState, now t: Double) -> StatusAPI.RouteStatus {
-        StatusAPI.RouteStatus(
+        // A route the trust policy keeps from requests shows how many models it has, not their
+        // names: an announcer's list is of no use to anyone here and would only grow the answer.
+        let allowed = planner.isAllowed(state)
+        return StatusAPI.RouteStatus(
             id: state.id, baseURL: state.route.baseURL, via: state.route.via, source: state.route.source,
             name: state.route.name, addresses: state.route.addresses, announced: state.route.announced,
             health: state.health, verdict: state.verdict, active: state.id == planner.activeID,
@@ -61,7 +64,7 @@ extension AgentSnapshot {
             },
             version: state.lastReport?.version, models: state.lastReport?.modelCount, ready: state.lastReport?.ready,
             probes: state.probeCount, failures: state.failureCount, credentials: state.route.credentials.setNames,
-            pinnedInstance: state.route.pinnedInstance, loadedModels: state.lastReport?.models,
+            pinnedInstance: state.route.pinnedInstance, loadedModels: allowed ? state.lastReport?.models : nil,
             trust: planner.trust(of: state), vouchedBy: state.route.vouchedBy,
             keyRequired: state.lastReport?.inferenceKeyRequired,
             inferenceReady: state.verdict.map { $0 == .ready && state.health == .up && !planner.lacksRequiredKey(state) })
@@ -146,7 +149,10 @@ extension AgentSnapshot {
         // first probe since the wake (the gateway holds it while the plan is empty).
         let order = planner.requestOrder(model: model).filter { !$0.stale }
         // A route without the key its server requires would answer a certain 401.
-        let keyed = clientHasKey ? order : order.filter { !planner.lacksRequiredKey($0) }
+        // A client that brings its own key (maybe a placeholder: the OpenAI SDKs always send one)
+        // may also use routes without the key, but only after every route that carries it.
+        let withKey = order.filter { !planner.lacksRequiredKey($0) }
+        let keyed = clientHasKey ? withKey + order.filter { planner.lacksRequiredKey($0) } : withKey
         if keyed.isEmpty, let keyless = order.first {
             return .refuse(
                 status: 401, code: "inference_key_required",
