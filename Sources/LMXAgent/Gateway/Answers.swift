@@ -9,10 +9,15 @@ import Synchronization
 
 extension Gateway {
     /// The server's answer as it comes: status and headers (cookies dropped, the security
-    /// headers set), then each chunk as soon as it arrives (server-sent events are never held
-    /// back). A stream of events cut after its first byte ends with an `error` event naming the
-    /// route, not a silent truncation.
-    static func passThrough(_ upstream: HTTPClientResponse, target: GatewayTarget, holding tokens: [any AnyObject & Sendable]) -> Response {
+    /// headers set), then each chunk as soon as it arrives. Server-sent events are passed on
+    /// whole: a chunk is sent up to its last event boundary at once and only a trailing partial
+    /// event waits for its end (at most `maxHeldEvent` bytes). A stream of events cut after its
+    /// first byte ends with an `error` event naming the route, starting on an event boundary,
+    /// and `lost` is called (the agent probes the route again, as the event says).
+    static func passThrough(
+        _ upstream: HTTPClientResponse, target: GatewayTarget, holding tokens: [any AnyObject & Sendable],
+        lost: @escaping @Sendable (String) async -> Void = { _ in }
+    ) -> Response {
         var headers = secured(fields(upstream.headers))
         if let via = HTTPFields.Element.Name("X-LMX-Via") { headers[via] = target.via.rawValue }
         let length = upstream.headers.first(name: "content-length").flatMap(OutsideInput.contentLength)
@@ -20,17 +25,58 @@ extension Gateway {
         let body = upstream.body
         let response = ResponseBody(contentLength: length) { writer in
             withExtendedLifetime(tokens) {}
+            guard events else {
+                for try await chunk in body { try await writer.write(chunk) }
+                try await writer.finish(nil)
+                return
+            }
+            var held = ByteBuffer()
+            var midEvent = false  // bytes of an unfinished event were passed on
+            var writing = false  // a failure now is the client's, not the server's
             do {
-                for try await chunk in body {
-                    try await writer.write(chunk)
+                for try await var chunk in body {
+                    let boundary = chunk.withUnsafeReadableBytes { EventBoundary.end(in: $0) }
+                    if let boundary {
+                        if held.readableBytes > 0 {
+                            var out = held
+                            held.clear()
+                            out.writeBytes(chunk.readableBytesView.prefix(boundary))
+                            writing = true; try await writer.write(out); writing = false
+                        } else if boundary == chunk.readableBytes {
+                            writing = true; try await writer.write(chunk); writing = false
+                            midEvent = false
+                            continue
+                        } else {
+                            writing = true; try await writer.write(chunk.getSlice(at: chunk.readerIndex, length: boundary)!); writing = false
+                        }
+                        midEvent = false
+                        chunk.moveReaderIndex(forwardBy: boundary)
+                    }
+                    held.writeBuffer(&chunk)
+                    if held.readableBytes > maxHeldEvent {
+                        // An event larger than anyone sends: passed on as it is.
+                        writing = true; try await writer.write(held); writing = false
+                        held.clear()
+                        midEvent = true
+                    }
                 }
-            } catch where events {
+                if held.readableBytes > 0 { writing = true; try await writer.write(held); writing = false }
+            } catch {
+                // The client went away: nothing to tell it.
+                if writing { throw error }
+                // What was held of an unfinished event is dropped; one that was already partly
+                // passed on is ended first, so the error event stands on its own.
+                if midEvent { try await writer.write(ByteBuffer(string: "\n\n")) }
                 try await writer.write(ByteBuffer(bytes: streamLostEvent(target: target, error: error)))
+                await lost(target.routeID)
             }
             try await writer.finish(nil)
         }
         return Response(status: HTTPResponse.Status(code: Int(upstream.status.code)), headers: headers, body: response)
     }
+
+    /// The largest partial event held back while its end has not arrived.
+    static let maxHeldEvent = 1 << 20
 
     /// `event: error` with the OpenAI error shape, `code: upstream_lost` and the route.
     static func streamLostEvent(target: GatewayTarget, error: any Error) -> [UInt8] {

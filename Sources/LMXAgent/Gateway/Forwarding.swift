@@ -74,8 +74,15 @@ extension Gateway {
             streamed = StreamedBody(prefix: prefix, rest: UnsafeSendableIterator(iterator), limit: configuration.maxRequestBytes)
         }
         // Routed by the JSON `model` field, like the server itself: to a server that has it.
-        let model = method == "POST" ? ModelField.find(in: prefix.lazy.flatMap(\.readableBytesView)) : nil
-        let clientHasKey = clientHeaders.contains { ["authorization", "x-api-key"].contains($0.name.lowercased()) }
+        // One contiguous copy of what was read ahead (memcpy per chunk), scanned once.
+        var model: String?
+        if method == "POST" {
+            var bytes: [UInt8] = []
+            bytes.reserveCapacity(prefixBytes)
+            for chunk in prefix { bytes.append(contentsOf: chunk.readableBytesView) }
+            model = ModelField.find(in: bytes)
+        }
+        let clientHasKey = GatewayPolicy.clientHasKey(clientHeaders)
         var targets: [GatewayTarget]
         switch await plan(model: model, clientHasKey: clientHasKey) {
         case .forward(let routes):
@@ -117,7 +124,9 @@ extension Gateway {
                         continue
                     }
                 }
-                return Self.passThrough(upstream, target: target, holding: [inFlight, routeToken, lease])
+                return Self.passThrough(upstream, target: target, holding: [inFlight, routeToken, lease]) { [agent] routeID in
+                    await agent.manager.gatewayFailed(routeID, reason: "a stream was cut mid-answer")
+                }
             } catch {
                 if error is RequestBodyTooLarge {
                     metrics.gatewayRefused.increment()

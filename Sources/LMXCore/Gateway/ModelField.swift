@@ -11,9 +11,14 @@ public enum ModelField {
     /// The model named at the top level of the JSON object in `bytes`; nil when it is not there
     /// (yet), is not a string, or the text is not a JSON object.
     public static func find(in bytes: some Collection<UInt8>) -> String? {
-        let data = Array(bytes)
+        find(in: Array(bytes))
+    }
+
+    /// The same over contiguous bytes: one pass, no copy, no generic collection in the loop.
+    public static func find(in data: [UInt8]) -> String? {
         var i = 0
-        func skipSpace() { while i < data.count, [0x20, 0x09, 0x0A, 0x0D].contains(data[i]) { i += 1 } }
+        @inline(__always) func isSpace(_ b: UInt8) -> Bool { b == 0x20 || b == 0x09 || b == 0x0A || b == 0x0D }
+        func skipSpace() { while i < data.count, isSpace(data[i]) { i += 1 } }
         /// Skips a string starting at `i` (a quote); returns its range including the quotes.
         func skipString() -> Range<Int>? {
             let start = i
@@ -47,7 +52,7 @@ public enum ModelField {
                 }
                 return false
             default:
-                while i < data.count, ![0x2C, 0x7D, 0x5D, 0x20, 0x09, 0x0A, 0x0D].contains(data[i]) { i += 1 }
+                while i < data.count, data[i] != 0x2C, data[i] != 0x7D, data[i] != 0x5D, !isSpace(data[i]) { i += 1 }
                 return i < data.count
             }
         }
@@ -61,7 +66,7 @@ public enum ModelField {
             guard i < data.count, data[i] == 0x3A else { return nil }
             i += 1
             skipSpace()
-            if data[key] == Array(#""model""#.utf8)[...] {
+            if data[key].elementsEqual(#""model""#.utf8) {
                 guard i < data.count, data[i] == 0x22, let value = skipString() else { return nil }
                 return try? JSONDecoder().decode(String.self, from: Data(data[value]))
             }

@@ -141,7 +141,9 @@ public struct ConnectionPlanner: Sendable {
     /// Applies a `model_loaded` / `model_unloaded` event to what is known of a server's models
     /// (a full probe confirms it soon after).
     public mutating func applyModelEvent(_ routeID: String, model: String, loaded: Bool) {
-        guard var report = routes[routeID]?.lastReport, var models = report.models else { return }
+        guard var report = routes[routeID]?.lastReport, var models = report.models,
+            let model = ProbeSequence.cleanModels([model]).first
+        else { return }
         if loaded {
             if !models.contains(model), models.count < ProbeSequence.maxModels { models.append(model) }
         } else {

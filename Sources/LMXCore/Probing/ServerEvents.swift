@@ -29,6 +29,8 @@ public struct ServerEventParser: Sendable {
     private var type: String?
     private var data: [UInt8] = []
     private var hasData = false
+    /// `pending` before this offset holds no newline (already searched).
+    private var searched = 0
     /// An event larger than this is dropped (the server's are small JSON documents).
     public static let maxEventBytes = 256 * 1024
 
@@ -37,9 +39,16 @@ public struct ServerEventParser: Sendable {
     public mutating func feed(_ bytes: some Sequence<UInt8>) -> [ServerEvent] {
         var events: [ServerEvent] = []
         pending.append(contentsOf: bytes)
-        while let newline = pending.firstIndex(of: 0x0A) {
-            var line = Array(pending[..<newline])
-            pending.removeSubrange(...newline)
+        // Lines are read by index and the consumed part dropped once: linear in the input, also
+        // for a chunk of many thousand short lines.
+        var start = 0
+        defer {
+            pending.removeSubrange(..<start)
+            searched = pending.count
+        }
+        while let newline = pending[max(start, searched)...].firstIndex(of: 0x0A) {
+            var line = pending[start..<newline]
+            start = newline + 1
             if line.last == 0x0D { line.removeLast() }
             if line.isEmpty {
                 if type != nil || hasData {
@@ -51,9 +60,9 @@ public struct ServerEventParser: Sendable {
                 continue
             }
             if line.first == UInt8(ascii: ":") { continue }
-            let colon = line.firstIndex(of: UInt8(ascii: ":")) ?? line.count
+            let colon = line.firstIndex(of: UInt8(ascii: ":")) ?? line.endIndex
             let field = String(decoding: line[..<colon], as: UTF8.self)
-            var value = colon < line.count ? Array(line[(colon + 1)...]) : []
+            var value = colon < line.endIndex ? line[(colon + 1)...] : []
             if value.first == 0x20 { value.removeFirst() }
             switch field {
             case "event":
@@ -67,7 +76,29 @@ public struct ServerEventParser: Sendable {
                 break
             }
         }
-        if pending.count > Self.maxEventBytes { pending = [] }
+        if pending.count - start > Self.maxEventBytes { start = pending.count }
         return events
+    }
+}
+
+/// Where server-sent events end, for passing a stream on whole events at a time.
+public enum EventBoundary {
+    /// The offset just past the last blank line (`\n\n` or `\n\r\n`) in `bytes`; nil when there is
+    /// none. Searched from the end: in a stream of complete events it is found at once.
+    public static func end(in bytes: UnsafeRawBufferPointer) -> Int? {
+        var i = bytes.count - 1
+        while i >= 1 {
+            if bytes[i] == 0x0A {
+                if bytes[i - 1] == 0x0A { return i + 1 }
+                if i >= 2, bytes[i - 1] == 0x0D, bytes[i - 2] == 0x0A { return i + 1 }
+            }
+            i -= 1
+        }
+        return nil
+    }
+
+    /// The same over an array (tests, small inputs).
+    public static func end(in bytes: [UInt8]) -> Int? {
+        bytes.withUnsafeBytes { end(in: $0) }
     }
 }

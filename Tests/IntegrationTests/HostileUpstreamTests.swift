@@ -1,0 +1,135 @@
+import Foundation
+import LMXCore
+import LMXStatusClient
+import Testing
+
+/// A hostile server (`scripts/hostile-server.py`) on a test host, as the paired server: every
+/// misbehaviour it knows goes through the agent's probes, its passive health follower (the
+/// server's event stream) and the gateway. After each, the daemon is up, `lmx-status` answers and
+/// its memory stays bounded.
+@Suite("Hostile upstream: every misbehaviour of a server, through probes, events and the gateway", .serialized)
+struct HostileUpstreamTests {
+    let bed: TestBed
+
+    init() throws {
+        bed = try TestBed.load()
+    }
+
+    static let script = "\(TestBed.repo)/scripts/hostile-server.py"
+    /// The daemon's resident memory may not pass this after any misbehaviour (a debug build
+    /// serving one route idles at about 30 MiB).
+    static let rssBoundKiB = 96 * 1024
+
+    @Test("the daemon survives every misbehaviour (70, in 13 classes) with its status answering and RSS under 96 MiB")
+    func survivesEverything() async throws {
+        try await withResources {
+            let modes = try await Command.run("/usr/bin/python3", [Self.script, "--list"]).stdout
+                .split(separator: "\n").map(String.init)
+            #expect(modes.count >= 40)
+            let port = freePort(), gatewayPort = freePort()
+            let address = bed.address(.h1)
+            let server = LiveProcess(
+                "/usr/sbin/ip",
+                ["netns", "exec", bed["LMX_TESTBED_H1_NS"], "/usr/bin/python3", Self.script, "--bind", address, "--port", String(port),
+                 "--instance", "hostile-\(port)"])
+            try await server.start()
+            #expect(await server.waitForLine(containing: "listening", timeout: 10))
+            func set(_ mode: String) async {
+                let before = server.stdoutLines.filter { $0 == "ok \(mode)" }.count
+                server.send(mode)
+                _ = await server.waitFor(timeout: 5) { p in p.stdoutLines.filter { $0 == "ok \(mode)" }.count > before }
+            }
+            let endpoint = #"{"url": "http://\#(address):\#(port)", "name": "Hostile", "api_key": "infer-key", "admin_key": "admin-key", "allow_insecure": true}"#
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [endpoint], top: #""gateway": {"hold_seconds": 0.3}"#),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            let base = "http://127.0.0.1:\(gatewayPort)/v1"
+            #expect(await agent.waitForActive(timeout: 10) { $0 != nil } != nil)
+
+            var survived = 0
+            var peakRSS = 0
+            var refreshes = 0
+            for mode in modes {
+                // Start from a healthy, active route so that the gateway forwards to it.
+                await set("good")
+                if agent.active() == nil {
+                    _ = try? agent.client.request("POST", "/v1/refresh")
+                    refreshes += 1
+                    _ = await agent.waitForActive(timeout: 8) { $0 != nil }
+                }
+                await set(mode)
+                // Through the gateway: a plain request and a streamed completion.
+                let plain = try await curl(["-m", "4", base + "/models"])
+                let streamed = try await curl(
+                    ["-m", "4", "-N", "-H", "Content-Type: application/json", "--data", #"{"model":"hostile/model","stream":true,"messages":[]}"#,
+                     base + "/chat/completions"])
+                // Through the probes (and, while the route stays active, its event stream).
+                let probesBefore = (try? agent.status())?.candidates.flatMap(\.routes).first?.probes ?? 0
+                _ = try? agent.client.request("POST", "/v1/refresh")
+                _ = await agent.waitForRoute(timeout: 5) { $0.probes > probesBefore }
+                try await Task.sleep(for: .milliseconds(100))
+
+                let alive = agent.process.isRunning
+                let statusCommand = try await Command.run(
+                    "\(TestBed.binDir)/lmx-status", ["--socket", agent.socket], environment: ["LMX_SOCKET": ""], timeout: 10)
+                let answers = statusCommand.status == 0 || statusCommand.status == 1
+                let rss = RobustnessTests.rss(agent)
+                peakRSS = max(peakRSS, rss)
+                #expect(alive, "lmx-agentd died after \(mode): \(agent.process.stderr.suffix(2000))")
+                #expect(answers, "lmx-status did not answer after \(mode): \(statusCommand.stderr)")
+                #expect(rss < Self.rssBoundKiB, "RSS \(rss) KiB after \(mode)")
+                // The gateway answers every request with a status, never a hang past curl's limit
+                // on its side or a crash (curl's 28 is its own 4 s limit on an endless answer).
+                #expect(plain.status != 0 || plain.curlExit == 28 || plain.curlExit == 18, "\(mode): GET /v1/models: curl exit \(plain.curlExit)")
+                #expect(streamed.status != 0 || streamed.curlExit == 28 || streamed.curlExit == 18, "\(mode): stream: curl exit \(streamed.curlExit)")
+                switch mode {
+                case "dup-connection-named":
+                    // A header the upstream's Connection names is of its hop only.
+                    #expect(plain.status == 200)
+                    #expect(!plain.headers.lowercased().contains("x-secret-hop"), "\(plain.headers)")
+                case "sse-cut-mid-event":
+                    // The whole event passes, the half one does not, and the error event stands
+                    // on its own after a blank line.
+                    #expect(streamed.body.contains(#"{"content":"one"}"#))
+                    #expect(!streamed.body.contains("conte\n") && !streamed.body.contains(#""conteevent"#))
+                    #expect(streamed.body.contains("\n\nevent: error\ndata: "), "\(streamed.body)")
+                    #expect(streamed.body.contains("upstream_lost"))
+                case let busy where busy.hasPrefix("retry-after-"):
+                    // Whatever the value, the busy answer reaches the client (the only route).
+                    #expect(plain.status == 429, "\(mode): \(plain.status)")
+                default:
+                    break
+                }
+                if alive && answers && rss < Self.rssBoundKiB { survived += 1 }
+            }
+            #expect(survived == modes.count)
+            print("figure: hostile upstream: \(survived) of \(modes.count) misbehaviours survived; peak RSS \(peakRSS / 1024) MiB (bound \(Self.rssBoundKiB / 1024) MiB); \(refreshes) recoveries")
+            // And it still works: back to good, the route is used again.
+            await set("good")
+            _ = try? agent.client.request("POST", "/v1/refresh")
+            #expect(await agent.waitForActive(timeout: 10) { $0 != nil } != nil)
+            let after = try await curl(["-m", "5", base + "/models"])
+            #expect(after.status == 200)
+            await server.stop()
+        }
+    }
+
+    struct Fetched {
+        var status: Int
+        var headers: String
+        var body: String
+        var curlExit: Int32
+    }
+
+    /// curl with the response's headers and body; status 0 when no answer came.
+    func curl(_ arguments: [String]) async throws -> Fetched {
+        let headerFile = "/tmp/lmx-hostile-headers-\(TestBed.tag())"
+        defer { try? FileManager.default.removeItem(atPath: headerFile) }
+        let result = try await Command.run(
+            "/usr/bin/curl", ["-s", "-D", headerFile, "-o", "-", "-w", "\n%{http_code}"] + arguments, timeout: 30)
+        var lines = result.stdout.split(separator: "\n", omittingEmptySubsequences: false)
+        let code = lines.popLast().flatMap { Int($0) } ?? 0
+        let headers = (try? String(contentsOfFile: headerFile, encoding: .isoLatin1)) ?? ""
+        return Fetched(status: code, headers: headers, body: lines.joined(separator: "\n"), curlExit: result.status)
+    }
+}
