@@ -139,6 +139,8 @@ struct GatewayPolicyTests {
             ("Set-Cookie", "s=1"), ("set-cookie2", "t=2"), ("X-Content-Type-Options", "upstream"), ("Content-Type", "text/html"),
         ])
         #expect(down.map(\.name) == ["Content-Type"])
+        let hop = GatewayPolicy.downstreamHeaders([("Connection", "X-Hop, keep-alive"), ("X-Hop", "1"), ("X-Request-ID", "r")])
+        #expect(hop.map(\.name) == ["X-Request-ID"])
         #expect(GatewayPolicy.securityHeaders.map(\.name) == ["X-Content-Type-Options", "Content-Security-Policy", "Cross-Origin-Resource-Policy"])
     }
 

@@ -60,7 +60,14 @@ extension Gateway {
                         midEvent = true
                     }
                 }
-                if held.readableBytes > 0 { writing = true; try await writer.write(held); writing = false }
+                // An event stream that ends in the middle of a line was cut: treated like a lost
+                // connection (a reader would drop that event anyway). One that ends after a whole
+                // line but without the blank line is completed.
+                if held.readableBytes > 0 {
+                    guard held.readableBytesView.last == 0x0A else { throw StreamEndedMidEvent() }
+                    held.writeString("\n")
+                    writing = true; try await writer.write(held); writing = false
+                }
             } catch {
                 // The client went away: nothing to tell it.
                 if writing { throw error }
@@ -74,6 +81,8 @@ extension Gateway {
         }
         return Response(status: HTTPResponse.Status(code: Int(upstream.status.code)), headers: headers, body: response)
     }
+
+    struct StreamEndedMidEvent: Error {}
 
     /// The largest partial event held back while its end has not arrived.
     static let maxHeldEvent = 1 << 20

@@ -112,7 +112,14 @@ public enum GatewayPolicy {
     /// (cookies are not scoped by port: they would reach every local app), and minus whatever
     /// the gateway sets itself (`securityHeaders`).
     public static func downstreamHeaders(_ upstream: [(name: String, value: String)]) -> [(name: String, value: String)] {
-        upstream.filter { !droppedDownstream.contains($0.name.lowercased()) }
+        // Headers the upstream's `Connection` names belong to its hop (RFC 9110 §7.6.1).
+        var connectionListed: Set<String> = []
+        for header in upstream where header.name.lowercased() == "connection" {
+            for token in header.value.split(separator: ",").prefix(64) {
+                connectionListed.insert(String(token).trimmingASCIIWhitespace().lowercased())
+            }
+        }
+        return upstream.filter { !droppedDownstream.contains($0.name.lowercased()) && !connectionListed.contains($0.name.lowercased()) }
     }
 
     private static let droppedDownstream: Set<String> =
