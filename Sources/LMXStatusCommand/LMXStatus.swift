@@ -243,6 +243,7 @@ struct StatusRequest: Equatable {
             trust += " Prefer: \(prefer.map { ServerTable.printable($0) }.joined(separator: ", "))."
         }
         if let gateway = status.gateway?.openAIBaseURL { trust += " Gateway: \(gateway)." }
+        if let problem = status.gateway?.problem { trust += " Gateway: not on TCP: \(ServerTable.printable(problem))." }
         guard let active = status.active else {
             return "No active endpoint: \(ServerTable.printable(status.noActiveReason ?? "unknown")). mDNS: \(status.avahi).\(trust)"
         }

@@ -171,4 +171,77 @@ extension RobustnessTests {
         #expect(result.stderr.contains("not a socket"))
         #expect(try String(contentsOfFile: path, encoding: .utf8) == "precious\n")
     }
+
+    // MARK: - The gateway's address
+
+    /// Another user (nobody) listening on `host:port` until stopped.
+    private func listenAsNobody(_ host: String, _ port: Int) async throws -> LiveProcess {
+        let family = host.contains(":") ? "AF_INET6" : "AF_INET"
+        let listener = LiveProcess(
+            "/usr/bin/setpriv",
+            ["--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3", "-c",
+             "import socket, time; s = socket.socket(socket.\(family)); s.bind(('\(host)', \(port))); s.listen(); print('listening', flush=True); time.sleep(120)"])
+        try await listener.start()
+        #expect(await listener.waitForLine(containing: "listening", timeout: 10))
+        return listener
+    }
+
+    @Test("the gateway holds 127.0.0.1 and ::1; a port another user holds is not advertised, named with its user, retried; localhost refused while ::1 is theirs")
+    func gatewayAddressIsTheAgents() async throws {
+        try await withResources {
+            // 1. Both families free: both are the agent's, localhost is served.
+            let free = freePort()
+            let agent = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(free)"])
+            let served = await agent.process.waitFor(timeout: 10) { _ in (try? agent.status().gateway?.openAIBaseURL) == "http://127.0.0.1:\(free)/v1" }
+            #expect(served)
+            #expect(try await curl(["http://[::1]:\(free)/v1/models"]).status == 503)
+            #expect(try await curl(["http://localhost:\(free)/v1/models"]).status == 503)
+            await agent.finish()
+
+            // 2. Another user holds [::1]:port first: 127.0.0.1 is served and advertised,
+            // Host: localhost is refused (it would reach them first), the status says who.
+            let port6 = freePort()
+            let squatter6 = try await listenAsNobody("::1", port6)
+            let second = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(port6)"])
+            let named = await second.process.waitFor(timeout: 10) { _ in
+                (try? second.status().gateway?.problem)?.contains("held by nobody") == true
+            }
+            #expect(named, "\(String(describing: try? second.status().gateway))")
+            #expect(try second.status().gateway?.openAIBaseURL == "http://127.0.0.1:\(port6)/v1")
+            let byLocalhost = try await curl(["-H", "Host: localhost:\(port6)", "http://127.0.0.1:\(port6)/v1/models"])
+            #expect(byLocalhost.status == 403 && byLocalhost.body.contains("localhost_not_ours"), "\(byLocalhost)")
+            #expect(try await curl(["http://127.0.0.1:\(port6)/v1/models"]).status == 503)
+            #expect(second.process.stderr.contains("error") && second.process.stderr.contains("held by nobody"))
+            // They leave: the agent takes ::1 within its retry interval and localhost works again.
+            await squatter6.stop()
+            let taken6 = await second.process.waitFor(timeout: 15) { _ in (try? second.status().gateway?.problem) == .some(nil) }
+            #expect(taken6)
+            #expect(try await curl(["http://localhost:\(port6)/v1/models"]).status == 503)
+            await second.finish()
+
+            // 3. Another user holds 127.0.0.1:port: nothing is advertised (status, endpoint.env,
+            // lmx-status say why and who) until the agent has it.
+            let port4 = freePort()
+            let squatter4 = try await listenAsNobody("127.0.0.1", port4)
+            let third = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(port4)"])
+            let refused = await third.process.waitFor(timeout: 10) { _ in
+                (try? third.status().gateway?.problem)?.contains("127.0.0.1:\(port4) is held by nobody") == true
+            }
+            #expect(refused)
+            #expect(try third.status().gateway?.openAIBaseURL == nil)
+            let env = try String(contentsOfFile: third.directory + "/endpoint.env", encoding: .utf8)
+            #expect(env.contains("LMX_GATEWAY_URL=''\n"), "\(env)")
+            let shown = try await Command.run("\(TestBed.binDir)/lmx-status", ["--socket", third.socket])
+            #expect(shown.stdout.contains("Gateway: not on TCP") && shown.stdout.contains("nobody"), "\(shown.stdout)")
+            await squatter4.stop()
+            let advertised = await third.process.waitFor(timeout: 15) { _ in
+                (try? third.status().gateway?.openAIBaseURL) == "http://127.0.0.1:\(port4)/v1"
+            }
+            #expect(advertised)
+            let envAfter = await third.process.waitFor(timeout: 5) { _ in
+                ((try? String(contentsOfFile: third.directory + "/endpoint.env", encoding: .utf8)) ?? "").contains("LMX_GATEWAY_URL='http://127.0.0.1:\(port4)/v1'")
+            }
+            #expect(envAfter)
+        }
+    }
 }

@@ -277,7 +277,7 @@ struct PackagingTests {
         for path in expected { #expect(FileManager.default.fileExists(atPath: stage + path), "\(path)") }
         for unit in ["system", "user"] {
             let text = try String(contentsOfFile: stage + "/opt/lmx/lib/systemd/\(unit)/lmx-agentd.service", encoding: .utf8)
-            #expect(text.contains("ExecStart=/opt/lmx/bin/lmx-agentd\n"), "\(unit) unit")
+            #expect(text.contains(unit == "system" ? "ExecStart=/opt/lmx/bin/lmx-agentd\n" : "ExecStart=/opt/lmx/bin/lmx-agentd --gateway off\n"), "\(unit) unit")
             #expect(!text.contains("@BINDIR@"))
         }
         // The service user, as `sudo systemd-sysusers PREFIX/lib/sysusers.d/lmx-agent.conf` makes it

@@ -203,13 +203,12 @@ public struct AgentDaemon {
         if configuration.gateway.group != nil, configuration.gateway.listen != nil {
             logger.notice("gateway.group is set: no TCP listener (a TCP caller cannot be identified); use the gateway socket")
         }
-        // A port in use (another agent) costs the TCP listener, not the daemon.
+        // A port in use (another user, another agent) costs the TCP listener, not the daemon: it
+        // is retried, and advertised only once it is the agent's (`Gateway.listenerChanged`).
         let services = gateway.applications(socketPath: usableSocket).map { name, service in
             ServiceGroupConfiguration.ServiceConfiguration(service: SoftFailService(base: service, name: name, logger: logger), serviceName: name)
         }
-        await agent.manager.setGateway(
-            url: configuration.gateway.group == nil ? configuration.gateway.listen.map { "http://\($0.description)" } : nil,
-            socket: usableSocket)
+        await agent.manager.setGateway(url: nil, socket: usableSocket)
         return (gateway, services)
     }
 }

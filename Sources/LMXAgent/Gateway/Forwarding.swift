@@ -18,7 +18,7 @@ extension Gateway {
         let clientHeaders = request.headers.map { (name: $0.name.canonicalName, value: $0.value) }
         if let refusal = GatewayPolicy.refusal(
             method: method, path: request.uri.path, authority: request.head.authority, headers: clientHeaders,
-            adminEnabled: configuration.admin, overTCP: context.isTCP)
+            adminEnabled: configuration.admin, overTCP: context.isTCP, localhostIsOurs: listeners.localhostIsOurs)
         {
             metrics.gatewayRefused.increment()
             return Self.error(refusal.status, code: refusal.code, message: refusal.message)

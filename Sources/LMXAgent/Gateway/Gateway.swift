@@ -35,6 +35,8 @@ public final class Gateway: Sendable {
     let load = RouteLoad()
     /// Request bytes read ahead by all requests together.
     let readAhead: ReadAheadBudget
+    /// What the TCP listeners could bind (the `localhost` rule).
+    let listeners: GatewayListeners
 
     public init(agent: Agent, configuration: GatewayConfiguration, extraCAFile: String?, logger: Logger) throws {
         self.agent = agent
@@ -42,6 +44,8 @@ public final class Gateway: Sendable {
         self.configuration = configuration
         self.logger = logger
         self.readAhead = ReadAheadBudget(bytes: configuration.readAheadBudgetBytes)
+        let host = configuration.listen?.host.lowercased()
+        self.listeners = GatewayListeners(pairsFamilies: host == "127.0.0.1" || host == "localhost")
         let tls = try HTTPClients.tls(extraCAFile: extraCAFile)
         // As many connections to a route as streams at once (up to the configured bound): a
         // request never waits behind a pool of our own smaller than what the server takes.
@@ -98,19 +102,125 @@ public final class Gateway: Sendable {
             apps.append(("gateway-socket", app))
         }
         if let listen = configuration.listen, configuration.group == nil {
-            let app = Application(
-                responder: responder,
-                server: server,
-                configuration: .init(
-                    address: .hostname(listen.host, port: listen.port), serverName: nil,
-                    availableConnectionsDelegate: .maximum(2048, logger: logger)),
-                onServerRunning: { [logger] _ in
-                    logger.info("gateway serving", metadata: ["url": "http://\(listen.description)"])
-                },
-                logger: logger)
-            apps.append(("gateway-tcp", app))
+            // 127.0.0.1 and ::1 together: clients resolve `localhost` to ::1 first, so the port
+            // there is held too, or no one else could take it and receive other users' prompts.
+            var addresses = [listen]
+            if listen.host == "127.0.0.1" || listen.host.lowercased() == "localhost" {
+                addresses = [HostPort(host: "127.0.0.1", port: listen.port), HostPort(host: "::1", port: listen.port)]
+            }
+            for address in addresses {
+                let family: GatewayListeners.Family = address.isIPv6 ? .v6 : .v4
+                let service = RetryingListener(
+                    address: address, logger: logger,
+                    make: { [logger] onRunning in
+                        Application(
+                            responder: responder,
+                            server: server,
+                            configuration: .init(
+                                address: .hostname(address.host, port: address.port), serverName: nil,
+                                availableConnectionsDelegate: .maximum(2048, logger: logger)),
+                            onServerRunning: { _ in await onRunning() },
+                            logger: logger)
+                    },
+                    report: { [self] outcome in await self.listenerChanged(family: family, address: address, outcome: outcome) })
+                apps.append((family == .v4 ? "gateway-tcp" : "gateway-tcp6", service))
+            }
         }
         return apps
+    }
+
+    /// A listener bound, or failed to: what is advertised follows (the TCP URL only while the
+    /// listener of the configured address serves), and `localhost` is accepted only while no one
+    /// else holds the port on either family.
+    func listenerChanged(family: GatewayListeners.Family, address: HostPort, outcome: RetryingListener.Outcome) async {
+        let state: GatewayListeners.Bind
+        switch outcome {
+        case .serving:
+            state = .serving
+            logger.info("gateway serving", metadata: ["url": "http://\(address.description)"])
+        case .failed(let error):
+            let code = (error as? IOError)?.errnoCode
+            if family == .v6, code == EADDRNOTAVAIL || code == EAFNOSUPPORT {
+                // No IPv6 loopback on this machine: nobody can listen there either.
+                state = .unavailable
+                logger.notice("gateway: no IPv6 loopback here; serving 127.0.0.1 only", metadata: ["address": "\(address.description)"])
+            } else {
+                let holder = code == EADDRINUSE
+                    ? ListeningSockets.owner(port: address.port, ipv6: family == .v6).map { "held by \(ListeningSockets.userName($0))" } ?? "in use"
+                    : "cannot be bound: \(error)"
+                let why = "\(address.description) is \(holder); retrying"
+                state = .failed(why)
+                logger.error("gateway: \(why); the gateway's TCP address is not advertised until it is the agent's", metadata: ["address": "\(address.description)"])
+            }
+        }
+        let (v4, v6) = listeners.set(family, state)
+        let primaryIsV4 = configuration.listen.map { !$0.isIPv6 } ?? true
+        let primary = primaryIsV4 ? v4 : v6
+        var problems: [String] = []
+        if case .failed(let why) = v4 { problems.append(why) }
+        if case .failed(let why) = v6 { problems.append(why + (primaryIsV4 ? " (Host: localhost refused meanwhile)" : "")) }
+        await agent.manager.setGatewayListener(
+            url: primary == .serving ? configuration.listen.map { "http://\(primaryIsV4 && $0.host.lowercased() == "localhost" ? "127.0.0.1:\($0.port)" : $0.description)" } : nil,
+            problem: problems.isEmpty ? nil : problems.joined(separator: "; "))
+    }
+}
+
+/// What each TCP listener of the gateway could bind.
+final class GatewayListeners: Sendable {
+    enum Family: Sendable { case v4, v6 }
+    enum Bind: Sendable, Equatable { case pending, serving, unavailable, failed(String) }
+    private let state = Mutex<(v4: Bind, v6: Bind)>((.pending, .unavailable))
+
+    init(pairsFamilies: Bool) {
+        if pairsFamilies { state.withLock { $0.v6 = .pending } }
+    }
+
+    @discardableResult
+    func set(_ family: Family, _ bind: Bind) -> (Bind, Bind) {
+        state.withLock { s in
+            if family == .v4 { s.v4 = bind } else { s.v6 = bind }
+            return (s.v4, s.v6)
+        }
+    }
+
+    /// `localhost` reaches only us: the IPv6 loopback port is ours or does not exist.
+    var localhostIsOurs: Bool {
+        state.withLock { s in s.v6 == .serving || s.v6 == .unavailable }
+    }
+}
+
+/// A listener that keeps trying to bind: a port held by someone else costs the TCP listener
+/// (reported, not advertised), not the daemon, and is taken as soon as it is free.
+struct RetryingListener: Service {
+    enum Outcome: Sendable {
+        case serving
+        case failed(any Error)
+    }
+
+    let address: HostPort
+    let logger: Logger
+    let make: @Sendable (_ onRunning: @escaping @Sendable () async -> Void) -> any Service
+    let report: @Sendable (Outcome) async -> Void
+
+    func run() async throws {
+        var delay = 1.0
+        while !Task.isShuttingDownGracefully, !Task.isCancelled {
+            do {
+                try await make { await report(.serving) }.run()
+                return
+            } catch {
+                if Task.isShuttingDownGracefully || Task.isCancelled { return }
+                await report(.failed(error))
+                if let code = (error as? IOError)?.errnoCode, address.isIPv6, code == EADDRNOTAVAIL || code == EAFNOSUPPORT {
+                    // No IPv6 loopback: nothing to retry; wait for the daemon's end.
+                    try? await gracefulShutdown()
+                    return
+                }
+                let wait = delay
+                try? await cancelWhenGracefulShutdown { try await Task.sleep(for: .seconds(wait)) }
+                delay = min(delay * 2, 10)
+            }
+        }
     }
 }
 

@@ -211,8 +211,17 @@ public actor ConnectionManager {
     }
 
     /// Where the gateway listens, for `/v1/status` and `endpoint.env`.
-    public func setGateway(url: String?, socket: String?) {
-        gateway = StatusAPI.Gateway(openAIBaseURL: url.map { $0 + "/v1" }, socket: socket)
+    public func setGateway(url: String?, socket: String?, problem: String? = nil) {
+        gateway = StatusAPI.Gateway(openAIBaseURL: url.map { $0 + "/v1" }, socket: socket, problem: problem)
+        publish([.configured], now: clock.now())
+    }
+
+    /// The TCP listener's state changed: advertised (`url`) only while it serves.
+    public func setGatewayListener(url: String?, problem: String?) {
+        let current = gateway ?? StatusAPI.Gateway(openAIBaseURL: nil, socket: nil)
+        let next = StatusAPI.Gateway(openAIBaseURL: url.map { $0 + "/v1" }, socket: current.socket, problem: problem)
+        guard next != current else { return }
+        gateway = next
         publish([.configured], now: clock.now())
     }
 

@@ -19,9 +19,11 @@ public enum GatewayPolicy {
     ///   - path: the request target's path, without the query.
     ///   - overTCP: the request came over the TCP listener (where browsers can reach).
     ///   - authority: the request's `Host` (HTTP/1.1) or `:authority`.
+    ///   - localhostIsOurs: the agent holds the gateway's port on both loopback families (or
+    ///     this machine has no IPv6 loopback), so `localhost` cannot reach someone else first.
     public static func refusal(
         method: String, path: String, authority: String?, headers: [(name: String, value: String)], adminEnabled: Bool,
-        overTCP: Bool
+        overTCP: Bool, localhostIsOurs: Bool = true
     ) -> Refusal? {
         func header(_ name: String) -> String? { headers.first { $0.name.lowercased() == name }?.value }
         // A web page must not use the gateway (and the keys it adds) through DNS rebinding or a
@@ -29,6 +31,13 @@ public enum GatewayPolicy {
         if overTCP {
             guard let host = authority ?? header("host"), isLoopbackAuthority(host) else {
                 return Refusal(status: 403, code: "forbidden_host", message: "the gateway answers only requests addressed to 127.0.0.1, [::1] or localhost")
+            }
+            // Clients try ::1 first for `localhost`: while another user holds the port there,
+            // a client configured with `localhost` would send its prompts and keys to them.
+            if !localhostIsOurs, host.lowercased() == "localhost" || host.lowercased().hasPrefix("localhost:") {
+                return Refusal(
+                    status: 403, code: "localhost_not_ours",
+                    message: "another local user holds the gateway's port on ::1, which `localhost` reaches first: use http://127.0.0.1 instead of localhost")
             }
         }
         let origin = header("origin")

@@ -209,13 +209,17 @@ public enum StatusAPI {
         public var openAIBaseURL: String?
         /// The gateway's Unix socket.
         public var socket: String?
+        /// Why the TCP listener is not advertised (its port is held by another user, or cannot be
+        /// bound): nil when it serves. The agent keeps trying.
+        public var problem: String?
 
-        public init(openAIBaseURL: String?, socket: String?) {
+        public init(openAIBaseURL: String?, socket: String?, problem: String? = nil) {
             self.openAIBaseURL = openAIBaseURL
             self.socket = socket
+            self.problem = problem
         }
 
-        enum CodingKeys: String, CodingKey { case openAIBaseURL = "openai_base_url", socket }
+        enum CodingKeys: String, CodingKey { case openAIBaseURL = "openai_base_url", socket, problem }
     }
 
     /// A recorded event (`GET /v1/events`).
