@@ -118,6 +118,16 @@ struct RoamingTests {
             #expect(forged.status == 0, "\(forged.stderr)")
             try await Task.sleep(for: .milliseconds(500))
             #expect(!agent.process.stderr.contains("woke from sleep"), "a signal not from org.freedesktop.login1's owner")
+            // Another user sends it unicast to every connection on the bus (no match rule filters
+            // those), 50 times each: not heard either, and said in the log.
+            let unicast = try await Command.run("/usr/bin/setpriv", [
+                "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3",
+                "\(TestBed.repo)/scripts/forge-wake.py", "--bus", bed.bus(.h4), "--count", "50",
+            ])
+            #expect(unicast.status == 0 && unicast.stdout.hasPrefix("sent "), "\(unicast.stderr)")
+            #expect(await agent.process.waitForLine(containing: "not sent by logind was ignored", timeout: 3))
+            try await Task.sleep(for: .milliseconds(300))
+            #expect(!agent.process.stderr.contains("woke from sleep"), "a unicast PrepareForSleep from another user")
 
             let sent = ContinuousClock.now
             let standin = try await Command.run(

@@ -71,6 +71,9 @@ public struct MachineWatcher: Service {
         }
     }
 
+    /// The least time between two wakes heard.
+    static let minimumWakeGap = 2.0
+
     /// The thread: polls netlink and the system bus, checks the clocks, until `stop`.
     static func watch(_ monitor: NetworkMonitor?, stop: AtomicFlag, logger: Logger, send: @escaping (Seen) -> Void) {
         var bus: SleepSignal?
@@ -78,11 +81,15 @@ public struct MachineWatcher: Service {
         var detector = SuspendDetector()
         var loggedNoBus = false
         var lastWake = (logind: -Double.infinity, clocks: -Double.infinity)
+        var refusedSignals = 0
         // logind and the clocks both tell of the same sleep: the second to tell is not heard.
+        // Wakes are also rate-limited: a machine does not wake twice within `minimumWakeGap`,
+        // so a flood (even of real signals) cannot keep every route stale.
         func wake(_ how: String, fromLogind: Bool) {
             let now = SystemClock.monotonic()
             let other = fromLogind ? lastWake.clocks : lastWake.logind
-            if now - other >= 10 { send(.woke(how)) }
+            let same = fromLogind ? lastWake.logind : lastWake.clocks
+            if now - other >= 10, now - same >= minimumWakeGap { send(.woke(how)) }
             if fromLogind { lastWake.logind = now } else { lastWake.clocks = now }
         }
         while !stop.isSet {
@@ -114,6 +121,12 @@ public struct MachineWatcher: Service {
             if let current = bus {
                 let (signals, connected) = current.drain()
                 if signals.contains(false) { wake("logind: PrepareForSleep(false)", fromLogind: true) }
+                if current.refused > refusedSignals, current.refused >= 2 * refusedSignals {  // 1, 2, 4, 8…: a flood logs a few lines
+                    logger.warning(
+                        "a PrepareForSleep signal not sent by logind was ignored",
+                        metadata: ["refused": "\(current.refused)", "login1_owner": "\(current.login1Owner ?? "none")"])
+                    refusedSignals = current.refused
+                }
                 if !connected {
                     logger.notice("the system D-Bus went away: following logind's sleep signal again once it is back")
                     bus = nil
