@@ -125,6 +125,35 @@ struct GatewayTests {
         }
     }
 
+    @Test("the official openai SDK with a placeholder key, through the gateway to a server that requires its inference key: models, chat, stream, error shape")
+    func openAISDK() async throws {
+        try await withResources {
+            let port = freePort(), gatewayPort = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "sdk-\(port)", apiKey: "the-real-key")
+            let endpoint = #"{"url": "http://10.254.0.11:\#(port)", "name": "Studio", "api_key": "the-real-key", "allow_insecure": true}"#
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [endpoint]), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            // Directly, the placeholder key is refused: the server really requires its key.
+            let direct = try await curl(["-H", "Authorization: Bearer sk-placeholder-not-a-real-key", server.baseURL + "/v1/models"])
+            #expect(direct.status == 401)
+            for base in ["http://127.0.0.1:\(gatewayPort)/v1", "http://localhost:\(gatewayPort)/v1"] {
+                let result = try await Command.run(bed["LMX_TESTBED_PYTHON"], ["\(TestBed.repo)/scripts/openai-sdk-client.py", base], timeout: 60)
+                #expect(result.status == 0, "\(result.stderr)")
+                let answer = json(result)
+                #expect((answer["models"] as? [String])?.contains("test/model") == true, "\(result.stdout)")
+                #expect((answer["chat"] as? String)?.hasPrefix("Hello from sdk-") == true, "\(result.stdout)")
+                #expect(answer["stream_chunks"] as? Int == 20, "\(result.stdout)")
+                // The gateway's own refusal (no server has the model), read by the SDK as an error.
+                let error = answer["error"] as? [String: Any]
+                #expect(error?["status"] as? Int == 404 && error?["code"] as? String == "model_not_found", "\(result.stdout)")
+                print("figure: openai SDK \(answer["sdk"] ?? "?") through \(base): models, chat, \(answer["stream_chunks"] ?? 0) streamed chunks, error \(error?["code"] ?? "-")")
+            }
+            // Every /v1 request reached the server with the route's key, never the placeholder.
+            #expect(!server.requests.isEmpty)
+        }
+    }
+
     @Test("a client loop through the gateway sees no error while the LAN server is killed; it goes on through the tunnel")
     func failoverUnderLoad() async throws {
         try await withResources {
