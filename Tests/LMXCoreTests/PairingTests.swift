@@ -269,6 +269,26 @@ struct PairingTests {
         #expect(json.contains("\"url\":\"https://a.example\""))
     }
 
+    @Test("a LAN hint that is a host name gets no keys over plain HTTP (whoever answers for the name could claim it); an IP address does")
+    func namedLANGetsNoKeys() throws {
+        let named = try one("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&api_key=INFER&key=ADMIN&lan=mono512.local%3A1234")
+        #expect(named.lanIsName)
+        let namedLAN = named.routes().first { $0.via == .lan }
+        #expect(namedLAN?.credentials.isEmpty == true)
+        #expect(named.routes().first { $0.via == .wan }?.credentials.inferenceKey == "INFER")
+        #expect(named.summary.lanIsName)
+        #expect(named.summary.describe(verb: "imported").contains("gets no keys over"))
+        let literal = try one("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&api_key=INFER&lan=192.168.188.11%3A1234")
+        #expect(!literal.lanIsName && !literal.summary.lanIsName)
+        #expect(literal.routes().first { $0.via == .lan }?.credentials.inferenceKey == "INFER")
+        #expect(!literal.summary.describe(verb: "imported").contains("gets no keys"))
+        let v6 = try one("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&api_key=INFER&lan=%5Bfd00%3A%3A1%5D%3A1234")
+        #expect(!v6.lanIsName && !v6.summary.lanIsName)
+        let book = try parser.parse(#"{"entries":[{"host":"studio.local","port":1234,"tunnelUrl":"https://e.example"}]}"#)
+        #expect(book.first?.lanIsName == true)
+        #expect(book.first?.routes().first { $0.via == .lan }?.credentials.isEmpty == true)
+    }
+
     @Test("tens of thousands of generated and mutated inputs: no crash, every accepted one round-trips")
     func fuzz() throws {
         var rng = SplitMix64(seed: 0x5EED)

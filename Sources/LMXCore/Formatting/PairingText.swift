@@ -12,6 +12,10 @@ extension PairingSummary {
         if let lan {
             let route = routes?.first { $0.via == .lan }
             lines.append("  lan       http://\(lan)\(route.map { "  \($0.verdictText)" } ?? "")")
+            if lanIsName, url != nil, !secrets.filter({ $0 != "cf_access" }).isEmpty {
+                lines.append("            a host name: whoever answers for it on the LAN could claim it, so it gets no keys over")
+                lines.append("            plain HTTP; the server's addresses its tunnel vouches for get them")
+            }
         }
         if let instance { lines.append("  instance  \(instance)") }
         if let expiresAt { lines.append("  expires   \(expiresAt)") }
@@ -26,5 +30,14 @@ extension PairingRouteState {
         var text = "[\(verdict.rawValue)\(active ? ", active" : "")]"
         if let detail, verdict != .ready { text += " \(detail)" }
         return text
+    }
+}
+
+extension PairingSummary {
+    /// The LAN hint is a host name, not an IP address literal (`[v6]:port` or `v4:port`).
+    public var lanIsName: Bool {
+        guard let lan, !lan.hasPrefix("[") else { return false }
+        let host = lan.lastIndex(of: ":").map { lan[..<$0] } ?? lan[...]
+        return IPAddress.v4(host) == nil
     }
 }

@@ -95,12 +95,22 @@ public struct Pairing: Sendable, Hashable {
                 credentials: wan.credentials))
         }
         if let lan {
+            // A host *name* is resolved by whoever answers on the LAN (mDNS): like the names a
+            // tunnel lists, it never gets the keys over plain HTTP. The server's IP addresses that
+            // its tunnel vouches for become keyed routes of their own.
+            let keyed = lanKeys == .vouched && !lanIsName
             routes.append(Route(
                 baseURL: "http://\(lan)", via: .lan, source: .pairing, name: label, pinnedInstance: instance,
-                credentials: lanKeys == .vouched ? (wan?.credentials.serverKeys ?? Credentials()) : Credentials(),
+                credentials: keyed ? (wan?.credentials.serverKeys ?? Credentials()) : Credentials(),
                 addresses: [lan.host]))
         }
         return routes
+    }
+
+    /// The LAN hint is a host name, not an IP address literal.
+    public var lanIsName: Bool {
+        guard let lan else { return false }
+        return IPAddress.bytes(lan.host) == nil
     }
 }
 
