@@ -379,4 +379,45 @@ struct FloodTests {
         #expect(gaps.allSatisfy { $0 <= 5.7 }, "WAN probe gaps: \(gaps)")
         #expect(wanProbes.count >= 10)
     }
+
+    @Test("announcer churn is bounded: withdrawn found routes past the bound go oldest first; withdrawn ones go after forget_after even if they answer")
+    func churnBounded() {
+        var policy = HealthPolicy()
+        policy.forgetAfter = 600
+        var planner = ConnectionPlanner(policy: policy)
+        var now = 0.0
+        // 10,000 announce/withdraw cycles, each on a new address and port.
+        for i in 0..<10_000 {
+            now += 0.01
+            let route = Route(
+                baseURL: "http://10.\(i / 65_536 % 256).\(i / 256 % 256).\(i % 256):\(1000 + i % 50_000)", via: .lan, source: .mdns,
+                name: "churn \(i)", announced: true)
+            _ = planner.upsert(route, now: now)
+            _ = planner.withdraw(route.id, now: now)
+            if i % 100 == 0 { _ = planner.tick(now: now) }
+        }
+        let found = planner.routes.values.filter { $0.route.source.isFound }.count
+        #expect(found <= ConnectionPlanner.maxFoundRoutes, "\(found) found routes kept")
+        #expect(planner.routes.count <= ConnectionPlanner.maxFoundRoutes)
+        // The newest withdrawn ones are kept, the oldest went.
+        #expect(planner.routes["lan/10.0.39.15:10999"] != nil)
+        #expect(planner.routes["lan/10.0.0.1:1001"] == nil)
+
+        // A withdrawn route that still answers goes after forget_after; an announced one stays.
+        var small = ConnectionPlanner(policy: policy)
+        let gone = Route(baseURL: "http://10.9.9.9:1234", via: .lan, source: .mdns, name: "gone", announced: true)
+        let here = Route(baseURL: "http://10.9.9.8:1234", via: .lan, source: .mdns, name: "here", announced: true)
+        _ = small.upsert(gone, now: 0)
+        _ = small.upsert(here, now: 0)
+        for task in small.takeDueProbes(now: 0) {
+            _ = small.record(ProbeReport(verdict: .ready, latency: 0.01, instanceID: task.route.id), for: task.route.id, now: 0.01)
+        }
+        _ = small.withdraw(gone.id, now: 1)
+        _ = small.tick(now: 500)
+        #expect(small.routes[gone.id] != nil, "kept within forget_after")
+        var events: [PlannerEvent] = []
+        for t in stride(from: 560.0, through: 700, by: 31) { events += small.tick(now: t) }
+        #expect(small.routes[gone.id] == nil || small.activeID == gone.id, "forgotten after forget_after")
+        #expect(small.routes[here.id] != nil)
+    }
 }

@@ -85,16 +85,40 @@ extension ConnectionPlanner {
         guard now >= nextSweep else { return select(now: now) }
         nextSweep = now + 30
         let activeID = self.activeID, forgetAfter = policy.forgetAfter
+        // Withdrawn (or only remembered) for `forget_after`: forgotten, even if it still answers
+        // (an announcer that comes and goes must not leave routes behind for ever).
         let forgotten = routes.values.lazy.filter { state in
-            state.route.source.isFound && !state.route.announced
-                && state.health == .down && state.id != activeID
-                && now - (state.healthSince ?? now) >= forgetAfter
+            state.route.source.isFound && !state.route.announced && state.id != activeID
+                && now - (state.withdrawnAt ?? now) >= forgetAfter
         }.map(\.id)
         for id in Array(forgotten) {
             guard let state = routes.removeValue(forKey: id) else { continue }
-            events.append(.routeRemoved(state, reason: "withdrawn from mDNS and down for \(Int(policy.forgetAfter)) s"))
+            events.append(.routeRemoved(state, reason: "not announced on the LAN for \(Int(policy.forgetAfter)) s"))
         }
         return events + select(now: now)
+    }
+
+    /// Found routes (announced, withdrawn and remembered) kept at most: past it the withdrawn
+    /// ones seen longest ago go first, with their rows. Announced ones are bounded on their own
+    /// (`RouteSources.maxAnnounced`), so there is always a withdrawn one to let go.
+    public static let maxFoundRoutes = 2 * RouteSources.maxAnnounced
+
+    /// Lets go of the withdrawn found routes past `maxFoundRoutes`, oldest first, down to 15/16
+    /// of the bound (so that a steady churn sorts once per hundred announcements, not each).
+    mutating func evictFound(now: Double) -> [PlannerEvent] {
+        var found = 0
+        for state in routes.values where state.route.source.isFound { found += 1 }
+        guard found > Self.maxFoundRoutes else { return [] }
+        let activeID = self.activeID
+        let candidates = routes.values
+            .filter { $0.route.source.isFound && !$0.route.announced && $0.id != activeID }
+            .sorted { ($0.withdrawnAt ?? now, $0.id) < ($1.withdrawnAt ?? now, $1.id) }
+        var events: [PlannerEvent] = []
+        for state in candidates.prefix(found - Self.maxFoundRoutes + Self.maxFoundRoutes / 16) {
+            routes.removeValue(forKey: state.id)
+            events.append(.routeRemoved(state, reason: "more than \(Self.maxFoundRoutes) servers seen on the LAN: the one withdrawn longest ago is forgotten"))
+        }
+        return events
     }
 
 }

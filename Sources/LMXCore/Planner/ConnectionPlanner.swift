@@ -82,6 +82,11 @@ public struct ConnectionPlanner: Sendable {
                 state.nextProbeAt = now
                 state.backoff = 0
             }
+            if state.route.announced || !state.route.source.isFound {
+                state.withdrawnAt = nil
+            } else if state.withdrawnAt == nil {
+                state.withdrawnAt = now
+            }
             routes[route.id] = state
             if sourceChanged {
                 refreshUserRoutes()
@@ -91,8 +96,9 @@ public struct ConnectionPlanner: Sendable {
         }
         var state = RouteState(route: route, now: now)
         state.instanceID = instanceID
+        if route.source.isFound, !route.announced { state.withdrawnAt = now }
         routes[route.id] = state
-        guard route.source.isSetUp else { return [.routeAdded(state)] + flagImpostors() }
+        guard route.source.isSetUp else { return [.routeAdded(state)] + evictFound(now: now) + flagImpostors() }
         refreshUserRoutes()
         return [.routeAdded(state)] + flagImpostors() + select(now: now)
     }
@@ -102,6 +108,7 @@ public struct ConnectionPlanner: Sendable {
     public mutating func withdraw(_ routeID: String, now: Double) -> [PlannerEvent] {
         guard var state = routes[routeID], state.route.announced else { return [] }
         state.route.announced = false
+        if state.route.source.isFound { state.withdrawnAt = now }
         if !state.inFlight { state.nextProbeAt = now }
         routes[routeID] = state
         return [.routeUpdated(state)]

@@ -73,6 +73,9 @@ public struct RouteState: Sendable, Hashable, Identifiable {
     public var stale: Bool { staleSince != nil }
     /// When the probe in flight started.
     public var probeStartedAt: Double?
+    /// A found route (mDNS, remembered) not announced now: since when. Such routes are
+    /// forgotten `forget_after` later, and the oldest first when there are too many.
+    public var withdrawnAt: Double?
 
     public let id: String
 
