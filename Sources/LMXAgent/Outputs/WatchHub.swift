@@ -76,22 +76,25 @@ public final class WatchHub: AgentEventSink, Service {
 
     /// Subscribes: the lines to send first (the missed lines when `since` is recent enough, else
     /// a snapshot) and the stream of later lines.
+    ///
+    /// The snapshot (the large part) is built and encoded after the hub's lock is released: the
+    /// watcher is registered and the state it stands for captured under the lock, so every line
+    /// numbered after it arrives through the stream, and nobody waits on one watcher's snapshot.
     public func watch(since: UInt64?) -> (first: [[UInt8]], stream: AsyncStream<[UInt8]>, id: UInt64) {
         let (stream, continuation) = AsyncStream<[UInt8]>.makeStream(bufferingPolicy: .bufferingOldest(watcherBuffer))
         let now = board.now()
-        return state.withLock { s in
+        let (id, missed, seq, latest): (UInt64, [[UInt8]]?, UInt64, AgentSnapshot?) = state.withLock { s in
             s.nextID += 1
             s.watchers[s.nextID] = continuation
-            let first: [[UInt8]]
             if let since, since <= s.seq, since + 1 >= (s.recent.first?.seq ?? s.seq + 1) || since == s.seq {
-                first = s.recent.filter { $0.seq > since }.map(\.line)
-            } else {
-                let snapshot = s.latest ?? board.snapshot
-                let status = snapshot.status(seq: s.seq, now: now)
-                first = [Self.encode(StatusAPI.WatchLine(type: .snapshot, seq: s.seq, at: snapshot.iso(now), status: status))]
+                return (s.nextID, s.recent.filter { $0.seq > since }.map(\.line), s.seq, nil)
             }
-            return (first, stream, s.nextID)
+            return (s.nextID, nil, s.seq, s.latest)
         }
+        if let missed { return (missed, stream, id) }
+        let snapshot = latest ?? board.snapshot
+        let status = snapshot.status(seq: seq, now: now)
+        return ([Self.encode(StatusAPI.WatchLine(type: .snapshot, seq: seq, at: snapshot.iso(now), status: status))], stream, id)
     }
 
     public func unwatch(_ id: UInt64) {

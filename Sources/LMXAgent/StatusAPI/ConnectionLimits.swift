@@ -41,6 +41,36 @@ public final class ConnectionLimiter: Sendable {
     public var refused: Int { refusedCount.withLock { $0 } }
 }
 
+/// Large answers (`/v1/status`, `/v1/servers`, a watch snapshot) being built for each local user
+/// at once, at most `perUser`: a user who asks for many at a time gets 429 past it, so memory
+/// spent on answers stays bounded per user whatever the number of routes. Root and the agent's
+/// own user are not limited.
+public final class LargeAnswerGate: Sendable {
+    public let perUser: Int
+    private let building = Mutex<[UInt32: Int]>([:])
+
+    public init(perUser: Int) { self.perUser = perUser }
+
+    /// Runs `body` if `uid` is under the limit; nil (nothing run) when it is not.
+    func run<T>(for uid: UInt32?, _ body: () async throws -> T) async rethrows -> T? {
+        let key = uid ?? UInt32.max
+        if let uid, Users.isAdministrator(uid) { return try await body() }
+        let admitted = building.withLock { counts in
+            guard counts[key, default: 0] < perUser else { return false }
+            counts[key, default: 0] += 1
+            return true
+        }
+        guard admitted else { return nil }
+        defer {
+            building.withLock { counts in
+                let left = counts[key, default: 1] - 1
+                counts[key] = left > 0 ? left : nil
+            }
+        }
+        return try await body()
+    }
+}
+
 /// A child channel that admits a connection only while its peer's user is under the limit,
 /// then hands it to the HTTP/1 channel. The peer's user is the kernel's word: `SO_PEERCRED` on a
 /// Unix socket, the socket tables (sock_diag) for a loopback TCP connection; a peer the kernel

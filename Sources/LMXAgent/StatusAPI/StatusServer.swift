@@ -41,7 +41,22 @@ public enum StatusServer {
             if let active = snapshot.activeEndpoint(now: board.now()) { return json(active) }
             return json(StatusAPI.ErrorBody(error: "no-active-endpoint", reason: snapshot.noActiveReason), status: .serviceUnavailable)
         }
-        router.get("/v1/status") { _, _ in json(board.snapshot.status(seq: agent.watch.seq, now: board.now())) }
+        // Large answers: a few at a time per user (the rest get 429 and retry).
+        let gate = LargeAnswerGate(perUser: 4)
+        @Sendable func large(_ context: AgentRequestContext, _ build: () -> Response) async -> Response {
+            let answer = await gate.run(for: await peer(context)) { build() }
+            guard let answer else {
+                var busy = json(
+                    StatusAPI.ErrorBody(error: "busy", reason: "too many large answers at once for this user; retry in a moment"),
+                    status: .tooManyRequests)
+                busy.headers[.retryAfter] = "1"
+                return busy
+            }
+            return answer
+        }
+        router.get("/v1/status") { _, context in
+            await large(context) { json(board.snapshot.status(seq: agent.watch.seq, now: board.now())) }
+        }
         router.get("/v1/resolve") { request, _ -> Response in
             guard let model = request.uri.queryParameters.get("model"), !model.isEmpty, model.utf8.count <= 256 else {
                 return json(
@@ -50,7 +65,7 @@ public enum StatusServer {
             let resolved = board.snapshot.resolve(model: model, now: board.now())
             return json(resolved, status: resolved.endpoint == nil ? .serviceUnavailable : .ok)
         }
-        router.get("/v1/servers") { _, _ in json(board.snapshot.candidates(now: board.now())) }
+        router.get("/v1/servers") { _, context in await large(context) { json(board.snapshot.candidates(now: board.now())) } }
         router.get("/v1/events") { request, _ -> Response in
             let limit = request.uri.queryParameters.get("limit", as: Int.self).map { min(max($0, 1), 1000) } ?? 100
             return json((try? await agent.store.read { try $0.recentEvents(limit: limit) }) ?? [])
@@ -103,7 +118,13 @@ public enum StatusServer {
         }
         router.get("/v1/watch") { request, context -> Response in
             let since = request.uri.queryParameters.get("since", as: UInt64.self)
-            let subscription = agent.watch.watch(since: since)
+            guard let subscription = await gate.run(for: await peer(context), { agent.watch.watch(since: since) }) else {
+                var busy = json(
+                    StatusAPI.ErrorBody(error: "busy", reason: "too many large answers at once for this user; retry in a moment"),
+                    status: .tooManyRequests)
+                busy.headers[.retryAfter] = "1"
+                return busy
+            }
             let channel = context.channel
             let body = ResponseBody { writer in
                 defer { agent.watch.unwatch(subscription.id) }
