@@ -460,9 +460,98 @@ def bench_scale(results):
         time.sleep(2)
 
 
+def db_bytes(directory):
+    return sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory) if f.startswith("agent.db"))
+
+
+def write_services(cycle, count):
+    """`count` announcements from h2 on ports no earlier cycle used (new routes each time)."""
+    directory = "/run/lmx-testbed/h2/services"
+    for f in os.listdir(directory):
+        if f.startswith("churn-"):
+            os.remove(os.path.join(directory, f))
+    for i in range(count):
+        port = 20000 + (cycle * count + i) % 40000
+        with open(os.path.join(directory, "churn-%d.service" % i), "w") as f:
+            f.write("""<?xml version="1.0" standalone='no'?>
+<!DOCTYPE service-group SYSTEM "avahi-service.dtd">
+<service-group><name>Churn %d-%d</name><service><type>_opta-lmx._tcp</type><port>%d</port>
+<txt-record>path=/.well-known/opta-lmx</txt-record><txt-record>service=opta-lmx</txt-record></service></service-group>
+""" % (cycle, i, port))
+    os.kill(int(open("/run/lmx-testbed/h2/avahi.pid").read()), signal.SIGHUP)
+
+
+def routes_of(agent):
+    status, body = request(agent.sock, "/v1/status")
+    if status != 200:
+        return []
+    return [r for c in json.loads(body)["candidates"] for r in c["routes"]]
+
+
+def bench_churn(results):
+    """10,000 announce/withdraw cycles (20 rounds of 500 new announcers, then their goodbye):
+    the daemon's RSS and database before and after; then /v1/status with 500 live servers."""
+    rounds, per_round = int(os.environ.get("BENCH_CHURN_ROUNDS", "20")), 500
+    agent = Agent(cfg())
+    h2 = "http://%s:" % ENV["LMX_TESTBED_H2_ADDR"]
+    rss_after_first = db_after_first = None
+    for cycle in range(rounds):
+        write_services(cycle, per_round)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            announced = [r for r in routes_of(agent) if r["base_url"].startswith(h2) and r["announced"]]
+            if len(announced) >= per_round:
+                break
+            time.sleep(0.5)
+        write_services(cycle, 0)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if not [r for r in routes_of(agent) if r["base_url"].startswith(h2) and r["announced"]]:
+                break
+            time.sleep(0.5)
+        if cycle == 0:
+            time.sleep(2)
+            rss_after_first, _, _ = proc_stats(agent.p.pid)
+            db_after_first = db_bytes(agent.dir)
+        print("bench: churn round %d: %d routes known" % (cycle + 1, len(routes_of(agent))), file=sys.stderr, flush=True)
+    time.sleep(2)
+    rss, hwm, _ = proc_stats(agent.p.pid)
+    results["churn_cycles"] = rounds * per_round
+    results["churn_routes_kept"] = len(routes_of(agent))
+    results["churn_rss_first_mib"] = rss_after_first / 1024
+    results["churn_rss_last_mib"] = rss / 1024
+    results["churn_peak_rss_mib"] = hwm / 1024
+    results["churn_db_first_kib"] = db_after_first / 1024
+    results["churn_db_last_kib"] = db_bytes(agent.dir) / 1024
+    agent.stop()
+
+    # /v1/status with 500 live servers (real discovery documents, models listed).
+    server = lmx_server("h2", 10001, count=500)
+    subprocess.run([TESTBED, "publish-bulk", "500", "Status"], check=True)
+    agent = Agent(cfg())
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if len([r for r in routes_of(agent) if r.get("verdict") == "ready"]) >= 500:
+            break
+        time.sleep(0.5)
+    sizes, times = [], []
+    for _ in range(20):
+        t = time.perf_counter()
+        status, body = request(agent.sock, "/v1/status")
+        times.append(time.perf_counter() - t)
+        sizes.append(len(body or b""))
+    results["status500_routes"] = len(routes_of(agent))
+    results["status500_bytes"] = statistics.median(sizes)
+    results["status500_p50_ms"] = statistics.median(times) * 1000
+    results["status500_max_ms"] = max(times) * 1000
+    agent.stop()
+    subprocess.run([TESTBED, "unpublish-bulk"], check=True)
+    server.stop()
+
+
 def main():
     results = {}
-    steps = (bench_first_active, bench_failover, bench_restart, bench_roam, bench_api, bench_gateway, bench_scale)
+    steps = (bench_first_active, bench_failover, bench_restart, bench_roam, bench_api, bench_gateway, bench_scale, bench_churn)
     only = os.environ.get("BENCH_STEPS")
     if only:
         steps = [step for step in steps if step.__name__.replace("bench_", "") in only.split(",")]
@@ -505,6 +594,14 @@ def main():
                      "%.1f MiB (%.1f), %.2f %%" % (results["scale_%d_rss_mib" % n], results["scale_%d_peak_rss_mib" % n],
                                                   results["scale_%d_cpu_pct" % n]),
                      "RSS ≤ 30 MB at 200; CPU ≤ 1 % at 50"))
+    rows.append(("announcer churn, %.0f announce/withdraw cycles: routes kept; RSS after the first 500 → after all (peak); database" % results["churn_cycles"],
+                 "%.0f; %.1f → %.1f MiB (%.1f); %.0f → %.0f KiB" % (
+                     results["churn_routes_kept"], results["churn_rss_first_mib"], results["churn_rss_last_mib"], results["churn_peak_rss_mib"],
+                     results["churn_db_first_kib"], results["churn_db_last_kib"]),
+                 "flat: routes ≤ 2048"))
+    rows.append(("GET /v1/status with %.0f routes (500 live servers): size, p50, max" % results["status500_routes"],
+                 "%.0f KiB, %.1f ms, %.1f ms" % (results["status500_bytes"] / 1024, results["status500_p50_ms"], results["status500_max_ms"]),
+                 "bounded"))
     table = "| measure | lmx-agentd | target |\n|---|---|---|\n" + "\n".join("| %s | %s | %s |" % r for r in rows)
     print(table)
     out = os.environ.get("BENCH_RESULTS", os.path.join(REPO, "Benchmarks", "results-agent.md"))
