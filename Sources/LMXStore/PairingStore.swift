@@ -34,7 +34,7 @@ extension AgentStore {
     /// paired (same pinned instance, same tunnel URL, or the same LAN address without a tunnel)
     /// updates that pairing and keeps its id.
     public func importPairings(_ pairings: [Pairing], at now: Double) throws -> [PairingImport] {
-        try pool.write { db in
+        try pool.write(durable: true) { db in
             var existing = try Self.fetchPairings(db)
             var results: [PairingImport] = []
             for pairing in pairings {
@@ -73,7 +73,7 @@ extension AgentStore {
 
     /// Removes a pairing by id (or by name, when exactly one has it); returns what was removed.
     public func removePairing(_ idOrName: String) throws -> StoredPairing? {
-        try pool.write { db in
+        try pool.write(durable: true) { db in
             guard let match = Self.match(idOrName, in: try Self.fetchPairings(db)) else { return nil }
             try db.execute(sql: "DELETE FROM pairing WHERE id = ?", arguments: [match.pairing.id])
             for route in match.pairing.routes() {

@@ -43,8 +43,13 @@ final class SQLiteConnection: @unchecked Sendable {
     }
 
     /// Writes in one transaction: all of `body` or nothing.
-    func write<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
+    /// - Parameter durable: the commit survives a power loss (`synchronous = FULL` for this
+    ///   transaction: the WAL is synced at the commit); for what a person did (a pairing
+    ///   imported or removed), not for probe statistics.
+    func write<T>(durable: Bool = false, _ body: (SQLiteConnection) throws -> T) throws -> T {
         try lock.withLock { _ in
+            if durable { try execute(sql: "PRAGMA synchronous = FULL") }
+            defer { if durable { try? execute(sql: "PRAGMA synchronous = NORMAL") } }
             try execute(sql: "BEGIN IMMEDIATE")
             do {
                 let result = try body(self)
@@ -83,7 +88,9 @@ final class SQLiteConnection: @unchecked Sendable {
                 switch sqlite3_column_type(statement, column) {
                 case SQLITE_INTEGER: row.values[name] = .integer(sqlite3_column_int64(statement, column))
                 case SQLITE_FLOAT: row.values[name] = .real(sqlite3_column_double(statement, column))
-                case SQLITE_TEXT, SQLITE_BLOB: row.values[name] = .text(String(cString: sqlite3_column_text(statement, column)))
+                case SQLITE_TEXT, SQLITE_BLOB:
+                    guard let text = sqlite3_column_text(statement, column) else { throw failure(SQLITE_NOMEM) }
+                    row.values[name] = .text(String(cString: text))
                 default: break  // NULL: absent
                 }
             }
@@ -127,8 +134,20 @@ final class SQLiteConnection: @unchecked Sendable {
             switch value?.sqliteValue {
             case nil: bound = sqlite3_bind_null(statement, position)
             case .integer(let v): bound = sqlite3_bind_int64(statement, position, v)
-            case .real(let v): bound = sqlite3_bind_double(statement, position, v)
-            case .text(let v): bound = sqlite3_bind_text(statement, position, v, -1, Self.transient)
+            case .real(let v):
+                // NaN would be stored as NULL, infinities as numbers no reader expects.
+                guard v.isFinite else {
+                    sqlite3_finalize(statement)
+                    throw SQLiteError(code: SQLITE_MISMATCH, message: "refused a non-finite number for parameter \(index + 1)")
+                }
+                bound = sqlite3_bind_double(statement, position, v)
+            case .text(let v):
+                // Bound as a C string, text would silently end at a NUL: refused instead.
+                guard !v.utf8.contains(0) else {
+                    sqlite3_finalize(statement)
+                    throw SQLiteError(code: SQLITE_MISMATCH, message: "refused text with a NUL character for parameter \(index + 1)")
+                }
+                bound = sqlite3_bind_text(statement, position, v, -1, Self.transient)
             }
             guard bound == SQLITE_OK else {
                 sqlite3_finalize(statement)
@@ -180,7 +199,10 @@ extension Int64: SQLiteConvertible {
     init?(_ value: SQLiteValue) {
         switch value {
         case .integer(let v): self = v
-        case .real(let v): self = Int64(v)
+        case .real(let v):
+            // A hand-edited or damaged file may hold any real: out of range is no value, not a trap.
+            guard let exact = Int64(exactly: v.rounded(.towardZero)) else { return nil }
+            self = exact
         case .text: return nil
         }
     }

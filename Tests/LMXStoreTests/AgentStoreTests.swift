@@ -93,4 +93,37 @@ struct AgentStoreTests {
         #expect(stats.count == 1)
         #expect(stats["lan/a"]?.probes == 50)
     }
+
+    @Test("text with NUL and non-finite numbers are refused, not truncated or trapped; a hand-edited huge real reads as no value")
+    func refusesWhatItCannotKeep() throws {
+        let dir = temporaryDirectory() + "/state"
+        let path = dir + "/agent.db"
+        let store = try AgentStore.open(path: path)
+        let route = Route(baseURL: "http://10.0.0.1:1234", via: .lan, source: .manual, name: "a\u{0}b")
+        #expect(throws: (any Error).self) { try store.saveRoute(StoredRoute(route: route, instanceID: nil, createdAt: 1, lastSeen: nil, expiresAt: nil)) }
+        let nan = Route(baseURL: "http://10.0.0.2:1234", via: .lan, source: .manual, name: "fine")
+        #expect(throws: (any Error).self) { try store.saveRoute(StoredRoute(route: nan, instanceID: nil, createdAt: .nan, lastSeen: nil, expiresAt: nil)) }
+        #expect(try store.routes().isEmpty, "nothing half-written")
+        let pairing = try PairingParser(now: 1_760_000_000).parse("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&exp=1900000000")
+        _ = try store.importPairings(pairing, at: 1)
+        try store.close()
+        // A hand edit puts a real far past Int64 where an integer (the expiry) is expected.
+        let edit = try Command.sqlite(path, "UPDATE pairing SET expires_at = 1e300")
+        #expect(edit == 0)
+        let reopened = try AgentStore.open(path: path)
+        let pairings = try reopened.pairings()
+        #expect(pairings.count == 1 && pairings[0].pairing.expiresAt == nil)
+    }
+}
+
+/// Runs SQL on a database file with Python's sqlite3 (another program editing it).
+enum Command {
+    static func sqlite(_ path: String, _ sql: String) throws -> Int32 {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = ["-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute(sys.argv[2]); c.commit()", path, sql]
+        try process.run()
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
 }
