@@ -336,3 +336,11 @@ public final class AgentStore: Sendable {
         pool.checkpoint()
     }
 }
+
+extension AgentStore {
+    /// The error says the database was locked by another connection (worth trying again later),
+    /// not that the write itself is wrong.
+    public static func isLocked(_ error: any Error) -> Bool {
+        (error as? SQLiteError)?.isLocked == true
+    }
+}

@@ -172,6 +172,8 @@ struct SQLiteError: Error, CustomStringConvertible {
     /// The primary result code (without the extended part).
     var primary: Int32 { code & 0xff }
     var isCorrupt: Bool { primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB }
+    /// Another connection (another process) holds the database locked past the busy timeout.
+    var isLocked: Bool { primary == SQLITE_BUSY || primary == SQLITE_LOCKED }
     var description: String { "SQLite error \(code): \(message)" }
 }
 

@@ -1,14 +1,18 @@
 import Dispatch
 import LMXStore
 import Logging
+import LMXSystem
 import Synchronization
 
 /// Runs the store's work off the connection manager: every write is queued and performed, in
 /// order, on a serial dispatch queue of its own; reads run beside it (not Swift's cooperative pool, which blocking
 /// SQLite calls would starve). A database held locked by another process (a backup, `sqlite3`
 /// left in a transaction) then delays only the writes: the manager keeps deciding and the socket
-/// keeps answering from memory. The queue is bounded; past the bound the oldest droppable
-/// writes (probe statistics, sightings) are dropped and counted, never events or pairings.
+/// keeps answering from memory. A write that meets the lock (each try waits SQLite's 5 s busy
+/// timeout) is tried again, in order, for up to `lockedRetries` tries (about two minutes) before it
+/// is given up and counted; droppable writes are not retried while others wait behind them. The
+/// queue is bounded; past the bound the newest droppable writes (probe statistics, sightings)
+/// are skipped and counted, never events or pairings.
 public final class StoreExecutor: Sendable {
     public let store: AgentStore
     private let queue = DispatchQueue(label: "lmx.store-writer")
@@ -22,6 +26,8 @@ public final class StoreExecutor: Sendable {
     private let state = Box(State())
     /// Writes waiting at most; past it droppable ones are skipped.
     let limit: Int
+    /// Tries of a write that meets another process's lock (each waits up to 5 s).
+    let lockedRetries = 24
 
     public init(store: AgentStore, logger: Logger, limit: Int = 10_000) {
         self.store = store
@@ -46,10 +52,28 @@ public final class StoreExecutor: Sendable {
             return false
         }
         guard !skip else { return }
+        let retries = lockedRetries
         queue.async { [store, logger, state] in
             defer { state.withLock { $0.pending -= 1 } }
             do {
-                try body(store)
+                var attempt = 1
+                while true {
+                    do {
+                        try body(store)
+                        break
+                    } catch where AgentStore.isLocked(error) && attempt < retries {
+                        // Held by another process: the next writes wait behind this one (order
+                        // is kept), unless it is a statistic and others are waiting.
+                        if droppable && state.withLock({ $0.pending > 1 }) { throw error }
+                        let first = state.withLock { s in
+                            defer { s.failing = true }
+                            return !s.failing
+                        }
+                        if first { logger.warning("the database is locked by another process: \(what) waits and is tried again") }
+                        attempt += 1
+                        SystemClock.sleep(seconds: 0.2)
+                    }
+                }
                 let recovered = state.withLock { s in
                     defer { s.failing = false }
                     return s.failing
@@ -61,6 +85,7 @@ public final class StoreExecutor: Sendable {
                     defer { s.failing = true }
                     return !s.failing
                 }
+                state.withLock { $0.dropped += 1 }
                 if first { logger.warning("could not \(what); carrying on from memory: \(error)") }
             }
         }
