@@ -117,16 +117,28 @@ struct RouteLoadTests {
         #expect(load.order([a, b, c]).map(\.routeID).last == "b")
     }
 
-    @Test("the read-ahead budget is shared and given back")
+    @Test("the read-ahead budget is shared fairly between users and given back")
     func budget() {
-        let budget = ReadAheadBudget(bytes: 100)
-        var first: ReadAheadBudget.Reservation? = budget.reservation()
+        let budget = ReadAheadBudget(bytes: 400)
+        #expect(budget.perUser == 100)
+        var first: ReadAheadBudget.Reservation? = budget.reservation(for: 1000)
         #expect(first!.take(80))
-        let second = budget.reservation()
+        // The same user cannot hold more than its quarter, in any number of requests.
+        let second = budget.reservation(for: 1000)
         #expect(!second.take(30))
         #expect(second.take(20))
+        // Another user still has room, up to the total.
+        let other = budget.reservation(for: 1001)
+        #expect(other.take(100))
+        let third = budget.reservation(for: 1002)
+        #expect(third.take(100))
+        let fourth = budget.reservation(for: 1003)
+        #expect(fourth.take(100))
+        let fifth = budget.reservation(for: 1004)
+        #expect(!fifth.take(1), "the total is spent")
         first = nil
         #expect(budget.available == 80)
-        withExtendedLifetime(second) {}
+        #expect(fifth.take(80))
+        withExtendedLifetime((second, other, third, fourth, fifth)) {}
     }
 }

@@ -23,8 +23,11 @@ extension Gateway {
             metrics.gatewayRefused.increment()
             return Self.error(refusal.status, code: refusal.code, message: refusal.message)
         }
+        // Who is asking, when it matters: the group gate, and a body read ahead (its share of
+        // the read-ahead budget is per user).
+        let hasBody = !["GET", "HEAD", "OPTIONS", "DELETE"].contains(method) || request.headers[.contentLength] != nil
+        let uid: UInt32? = groupGate != nil || hasBody ? await context.peerUID() : nil
         if let groupGate {
-            let uid = await context.peerUID()
             let allowed = uid.flatMap(groupGate.allows)
             if uid != nil, allowed == nil {
                 logger.warning("gateway.group: no group named \(groupGate.group) any more; only root and the agent's user are served")
@@ -47,7 +50,7 @@ extension Gateway {
         var prefix: [ByteBuffer] = []
         var prefixBytes = 0
         var ended = false
-        let reservation = readAhead.reservation()
+        let reservation = readAhead.reservation(for: uid)
         defer { withExtendedLifetime(reservation) {} }  // held until the answer's head is in
         do {
             while prefixBytes < configuration.readAheadBytes {
