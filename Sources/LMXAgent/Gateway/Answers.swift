@@ -16,6 +16,7 @@ extension Gateway {
     /// and `lost` is called (the agent probes the route again, as the event says).
     static func passThrough(
         _ upstream: HTTPClientResponse, target: GatewayTarget, holding tokens: [any AnyObject & Sendable],
+        requestBody: (body: UnsafeSendableIterator, channel: any Channel)? = nil,
         lost: @escaping @Sendable (String) async -> Void = { _ in }
     ) -> Response {
         var headers = secured(fields(upstream.headers))
@@ -25,8 +26,11 @@ extension Gateway {
         let body = upstream.body
         let response = ResponseBody(contentLength: length) { writer in
             withExtendedLifetime(tokens) {}
+            // The server reads the connection again once the answer is finished: the HTTP
+            // client's reads of a streamed request body end first (one reader at a time).
             guard events else {
                 for try await chunk in body { try await writer.write(chunk) }
+                if let requestBody { await requestBody.body.close(channel: requestBody.channel) }
                 try await writer.finish(nil)
                 return
             }
@@ -77,6 +81,7 @@ extension Gateway {
                 try await writer.write(ByteBuffer(bytes: streamLostEvent(target: target, error: error)))
                 await lost(target.routeID)
             }
+            if let requestBody { await requestBody.body.close(channel: requestBody.channel) }
             try await writer.finish(nil)
         }
         return Response(status: HTTPResponse.Status(code: Int(upstream.status.code)), headers: headers, body: response)

@@ -127,7 +127,10 @@ extension Gateway {
                         continue
                     }
                 }
-                return Self.passThrough(upstream, target: target, holding: [inFlight, routeToken, lease]) { [agent] routeID in
+                return Self.passThrough(
+                    upstream, target: target, holding: [inFlight, routeToken, lease],
+                    requestBody: streamed.map { ($0.rest, context.channel) }
+                ) { [agent] routeID in
                     await agent.manager.gatewayFailed(routeID, reason: "a stream was cut mid-answer")
                 }
             } catch {

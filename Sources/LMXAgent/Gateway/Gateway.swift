@@ -257,15 +257,61 @@ struct StreamedBody: AsyncSequence, Sendable {
 
 struct RequestBodyTooLarge: Error {}
 
-/// The request body's iterator, handed to the HTTP client that reads it from one task at a time
-/// (the body is consumed once, in order).
+/// The request body's iterator, handed to the HTTP client, which reads it from one task at a
+/// time (the body is consumed once, in order). The HTTP server reads the same connection's input
+/// again once the answer is written (to drain the body and find the next request): before that,
+/// ``close(channel:)`` stops the client's reads and waits for one in flight, so the input never
+/// has two readers at once. A body the server answered before reading to its end leaves the
+/// connection unusable: it is closed.
 final class UnsafeSendableIterator: @unchecked Sendable {
     private var iterator: RequestBody.AsyncIterator
+    private struct State {
+        var reading = false
+        var finished = false
+        var closed = false
+    }
+    private let state = Mutex(State())
 
     init(_ iterator: RequestBody.AsyncIterator) { self.iterator = iterator }
 
-    func next() async throws -> ByteBuffer? { try await iterator.next() }
+    func next() async throws -> ByteBuffer? {
+        let open = state.withLock { s in
+            guard !s.closed, !s.finished else { return false }
+            s.reading = true
+            return true
+        }
+        guard open else { throw RequestBodyAbandoned() }
+        do {
+            let chunk = try await iterator.next()
+            state.withLock { s in
+                s.reading = false
+                if chunk == nil { s.finished = true }
+            }
+            return chunk
+        } catch {
+            state.withLock { s in
+                s.reading = false
+                s.finished = true
+            }
+            throw error
+        }
+    }
+
+    /// No read after this; waits (at most 5 s) for one in flight to end.
+    func close(channel: any Channel) async {
+        let (reading, finished) = state.withLock { s in
+            s.closed = true
+            return (s.reading, s.finished)
+        }
+        if !finished { channel.close(promise: nil) }  // ends a read that waits for the client
+        guard reading else { return }
+        for _ in 0..<500 where state.withLock({ $0.reading }) {
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+    }
 }
+
+struct RequestBodyAbandoned: Error {}
 
 struct GatewayResponder: HTTPResponder {
     typealias Context = AgentRequestContext
