@@ -17,7 +17,8 @@ field the agent reads (retry-after-*, length-*, doc-*, ready-*), huge or endless
 bodies (huge-*, endless-*), slow answers (slow-*), malformed chunked encoding (chunked-*),
 interim and bodiless statuses with bodies (status-*), redirects (redirect-*), invalid UTF-8
 (utf8-*), duplicate and conflicting headers (dup-*), server-sent events that break the rules
-(sse-*), connections closed at every stage (close-*), and answers that are not HTTP (garbage-*).
+(sse-*), connections closed at every stage (close-*), an answer before the request body was read
+(early-answer), and answers that are not HTTP (garbage-*).
 """
 import argparse
 import json
@@ -356,6 +357,8 @@ MODES = {
     "close-after-headers": close_after(lambda full: full.index(b"\r\n\r\n") + 4),
     "close-mid-body": close_after(lambda full: full.index(b"\r\n\r\n") + 10),
     "close-reset": lambda p, m, b: ["reset"],
+    # answered before the request body was read (then the connection closes)
+    "early-answer": lambda p, m, b: [answer(200, {"object": "list", "data": []}, extra=[("Connection", "close")]), "close"],
     # not HTTP
     "garbage-ssh": garbage(b"SSH-2.0-OpenSSH_9.2\r\n"),
     "garbage-binary": garbage(bytes(range(256)) * 64),
@@ -365,8 +368,9 @@ MODES = {
 }
 
 
-def read_request(conn):
-    """Reads one request: its path, method and body (bounded). None when the client went away."""
+def read_request(conn, skip_body=False):
+    """Reads one request: its path, method and body (bounded). None when the client went away.
+    With skip_body, the body is left unread (the answer comes before it)."""
     data = b""
     conn.settimeout(30)
     while b"\r\n\r\n" not in data:
@@ -386,6 +390,8 @@ def read_request(conn):
             k, v = line.split(":", 1)
             headers[k.strip().lower()] = v.strip()
     body = rest
+    if skip_body:
+        return method, target.split("?")[0], b"", headers
     if "content-length" in headers:
         want = min(int(headers["content-length"]), 8 << 20)
         while len(body) < want:
@@ -439,7 +445,7 @@ def run_actions(conn, actions):
 def serve(conn):
     try:
         while True:
-            request = read_request(conn)
+            request = read_request(conn, skip_body=state["mode"] == "early-answer")
             if request is None:
                 return
             method, path, body, headers = request

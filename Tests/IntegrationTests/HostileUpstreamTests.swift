@@ -20,7 +20,7 @@ struct HostileUpstreamTests {
     /// serving one route idles at about 30 MiB).
     static let rssBoundKiB = 96 * 1024
 
-    @Test("the daemon survives every misbehaviour (70, in 13 classes) with its status answering and RSS under 96 MiB")
+    @Test("the daemon survives every misbehaviour (71, in 14 classes) with its status answering and RSS under 96 MiB")
     func survivesEverything() async throws {
         try await withResources {
             let modes = try await Command.run("/usr/bin/python3", [Self.script, "--list"]).stdout
@@ -45,6 +45,10 @@ struct HostileUpstreamTests {
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
             let base = "http://127.0.0.1:\(gatewayPort)/v1"
             #expect(await agent.waitForActive(timeout: 10) { $0 != nil } != nil)
+            // 2 MiB of JSON: past the read-ahead, so it streams to the server while it is read.
+            let bigBody = agent.directory + "/big-body.json"
+            try (#"{"model":"hostile/model","messages":[{"role":"user","content":""# + String(repeating: "x", count: 2 << 20) + #""}]}"#)
+                .write(toFile: bigBody, atomically: true, encoding: .utf8)
 
             var survived = 0
             var peakRSS = 0
@@ -63,6 +67,9 @@ struct HostileUpstreamTests {
                 let streamed = try await curl(
                     ["-m", "4", "-N", "-H", "Content-Type: application/json", "--data", #"{"model":"hostile/model","stream":true,"messages":[]}"#,
                      base + "/chat/completions"])
+                // A request body past the read-ahead (streamed to the server as it comes).
+                let upload = try await curl(
+                    ["-m", "4", "-H", "Content-Type: application/json", "--data-binary", "@" + bigBody, base + "/chat/completions"])
                 // Through the probes (and, while the route stays active, its event stream).
                 let probesBefore = (try? agent.status())?.candidates.flatMap(\.routes).first?.probes ?? 0
                 _ = try? agent.client.request("POST", "/v1/refresh")
@@ -82,6 +89,7 @@ struct HostileUpstreamTests {
                 // on its side or a crash (curl's 28 is its own 4 s limit on an endless answer).
                 #expect(plain.status != 0 || plain.curlExit == 28 || plain.curlExit == 18, "\(mode): GET /v1/models: curl exit \(plain.curlExit)")
                 #expect(streamed.status != 0 || streamed.curlExit == 28 || streamed.curlExit == 18, "\(mode): stream: curl exit \(streamed.curlExit)")
+                #expect(upload.status != 0 || [18, 28, 52, 55, 56].contains(upload.curlExit), "\(mode): upload: curl exit \(upload.curlExit)")
                 switch mode {
                 case "dup-connection-named":
                     // A header the upstream's Connection names is of its hop only.
