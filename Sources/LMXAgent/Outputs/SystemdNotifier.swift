@@ -12,8 +12,9 @@ public struct SystemdNotifier: Service {
     public init(board: StateBoard, environment: [String: String], ready: @escaping @Sendable () async -> Void) {
         self.board = board
         self.socketPath = environment["NOTIFY_SOCKET"].flatMap { $0.isEmpty ? nil : $0 }
-        let usec = environment["WATCHDOG_USEC"].flatMap(Double.init)
-        self.watchdogInterval = usec.map { $0 / 1_000_000 / 2 }
+        // Digits only (as systemd writes it); anything else means no watchdog interval.
+        let usec = environment["WATCHDOG_USEC"].flatMap(OutsideInput.contentLength)
+        self.watchdogInterval = usec.map { min(max(Double($0) / 1_000_000 / 2, 0.1), 5) }
         self.ready = ready
     }
 
