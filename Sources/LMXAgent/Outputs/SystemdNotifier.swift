@@ -1,3 +1,4 @@
+import LMXCore
 import LMXSystem
 import ServiceLifecycle
 
