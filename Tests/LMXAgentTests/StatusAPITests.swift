@@ -4,6 +4,7 @@ import HummingbirdTesting
 import NIOCore
 import LMXCore
 import LMXSystem
+import Synchronization
 import Testing
 
 @testable import LMXAgent
@@ -141,5 +142,33 @@ struct StatusAPITests {
                 }
             }
         }
+    }
+
+    @Test("large answers: at most 4 at once per user, others and administrators unaffected")
+    func largeAnswerGate() async throws {
+        let gate = LargeAnswerGate(perUser: 4)
+        final class Flags: Sendable {
+            let released = Mutex(false)
+            let started = Mutex(0)
+        }
+        let flags = Flags()
+        try await withThrowingTaskGroup(of: Bool.self) { group in
+            for _ in 0..<4 {
+                group.addTask {
+                    await gate.run(for: 1000) {
+                        flags.started.withLock { $0 += 1 }
+                        while !flags.released.withLock({ $0 }) { try? await Task.sleep(for: .milliseconds(5)) }
+                        return true
+                    } ?? false
+                }
+            }
+            while flags.started.withLock({ $0 }) < 4 { try await Task.sleep(for: .milliseconds(5)) }
+            #expect(await gate.run(for: 1000) { true } == nil, "a fifth for the same user waits for none: refused")
+            #expect(await gate.run(for: 1001) { true } == true, "another user is served")
+            #expect(await gate.run(for: 0) { true } == true, "root is not limited")
+            flags.released.withLock { $0 = true }
+            for try await ran in group { #expect(ran) }
+        }
+        #expect(await gate.run(for: 1000) { true } == true, "given back")
     }
 }

@@ -69,7 +69,9 @@ public final class StoreExecutor: Sendable {
                             defer { s.failing = true }
                             return !s.failing
                         }
-                        if first { logger.warning("the database is locked by another process: \(what) waits and is tried again") }
+                        if first {
+                            logger.warning("the database is locked by another process: writes wait and are tried again (probe statistics may be skipped meanwhile)")
+                        }
                         attempt += 1
                         SystemClock.sleep(seconds: 0.2)
                     }
@@ -86,7 +88,13 @@ public final class StoreExecutor: Sendable {
                     return !s.failing
                 }
                 state.withLock { $0.dropped += 1 }
-                if first { logger.warning("could not \(what); carrying on from memory: \(error)") }
+                if first {
+                    if AgentStore.isLocked(error) {
+                        logger.warning("the database is locked by another process: writes wait and are tried again (probe statistics may be skipped meanwhile)")
+                    } else {
+                        logger.warning("could not \(what); carrying on from memory: \(error)")
+                    }
+                }
             }
         }
     }

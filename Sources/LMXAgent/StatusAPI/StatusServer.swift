@@ -44,15 +44,14 @@ public enum StatusServer {
         // Large answers: a few at a time per user (the rest get 429 and retry).
         let gate = LargeAnswerGate(perUser: 4)
         @Sendable func large(_ context: AgentRequestContext, _ build: () -> Response) async -> Response {
-            let answer = await gate.run(for: await peer(context)) { build() }
-            guard let answer else {
-                var busy = json(
-                    StatusAPI.ErrorBody(error: "busy", reason: "too many large answers at once for this user; retry in a moment"),
-                    status: .tooManyRequests)
-                busy.headers[.retryAfter] = "1"
-                return busy
-            }
-            return answer
+            await gate.run(for: await peer(context)) { build() } ?? tooManyLargeAnswers()
+        }
+        @Sendable func tooManyLargeAnswers() -> Response {
+            var busy = json(
+                StatusAPI.ErrorBody(error: "busy", reason: "too many large answers at once for this user; retry in a moment"),
+                status: .tooManyRequests)
+            busy.headers[.retryAfter] = "1"
+            return busy
         }
         router.get("/v1/status") { _, context in
             await large(context) { json(board.snapshot.status(seq: agent.watch.seq, now: board.now())) }
@@ -119,11 +118,7 @@ public enum StatusServer {
         router.get("/v1/watch") { request, context -> Response in
             let since = request.uri.queryParameters.get("since", as: UInt64.self)
             guard let subscription = await gate.run(for: await peer(context), { agent.watch.watch(since: since) }) else {
-                var busy = json(
-                    StatusAPI.ErrorBody(error: "busy", reason: "too many large answers at once for this user; retry in a moment"),
-                    status: .tooManyRequests)
-                busy.headers[.retryAfter] = "1"
-                return busy
+                return tooManyLargeAnswers()
             }
             let channel = context.channel
             let body = ResponseBody { writer in
