@@ -46,6 +46,9 @@ public final class RenewableHTTPClient: Sendable {
     final class Generation: Sendable {
         let client: HTTPClient
         private let state = Mutex((leases: 0, retired: false, closed: false))
+        /// The servers (base URLs) this client has connected to: async-http-client keeps a pool
+        /// per server until the client shuts down.
+        let servers = Mutex(Set<String>())
         init(_ client: HTTPClient) { self.client = client }
 
         func acquire() { state.withLock { $0.leases += 1 } }
@@ -78,7 +81,31 @@ public final class RenewableHTTPClient: Sendable {
         current = Mutex(Generation(make()))
     }
 
+    /// Servers one client may have pools for: async-http-client never forgets a server's pool
+    /// while the client lives, so a stream of new announcers (each a new `host:port`) would grow
+    /// it without bound. Past this many, the next new server gets a fresh client (the old one
+    /// closes once its requests are done).
+    public static let maxServersPerClient = 256
+
     public func lease() -> Lease { current.withLock { Lease($0) } }
+
+    /// A lease for a request to `server` (its base URL), renewing the client first when it has
+    /// pools for `maxServersPerClient` other servers already.
+    public func lease(server: String) -> Lease {
+        let full = current.withLock { generation in
+            generation.servers.withLock { servers in
+                if servers.contains(server) { return false }
+                if servers.count >= Self.maxServersPerClient { return true }
+                servers.insert(server)
+                return false
+            }
+        }
+        if full {
+            renew()
+            current.withLock { generation in _ = generation.servers.withLock { $0.insert(server) } }
+        }
+        return lease()
+    }
 
     /// New connections from now on; the old pool closes once its last request is done.
     public func renew() {

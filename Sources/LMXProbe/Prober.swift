@@ -73,7 +73,7 @@ public final class Prober: Sendable {
         }
         // One deadline for the whole exchange, head and body: async-http-client's own deadline ends
         // with the head, and a server that stalls mid-body would otherwise hold the probe forever.
-        let client = self.client.lease(), prepared = request
+        let client = self.client.lease(server: route.baseURL), prepared = request
         let budget = TimeAmount.milliseconds(Int64(timeout * 1000))
         return await Self.withDeadline(seconds: timeout) {
             do {

@@ -109,6 +109,25 @@ struct MachineTests {
         await clients.shutdown()
     }
 
+    @Test("a client that has pools for 256 servers is renewed for the next new one (announcer churn stays bounded)")
+    func renewedPastServers() async throws {
+        let made = Counter()
+        let clients = RenewableHTTPClient {
+            made.add()
+            return HTTPClients.make(tls: .makeClientConfiguration(), idleTimeout: 10)
+        }
+        let first = clients.lease(server: "http://10.0.0.1:1").client
+        for i in 1..<RenewableHTTPClient.maxServersPerClient {
+            #expect(clients.lease(server: "http://10.0.\(i / 250).\(i % 250 + 1):1").client === first)
+        }
+        #expect(clients.lease(server: "http://10.0.0.1:1").client === first, "a server already known: the same client")
+        #expect(made.value == 1)
+        let next = clients.lease(server: "http://10.9.9.9:1").client
+        #expect(next !== first, "past the bound: a fresh client")
+        #expect(made.value == 2)
+        await clients.shutdown()
+    }
+
     private func failure(_ client: HTTPClient) async -> String {
         do {
             _ = try await client.execute(HTTPClientRequest(url: "http://127.0.0.1:1/"), timeout: .seconds(2))

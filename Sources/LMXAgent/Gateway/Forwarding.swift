@@ -111,7 +111,7 @@ extension Gateway {
             }
             let routeToken = load.started(target.routeID)
             // The client's connection pool stays open until the answer has streamed through.
-            let lease = (target.via == .lan ? lanClient : wanClient).lease()
+            let lease = (target.via == .lan ? lanClient : wanClient).lease(server: target.baseURL)
             do {
                 // No overall deadline: a long generation is normal; the client decides when to
                 // give up (closing its connection cancels the upstream request).
