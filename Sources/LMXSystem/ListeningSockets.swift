@@ -6,16 +6,11 @@ import Glibc
 /// `/proc/net/tcp6`), read the way `ss -tlne` reads them. Used to say which user holds the
 /// gateway's port when the agent cannot bind it.
 public enum ListeningSockets {
-    /// The uid of a listening socket on `port` bound to loopback or to any address, in the
-    /// IPv4 (`ipv6: false`) or IPv6 table; nil when none is found or the table cannot be read.
+    /// The uid of a socket listening on `port` (any local address) in the IPv4 (`ipv6: false`)
+    /// or IPv6 table; nil when none is found or the table cannot be read.
     public static func owner(port: Int, ipv6: Bool) -> UInt32? {
         guard let bytes = try? FileSystem.read(ipv6 ? "/proc/net/tcp6" : "/proc/net/tcp", limit: 8 << 20) else { return nil }
-        return owner(port: port, table: String(decoding: bytes, as: UTF8.self))
-    }
-
-    /// The same over a table's text (tests).
-    public static func owner(port: Int, table: String) -> UInt32? {
-        for line in table.split(separator: "\n").dropFirst() {
+        for line in String(decoding: bytes, as: UTF8.self).split(separator: "\n").dropFirst() {
             // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid ...
             let fields = line.split(separator: " ", omittingEmptySubsequences: true)
             guard fields.count > 7, fields[3] == "0A" else { continue }  // TCP_LISTEN
@@ -24,11 +19,5 @@ public enum ListeningSockets {
             if let uid = UInt32(fields[7]) { return uid }
         }
         return nil
-    }
-
-    /// A user's name, or `uid N` when it has none.
-    public static func userName(_ uid: UInt32) -> String {
-        guard let entry = getpwuid(uid), let name = entry.pointee.pw_name else { return "uid \(uid)" }
-        return "\(String(cString: name)) (uid \(uid))"
     }
 }

@@ -39,6 +39,16 @@ public enum Users {
         }
     }
 
+    /// `name (uid N)`, or `uid N` for a uid with no account: for messages.
+    public static func describe(_ uid: UInt32) -> String {
+        var account = passwd(), result: UnsafeMutablePointer<passwd>?
+        var buffer = [CChar](repeating: 0, count: 16384)
+        guard getpwuid_r(uid, &account, &buffer, buffer.count, &result) == 0, result != nil, let name = account.pw_name else {
+            return "uid \(uid)"
+        }
+        return "\(String(cString: name)) (uid \(uid))"
+    }
+
     /// A user and the group it acts with.
     public struct Identity: Sendable, Equatable {
         public var uid: UInt32

@@ -113,6 +113,11 @@ struct RouteLoadTests {
         #expect(load.order([a, b, c]).map(\.routeID) == ["b", "a", "c"])
         withExtendedLifetime(token) {}
         #expect(load.order([target("a", rank: 1, server: 3), b]).map(\.routeID) == ["b", "a"], "the server's own count")
+        // A server's count past any real one (a hostile document) is added to the gateway's
+        // own without overflow.
+        let busy = load.started("a")
+        #expect(load.order([target("a", rank: 1, server: Int.max), b]).map(\.routeID) == ["b", "a"], "Int.max in flight")
+        withExtendedLifetime(busy) {}
         load.coolDown("b", seconds: 30)
         #expect(load.order([a, b, c]).map(\.routeID).last == "b")
     }

@@ -85,11 +85,7 @@ struct MachineTests {
 
     @Test("renewed clients: new requests get a new pool; the old one closes only after its last lease")
     func renewableClient() async throws {
-        let made = Counter()
-        let clients = RenewableHTTPClient {
-            made.add()
-            return HTTPClients.make(tls: .makeClientConfiguration(), idleTimeout: 10)
-        }
+        let (clients, made) = countingClients()
         var lease: RenewableHTTPClient.Lease? = clients.lease()
         let old = lease!.client
         clients.renew()
@@ -111,11 +107,7 @@ struct MachineTests {
 
     @Test("a client that has pools for 256 servers is renewed for the next new one (announcer churn stays bounded)")
     func renewedPastServers() async throws {
-        let made = Counter()
-        let clients = RenewableHTTPClient {
-            made.add()
-            return HTTPClients.make(tls: .makeClientConfiguration(), idleTimeout: 10)
-        }
+        let (clients, made) = countingClients()
         let first = clients.lease(server: "http://10.0.0.1:1").client
         for i in 1..<RenewableHTTPClient.maxServersPerClient {
             #expect(clients.lease(server: "http://10.0.\(i / 250).\(i % 250 + 1):1").client === first)
@@ -126,6 +118,16 @@ struct MachineTests {
         #expect(next !== first, "past the bound: a fresh client")
         #expect(made.value == 2)
         await clients.shutdown()
+    }
+
+    /// A renewable client that counts the HTTP clients it makes.
+    private func countingClients() -> (RenewableHTTPClient, Counter) {
+        let made = Counter()
+        let clients = RenewableHTTPClient {
+            made.add()
+            return HTTPClients.make(tls: .makeClientConfiguration(), idleTimeout: 10)
+        }
+        return (clients, made)
     }
 
     private func failure(_ client: HTTPClient) async -> String {

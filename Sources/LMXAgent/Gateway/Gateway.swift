@@ -44,8 +44,7 @@ public final class Gateway: Sendable {
         self.configuration = configuration
         self.logger = logger
         self.readAhead = ReadAheadBudget(bytes: configuration.readAheadBudgetBytes)
-        let host = configuration.listen?.host.lowercased()
-        self.listeners = GatewayListeners(pairsFamilies: host == "127.0.0.1" || host == "localhost")
+        self.listeners = GatewayListeners(pairsFamilies: configuration.listen.map { Self.listenAddresses($0).count == 2 } ?? false)
         let tls = try HTTPClients.tls(extraCAFile: extraCAFile)
         // As many connections to a route as streams at once (up to the configured bound): a
         // request never waits behind a pool of our own smaller than what the server takes.
@@ -102,13 +101,7 @@ public final class Gateway: Sendable {
             apps.append(("gateway-socket", app))
         }
         if let listen = configuration.listen, configuration.group == nil {
-            // 127.0.0.1 and ::1 together: clients resolve `localhost` to ::1 first, so the port
-            // there is held too, or no one else could take it and receive other users' prompts.
-            var addresses = [listen]
-            if listen.host == "127.0.0.1" || listen.host.lowercased() == "localhost" {
-                addresses = [HostPort(host: "127.0.0.1", port: listen.port), HostPort(host: "::1", port: listen.port)]
-            }
-            for address in addresses {
+            for address in Self.listenAddresses(listen) {
                 let family: GatewayListeners.Family = address.isIPv6 ? .v6 : .v4
                 let service = RetryingListener(
                     address: address, logger: logger,
@@ -129,6 +122,14 @@ public final class Gateway: Sendable {
         return apps
     }
 
+    /// The addresses to bind for `listen`: 127.0.0.1 and ::1 together for the default (clients
+    /// resolve `localhost` to ::1 first, so the port there is held too, or someone else could take
+    /// it and receive other users' prompts); any other address alone.
+    static func listenAddresses(_ listen: HostPort) -> [HostPort] {
+        guard listen.host == "127.0.0.1" || listen.host.lowercased() == "localhost" else { return [listen] }
+        return [HostPort(host: "127.0.0.1", port: listen.port), HostPort(host: "::1", port: listen.port)]
+    }
+
     /// A listener bound, or failed to: what is advertised follows (the TCP URL only while the
     /// listener of the configured address serves), and `localhost` is accepted only while no one
     /// else holds the port on either family.
@@ -139,14 +140,13 @@ public final class Gateway: Sendable {
             state = .serving
             logger.info("gateway serving", metadata: ["url": "http://\(address.description)"])
         case .failed(let error):
-            let code = (error as? IOError)?.errnoCode
-            if family == .v6, code == EADDRNOTAVAIL || code == EAFNOSUPPORT {
+            if family == .v6, RetryingListener.noIPv6Loopback(error) {
                 // No IPv6 loopback on this machine: nobody can listen there either.
                 state = .unavailable
                 logger.notice("gateway: no IPv6 loopback here; serving 127.0.0.1 only", metadata: ["address": "\(address.description)"])
             } else {
-                let holder = code == EADDRINUSE
-                    ? ListeningSockets.owner(port: address.port, ipv6: family == .v6).map { "held by \(ListeningSockets.userName($0))" } ?? "in use"
+                let holder = (error as? IOError)?.errnoCode == EADDRINUSE
+                    ? ListeningSockets.owner(port: address.port, ipv6: family == .v6).map { "held by \(Users.describe($0))" } ?? "in use"
                     : "cannot be bound: \(error)"
                 let why = "\(address.description) is \(holder); retrying"
                 state = .failed(why)
@@ -202,6 +202,12 @@ struct RetryingListener: Service {
     let make: @Sendable (_ onRunning: @escaping @Sendable () async -> Void) -> any Service
     let report: @Sendable (Outcome) async -> Void
 
+    /// The bind failed because this machine has no IPv6 loopback (nobody can listen there).
+    static func noIPv6Loopback(_ error: any Error) -> Bool {
+        let code = (error as? IOError)?.errnoCode
+        return code == EADDRNOTAVAIL || code == EAFNOSUPPORT
+    }
+
     func run() async throws {
         var delay = 1.0
         while !Task.isShuttingDownGracefully, !Task.isCancelled {
@@ -211,7 +217,7 @@ struct RetryingListener: Service {
             } catch {
                 if Task.isShuttingDownGracefully || Task.isCancelled { return }
                 await report(.failed(error))
-                if let code = (error as? IOError)?.errnoCode, address.isIPv6, code == EADDRNOTAVAIL || code == EAFNOSUPPORT {
+                if address.isIPv6, Self.noIPv6Loopback(error) {
                     // No IPv6 loopback: nothing to retry; wait for the daemon's end.
                     try? await gracefulShutdown()
                     return

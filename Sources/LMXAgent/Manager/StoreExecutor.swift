@@ -65,13 +65,7 @@ public final class StoreExecutor: Sendable {
                         // Held by another process: the next writes wait behind this one (order
                         // is kept), unless it is a statistic and others are waiting.
                         if droppable && state.withLock({ $0.pending > 1 }) { throw error }
-                        let first = state.withLock { s in
-                            defer { s.failing = true }
-                            return !s.failing
-                        }
-                        if first {
-                            logger.warning("the database is locked by another process: writes wait and are tried again (probe statistics may be skipped meanwhile)")
-                        }
+                        Self.failing(state, logger, what: what, error)
                         attempt += 1
                         SystemClock.sleep(seconds: 0.2)
                     }
@@ -82,20 +76,24 @@ public final class StoreExecutor: Sendable {
                 }
                 if recovered { logger.notice("the database accepts writes again") }
             } catch {
-                // One line per episode, not one per write, while the database stays locked.
-                let first = state.withLock { s in
-                    defer { s.failing = true }
-                    return !s.failing
-                }
                 state.withLock { $0.dropped += 1 }
-                if first {
-                    if AgentStore.isLocked(error) {
-                        logger.warning("the database is locked by another process: writes wait and are tried again (probe statistics may be skipped meanwhile)")
-                    } else {
-                        logger.warning("could not \(what); carrying on from memory: \(error)")
-                    }
-                }
+                Self.failing(state, logger, what: what, error)
             }
+        }
+    }
+
+    /// Says that writes fail: one line per episode, not one per write, while the database stays
+    /// locked (or broken).
+    private static func failing(_ state: Box<State>, _ logger: Logger, what: String, _ error: any Error) {
+        let first = state.withLock { s in
+            defer { s.failing = true }
+            return !s.failing
+        }
+        guard first else { return }
+        if AgentStore.isLocked(error) {
+            logger.warning("the database is locked by another process: writes wait and are tried again (probe statistics may be skipped meanwhile)")
+        } else {
+            logger.warning("could not \(what); carrying on from memory: \(error)")
         }
     }
 

@@ -46,27 +46,15 @@ public final class ConnectionLimiter: Sendable {
 /// spent on answers stays bounded per user whatever the number of routes. Root and the agent's
 /// own user are not limited.
 public final class LargeAnswerGate: Sendable {
-    public let perUser: Int
-    private let building = Mutex<[UInt32: Int]>([:])
+    private let building: ConnectionLimiter
 
-    public init(perUser: Int) { self.perUser = perUser }
+    public init(perUser: Int) { building = ConnectionLimiter(perUser: perUser) }
 
     /// Runs `body` if `uid` is under the limit; nil (nothing run) when it is not.
     func run<T>(for uid: UInt32?, _ body: () async throws -> T) async rethrows -> T? {
-        let key = uid ?? UInt32.max
-        if let uid, Users.isAdministrator(uid) { return try await body() }
-        let admitted = building.withLock { counts in
-            guard counts[key, default: 0] < perUser else { return false }
-            counts[key, default: 0] += 1
-            return true
-        }
-        guard admitted else { return nil }
-        defer {
-            building.withLock { counts in
-                let left = counts[key, default: 1] - 1
-                counts[key] = left > 0 ? left : nil
-            }
-        }
+        let key = uid ?? UInt32.max  // a peer the kernel did not name counts as one user
+        guard building.admit(key) else { return nil }
+        defer { building.release(key) }
         return try await body()
     }
 }

@@ -36,8 +36,7 @@ extension PairingRouteState {
 extension PairingSummary {
     /// The LAN hint is a host name, not an IP address literal (`[v6]:port` or `v4:port`).
     public var lanIsName: Bool {
-        guard let lan, !lan.hasPrefix("[") else { return false }
-        let host = lan.lastIndex(of: ":").map { lan[..<$0] } ?? lan[...]
-        return IPAddress.v4(host) == nil
+        guard let lan, let host = try? HostPort.parseAuthority(lan, field: "lan").host else { return false }
+        return IPAddress.bytes(host) == nil
     }
 }

@@ -86,12 +86,7 @@ public enum GatewayPolicy {
     public static func upstreamHeaders(
         client: [(name: String, value: String)], credentials: Credentials, path: String, userAgent: String
     ) -> [(name: String, value: String)] {
-        var connectionListed: Set<String> = []
-        for header in client where header.name.lowercased() == "connection" {
-            for token in header.value.split(separator: ",") {
-                connectionListed.insert(String(token).trimmingASCIIWhitespace().lowercased())
-            }
-        }
+        let connectionListed = connectionListed(client)
         let routeHeaders = credentials.headers(forPath: path)
         let routeNames = Set(routeHeaders.map { $0.name.lowercased() })
         var replaced: Set<String> = routeNames
@@ -121,14 +116,19 @@ public enum GatewayPolicy {
     /// (cookies are not scoped by port: they would reach every local app), and minus whatever
     /// the gateway sets itself (`securityHeaders`).
     public static func downstreamHeaders(_ upstream: [(name: String, value: String)]) -> [(name: String, value: String)] {
-        // Headers the upstream's `Connection` names belong to its hop (RFC 9110 §7.6.1).
-        var connectionListed: Set<String> = []
-        for header in upstream where header.name.lowercased() == "connection" {
+        let connectionListed = connectionListed(upstream)
+        return upstream.filter { !droppedDownstream.contains($0.name.lowercased()) && !connectionListed.contains($0.name.lowercased()) }
+    }
+
+    /// The header names a message's `Connection` lists: they belong to its hop (RFC 9110 §7.6.1).
+    static func connectionListed(_ headers: [(name: String, value: String)]) -> Set<String> {
+        var listed: Set<String> = []
+        for header in headers where header.name.lowercased() == "connection" {
             for token in header.value.split(separator: ",").prefix(64) {
-                connectionListed.insert(String(token).trimmingASCIIWhitespace().lowercased())
+                listed.insert(String(token).trimmingASCIIWhitespace().lowercased())
             }
         }
-        return upstream.filter { !droppedDownstream.contains($0.name.lowercased()) && !connectionListed.contains($0.name.lowercased()) }
+        return listed
     }
 
     private static let droppedDownstream: Set<String> =
