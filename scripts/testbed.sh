@@ -159,7 +159,7 @@ make_network() {
     fi
     local i
     for i in 1 2 3 4; do
-        ip netns list | grep -qw "lmxh$i" && continue
+        [ -e "/run/netns/lmxh$i" ] && continue
         ip netns add "lmxh$i"
         ip link add "lmxv$i" type veth peer name lan0 netns "lmxh$i"
         ip link set "lmxv$i" master "$BRIDGE" up
@@ -194,7 +194,11 @@ roam() { # away|home
         # Also when already home (tests bring h4 home whatever happened): errors are expected.
         printf 'route del default\naddr del %s.14/24 dev lan0\naddr add %s.14/24 dev lan0\n' \
             "$AWAY_SUBNET" "$SUBNET" | ip -n lmxh4 -force -batch - 2>/dev/null || true
-        ip -n lmxh4 addr show dev lan0 | grep -q "inet $SUBNET.14/" || die "h4 did not get $SUBNET.14 back"
+        # Read whole, then matched: with pipefail, `ip … | grep -q` fails when grep stops reading
+        # before ip has written its last line (ip dies of SIGPIPE).
+        local addresses
+        addresses=$(ip -n lmxh4 -o -4 addr show dev lan0)
+        [[ $addresses == *"inet $SUBNET.14/"* ]] || die "h4 did not get $SUBNET.14 back (lan0: ${addresses:-no IPv4 address})"
         ;;
     *) die "roam away|home" ;;
     esac
@@ -298,7 +302,7 @@ down() {
     fi
     ip link show lmxw4 >/dev/null 2>&1 && ip link delete lmxw4
     for i in 1 2 3 4; do
-        ip netns list | grep -qw "lmxh$i" && ip netns delete "lmxh$i"
+        [ -e "/run/netns/lmxh$i" ] && ip netns delete "lmxh$i"
         ip link show "lmxv$i" >/dev/null 2>&1 && ip link delete "lmxv$i"
     done
     ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
