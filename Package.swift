@@ -122,7 +122,10 @@ let package = Package(
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
-            ]
+            ],
+            // The dashboard's page, script, style and icon, compiled in as byte arrays
+            // (`PackageResources`): no bundle to find at run time, no Foundation.
+            resources: [.embedInCode("Dashboard/Assets")]
         ),
 
         // The four commands, each a library: one multi-call binary holds them all (the package

@@ -19,6 +19,9 @@ export LMX_STATIC_STATUS=1
 BUILD_PACKAGES=(avahi-daemon avahi-utils libavahi-client-dev libdbus-1-dev libsqlite3-dev dbus pkg-config
     libzbar-dev libpng-dev libturbojpeg0-dev libqrencode-dev)
 TEST_PACKAGES=("${BUILD_PACKAGES[@]}" iproute2 python3-venv python3-dbus openssl curl zbar-tools qrencode imagemagick)
+# The dashboard in a real browser (Chromium driven by chromedriver), and a recording notification
+# server on a session bus for lmx-notify (python3-gi: the GLib main loop python3-dbus serves with).
+TEST_PACKAGES+=(chromium chromium-driver python3-gi)
 # The package tests: building (dpkg-dev, debhelper, binutils' strip), checking (lintian, systemd-analyze from
 # systemd; no running systemd is needed) and the man pages systemd-analyze verify looks up.
 TEST_PACKAGES+=(dpkg-dev debhelper binutils lintian systemd man-db util-linux)

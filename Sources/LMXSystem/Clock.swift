@@ -50,3 +50,8 @@ public struct AgentClock: Sendable {
     /// The real-time clock now (follows corrections; expiry is read on it).
     public func realtime() -> Double { SystemClock.realtime() }
 }
+
+extension Duration {
+    /// The duration in seconds.
+    public var seconds: Double { Double(components.seconds) + Double(components.attoseconds) * 1e-18 }
+}

@@ -17,6 +17,7 @@ extension Gateway {
     static func passThrough(
         _ upstream: HTTPClientResponse, target: GatewayTarget, holding tokens: [any AnyObject & Sendable],
         requestBody: (body: UnsafeSendableIterator, channel: any Channel)? = nil,
+        traffic: TrafficTap? = nil,
         lost: @escaping @Sendable (String) async -> Void = { _ in }
     ) -> Response {
         var headers = secured(fields(upstream.headers))
@@ -37,8 +38,11 @@ extension Gateway {
             var held = ByteBuffer()
             var midEvent = false  // bytes of an unfinished event were passed on
             var writing = false  // a failure now is the client's, not the server's
+            var tally = EventTally()
+            defer { traffic?.streamed(target.via, tally) }
             do {
                 for try await var chunk in body {
+                    chunk.withUnsafeReadableBytes { tally.count($0) }
                     let boundary = chunk.withUnsafeReadableBytes { EventBoundary.end(in: $0) }
                     if let boundary {
                         if held.readableBytes > 0 {
@@ -88,6 +92,23 @@ extension Gateway {
     }
 
     struct StreamEndedMidEvent: Error {}
+
+    /// Events of a streamed answer as they pass: how many, when the first and the last came.
+    struct EventTally {
+        var events = 0
+        var first: ContinuousClock.Instant?
+        var last: ContinuousClock.Instant?
+        var afterNewline = true
+
+        mutating func count(_ bytes: UnsafeRawBufferPointer) {
+            let ended = EventBoundary.count(in: bytes, afterNewline: &afterNewline)
+            guard ended > 0 else { return }
+            let now = ContinuousClock.now
+            if first == nil { first = now }
+            last = now
+            events += ended
+        }
+    }
 
     /// The largest partial event held back while its end has not arrived.
     static let maxHeldEvent = 1 << 20
@@ -249,4 +270,17 @@ final class ReadAheadBudget: Sendable {
 
     /// A reservation for `uid` (nil: a peer the kernel did not name, counted as one user).
     func reservation(for uid: UInt32?) -> Reservation { Reservation(self, user: uid ?? UInt32.max) }
+}
+
+/// Where a forwarded answer's figures go (``GatewayTraffic``): the request's model and start.
+struct TrafficTap: Sendable {
+    let traffic: GatewayTraffic
+    let model: String?
+    let started: ContinuousClock.Instant
+
+    func streamed(_ via: Via, _ tally: Gateway.EventTally) {
+        let firstEvent = tally.first.map { ($0 - started).seconds }
+        let span = tally.first.flatMap { first in tally.last.map { ($0 - first).seconds } } ?? 0
+        traffic.streamed(model: model, via: via, firstEvent: firstEvent, events: tally.events, seconds: span)
+    }
 }

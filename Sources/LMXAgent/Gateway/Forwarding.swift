@@ -14,6 +14,9 @@ import Foundation
 
 extension Gateway {
     func forward(_ request: Request, context: AgentRequestContext) async -> Response {
+        if let resource = DashboardPolicy.resource(path: request.uri.path) {
+            return await dashboard.respond(resource, request: request, context: context, localhostIsOurs: listeners.localhostIsOurs)
+        }
         let method = request.method.rawValue
         let clientHeaders = request.headers.map { (name: $0.name.canonicalName, value: $0.value) }
         if let refusal = GatewayPolicy.refusal(
@@ -100,6 +103,7 @@ extension Gateway {
         metrics.gatewayRequests.increment()
         // Counted until the answer's body is done or dropped (a client that went away).
         let inFlight = InFlightToken(metrics.gatewayInFlight)
+        let started = ContinuousClock.now
         var lastFailure = ""
         var lastBusy: (status: HTTPResponseStatus, headers: HTTPHeaders, body: ByteBuffer, target: GatewayTarget)?
         for (index, target) in targets.enumerated() {
@@ -127,9 +131,14 @@ extension Gateway {
                         continue
                     }
                 }
+                let firstByte = (ContinuousClock.now - started).seconds
+                // A stream's first figure is its first event (the first token), taken as it passes.
+                let events = upstream.headers.first(name: "content-type")?.lowercased().hasPrefix("text/event-stream") == true
+                agent.traffic.answered(model: model, via: target.via, status: Int(upstream.status.code), firstByte: events ? nil : firstByte, answered: true)
                 return Self.passThrough(
                     upstream, target: target, holding: [inFlight, routeToken, lease],
-                    requestBody: streamed.map { ($0.rest, context.channel) }
+                    requestBody: streamed.map { ($0.rest, context.channel) },
+                    traffic: TrafficTap(traffic: agent.traffic, model: model, started: started)
                 ) { [agent] routeID in
                     await agent.manager.gatewayFailed(routeID, reason: "a stream was cut mid-answer")
                 }
@@ -160,6 +169,7 @@ extension Gateway {
             return Response(status: HTTPResponse.Status(code: Int(busy.status.code)), headers: headers, body: .init(byteBuffer: busy.body))
         }
         metrics.gatewayFailures.increment()
+        if let last = targets.last { agent.traffic.answered(model: model, via: last.via, status: 502, firstByte: nil, answered: false) }
         return Self.error(502, code: "upstream_unreachable", message: "the Opta LMX server could not be reached (\(lastFailure)); the agent is probing it again")
     }
 

@@ -37,12 +37,15 @@ public final class Gateway: Sendable {
     let readAhead: ReadAheadBudget
     /// What the TCP listeners could bind (the `localhost` rule).
     let listeners: GatewayListeners
+    /// The read-only dashboard at `/`.
+    let dashboard: Dashboard
 
     public init(agent: Agent, configuration: GatewayConfiguration, extraCAFile: String?, logger: Logger) throws {
         self.agent = agent
         self.metrics = agent.metrics
         self.configuration = configuration
         self.logger = logger
+        self.dashboard = Dashboard(agent: agent)
         self.readAhead = ReadAheadBudget(bytes: configuration.readAheadBudgetBytes)
         self.listeners = GatewayListeners(pairsFamilies: configuration.listen.map { Self.listenAddresses($0).count == 2 } ?? false)
         let tls = try HTTPClients.tls(extraCAFile: extraCAFile)

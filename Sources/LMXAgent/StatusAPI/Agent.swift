@@ -8,8 +8,14 @@ public struct Agent: Sendable {
     public let watch: WatchHub
     public let store: StoreExecutor
     public let metrics: AgentMetrics
+    /// What went through the gateway, per model.
+    public let traffic: GatewayTraffic
 
-    public init(manager: ConnectionManager, board: StateBoard, watch: WatchHub, store: StoreExecutor, metrics: AgentMetrics) {
+    public init(
+        manager: ConnectionManager, board: StateBoard, watch: WatchHub, store: StoreExecutor, metrics: AgentMetrics,
+        traffic: GatewayTraffic = GatewayTraffic()
+    ) {
+        self.traffic = traffic
         self.manager = manager
         self.board = board
         self.watch = watch

@@ -120,32 +120,39 @@ public enum StatusServer {
             guard let subscription = await gate.run(for: await peer(context), { agent.watch.watch(since: since) }) else {
                 return tooManyLargeAnswers()
             }
-            let channel = context.channel
-            let body = ResponseBody { writer in
-                defer { agent.watch.unwatch(subscription.id) }
-                // A watcher that stops reading is cut off once a write has waited this long, so
-                // it never holds a connection, its buffers and a descriptor for good.
-                func send(_ line: [UInt8]) async throws {
-                    let deadline = Task {
-                        try await Task.sleep(for: .seconds(watchWriteTimeout))
-                        channel.close(promise: nil)
-                    }
-                    defer { deadline.cancel() }
-                    try await writer.write(ByteBuffer(bytes: line))
-                }
-                for line in subscription.first { try await send(line) }
-                for await line in subscription.stream { try await send(line) }
-                try await writer.finish(nil)
-            }
             return Response(
-                status: .ok, headers: [.contentType: "application/x-ndjson", .cacheControl: "no-store"], body: body)
+                status: .ok, headers: [.contentType: "application/x-ndjson", .cacheControl: "no-store"],
+                body: watchBody(subscription, hub: agent.watch, channel: context.channel))
         }
+        router.get("/v1/traffic") { _, _ -> Response in json(agent.traffic.report()) }
         router.get("/metrics") { _, _ -> Response in
             Response(
                 status: .ok, headers: [.contentType: "text/plain; version=0.0.4"],
                 body: .init(byteBuffer: ByteBuffer(string: agent.metricsText())))
         }
         return router
+    }
+
+    /// A watch subscription's lines as an answer's body: the first lines, then each change. A
+    /// watcher that stops reading is cut off once a write has waited `watchWriteTimeout`, so it
+    /// never holds a connection, its buffers and a descriptor for good.
+    static func watchBody(
+        _ subscription: (first: [[UInt8]], stream: AsyncStream<[UInt8]>, id: UInt64), hub: WatchHub, channel: any Channel
+    ) -> ResponseBody {
+        ResponseBody { writer in
+            defer { hub.unwatch(subscription.id) }
+            func send(_ line: [UInt8]) async throws {
+                let deadline = Task {
+                    try await Task.sleep(for: .seconds(watchWriteTimeout))
+                    channel.close(promise: nil)
+                }
+                defer { deadline.cancel() }
+                try await writer.write(ByteBuffer(bytes: line))
+            }
+            for line in subscription.first { try await send(line) }
+            for await line in subscription.stream { try await send(line) }
+            try await writer.finish(nil)
+        }
     }
 
     static func json<T: Encodable>(_ value: T, status: HTTPResponse.Status = .ok) -> Response {

@@ -97,6 +97,23 @@ public enum EventBoundary {
         return nil
     }
 
+    /// How many events end in `bytes` (blank lines: `\n\n` or `\n\r\n`), given whether the
+    /// bytes before them ended a line (`afterNewline`, carried from chunk to chunk). One pass.
+    public static func count(in bytes: UnsafeRawBufferPointer, afterNewline: inout Bool) -> Int {
+        var count = 0
+        var lineStart = afterNewline  // at the start of a line that is empty so far
+        for byte in bytes {
+            if byte == 0x0A {
+                if lineStart { count += 1 }
+                lineStart = true
+            } else if byte != 0x0D || !lineStart {
+                lineStart = false
+            }
+        }
+        afterNewline = lineStart
+        return count
+    }
+
     /// The same over an array (tests, small inputs).
     public static func end(in bytes: [UInt8]) -> Int? {
         bytes.withUnsafeBytes { end(in: $0) }

@@ -283,6 +283,54 @@ public enum StatusAPI {
         }
     }
 
+    /// `GET /v1/traffic`: what went through the local gateway since the agent started, per model
+    /// and path.
+    public struct Traffic: Codable, Sendable, Hashable {
+        public var since: String
+        public var models: [ModelTraffic]
+
+        public init(since: String, models: [ModelTraffic]) {
+            self.since = since
+            self.models = models
+        }
+    }
+
+    /// One model over one path (LAN or tunnel) through the gateway. Times are of the latest 256
+    /// answers: to the answer's first byte, or for streams to the first event (the first token).
+    public struct ModelTraffic: Codable, Sendable, Hashable {
+        public var model: String
+        public var via: Via
+        public var requests: Int
+        /// Answered 429 or 5xx, or not answered.
+        public var errors: Int
+        public var streams: Int
+        public var firstByteP50MS: Double?
+        public var firstByteP95MS: Double?
+        /// Streamed events per second (one token per event, as servers send them), median.
+        public var eventsPerSecondP50: Double?
+        public var lastAt: String
+
+        public init(
+            model: String, via: Via, requests: Int, errors: Int, streams: Int, firstByteP50MS: Double?, firstByteP95MS: Double?,
+            eventsPerSecondP50: Double?, lastAt: String
+        ) {
+            self.model = model
+            self.via = via
+            self.requests = requests
+            self.errors = errors
+            self.streams = streams
+            self.firstByteP50MS = firstByteP50MS
+            self.firstByteP95MS = firstByteP95MS
+            self.eventsPerSecondP50 = eventsPerSecondP50
+            self.lastAt = lastAt
+        }
+
+        enum CodingKeys: String, CodingKey {
+            case model, via, requests, errors, streams, firstByteP50MS = "first_byte_p50_ms", firstByteP95MS = "first_byte_p95_ms"
+            case eventsPerSecondP50 = "events_per_second_p50", lastAt = "last_at"
+        }
+    }
+
     /// The one error shape of the API.
     public struct ErrorBody: Codable, Sendable, Hashable {
         public var error: String

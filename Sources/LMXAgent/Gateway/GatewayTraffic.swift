@@ -1,0 +1,27 @@
+import LMXCore
+import LMXSystem
+import Synchronization
+
+/// The gateway's traffic per model (``TrafficStats``), shared by the gateway that records it and
+/// the status API and dashboard that read it (`/v1/traffic`).
+public final class GatewayTraffic: Sendable {
+    private let stats = Mutex(TrafficStats())
+    private let started = SystemClock.realtime()
+
+    public init() {}
+
+    func answered(model: String?, via: Via, status: Int, firstByte: Double?, answered: Bool) {
+        let now = SystemClock.realtime()
+        stats.withLock { $0.answered(model: model, via: via, status: status, firstByte: firstByte, answered: answered, now: now) }
+    }
+
+    func streamed(model: String?, via: Via, firstEvent: Double?, events: Int, seconds: Double) {
+        let now = SystemClock.realtime()
+        stats.withLock { $0.streamed(model: model, via: via, firstEvent: firstEvent, events: events, seconds: seconds, now: now) }
+    }
+
+    public func report() -> StatusAPI.Traffic {
+        let models = stats.withLock { $0.report(iso: Timestamp.iso8601) }
+        return StatusAPI.Traffic(since: Timestamp.iso8601(started), models: models)
+    }
+}

@@ -1,0 +1,103 @@
+/// The gateway's traffic per model and path (LAN or tunnel): requests, errors, time to the first
+/// byte of the answer (for streams, to the first event: the first token), and streamed events per
+/// second (servers send one token per event). Bounded: at most `maxKeys` model and path pairs
+/// (the rest are counted under `(other)`), the latest `samples` figures of each kind per pair.
+public struct TrafficStats: Sendable {
+    public struct Key: Sendable, Hashable {
+        public var model: String
+        public var via: Via
+        public init(model: String, via: Via) {
+            self.model = model
+            self.via = via
+        }
+    }
+
+    struct Entry: Sendable {
+        var requests = 0
+        var errors = 0
+        var streams = 0
+        var firstByte = Samples()
+        var rate = Samples()
+        var last = 0.0
+    }
+
+    /// The latest figures, oldest overwritten first.
+    struct Samples: Sendable {
+        var values: [Double] = []
+        var next = 0
+
+        mutating func add(_ value: Double, keeping limit: Int) {
+            guard value.isFinite, value >= 0 else { return }
+            if values.count < limit {
+                values.append(value)
+            } else {
+                values[next] = value
+                next = (next + 1) % limit
+            }
+        }
+
+        /// The `q`-quantile (nearest rank) of the kept values.
+        func quantile(_ q: Double) -> Double? {
+            guard !values.isEmpty else { return nil }
+            let sorted = values.sorted()
+            let rank = Int((q * Double(sorted.count)).rounded(.up)) - 1
+            return sorted[min(max(rank, 0), sorted.count - 1)]
+        }
+    }
+
+    public static let other = "(other)"
+    public static let unnamed = "(no model)"
+    let maxKeys: Int
+    let samples: Int
+    private var entries: [Key: Entry] = [:]
+
+    public init(maxKeys: Int = 64, samples: Int = 256) {
+        self.maxKeys = max(maxKeys, 1)
+        self.samples = max(samples, 1)
+    }
+
+    /// The key a request is counted under: its model (bounded, printable), `(other)` past the
+    /// bound.
+    func key(model: String?, via: Via) -> Key {
+        let name = model.flatMap { OutsideInput.label($0, maxBytes: 128) }.flatMap { $0.isEmpty ? nil : $0 } ?? Self.unnamed
+        let key = Key(model: name, via: via)
+        if entries[key] != nil || entries.count < maxKeys - 1 { return key }
+        return Key(model: Self.other, via: via)
+    }
+
+    /// A request answered with `status` (`answered` false: no server answered it; the gateway
+    /// did), its first byte `firstByte` seconds after it came (nil: not taken, as for streams,
+    /// whose first event is the figure).
+    public mutating func answered(model: String?, via: Via, status: Int, firstByte: Double?, answered: Bool = true, now: Double) {
+        let key = key(model: model, via: via)
+        var entry = entries[key] ?? Entry()
+        entry.requests &+= 1
+        if status >= 500 || status == 429 || !answered { entry.errors &+= 1 }
+        if let firstByte, status < 400 { entry.firstByte.add(firstByte * 1000, keeping: samples) }
+        entry.last = now
+        entries[key] = entry
+    }
+
+    /// A streamed answer ended: `events` events over `seconds` from the first to the last, the
+    /// first `firstEvent` seconds after the request.
+    public mutating func streamed(model: String?, via: Via, firstEvent: Double?, events: Int, seconds: Double, now: Double) {
+        let key = key(model: model, via: via)
+        var entry = entries[key] ?? Entry()
+        entry.streams &+= 1
+        if let firstEvent { entry.firstByte.add(firstEvent * 1000, keeping: samples) }
+        if events >= 2, seconds > 0 { entry.rate.add(Double(events - 1) / seconds, keeping: samples) }
+        entry.last = now
+        entries[key] = entry
+    }
+
+    /// The figures, busiest first.
+    public func report(iso: (Double) -> String) -> [StatusAPI.ModelTraffic] {
+        entries.map { key, entry in
+            StatusAPI.ModelTraffic(
+                model: key.model, via: key.via, requests: entry.requests, errors: entry.errors, streams: entry.streams,
+                firstByteP50MS: entry.firstByte.quantile(0.5), firstByteP95MS: entry.firstByte.quantile(0.95),
+                eventsPerSecondP50: entry.rate.quantile(0.5), lastAt: iso(entry.last))
+        }
+        .sorted { ($0.requests, $1.model, $1.via.rawValue) > ($1.requests, $0.model, $0.via.rawValue) }
+    }
+}
