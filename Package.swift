@@ -128,9 +128,9 @@ let package = Package(
             resources: [.embedInCode("Dashboard/Assets")]
         ),
 
-        // The four commands, each a library: one multi-call binary holds them all (the package
-        // installs it once, the commands as links to it), and each also has an executable of its
-        // own for development and the tests.
+        // The commands, each a library: one multi-call binary holds them all (the package installs
+        // it once, the commands as links to it); the first four also have an executable of their
+        // own for development and the tests (lmx-notify runs from the multi-call binary only).
         .target(
             name: "LMXDiscoverCommand",
             dependencies: [
@@ -160,6 +160,13 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        .target(
+            name: "LMXNotifyCommand",
+            dependencies: [
+                "LMXCore", "LMXBus", "LMXStatusClient", "LMXSystem",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
         .executableTarget(
             name: "lmx-discover",
             dependencies: ["LMXDiscoverCommand", .product(name: "ArgumentParser", package: "swift-argument-parser")]
@@ -178,7 +185,7 @@ let package = Package(
         .executableTarget(
             name: "lmx-agent",
             dependencies: [
-                "LMXAgentdCommand", "LMXStatusCommand", "LMXDiscoverCommand", "LMXPairCommand", "LMXSystem",
+                "LMXAgentdCommand", "LMXStatusCommand", "LMXDiscoverCommand", "LMXPairCommand", "LMXNotifyCommand", "LMXSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

@@ -78,3 +78,29 @@ public enum ProcessEnvironment {
         return result
     }
 }
+
+/// Programs started and left to run on their own (a browser opening a page).
+public enum Spawn {
+    /// Starts `program` (looked up in `PATH` when it has no slash) with `arguments`, its output
+    /// and input to /dev/null; it is not waited for. Call ``reapAutomatically()`` once first, so
+    /// finished children do not linger.
+    /// - Returns: whether it started.
+    @discardableResult
+    public static func detached(_ program: String, _ arguments: [String]) -> Bool {
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        for fd in [STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO] {
+            posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", fd == STDIN_FILENO ? O_RDONLY : O_WRONLY, 0)
+        }
+        let argv = ([program] + arguments).map { strdup($0) } + [nil]
+        defer { for pointer in argv { free(pointer) } }
+        var pid: pid_t = 0
+        return posix_spawnp(&pid, program, &actions, nil, argv, environ) == 0
+    }
+
+    /// Children are reaped by the kernel as they end (SIGCHLD ignored).
+    public static func reapAutomatically() {
+        signal(SIGCHLD, SIG_IGN)
+    }
+}

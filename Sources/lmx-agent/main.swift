@@ -1,11 +1,12 @@
 import ArgumentParser
 import LMXAgentdCommand
 import LMXDiscoverCommand
+import LMXNotifyCommand
 import LMXPairCommand
 import LMXStatusCommand
 import LMXSystem
 
-// One binary, four commands: installed once, with lmx-agentd, lmx-discover and lmx-pair as links
+// One binary, five commands: installed once, with lmx-agentd, lmx-discover, lmx-pair and lmx-notify as links
 // to it; the name it was started by says which command runs. Started by any other name, the
 // first argument names the command (`lmx-agent status --url`).
 let arguments = CommandLine.arguments
@@ -33,11 +34,12 @@ case "lmx-agentd": await MultiCall.run(LMXAgentd.self, rest)
 case "lmx-status": LMXStatus.start(rest)
 case "lmx-discover": await MultiCall.run(LMXDiscover.self, rest)
 case "lmx-pair": LMXPair.main(rest)
+case "lmx-notify": LMXNotify.main(rest)
 default: ProcessLimits.exit(64, message: MultiCall.usage(invokedAs))
 }
 
 enum MultiCall {
-    static let commands = ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair"]
+    static let commands = ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair", "lmx-notify"]
 
     /// The asynchronous entry point (top-level code would pick the synchronous overload).
     static func run<Command: AsyncParsableCommand>(_: Command.Type, _ arguments: [String]) async {

@@ -367,4 +367,12 @@ public enum Timestamp {
     public static func iso8601(_ date: Date) -> String {
         date.formatted(style)
     }
+
+    /// Seconds since 1970 of an ISO 8601 time with or without fractional seconds; nil when it is
+    /// not one.
+    public static func parse(_ text: String) -> Double? {
+        guard text.utf8.count <= 64 else { return nil }
+        if let date = try? style.parse(text) { return date.timeIntervalSince1970 }
+        return (try? Date.ISO8601FormatStyle(timeZone: .gmt).parse(text))?.timeIntervalSince1970
+    }
 }
