@@ -106,8 +106,12 @@ function renderNow() {
   if (active) {
     now.dataset.via = active.via;
     $('active-where').textContent = (active.via === 'lan' ? 'On the LAN: ' : 'Through the tunnel: ') + active.name;
-    const route = findRoute(active.route_id);
-    $('active-why').textContent = route ? route.reason : '';
+    // Why here: on the tunnel, what keeps the LAN routes of that server from being used.
+    const candidate = ((status.candidates) || []).find((c) => c.routes.some((r) => r.id === active.route_id));
+    const lan = candidate ? candidate.routes.filter((r) => r.via === 'lan') : [];
+    $('active-why').textContent = active.via === 'lan'
+      ? 'Directly on the local network.'
+      : (lan.length ? 'The LAN route is not usable: ' + lan.map((r) => r.reason).join('; ') : 'This server has no LAN route from here.');
     $('active-meta').textContent = active.base_url + ' · ' + (VERDICTS[active.verdict] || [active.verdict])[0] + ' since ' + when(active.since);
   } else {
     now.dataset.via = 'none';
@@ -118,13 +122,6 @@ function renderNow() {
   const gateway = status.gateway && status.gateway.openai_base_url ? 'Gateway: ' + status.gateway.openai_base_url + '. ' : '';
   const problem = status.gateway && status.gateway.problem ? 'Gateway not on TCP: ' + status.gateway.problem + '. ' : '';
   $('active-meta').textContent += (active ? ' · ' : '') + gateway + problem + 'mDNS: ' + status.avahi + '. Trust: ' + (status.trust || 'paired') + '.';
-}
-
-function findRoute(id) {
-  for (const candidate of (state.status && state.status.candidates) || []) {
-    for (const route of candidate.routes) if (route.id === id) return route;
-  }
-  return null;
 }
 
 function renderServers() {
@@ -155,7 +152,7 @@ function renderServers() {
           route.active ? el('span', { className: 'badge', 'data-tone': 'ok', text: 'active' }) : null,
           el('span', { className: 'url', text: route.base_url })),
         el('p', { className: 'reason', text: route.reason }),
-        el('div', { className: 'latency' }, sparkline(route), el('span', { text: 'latency ' + latency })),
+        el('div', { className: 'latency' }, (state.history.get(route.id) || []).length >= 2 ? sparkline(route) : null, el('span', { text: 'latency ' + latency })),
         models ? el('p', { className: 'models', text: models }) : null,
         route.last_probe && route.last_probe.detail ? el('p', { className: 'detail', text: route.last_probe.detail }) : null));
     }

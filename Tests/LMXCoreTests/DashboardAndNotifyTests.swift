@@ -1,0 +1,229 @@
+import Testing
+
+@testable import LMXCore
+
+@Suite("The dashboard's rules: its paths, who may load it")
+struct DashboardPolicyTests {
+    private func refusal(
+        method: String = "GET", host: String? = "127.0.0.1:1235", headers: [(String, String)] = [], tcp: Bool = true,
+        port: Int? = 1235, localhostIsOurs: Bool = true
+    ) -> String? {
+        DashboardPolicy.refusal(
+            method: method, authority: host, headers: headers.map { (name: $0.0, value: $0.1) }, overTCP: tcp, localPort: port,
+            localhostIsOurs: localhostIsOurs)?.code
+    }
+
+    @Test("the root, the assets and the read endpoints are the dashboard's; /v1/* and /admin/* are not")
+    func paths() {
+        #expect(DashboardPolicy.resource(path: "/") == .page)
+        #expect(DashboardPolicy.resource(path: "/dashboard/app.js") == .script)
+        #expect(DashboardPolicy.resource(path: "/dashboard/api/watch") == .watch)
+        #expect(DashboardPolicy.resource(path: "/dashboard/api/secrets") == .missing)
+        #expect(DashboardPolicy.resource(path: "/dashboard") == .missing)
+        for path in ["/v1/models", "/admin/models", "/healthz", "/dashboardx", "//", "/v1/dashboard/app.js"] {
+            #expect(DashboardPolicy.resource(path: path) == nil, "\(path)")
+        }
+    }
+
+    @Test("typed in or from its own page: served; Host with the gateway's port only (DNS rebinding)")
+    func host() {
+        #expect(refusal() == nil)
+        #expect(refusal(host: "localhost:1235") == nil)
+        #expect(refusal(host: "[::1]:1235") == nil)
+        #expect(refusal(host: "127.0.0.1:1235", headers: [("Sec-Fetch-Site", "none")]) == nil)
+        #expect(refusal(headers: [("Origin", "http://127.0.0.1:1235"), ("Sec-Fetch-Site", "same-origin")]) == nil)
+        for host in ["evil.example:1235", "evil.example", "127.0.0.1", "127.0.0.1:80", "localhost", "[::1]", "127.0.0.1:1235.evil", "10.0.0.1:1235", ""] {
+            #expect(refusal(host: host) == "forbidden_host", "\(host)")
+        }
+        #expect(refusal(host: nil) == "forbidden_host")
+        #expect(refusal(port: nil) == "forbidden_host")
+        #expect(refusal(host: "localhost:1235", localhostIsOurs: false) == "localhost_not_ours")
+        #expect(refusal(host: "127.0.0.1:1235", localhostIsOurs: false) == nil)
+        // Over the Unix socket no Host is checked (only local users reach it).
+        #expect(refusal(host: "anything", tcp: false, port: nil) == nil)
+    }
+
+    @Test("other origins, other sites, frames and anything but GET are refused")
+    func crossSite() {
+        #expect(refusal(headers: [("Origin", "http://evil.example")]) == "forbidden_origin")
+        #expect(refusal(headers: [("Origin", "http://localhost:3000")]) == "forbidden_origin")  // another local app
+        #expect(refusal(headers: [("Origin", "null")]) == "forbidden_origin")
+        #expect(refusal(headers: [("Sec-Fetch-Site", "cross-site")]) == "forbidden_site")
+        #expect(refusal(headers: [("Sec-Fetch-Site", "same-site")]) == "forbidden_site")
+        #expect(refusal(headers: [("Sec-Fetch-Dest", "iframe"), ("Sec-Fetch-Site", "same-origin")]) == "forbidden_frame")
+        for method in ["POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"] {
+            #expect(refusal(method: method) == "method_not_allowed", "\(method)")
+        }
+        let names = Set(DashboardPolicy.headers.map { $0.name.lowercased() })
+        #expect(names.isSuperset(of: ["content-security-policy", "x-frame-options", "x-content-type-options", "cache-control"]))
+        #expect(!names.contains { $0.hasPrefix("access-control-") || $0 == "set-cookie" })
+        let csp = DashboardPolicy.headers.first { $0.name == "Content-Security-Policy" }?.value ?? ""
+        #expect(csp.contains("frame-ancestors 'none'") && csp.contains("script-src 'self'") && !csp.contains("unsafe"))
+    }
+}
+
+@Suite("The gateway's traffic per model")
+struct TrafficStatsTests {
+    @Test("requests, errors, first byte and events per second per model and path; bounded")
+    func figures() {
+        var stats = TrafficStats(maxKeys: 4, samples: 8)
+        for i in 0..<10 { stats.answered(model: "m", via: .lan, status: 200, firstByte: Double(i) / 1000, now: 1) }
+        stats.answered(model: "m", via: .lan, status: 503, firstByte: 0.5, now: 2)
+        stats.answered(model: "m", via: .wan, status: 502, firstByte: nil, answered: false, now: 2)
+        stats.streamed(model: "m", via: .lan, firstEvent: 0.02, events: 11, seconds: 0.5, now: 3)
+        let report = stats.report(iso: { "\($0)" })
+        let lan = report.first { $0.model == "m" && $0.via == .lan }
+        #expect(lan?.requests == 11 && lan?.errors == 1 && lan?.streams == 1)
+        // The latest 8 first-byte figures: 3…9 ms and the stream's 20 ms.
+        #expect(lan?.firstByteP50MS == 6 && lan?.firstByteP95MS == 20)
+        #expect(lan?.eventsPerSecondP50 == 20)
+        #expect(report.first { $0.via == .wan }?.errors == 1)
+        #expect(report.first?.model == "m" && report.first?.via == .lan)  // busiest first
+
+        // Past the bound, new models count under (other); names are bounded and printable.
+        stats.answered(model: "bad\nname", via: .lan, status: 200, firstByte: 0.001, now: 4)
+        #expect(stats.report(iso: { "\($0)" }).contains { $0.model == TrafficStats.unnamed })
+        for i in 0..<100 { stats.answered(model: "model-\(i)" + String(repeating: "x", count: i * 10), via: .lan, status: 200, firstByte: 0.001, now: 4) }
+        stats.answered(model: nil, via: .lan, status: 200, firstByte: 0.001, now: 4)
+        let all = stats.report(iso: { "\($0)" })
+        #expect(all.count <= 5)
+        #expect(all.contains { $0.model == TrafficStats.other })
+        #expect(all.allSatisfy { !$0.model.contains("\n") && $0.model.utf8.count <= 128 })
+        stats.answered(model: "x", via: .lan, status: 200, firstByte: .nan, now: 5)
+        stats.streamed(model: "x", via: .lan, firstEvent: -1, events: Int.max, seconds: 0, now: 5)
+    }
+
+    @Test("event ends are counted across chunks, \\n\\n and \\n\\r\\n alike")
+    func events() {
+        var after = true
+        func count(_ text: String) -> Int { Array(text.utf8).withUnsafeBytes { EventBoundary.count(in: $0, afterNewline: &after) } }
+        #expect(count("data: a\n\ndata: b\n") == 1)
+        #expect(count("\ndata: c\r\n\r\n") == 2)
+        #expect(count("data: d\n") == 0)
+        #expect(count("\n") == 1)
+    }
+}
+
+@Suite("lmx-notify's decisions (quiet at start, one per change, coalesced)")
+struct NotificationPlannerTests {
+    static func active(_ via: Via, _ name: String) -> StatusAPI.Active {
+        StatusAPI.Active(
+            baseURL: "http://h:1", openAIBaseURL: "http://h:1/v1", via: via, instanceID: "i", name: name, verdict: .ready, since: "",
+            routeID: "\(via.rawValue)/h:1", source: .manual)
+    }
+
+    static func snapshot(_ active: StatusAPI.Active?, routes: [StatusAPI.RouteStatus] = []) -> StatusAPI.WatchLine {
+        StatusAPI.WatchLine(
+            type: .snapshot, seq: 1, at: "",
+            status: StatusAPI.Status(
+                agentVersion: "t", seq: 1, avahi: "running", avahiDetail: nil, active: active, noActiveReason: active == nil ? "nothing answers" : nil,
+                candidates: [StatusAPI.Candidate(instanceID: "i", name: "n", active: false, verdict: nil, routes: routes)],
+                gateway: StatusAPI.Gateway(openAIBaseURL: "http://127.0.0.1:1235/v1", socket: nil)))
+    }
+
+    static func line(_ active: StatusAPI.Active?, reason: String = "because") -> StatusAPI.WatchLine {
+        StatusAPI.WatchLine(type: .active, seq: 2, at: "", active: active, reason: reason)
+    }
+
+    static func impostor(_ id: String) -> StatusAPI.RouteStatus {
+        StatusAPI.RouteStatus(
+            id: id, baseURL: "http://10.0.0.9:1234", via: .lan, source: .mdns, name: "Fake <b>Studio</b>", addresses: [], announced: true,
+            health: .up, verdict: .ready, active: false, reason: "", latencyMS: nil, lastProbe: nil, version: nil, models: nil, ready: nil,
+            probes: 1, failures: 0, credentials: [], pinnedInstance: nil, trust: .impostor)
+    }
+
+    @Test("the start is not told; failover and return are told once each, in words, replacing one notification")
+    func failoverAndReturn() {
+        var planner = NotificationPlanner(interval: 10)
+        planner.receive(Self.snapshot(Self.active(.lan, "Studio")), now: 0)
+        #expect(planner.due(now: 0).isEmpty)
+        #expect(planner.dashboardURL == "http://127.0.0.1:1235/")
+        planner.receive(Self.line(Self.active(.wan, "Studio"), reason: "lan/10.0.0.2:1234 failed: down: connection refused"), now: 1)
+        let away = planner.due(now: 1)
+        #expect(away.count == 1)
+        #expect(away.first?.summary == "Switched to the tunnel" && away.first?.topic == .route)
+        #expect(away.first?.body.contains("connection refused") == true && away.first?.urgency == .normal)
+        #expect(planner.due(now: 2).isEmpty)
+        planner.receive(Self.line(Self.active(.lan, "Studio")), now: 20)
+        let home = planner.due(now: 20)
+        #expect(home.map(\.summary) == ["Back home on the LAN"] && home.first?.urgency == .low)
+        #expect(planner.nextDue() == nil)
+    }
+
+    @Test("a flapping route: at most one notice per interval, and none when it ends where it was seen")
+    func flapping() {
+        var planner = NotificationPlanner(interval: 10)
+        planner.receive(Self.snapshot(Self.active(.lan, "S")), now: 0)
+        var told: [(Double, String)] = []
+        var t = 0.0
+        while t < 60 {
+            planner.receive(Self.line(Self.active(Int(t * 2) % 2 == 0 ? .wan : .lan, "S")), now: t)
+            for notice in planner.due(now: t) { told.append((t, notice.summary)) }
+            t += 0.5
+        }
+        #expect(told.count <= 6 && told.count >= 1, "\(told)")
+        for (a, b) in zip(told, told.dropFirst()) { #expect(b.0 - a.0 >= 10) }
+        // Changes held back inside the interval come out at its end, if they still stand.
+        var held = NotificationPlanner(interval: 10)
+        held.receive(Self.snapshot(Self.active(.lan, "S")), now: 0)
+        held.receive(Self.line(Self.active(.wan, "S")), now: 1)
+        #expect(held.due(now: 1).count == 1)
+        held.receive(Self.line(Self.active(.lan, "S")), now: 2)
+        held.receive(Self.line(Self.active(.wan, "S")), now: 3)
+        #expect(held.due(now: 5).isEmpty)
+        #expect(held.nextDue() == nil)  // back where it was told: nothing to say
+        held.receive(Self.line(Self.active(.lan, "S")), now: 6)
+        #expect(held.nextDue() == 11)
+        #expect(held.due(now: 11).map(\.summary) == ["Back home on the LAN"])
+    }
+
+    @Test("no server usable waits out its grace; a restart's brief none is not told")
+    func noServer() {
+        var planner = NotificationPlanner(interval: 0, noServerGrace: 5)
+        planner.receive(Self.snapshot(Self.active(.lan, "S")), now: 0)
+        planner.receive(Self.line(nil, reason: "every route is down"), now: 1)
+        #expect(planner.due(now: 3).isEmpty)
+        let none = planner.due(now: 6)
+        #expect(none.map(\.summary) == ["No LMX server usable"] && none.first?.urgency == .critical)
+        // The agent restarts: a snapshot with nothing yet, then the LAN again within the grace.
+        planner.receive(Self.line(Self.active(.lan, "S")), now: 10)
+        #expect(planner.due(now: 10).count == 1)
+        planner.receive(Self.snapshot(nil), now: 20)
+        planner.receive(Self.line(Self.active(.lan, "S")), now: 21)
+        #expect(planner.due(now: 30).isEmpty)
+    }
+
+    @Test("impostors: told once each (those at start never), markup in names neutralized")
+    func impostors() {
+        var planner = NotificationPlanner(interval: 10)
+        planner.receive(Self.snapshot(Self.active(.lan, "S"), routes: [Self.impostor("old")]), now: 0)
+        planner.receive(StatusAPI.WatchLine(type: .health, seq: 3, at: "", route: Self.impostor("old")), now: 1)
+        #expect(planner.due(now: 1).isEmpty)
+        planner.receive(StatusAPI.WatchLine(type: .candidateAdded, seq: 4, at: "", route: Self.impostor("new")), now: 2)
+        planner.receive(StatusAPI.WatchLine(type: .health, seq: 5, at: "", route: Self.impostor("new")), now: 3)
+        let told = planner.due(now: 3)
+        #expect(told.count == 1 && told.first?.topic == .impostor)
+        #expect(told.first?.summary.contains("<") == false && told.first?.summary.contains("Fake") == true)
+    }
+
+    @Test("a pairing about to expire is told once; others are not")
+    func pairings() {
+        var planner = NotificationPlanner(interval: 10, expiryWarning: 3 * 86_400)
+        planner.receive(Self.snapshot(Self.active(.lan, "S")), now: 0)
+        let now = 1_800_000_000.0
+        func pairing(_ id: String, in seconds: Double?) -> PairingSummary {
+            PairingSummary(
+                id: id, name: id, format: .token, url: nil, lan: nil, instance: nil, secrets: [],
+                expiresAt: seconds.map { Timestamp.iso8601(now + $0) })
+        }
+        let list = [pairing("soon", in: 86_400), pairing("later", in: 30 * 86_400), pairing("never", in: nil)]
+        planner.pairings(list, wallNow: now)
+        let told = planner.due(now: 1)
+        #expect(told.map(\.summary) == ["Pairing “soon” expires in 24 hours"])
+        planner.pairings(list, wallNow: now + 60)
+        #expect(planner.due(now: 100).isEmpty)
+        #expect(Timestamp.parse("2026-11-25T10:00:00Z") == 1_795_600_800)
+        #expect(Timestamp.parse("2026-11-25T10:00:00.500Z") == 1_795_600_800.5)
+        #expect(Timestamp.parse("tomorrow") == nil)
+    }
+}
