@@ -66,7 +66,7 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 BINDIR = $(PREFIX)/bin
 RELEASE_BIN = .build/release
-COMMANDS = lmx-agentd lmx-status lmx-discover lmx-pair
+COMMANDS = lmx-agentd lmx-status lmx-discover lmx-pair lmx-notify
 
 install:
 	@test -x $(RELEASE_BIN)/lmx-agentd || { echo "make install: no release build: run 'make release' first" >&2; exit 1; }
@@ -74,12 +74,13 @@ install:
 		$(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
 		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d $(DESTDIR)$(PREFIX)/lib/systemd/system \
 		$(DESTDIR)$(PREFIX)/lib/systemd/user $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(PREFIX)/share/doc/lmx-agent
-	# One multi-call binary as lmx-agentd, lmx-discover and lmx-pair as links to it; lmx-status
+	# One multi-call binary as lmx-agentd, lmx-discover, lmx-pair and lmx-notify as links to it; lmx-status
 	# stays a small binary of its own (it starts faster alone).
 	install -m 0755 $(RELEASE_BIN)/lmx-agent $(DESTDIR)$(BINDIR)/lmx-agentd
 	install -m 0755 $(RELEASE_BIN)/lmx-status $(DESTDIR)$(BINDIR)/lmx-status
 	ln -sf lmx-agentd $(DESTDIR)$(BINDIR)/lmx-discover
 	ln -sf lmx-agentd $(DESTDIR)$(BINDIR)/lmx-pair
+	ln -sf lmx-agentd $(DESTDIR)$(BINDIR)/lmx-notify
 	for c in $(COMMANDS); do \
 		install -m 0644 Packaging/man/$$c.1 $(DESTDIR)$(PREFIX)/share/man/man1/$$c.1 && \
 		install -m 0644 Packaging/completions/bash/$$c $(DESTDIR)$(PREFIX)/share/bash-completion/completions/$$c && \
@@ -88,7 +89,9 @@ install:
 	done
 	sed 's|^ExecStart=/usr/bin/|ExecStart=$(BINDIR)/|' Packaging/systemd/lmx-agentd.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/lmx-agentd.service
 	sed 's|@BINDIR@|$(BINDIR)|' Packaging/systemd/user/lmx-agentd.service > $(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-agentd.service
-	chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/lmx-agentd.service $(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-agentd.service
+	sed 's|@BINDIR@|$(BINDIR)|' Packaging/systemd/user/lmx-notify.service > $(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-notify.service
+	chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/lmx-agentd.service $(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-agentd.service \
+		$(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-notify.service
 	install -m 0644 examples/agent.json $(DESTDIR)$(PREFIX)/share/doc/lmx-agent/agent.json
 	install -m 0644 Packaging/debian/lmx-agent.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/lmx-agent.conf
 
@@ -99,6 +102,7 @@ uninstall:
 			$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/$$c.fish; \
 	done
 	rm -f $(DESTDIR)$(PREFIX)/lib/systemd/system/lmx-agentd.service $(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-agentd.service \
+		$(DESTDIR)$(PREFIX)/lib/systemd/user/lmx-notify.service \
 		$(DESTDIR)$(PREFIX)/lib/sysusers.d/lmx-agent.conf
 	rm -rf $(DESTDIR)$(PREFIX)/share/doc/lmx-agent
 

@@ -30,6 +30,7 @@ let package = Package(
         .executable(name: "lmx-agentd", targets: ["lmx-agentd"]),
         .executable(name: "lmx-status", targets: ["lmx-status"]),
         .executable(name: "lmx-pair", targets: ["lmx-pair"]),
+        .executable(name: "lmx-notify", targets: ["lmx-notify"]),
         .executable(name: "lmx-agent", targets: ["lmx-agent"]),
     ],
     dependencies: [
@@ -129,8 +130,8 @@ let package = Package(
         ),
 
         // The commands, each a library: one multi-call binary holds them all (the package installs
-        // it once, the commands as links to it); the first four also have an executable of their
-        // own for development and the tests (lmx-notify runs from the multi-call binary only).
+        // it once, the commands as links to it), and each also has an executable of its own for
+        // development, the tests and the generated man pages.
         .target(
             name: "LMXDiscoverCommand",
             dependencies: [
@@ -181,6 +182,7 @@ let package = Package(
         // time (no NSS look-ups, no DNS).
         .executableTarget(name: "lmx-status", dependencies: ["LMXStatusCommand"], linkerSettings: staticStatus),
         .executableTarget(name: "lmx-pair", dependencies: ["LMXPairCommand"]),
+        .executableTarget(name: "lmx-notify", dependencies: ["LMXNotifyCommand"]),
         // The multi-call binary: dispatches on the name it was started by (busybox-style).
         .executableTarget(
             name: "lmx-agent",

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make deb`: lmx-agent_<version>_<arch>.deb from a release build with the Swift runtime linked
 # statically, packaged by debhelper (Packaging/debian: dh, dh_installsystemd, dh_installsysusers).
-# Holds the multi-call binary (as lmx-agentd, with lmx-discover and lmx-pair linked to it) and
-# lmx-status, the system and user units, a commented /etc/lmx/agent.json, man pages,
+# Holds the multi-call binary (as lmx-agentd, with lmx-discover, lmx-pair and lmx-notify linked to
+# it) and lmx-status, the system and user units (lmx-agentd, lmx-notify), a commented /etc/lmx/agent.json, man pages,
 # bash/zsh/fish completions and the copyright file; Depends: is computed from the binaries by
 # dh_shlibdeps. The package is written to the repository's top folder.
 set -euo pipefail

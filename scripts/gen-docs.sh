@@ -12,7 +12,7 @@ LOG_NAME=gen-docs
 . scripts/lib.sh
 command -v swift >/dev/null || export PATH="/opt/swift/usr/bin:$PATH"
 
-COMMANDS=(lmx-agentd lmx-status lmx-discover lmx-pair)
+COMMANDS=(lmx-agentd lmx-status lmx-discover lmx-pair lmx-notify)
 # The date the pages carry: the current release's (the generator would put today's).
 MAN_DATE="November 22, 2026"
 check=no

@@ -68,6 +68,7 @@ struct PackagingTests {
             "./usr/lib/sysusers.d/lmx-agent.conf", "./etc/lmx/agent.json", "./usr/share/doc/lmx-agent/copyright",
             "./usr/share/man/man1/lmx-pair.1.gz", "./usr/share/bash-completion/completions/lmx-status",
             "./usr/share/zsh/vendor-completions/_lmx-pair", "./usr/share/fish/vendor_completions.d/lmx-discover.fish",
+            "./usr/bin/lmx-notify", "./usr/lib/systemd/user/lmx-notify.service", "./usr/share/man/man1/lmx-notify.1.gz",
         ] {
             #expect(listing.stdout.contains(path), "the package lacks \(path)")
         }
@@ -76,6 +77,7 @@ struct PackagingTests {
         // One multi-call binary: lmx-discover and lmx-pair are links to lmx-agentd.
         #expect(listing.stdout.contains("./usr/bin/lmx-discover -> lmx-agentd"))
         #expect(listing.stdout.contains("./usr/bin/lmx-pair -> lmx-agentd"))
+        #expect(listing.stdout.contains("./usr/bin/lmx-notify -> lmx-agentd"))
         // The footprint budget: a package of at most 15 MB that installs at most 50 MB.
         let bytes = (try? FileManager.default.attributesOfItem(atPath: deb)[.size] as? Int) ?? .max
         #expect(bytes <= 15_000_000, "package: \(bytes) bytes")
@@ -165,10 +167,19 @@ struct PackagingTests {
             #expect(config?.uid == 0 && config?.gid == gid_t(group.count > 2 ? Int(group[2]) ?? -1 : -1))
             #expect(exists("/etc/systemd/system/multi-user.target.wants/lmx-agentd.service"), "the service was not enabled")
             #expect(!exists("/etc/systemd/user/default.target.wants/lmx-agentd.service"), "the per-user unit was enabled for every user")
+            #expect(!exists("/etc/systemd/user/graphical-session.target.wants/lmx-notify.service"), "lmx-notify was enabled for every user")
+            #expect(try await run("/usr/bin/man", ["-w", "lmx-notify"]).status == 0)
             #expect(try await run("/usr/bin/man", ["-w", "lmx-pair"]).status == 0)
 
             let verify = try await run("/usr/bin/systemd-analyze", ["verify", "/usr/lib/systemd/system/lmx-agentd.service"])
             #expect(verify.status == 0, "\(verify.stdout)\(verify.stderr)")
+            // The user unit, as a user manager reads it (it wants a runtime directory of its own).
+            let runtime = FileManager.default.temporaryDirectory.appendingPathComponent("lmx-verify-\(getpid())").path
+            try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            defer { try? FileManager.default.removeItem(atPath: runtime) }
+            let verifyUser = try await run(
+                "/usr/bin/systemd-analyze", ["--user", "verify", "/usr/lib/systemd/user/lmx-notify.service"], environment: ["XDG_RUNTIME_DIR": runtime])
+            #expect(verifyUser.status == 0, "\(verifyUser.stdout)\(verifyUser.stderr)")
 
             // The daemon as systemd starts it: user lmx, RuntimeDirectory=, StateDirectory=,
             // ConfigurationDirectory=, a umask of 077; it reads the shipped (commented) config.
@@ -268,8 +279,9 @@ struct PackagingTests {
         let install = try await Command.run("/usr/bin/make", ["-C", TestBed.repo, "install", "DESTDIR=\(stage)", "PREFIX=/opt/lmx"], timeout: 120)
         #expect(install.status == 0, "\(install.stderr)")
         var expected = ["/opt/lmx/lib/systemd/system/lmx-agentd.service", "/opt/lmx/lib/systemd/user/lmx-agentd.service",
-                        "/opt/lmx/share/doc/lmx-agent/agent.json", "/opt/lmx/lib/sysusers.d/lmx-agent.conf"]
-        for command in ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair"] {
+                        "/opt/lmx/share/doc/lmx-agent/agent.json", "/opt/lmx/lib/sysusers.d/lmx-agent.conf",
+                        "/opt/lmx/lib/systemd/user/lmx-notify.service"]
+        for command in ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair", "lmx-notify"] {
             expected += ["/opt/lmx/bin/\(command)", "/opt/lmx/share/man/man1/\(command).1",
                          "/opt/lmx/share/bash-completion/completions/\(command)", "/opt/lmx/share/zsh/site-functions/_\(command)",
                          "/opt/lmx/share/fish/vendor_completions.d/\(command).fish"]
