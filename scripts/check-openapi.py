@@ -100,6 +100,7 @@ def main():
     call("GET", "/v1/resolve?model=no-such-model")
     call("GET", "/v1/resolve")
     call("GET", "/v1/events?limit=50")
+    call("GET", "/v1/traffic")
     call("POST", "/v1/refresh")
     call("GET", "/v1/pairings")
     _, imported = call("POST", "/v1/pairings", {"payloads": [{"text": args.pairing}]})
