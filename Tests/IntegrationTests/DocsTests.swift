@@ -39,11 +39,12 @@ struct DocsTests {
         let firstScreen = lines.prefix(24).joined(separator: "\n")
         #expect(firstScreen.contains("sudo make run"))
         #expect(firstScreen.contains("sudo make test"))
+        #expect(firstScreen.contains("http://127.0.0.1:1235/") && firstScreen.contains("lmx-notify"), "the dashboard and lmx-notify")
     }
 
     @Test("man pages: real EXIT STATUS, ENVIRONMENT and FILES sections; no subcommands claimed where there are none")
     func manPages() throws {
-        for command in ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair"] {
+        for command in ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair", "lmx-notify"] {
             let page = try String(contentsOfFile: "\(TestBed.repo)/Packaging/man/\(command).1", encoding: .utf8)
             #expect(!page.contains(".Ex -std"), "\(command): the generic exit status")
             for section in [".Sh ENVIRONMENT", ".Sh FILES", ".Sh \"EXIT STATUS\"", ".Sh \"SEE ALSO\""] {

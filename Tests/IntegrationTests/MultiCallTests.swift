@@ -5,13 +5,13 @@ import Testing
 /// named first; anything else is a usage error.
 @Suite("The multi-call binary")
 struct MultiCallTests {
-    @Test("links named lmx-agentd, lmx-status, lmx-discover, lmx-pair run that command; `lmx-agent status …` too; bare --wait works through it")
+    @Test("links named lmx-agentd, lmx-status, lmx-discover, lmx-pair, lmx-notify run that command; `lmx-agent status …` too; bare --wait works through it")
     func dispatchByName() async throws {
         let binary = TestBed.binDir + "/lmx-agent"
         let dir = NSTemporaryDirectory() + "lmx-multicall-\(UUID().uuidString.prefix(8))"
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        for name in ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair"] {
+        for name in ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair", "lmx-notify"] {
             try FileManager.default.createSymbolicLink(atPath: "\(dir)/\(name)", withDestinationPath: binary)
             let help = try await Command.run("\(dir)/\(name)", ["--help"])
             #expect(help.status == 0, "\(name): \(help.stderr)")
@@ -25,6 +25,6 @@ struct MultiCallTests {
         #expect(named.status == 69, "\(named.stderr)")
         let unknown = try await Command.run(binary, ["frobnicate"])
         #expect(unknown.status == 64)
-        #expect(unknown.stderr.contains("lmx-agentd, lmx-status, lmx-discover, lmx-pair"))
+        #expect(unknown.stderr.contains("lmx-agentd, lmx-status, lmx-discover, lmx-pair, lmx-notify"))
     }
 }
