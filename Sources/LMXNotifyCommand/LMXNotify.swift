@@ -100,7 +100,10 @@ public struct LMXNotify: ParsableCommand {
                 nextPairingCheck = now + 600
                 if let pairings = try? client.pairings() { planner.pairings(pairings, wallNow: SystemClock.realtime()) }
             }
-            for notice in planner.due(now: SystemClock.monotonic()) {
+            let due = planner.due(now: SystemClock.monotonic())
+            // The gateway's address may have come after the snapshot (its port was busy then).
+            if !due.isEmpty, planner.dashboardURL == nil, let status = try? client.status().status { planner.gateway(status.gateway) }
+            for notice in due {
                 do {
                     ids[notice.topic] = try bus.notify(
                         appName: "lmx-agent", replacing: ids[notice.topic] ?? 0, icon: "network-server", summary: notice.summary,

@@ -41,6 +41,55 @@ struct GatewayRefusalTests {
         }
     }
 
+    @Test("the dashboard at the root: its page and script with the strict headers, read endpoints, GET only; /v1/* still forwarded")
+    func dashboard() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([AgentFixture.lan("10.9.0.2")])
+            try await test(fixture) { client in
+                try await client.execute(uri: "/", method: .get) { response in
+                    #expect(response.status == .ok)
+                    #expect(response.headers[.contentType] == "text/html; charset=utf-8")
+                    #expect(response.headers[.contentSecurityPolicy]?.contains("script-src 'self'") == true)
+                    #expect(response.headers[.contentSecurityPolicy]?.contains("unsafe") == false)
+                    #expect(String(buffer: response.body).contains("<script src=\"/dashboard/app.js\" defer></script>"))
+                    #expect(!String(buffer: response.body).contains("<script>"), "no inline script")
+                }
+                try await client.execute(uri: "/dashboard/app.js", method: .get) { response in
+                    #expect(response.status == .ok && response.headers[.contentType] == "text/javascript; charset=utf-8")
+                    #expect(!String(buffer: response.body).contains("innerHTML"), "server text is set as text only")
+                }
+                try await client.execute(uri: "/dashboard/api/status", method: .get) { response in
+                    let status = try JSONDecoder().decode(StatusAPI.Status.self, from: Data(buffer: response.body))
+                    #expect(status.active?.baseURL == "http://10.9.0.2:1234")
+                }
+                try await client.execute(uri: "/dashboard/api/traffic", method: .get) { response in
+                    let traffic = try JSONDecoder().decode(StatusAPI.Traffic.self, from: Data(buffer: response.body))
+                    #expect(traffic.models.isEmpty)
+                }
+                try await client.execute(uri: "/dashboard/api/status", method: .post) { response in
+                    #expect(response.status == .methodNotAllowed)
+                }
+                try await client.execute(uri: "/dashboard/nothing", method: .get) { response in
+                    #expect(response.status == .notFound)
+                }
+                try await client.execute(uri: "/", method: .get, headers: [.origin: "http://evil.example"]) { response in
+                    #expect(response.status == .forbidden)
+                }
+            }
+        }
+    }
+
+    @Test("gateway listener reports applied in the order they were made, whatever order they arrive in")
+    func listenerReports() async throws {
+        try await AgentFixture.with { fixture in
+            await fixture.agent.manager.setGatewayListener(url: "http://127.0.0.1:1235", problem: nil, generation: 2)
+            await fixture.agent.manager.setGatewayListener(url: nil, problem: nil, generation: 1)  // made earlier, came later
+            #expect(fixture.agent.board.snapshot.gateway?.openAIBaseURL == "http://127.0.0.1:1235/v1")
+            await fixture.agent.manager.setGatewayListener(url: nil, problem: "held", generation: 3)
+            #expect(fixture.agent.board.snapshot.gateway?.openAIBaseURL == nil)
+        }
+    }
+
     @Test("no usable route: 503 naming why, with Retry-After")
     func noRoute() async throws {
         try await AgentFixture.with { fixture in

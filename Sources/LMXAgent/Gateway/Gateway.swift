@@ -156,7 +156,7 @@ public final class Gateway: Sendable {
                 logger.error("gateway: \(why); the gateway's TCP address is not advertised until it is the agent's", metadata: ["address": "\(address.description)"])
             }
         }
-        let (v4, v6) = listeners.set(family, state)
+        let (v4, v6, generation) = listeners.set(family, state)
         let primaryIsV4 = configuration.listen.map { !$0.isIPv6 } ?? true
         let primary = primaryIsV4 ? v4 : v6
         var problems: [String] = []
@@ -164,7 +164,7 @@ public final class Gateway: Sendable {
         if case .failed(let why) = v6 { problems.append(why + (primaryIsV4 ? " (Host: localhost refused meanwhile)" : "")) }
         await agent.manager.setGatewayListener(
             url: primary == .serving ? configuration.listen.map { "http://\(primaryIsV4 && $0.host.lowercased() == "localhost" ? "127.0.0.1:\($0.port)" : $0.description)" } : nil,
-            problem: problems.isEmpty ? nil : problems.joined(separator: "; "))
+            problem: problems.isEmpty ? nil : problems.joined(separator: "; "), generation: generation)
     }
 }
 
@@ -172,17 +172,19 @@ public final class Gateway: Sendable {
 final class GatewayListeners: Sendable {
     enum Family: Sendable { case v4, v6 }
     enum Bind: Sendable, Equatable { case pending, serving, unavailable, failed(String) }
-    private let state = Mutex<(v4: Bind, v6: Bind)>((.pending, .unavailable))
+    private let state = Mutex<(v4: Bind, v6: Bind, generation: UInt64)>((.pending, .unavailable, 0))
 
     init(pairsFamilies: Bool) {
         if pairsFamilies { state.withLock { $0.v6 = .pending } }
     }
 
+    /// Records a listener's state: both, numbered (the latest report wins where they are applied).
     @discardableResult
-    func set(_ family: Family, _ bind: Bind) -> (Bind, Bind) {
+    func set(_ family: Family, _ bind: Bind) -> (Bind, Bind, UInt64) {
         state.withLock { s in
             if family == .v4 { s.v4 = bind } else { s.v6 = bind }
-            return (s.v4, s.v6)
+            s.generation += 1
+            return (s.v4, s.v6, s.generation)
         }
     }
 

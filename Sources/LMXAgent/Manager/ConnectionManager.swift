@@ -16,6 +16,8 @@ public actor ConnectionManager {
     private var expiry = PairingExpiry()
     private var discovery: DiscoveryState = .stopped
     private var gateway: StatusAPI.Gateway?
+    /// The latest gateway listener report applied.
+    private var gatewayGeneration: UInt64 = 0
     private let prober: Prober
     private let store: StoreExecutor
     private let board: StateBoard
@@ -216,8 +218,14 @@ public actor ConnectionManager {
         publish([.configured], now: clock.now())
     }
 
-    /// The TCP listener's state changed: advertised (`url`) only while it serves.
-    public func setGatewayListener(url: String?, problem: String?) {
+    /// The TCP listener's state changed: advertised (`url`) only while it serves. Reports are
+    /// numbered where they are made (`generation`): one that arrives after a later one is stale
+    /// (two listeners report at once, and their calls may reach the actor in either order).
+    public func setGatewayListener(url: String?, problem: String?, generation: UInt64 = .max) {
+        if generation != .max {
+            guard generation > gatewayGeneration else { return }
+            gatewayGeneration = generation
+        }
         let current = gateway ?? StatusAPI.Gateway(openAIBaseURL: nil, socket: nil)
         let next = StatusAPI.Gateway(openAIBaseURL: url.map { $0 + "/v1" }, socket: current.socket, problem: problem)
         guard next != current else { return }

@@ -91,11 +91,7 @@ public struct NotificationPlanner: Sendable {
         switch line.type {
         case .snapshot:
             guard let status = line.status else { return }
-            if let base = status.gateway?.openAIBaseURL {
-                dashboardURL = base.hasSuffix("/v1") ? String(base.dropLast(2)) : base
-            } else {
-                dashboardURL = nil
-            }
+            gateway(status.gateway)
             let place = Self.place(status.active)
             let routes = status.candidates.flatMap(\.routes)
             if !started {
@@ -117,6 +113,16 @@ public struct NotificationPlanner: Sendable {
             noteImpostor(route)
         case .candidateRemoved, .heartbeat, .avahi, .unknown:
             return
+        }
+    }
+
+    /// Where the gateway listens (from a snapshot, or `/v1/status` read since): the dashboard is
+    /// at its root.
+    public mutating func gateway(_ gateway: StatusAPI.Gateway?) {
+        if let base = gateway?.openAIBaseURL {
+            dashboardURL = base.hasSuffix("/v1") ? String(base.dropLast(2)) : base
+        } else {
+            dashboardURL = nil
         }
     }
 
