@@ -74,6 +74,8 @@ struct DesktopTests {
             #expect(await browser.waitUntil("return document.querySelectorAll('#events li .seq').length > 0", timeout: 5) != nil)
             #expect(await browser.text("connection") == "Live")
             try await Task.sleep(for: .seconds(1.5))  // a few probes for the latency graph
+            let lightProblems = try await lowContrast(browser)
+            #expect(lightProblems.isEmpty, "light: \(lightProblems)")
             let dir = screenshotDirectory
             try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
             try await browser.resize(width: 1200, height: 1500)  // the whole page, for docs/
@@ -90,6 +92,8 @@ struct DesktopTests {
             try await browser.prefersDark(true)
             try await Task.sleep(for: .milliseconds(400))
             #expect((try await browser.run("return getComputedStyle(document.body).backgroundColor")) as? String == "rgb(13, 17, 23)")
+            let darkProblems = try await lowContrast(browser)
+            #expect(darkProblems.isEmpty, "dark: \(darkProblems)")
             let dark = try await browser.screenshot(to: dir + "/dashboard-dark.png")
             #expect(pngSize(dark) != nil)
             try await browser.prefersDark(false)
@@ -142,6 +146,29 @@ struct DesktopTests {
             // The gateway still forwards /v1/*.
             #expect(try await curl([base + "/v1/models"]).status == 200)
         }
+    }
+
+    /// Text on the page below WCAG AA contrast (4.5:1; 3:1 for large or bold text), and images
+    /// and graphs without a text alternative: what fails, as "text (ratio)".
+    private func lowContrast(_ browser: Browser) async throws -> [String] {
+        let script = """
+            function rgb(c) { const m = c.match(/[\\d.]+/g).map(Number); return { r: m[0], g: m[1], b: m[2], a: m.length > 3 ? m[3] : 1 }; }
+            function lum(c) { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); }; return 0.2126 * f(c.r) + 0.7152 * f(c.g) + 0.0722 * f(c.b); }
+            function background(e) { for (; e; e = e.parentElement) { const c = rgb(getComputedStyle(e).backgroundColor); if (c.a > 0.5) return c; } return { r: 255, g: 255, b: 255, a: 1 }; }
+            const bad = [];
+            for (const e of document.querySelectorAll('body *')) {
+              const own = [...e.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+              if (!own || e.offsetParent === null) continue;
+              const style = getComputedStyle(e);
+              const a = lum(rgb(style.color)), b = lum(background(e));
+              const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+              const large = parseFloat(style.fontSize) >= 24 || (parseFloat(style.fontSize) >= 18.66 && Number(style.fontWeight) >= 700);
+              if (ratio < (large ? 3 : 4.5)) bad.push(e.textContent.trim().slice(0, 30) + ' (' + ratio.toFixed(2) + ')');
+            }
+            for (const e of document.querySelectorAll('img:not([alt]), svg[role=img]:not([aria-label])')) bad.push('no text alternative: ' + e.outerHTML.slice(0, 60));
+            return bad;
+            """
+        return try await browser.run(script) as? [String] ?? ["the check did not run"]
     }
 
     /// Seconds after the change until the agent's status, and the page, show `via`.
