@@ -67,7 +67,8 @@ extension AgentSnapshot {
             pinnedInstance: state.route.pinnedInstance, loadedModels: allowed ? state.lastReport?.models : nil,
             trust: planner.trust(of: state), vouchedBy: state.route.vouchedBy,
             keyRequired: state.lastReport?.inferenceKeyRequired,
-            inferenceReady: state.verdict.map { $0 == .ready && state.health == .up && !planner.lacksRequiredKey(state) })
+            inferenceReady: state.verdict.map { $0 == .ready && state.health == .up && !planner.lacksRequiredKey(state) },
+            inFlightRequests: state.lastReport?.inFlightRequests)
     }
 
     /// The key that merges routes into one server: its instance id, except for an impostor,

@@ -95,8 +95,12 @@ public enum StatusAPI {
         /// The route can serve inference requests as they are: the server is ready and, if it
         /// requires an inference key, the route carries one.
         public var inferenceReady: Bool?
+        /// Requests the server says it is working on (`in_flight_requests` of its discovery
+        /// document at the last probe), when it says.
+        public var inFlightRequests: Int?
 
-        public init(id: String, baseURL: String, via: Via, source: RouteSource, name: String, addresses: [String], announced: Bool, health: RouteHealth, verdict: HealthVerdict?, active: Bool, reason: String, latencyMS: Double?, lastProbe: Probe?, version: String?, models: Int?, ready: Bool?, probes: Int, failures: Int, credentials: [String], pinnedInstance: String?, loadedModels: [String]? = nil, trust: RouteTrust? = nil, vouchedBy: String? = nil, keyRequired: Bool? = nil, inferenceReady: Bool? = nil) {
+        public init(id: String, baseURL: String, via: Via, source: RouteSource, name: String, addresses: [String], announced: Bool, health: RouteHealth, verdict: HealthVerdict?, active: Bool, reason: String, latencyMS: Double?, lastProbe: Probe?, version: String?, models: Int?, ready: Bool?, probes: Int, failures: Int, credentials: [String], pinnedInstance: String?, loadedModels: [String]? = nil, trust: RouteTrust? = nil, vouchedBy: String? = nil, keyRequired: Bool? = nil, inferenceReady: Bool? = nil, inFlightRequests: Int? = nil) {
+            self.inFlightRequests = inFlightRequests
             self.trust = trust
             self.vouchedBy = vouchedBy
             self.keyRequired = keyRequired
@@ -129,6 +133,7 @@ public enum StatusAPI {
             case latencyMS = "latency_ms", lastProbe = "last_probe", version, models, ready, probes, failures
             case credentials, pinnedInstance = "pinned_instance", loadedModels = "loaded_models"
             case trust, vouchedBy = "vouched_by", keyRequired = "key_required", inferenceReady = "inference_ready"
+            case inFlightRequests = "in_flight_requests"
         }
     }
 

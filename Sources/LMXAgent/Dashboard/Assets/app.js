@@ -142,6 +142,7 @@ function renderServers() {
     for (const route of candidate.routes) {
       const [verdict, verdictTone] = verdictOf(route);
       const latency = route.last_probe && typeof route.last_probe.latency_ms === 'number' ? route.last_probe.latency_ms.toFixed(1) + ' ms' : '–';
+      const load = typeof route.in_flight_requests === 'number' ? ' · load: ' + route.in_flight_requests + ' in flight' : '';
       const models = route.loaded_models && route.loaded_models.length
         ? 'Models: ' + route.loaded_models.join(', ')
         : (typeof route.models === 'number' ? route.models + ' model' + (route.models === 1 ? '' : 's') + ' loaded' : null);
@@ -152,7 +153,7 @@ function renderServers() {
           route.active ? el('span', { className: 'badge', 'data-tone': 'ok', text: 'active' }) : null,
           el('span', { className: 'url', text: route.base_url })),
         el('p', { className: 'reason', text: route.reason }),
-        el('div', { className: 'latency' }, (state.history.get(route.id) || []).length >= 2 ? sparkline(route) : null, el('span', { text: 'latency ' + latency })),
+        el('div', { className: 'latency' }, (state.history.get(route.id) || []).length >= 2 ? sparkline(route) : null, el('span', { text: 'latency ' + latency + load })),
         models ? el('p', { className: 'models', text: models }) : null,
         route.last_probe && route.last_probe.detail ? el('p', { className: 'detail', text: route.last_probe.detail }) : null));
     }
