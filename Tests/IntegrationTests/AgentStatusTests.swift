@@ -309,7 +309,7 @@ extension AgentTests {
         }
     }
 
-    @Test("SIGHUP reloads the config file: a new endpoint appears, a removed one goes; a bad file keeps the old one")
+    @Test("SIGHUP reloads the config file: a new endpoint appears, a removed one goes; a bad file keeps the old one; a misspelt key is named")
     func reloadOnSIGHUP() async throws {
         try await withResources {
             let first = freePort(), second = freePort()
@@ -319,8 +319,12 @@ extension AgentTests {
                 bed, config: config(endpoints: [#"{"url": "\#(a.baseURL)"}"#]), arguments: ["--no-discovery"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == a.baseURL } != nil)
 
-            try config(endpoints: [#"{"url": "\#(b.baseURL)"}"#]).write(toFile: agent.configPath, atomically: true, encoding: .utf8)
+            try config(endpoints: [#"{"url": "\#(b.baseURL)", "api_kye": "s3cret"}"#], top: #""wach_heartbeat": 5"#)
+                .write(toFile: agent.configPath, atomically: true, encoding: .utf8)
             agent.process.signal(SIGHUP)
+            #expect(await agent.process.waitForLine(containing: "config: unknown key endpoints[0].api_kye in \(agent.configPath)", timeout: 5))
+            #expect(agent.process.stderr.contains("config: unknown key wach_heartbeat"))
+            #expect(!agent.process.stderr.contains("s3cret"))
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == b.baseURL } != nil)
             let routes = try agent.status().candidates.flatMap(\.routes).map(\.baseURL)
             #expect(routes == [b.baseURL])

@@ -148,3 +148,27 @@ struct ConfigurationTests {
         }
     }
 }
+
+@Suite("Unknown config keys are found, with their path")
+struct UnknownConfigurationKeyTests {
+    @Test("misspelt keys at the top, in health, gateway and each endpoint are named; known ones and values are not")
+    func unknown() throws {
+        let text = """
+            // JSON5, as the shipped file
+            {
+              health: { stabilty_window: 3, up_after: 2 },
+              gatway: { listen: "127.0.0.1:1235" },
+              gateway: { listen: "127.0.0.1:1235", max_reqest_bytes: 10, },
+              endpoints: [ { url: "http://10.0.0.2:1234" }, { url: "https://x.example", api_kye: "s3cret" } ],
+              interfaces: ["eth0"], trust: "paired", prefer: ["a"],
+            }
+            """
+        let configuration = try AgentConfiguration.parse(Array(text.utf8), file: "/etc/lmx/agent.json")
+        #expect(configuration.unknownKeys == ["endpoints[1].api_kye", "gateway.max_reqest_bytes", "gatway", "health.stabilty_window"])
+        #expect(!configuration.unknownKeys.joined().contains("s3cret"))  // keys only, never values
+        #expect(try AgentConfiguration.parse(Array(#"{"health": {"stability_window": 3}}"#.utf8), file: "f").unknownKeys.isEmpty)
+        #expect(try AgentConfiguration.parse(Array("".utf8), file: "f").unknownKeys.isEmpty)
+        let many = "{" + (0..<100).map { "\"k\($0)\": 1" }.joined(separator: ",") + "}"
+        #expect(try AgentConfiguration.parse(Array(many.utf8), file: "f").unknownKeys.count == ConfigurationKeys.maxReported)
+    }
+}

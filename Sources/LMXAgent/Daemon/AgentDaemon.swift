@@ -30,6 +30,7 @@ public struct AgentDaemon {
         let configuration: AgentConfiguration
         do { configuration = try load() } catch { throw .configuration("lmx-agentd: \(error)") }
         let logger = Self.bootstrapLogging(configuration, environment: environment)
+        Self.warnUnknownKeys(configuration, file: configPath, logger: logger)
 
         try claimSocket(paths, logger: logger)
         let store: AgentStore
@@ -85,6 +86,7 @@ public struct AgentDaemon {
             successTerminationBehavior: .ignore, serviceName: "address-books"))
         services.append(.init(
             service: ReloadService(logger: logger, load: load) { new in
+                Self.warnUnknownKeys(new, file: configPath, logger: logger)
                 await manager.reload(new)
                 hub.setHeartbeat(new.watchHeartbeat)
             }, serviceName: "reload"))
@@ -210,5 +212,12 @@ public struct AgentDaemon {
         }
         await agent.manager.setGateway(url: nil, socket: usableSocket)
         return (gateway, services)
+    }
+
+    /// Keys of the config file that no setting has: each said once per load, with the file.
+    static func warnUnknownKeys(_ configuration: AgentConfiguration, file: String, logger: Logger) {
+        for key in configuration.unknownKeys {
+            logger.warning("config: unknown key \(key) in \(file), ignored: misspelt? Every key is in the commented example config (/etc/lmx/agent.json from the package, examples/agent.json in the source)")
+        }
     }
 }

@@ -89,7 +89,7 @@ public struct ManualEndpoint: Sendable, Hashable, Codable {
     /// Send the keys over plain `http://` anyway (anyone on the path can read them).
     public var allowInsecure: Bool?
 
-    enum CodingKeys: String, CodingKey {
+    enum CodingKeys: String, CodingKey, CaseIterable {
         case url, via, name, path, instance, allowInsecure = "allow_insecure"
         case adminKey = "admin_key", apiKey = "api_key"
         case accessClientID = "cf_access_client_id", accessClientSecret = "cf_access_client_secret"
@@ -183,10 +183,13 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
     /// Address books (`lmx-connections.json`) followed for changes: a rewritten tunnel URL
     /// updates the pairing of the same entry. `~/` is the daemon user's home.
     public var addressBooks: [String] = []
+    /// Keys of the file that no setting has (`health.stabilty_window`): ignored, and said in the
+    /// log with the file, since a misspelt key would otherwise leave its default in force unseen.
+    public var unknownKeys: [String] = []
 
     public init() {}
 
-    enum CodingKeys: String, CodingKey {
+    enum CodingKeys: String, CodingKey, CaseIterable {
         case policy = "health", endpoints, interfaces, excludeInterfaces = "exclude_interfaces", discovery
         case extraCAFile = "extra_ca_file", watchHeartbeat = "watch_heartbeat", eventRetention = "event_retention"
         case logLevel = "log_level", trust, lanKeys = "lan_keys", gateway, prefer, addressBooks = "address_books", metricsAddress = "metrics_address"
@@ -270,7 +273,9 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
         for endpoint in configuration.endpoints {
             do { _ = try endpoint.route() } catch { throw ConfigurationError("\(file): \(error.description)") }
         }
-        return configuration
+        var checked = configuration
+        checked.unknownKeys = ConfigurationKeys.unknown(in: bytes)
+        return checked
     }
 
     static func describe(_ error: DecodingError) -> String {

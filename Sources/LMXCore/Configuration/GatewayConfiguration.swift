@@ -46,7 +46,7 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
 
     public init() {}
 
-    enum CodingKeys: String, CodingKey {
+    enum CodingKeys: String, CodingKey, CaseIterable {
         case enabled, listen, socket, admin, group, maxRequestBytes = "max_request_bytes", attempts
         case connectTimeout = "connect_timeout", maxConnectionsPerRoute = "max_connections_per_route"
         case holdSeconds = "hold_seconds", busyCooldownMax = "busy_cooldown_max"

@@ -80,7 +80,7 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
 
     public init() {}
 
-    enum CodingKeys: String, CodingKey {
+    enum CodingKeys: String, CodingKey, CaseIterable {
         case upAfter = "up_after", downAfter = "down_after", failoverAfter = "failover_after"
         case pendingInterval = "pending_interval", confirmInterval = "confirm_interval"
         case activeInterval = "active_interval", stableInterval = "stable_interval"
