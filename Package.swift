@@ -187,7 +187,7 @@ let package = Package(
         .executableTarget(
             name: "lmx-agent",
             dependencies: [
-                "LMXAgentdCommand", "LMXStatusCommand", "LMXDiscoverCommand", "LMXPairCommand", "LMXNotifyCommand", "LMXSystem",
+                "LMXAgentdCommand", "LMXStatusCommand", "LMXDiscoverCommand", "LMXPairCommand", "LMXNotifyCommand", "LMXCore", "LMXSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

@@ -116,7 +116,7 @@ public struct LMXDiscover: AsyncParsableCommand {
             }
         } catch let error as DiscoveryError {
             Console.error("lmx-discover: \(error)")
-            throw ExitCode(error.isDaemonUnavailable ? 69 : 1)
+            throw ExitCode((error.isDaemonUnavailable ? ExitStatus.unavailable : .nothingFound).rawValue)
         }
     }
 
@@ -162,7 +162,7 @@ public struct LMXDiscover: AsyncParsableCommand {
         } else {
             Console.out(ServerTable.render(servers, probes: probes))
         }
-        if servers.isEmpty { throw ExitCode(1) }
+        if servers.isEmpty { throw ExitCode(ExitStatus.nothingFound.rawValue) }
     }
 
     /// Probes every server at once through one pooled client.

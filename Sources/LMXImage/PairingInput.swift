@@ -20,9 +20,9 @@ public enum PairingInput {
 
         public var exitCode: Int32 {
             switch self {
-            case .usage: 64
-            case .invalid: 65
-            case .unreadable: 66
+            case .usage: ExitStatus.usage.rawValue
+            case .invalid: ExitStatus.invalidInput.rawValue
+            case .unreadable: ExitStatus.noInput.rawValue
             }
         }
     }

@@ -59,7 +59,7 @@ public struct LMXNotify: ParsableCommand {
         } catch {
             Console.error("lmx-notify: \(error)")
             Console.error("run it in your desktop session: systemctl --user start lmx-notify")
-            throw ExitCode(69)
+            throw ExitCode(ExitStatus.unavailable.rawValue)
         }
         let uid = Users.effective
         let resolved = RuntimeDirectory.clientPaths(uid: uid, environment: ProcessEnvironment.current)

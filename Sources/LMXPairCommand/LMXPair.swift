@@ -53,7 +53,7 @@ struct Locations: ParsableArguments {
         let env = ProcessEnvironment.current
         if let warning = RuntimeDirectory.unsafeDefault(socketGiven: socket != nil, databaseGiven: db != nil, uid: Users.effective, environment: env) {
             Console.error("lmx-pair: \(warning)")
-            throw ExitCode(69)
+            throw ExitCode(ExitStatus.unavailable.rawValue)
         }
     }
 

@@ -118,7 +118,7 @@ struct StatusRequest: Equatable {
     func runAndExit() -> Never {
         do {
             try run()
-            ProcessLimits.exit(0)
+            ProcessLimits.exit(ExitStatus.success.rawValue)
         } catch let code as ExitCode {
             ProcessLimits.exit(code.rawValue)
         } catch {
@@ -134,7 +134,7 @@ struct StatusRequest: Equatable {
             path = socket
         } else if let warning = resolved.warning {
             Console.error("lmx-status: \(warning)")
-            if RuntimeDirectory.fallbackContaining(path, uid: uid) != nil { throw ExitCode(69) }
+            if RuntimeDirectory.fallbackContaining(path, uid: uid) != nil { throw ExitCode(ExitStatus.unavailable.rawValue) }
         }
         let client = AgentClient(socketPath: path)
         do {
@@ -156,7 +156,7 @@ struct StatusRequest: Equatable {
             default:
                 break
             }
-            throw ExitCode(69)
+            throw ExitCode(ExitStatus.unavailable.rawValue)
         }
     }
 
@@ -180,7 +180,7 @@ struct StatusRequest: Equatable {
             let left = deadline - SystemClock.monotonic()
             if left <= 0 {
                 Console.error("lmx-status: no usable endpoint after \(seconds == seconds.rounded() ? "\(Int(seconds))" : "\(seconds)") s: \(ServerTable.printable(reason))")
-                throw ExitCode(1)
+                throw ExitCode(ExitStatus.nothingFound.rawValue)
             }
             SystemClock.sleep(seconds: min(left, 0.1))
         }
@@ -190,7 +190,7 @@ struct StatusRequest: Equatable {
         let answer: (resolved: StatusAPI.Resolved, json: [UInt8])
         do { answer = try client.resolve(model: model) } catch .answered(let status, let reason) {
             Console.error("lmx-status: \(ServerTable.printable(reason))")
-            throw ExitCode(status == 404 ? 69 : 1)
+            throw ExitCode((status == 404 ? ExitStatus.unavailable : .nothingFound).rawValue)
         }
         let resolved = answer.resolved
         if json {
@@ -200,7 +200,7 @@ struct StatusRequest: Equatable {
         }
         guard resolved.endpoint != nil else {
             if !json { Console.error("lmx-status: no endpoint for \(ServerTable.printable(model)): \(ServerTable.printable(resolved.reason))") }
-            throw ExitCode(1)
+            throw ExitCode(ExitStatus.nothingFound.rawValue)
         }
     }
 
@@ -208,7 +208,7 @@ struct StatusRequest: Equatable {
         let answer = try client.active()
         guard let active = answer.active else {
             Console.error("lmx-status: no active endpoint: \(ServerTable.printable(answer.reason))")
-            throw ExitCode(1)
+            throw ExitCode(ExitStatus.nothingFound.rawValue)
         }
         Console.out(active.baseURL)
     }
@@ -225,7 +225,7 @@ struct StatusRequest: Equatable {
                 Console.out(TextTable.render(headers: ["  NAME", "VIA", "SOURCE", "URL", "VERDICT", "LATENCY", "WHY"], rows: rows))
             }
         }
-        if status.active == nil { throw ExitCode(1) }
+        if status.active == nil { throw ExitCode(ExitStatus.nothingFound.rawValue) }
     }
 
     static func row(_ route: StatusAPI.RouteStatus) -> [String] {

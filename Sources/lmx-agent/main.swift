@@ -1,4 +1,5 @@
 import ArgumentParser
+import LMXCore
 import LMXAgentdCommand
 import LMXDiscoverCommand
 import LMXNotifyCommand
@@ -21,7 +22,7 @@ if !MultiCall.commands.contains(command) {
         command = "lmx-agentd"
     case "--help", "-h":
         StandardStream.output.write(MultiCall.usage(invokedAs) + "\n")
-        ProcessLimits.exit(0)
+        ProcessLimits.exit(ExitStatus.success.rawValue)
     case let named? where !named.hasPrefix("-"):
         command = named.hasPrefix("lmx-") ? named : "lmx-" + named
         rest.removeFirst()
@@ -35,7 +36,7 @@ case "lmx-status": LMXStatus.start(rest)
 case "lmx-discover": await MultiCall.run(LMXDiscover.self, rest)
 case "lmx-pair": LMXPair.main(rest)
 case "lmx-notify": LMXNotify.main(rest)
-default: ProcessLimits.exit(64, message: MultiCall.usage(invokedAs))
+default: ProcessLimits.exit(ExitStatus.usage.rawValue, message: MultiCall.usage(invokedAs))
 }
 
 enum MultiCall {

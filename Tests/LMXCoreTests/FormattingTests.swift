@@ -58,3 +58,19 @@ struct FormattingTests {
         #expect(text.contains("Evil\\x1b[2Jname"))
     }
 }
+
+@Suite("Exit codes: one list, the documented one")
+struct ExitStatusTests {
+    @Test("docs/exit-codes.md has a row for every named exit code and none other")
+    func documented() throws {
+        let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let table = try String(contentsOf: repository.appendingPathComponent("docs/exit-codes.md"), encoding: .utf8)
+        let rows = table.split(separator: "\n").compactMap { line -> Int32? in
+            let cells = line.split(separator: "|", omittingEmptySubsequences: true)
+            guard line.hasPrefix("| "), let first = cells.first else { return nil }
+            return Int32(first.trimmingCharacters(in: .whitespaces))
+        }
+        #expect(Set(rows) == Set(ExitStatus.allCases.map(\.rawValue)), "\(rows)")
+        #expect(rows.count == ExitStatus.allCases.count)
+    }
+}

@@ -57,7 +57,7 @@ public struct StartupError: Error, CustomStringConvertible {
     public let exitCode: Int32
     public let description: String
 
-    static func configuration(_ message: String) -> StartupError { StartupError(exitCode: 78, description: message) }
-    static func socket(_ message: String) -> StartupError { StartupError(exitCode: 73, description: message) }
-    static func database(_ message: String) -> StartupError { StartupError(exitCode: 74, description: message) }
+    static func configuration(_ message: String) -> StartupError { StartupError(exitCode: ExitStatus.configuration.rawValue, description: message) }
+    static func socket(_ message: String) -> StartupError { StartupError(exitCode: ExitStatus.cannotCreate.rawValue, description: message) }
+    static func database(_ message: String) -> StartupError { StartupError(exitCode: ExitStatus.ioError.rawValue, description: message) }
 }

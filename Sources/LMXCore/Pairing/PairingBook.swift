@@ -31,8 +31,8 @@ public enum PairingBookError: Error, Sendable, CustomStringConvertible {
     /// sysexits: 65 no such or no valid pairing, 69 agent or database unavailable.
     public var exitCode: Int32 {
         switch self {
-        case .notFound, .invalid: 65
-        case .agentNotRunning, .unavailable: 69
+        case .notFound, .invalid: ExitStatus.invalidInput.rawValue
+        case .agentNotRunning, .unavailable: ExitStatus.unavailable.rawValue
         }
     }
 }
