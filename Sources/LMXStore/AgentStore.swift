@@ -50,34 +50,25 @@ public struct ProbeStats: Sendable, Hashable {
     }
 }
 
-/// A server seen by any route.
-public struct SeenServer: Sendable, Hashable {
-    public var key: String
-    public var instanceID: String?
-    public var name: String
-    public var addresses: [String]
-    public var source: String
-    public var firstSeen: Double
-    public var lastSeen: Double
-}
-
 /// Errors of the store, with the file and what to do.
 public struct StoreError: Error, CustomStringConvertible, Sendable {
     public var description: String
 }
 
 /// The agent's memory in one SQLite file (WAL mode, owner-only permissions): pairings and
-/// remembered routes with their secrets, servers seen, rolling probe statistics, connection
-/// events with bounded retention. Every write is one transaction, so a crash never leaves a
-/// partial row.
+/// remembered routes with their secrets, rolling probe statistics, connection events with bounded
+/// retention. Every write is one transaction, so a crash never leaves a partial row. Writes go
+/// through one connection, reads through another (in WAL mode a read never waits for a write,
+/// not even one waiting for another process's lock).
 public final class AgentStore: Sendable {
     public let path: String
+    /// The connection every write goes through (one transaction each).
     let pool: SQLiteConnection
+    /// A second connection for reads: in WAL mode they go on while a write waits for another
+    /// process's lock (up to the busy timeout), instead of queueing behind it on one connection.
+    let reader: SQLiteConnection
     /// Events kept at most.
     public let eventRetention: Int
-    /// Servers seen kept at most (the most recently seen): a flood of announcements must not
-    /// grow the file without bound.
-    public static let serverRetention = 2000
 
     /// Opens (creating if needed) the database at `path`. A file that is not a database, or a
     /// corrupt one, is moved aside to `<path>.corrupt-<time>` and a fresh one is created.
@@ -109,6 +100,7 @@ public final class AgentStore: Sendable {
         _ = try pool.read { db in try db.rows(sql: "PRAGMA quick_check(1)") }
         try pool.migrate(Self.migrations)
         for suffix in ["", "-wal", "-shm"] { chmod(path + suffix, 0o600) }
+        reader = try SQLiteConnection(path: path)
     }
 
     /// Creates the directory (and parents) owner-only if missing.
@@ -162,6 +154,9 @@ public final class AgentStore: Sendable {
                 "base_urls" TEXT NOT NULL, "updated_at" DOUBLE NOT NULL)
             """
         ]),
+        // Servers seen were written on every sighting (with a COUNT(*) each time) and never read:
+        // what a route needs is in `route`; the rest is in memory.
+        ("v4-no-server-table", [#"DROP TABLE IF EXISTS "server""#]),
     ]
 
     // MARK: - Routes
@@ -199,7 +194,7 @@ public final class AgentStore: Sendable {
     }
 
     public func routes() throws -> [StoredRoute] {
-        try pool.read { db in
+        try reader.read { db in
             try db.rows(sql: "SELECT * FROM route ORDER BY id").compactMap { row -> StoredRoute? in
                 guard let via = Via(rawValue: row["via"]), let source = RouteSource(rawValue: row["source"]) else { return nil }
                 let addresses: String = row["addresses"]
@@ -213,41 +208,6 @@ public final class AgentStore: Sendable {
                 return StoredRoute(
                     route: route, instanceID: row["instance_id"], createdAt: row["created_at"],
                     lastSeen: row["last_seen"], expiresAt: row["expires_at"])
-            }
-        }
-    }
-
-    // MARK: - Servers seen
-
-    public func recordServerSeen(key: String, instanceID: String?, name: String, addresses: [String], source: RouteSource, at now: Double) throws {
-        try pool.write { db in
-            try db.execute(
-                sql: """
-                    INSERT INTO server (key, instance_id, name, addresses, source, first_seen, last_seen)
-                    VALUES (?, ?, ?, ?, ?, ?, ?)
-                    ON CONFLICT(key) DO UPDATE SET instance_id = COALESCE(excluded.instance_id, server.instance_id),
-                        name = excluded.name, addresses = excluded.addresses, source = excluded.source,
-                        last_seen = excluded.last_seen
-                    """,
-                arguments: [key, instanceID, name, addresses.joined(separator: " "), source.rawValue, now, now])
-            // Cheap check first (the table's row id grows with inserts); prune only past the bound.
-            let count: Int = try db.rows(sql: "SELECT COUNT(*) AS n FROM server").first?["n"] ?? 0
-            if count > Self.serverRetention + 100 {
-                try db.execute(
-                    sql: "DELETE FROM server WHERE key NOT IN (SELECT key FROM server ORDER BY last_seen DESC LIMIT ?)",
-                    arguments: [Self.serverRetention])
-            }
-        }
-    }
-
-    public func servers() throws -> [SeenServer] {
-        try pool.read { db in
-            try db.rows(sql: "SELECT * FROM server ORDER BY last_seen DESC").map { row in
-                let addresses: String = row["addresses"]
-                return SeenServer(
-                    key: row["key"], instanceID: row["instance_id"], name: row["name"],
-                    addresses: addresses.split(separator: " ").map(String.init), source: row["source"],
-                    firstSeen: row["first_seen"], lastSeen: row["last_seen"])
             }
         }
     }
@@ -270,7 +230,7 @@ public final class AgentStore: Sendable {
     }
 
     public func stats() throws -> [String: ProbeStats] {
-        try pool.read { db in
+        try reader.read { db in
             var result: [String: ProbeStats] = [:]
             for row in try db.rows(sql: "SELECT * FROM probe_stats") {
                 let verdict: String? = row["last_verdict"]
@@ -302,7 +262,7 @@ public final class AgentStore: Sendable {
     }
 
     public func recentEvents(limit: Int) throws -> [StatusAPI.Event] {
-        try pool.read { db in
+        try reader.read { db in
             try db.rows(sql: "SELECT * FROM event ORDER BY id DESC LIMIT ?", arguments: [limit]).map { row in
                 StatusAPI.Event(
                     id: row["id"], at: Timestamp.iso8601(row["at"] as Double), kind: row["kind"], routeID: row["route_id"],
@@ -312,7 +272,7 @@ public final class AgentStore: Sendable {
     }
 
     public func eventCount() throws -> Int {
-        try pool.read { db in try db.rows(sql: "SELECT COUNT(*) AS n FROM event").first?["n"] ?? 0 }
+        try reader.read { db in try db.rows(sql: "SELECT COUNT(*) AS n FROM event").first?["n"] ?? 0 }
     }
 
     // MARK: - Meta
@@ -328,7 +288,7 @@ public final class AgentStore: Sendable {
     }
 
     public func meta(_ key: String) throws -> String? {
-        try pool.read { db in try db.rows(sql: "SELECT value FROM meta WHERE key = ?", arguments: [key]).first?["value"] }
+        try reader.read { db in try db.rows(sql: "SELECT value FROM meta WHERE key = ?", arguments: [key]).first?["value"] }
     }
 
     /// Checkpoints the WAL and closes the file.

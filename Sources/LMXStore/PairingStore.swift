@@ -61,7 +61,7 @@ extension AgentStore {
     }
 
     public func pairings() throws -> [StoredPairing] {
-        try pool.read { db in try Self.fetchPairings(db) }
+        try reader.read { db in try Self.fetchPairings(db) }
     }
 
     /// The pairing with this id, else the only one with this name.

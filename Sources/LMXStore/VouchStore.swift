@@ -36,7 +36,7 @@ extension AgentStore {
     }
 
     public func vouches() throws -> [StoredVouch] {
-        try pool.read { db in
+        try reader.read { db in
             try db.rows(sql: "SELECT * FROM tunnel_vouch ORDER BY tunnel_route").map { row in
                 let urls: String = row["base_urls"]
                 return StoredVouch(

@@ -1,6 +1,7 @@
 import Foundation
 import LMXCore
 import LMXStore
+import Synchronization
 import Testing
 
 private func temporaryDirectory() -> String {
@@ -117,6 +118,44 @@ struct AgentStoreTests {
 }
 
 /// Runs SQL on a database file with Python's sqlite3 (another program editing it).
+@Suite("SQLite store: reads beside a write that waits for another process's lock")
+struct StoreLockTests {
+    @Test("pairings and events are read while a write waits for the lock another process holds")
+    func readsDoNotWaitBehindWrites() throws {
+        let path = temporaryDirectory() + "/state/agent.db"
+        let store = try AgentStore.open(path: path)
+        let parser = PairingParser(now: 1_760_000_000)
+        _ = try store.importPairings(try parser.parse("opta-lmx://pair?v=1&name=First&url=https%3A%2F%2Fa.example"), at: 1)
+        // Another process takes the write lock and keeps it for 3 s (a backup, sqlite3 by hand).
+        let holder = Process()
+        holder.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        holder.arguments = ["-c", "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); time.sleep(3); c.execute('COMMIT')", path]
+        let out = Pipe()
+        holder.standardOutput = out
+        try holder.run()
+        _ = out.fileHandleForReading.availableData  // "locked"
+        // A write of the agent's now waits for it (SQLite's busy timeout) on the write connection.
+        let written = Mutex(false)
+        let second = try parser.parse("opta-lmx://pair?v=1&name=Second&url=https%3A%2F%2Fb.example")
+        let writer = Thread {
+            _ = try? store.importPairings(second, at: 2)
+            written.withLock { $0 = true }
+        }
+        writer.start()
+        Thread.sleep(forTimeInterval: 0.3)
+        #expect(!written.withLock { $0 }, "the write waits for the other process's lock")
+        // Reads go on meanwhile, from their own connection, and see what was committed.
+        let pairings = try store.pairings()
+        _ = try store.recentEvents(limit: 10)
+        let writeDoneFirst = written.withLock { $0 }
+        #expect(!writeDoneFirst, "the read waited behind the write")
+        #expect(pairings.map(\.pairing.name) == ["First"])
+        holder.waitUntilExit()
+        for _ in 0..<100 where !written.withLock({ $0 }) { Thread.sleep(forTimeInterval: 0.05) }
+        #expect(Set(try store.pairings().compactMap(\.pairing.name)) == ["First", "Second"], "the write went in once the lock was free")
+    }
+}
+
 enum Command {
     static func sqlite(_ path: String, _ sql: String) throws -> Int32 {
         let process = Process()

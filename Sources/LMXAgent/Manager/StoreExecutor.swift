@@ -5,8 +5,8 @@ import LMXSystem
 import Synchronization
 
 /// Runs the store's work off the connection manager: every write is queued and performed, in
-/// order, on a serial dispatch queue of its own; reads run beside it (not Swift's cooperative pool, which blocking
-/// SQLite calls would starve). A database held locked by another process (a backup, `sqlite3`
+/// order, on a serial dispatch queue of its own; reads run beside it, on the store's read connection
+/// (not Swift's cooperative pool, which blocking SQLite calls would starve). A database held locked by another process (a backup, `sqlite3`
 /// left in a transaction) then delays only the writes: the manager keeps deciding and the socket
 /// keeps answering from memory. A write that meets the lock (each try waits SQLite's 5 s busy
 /// timeout) is tried again, in order, for up to `lockedRetries` tries (about two minutes) before it

@@ -31,13 +31,11 @@ public struct EventRecorder: AgentEventSink {
                 }
             case .activeChanged(_, let to, _):
                 if let id = to?.id { store.write("remember the active endpoint") { try $0.setMeta("last_good_route", id) } }
-            case .serverSeen(let route, let instance, let key, let remember):
+            case .serverSeen(let route, let instance, _, let remember) where remember:
                 var stored = route
                 stored.source = .mdns
-                store.write("save a server", droppable: true) { [stored] store in
-                    if remember { try store.saveRoute(StoredRoute(route: stored, instanceID: instance, createdAt: at, lastSeen: at)) }
-                    try store.recordServerSeen(
-                        key: key, instanceID: instance, name: route.name, addresses: route.addresses, source: route.source, at: at)
+                store.write("remember a server", droppable: true) { [stored] store in
+                    try store.saveRoute(StoredRoute(route: stored, instanceID: instance, createdAt: at, lastSeen: at))
                 }
             case .probed(let state, let report):
                 let stats = ProbeStats(
