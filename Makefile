@@ -8,15 +8,11 @@ all: build
 build:
 	$(SWIFT) build
 
-# The same flags as scripts/lib.sh's RELEASE_BUILD (static Swift runtime, lld, DT_RELR, no exports,
-# function sections placed by Packaging/lmx-agent-hot.ld, lmx-status a static PIE).
-RELEASE_FLAGS = -c release --static-swift-stdlib --disable-local-rpath -Xswiftc -use-ld=lld \
-	-Xswiftc -Xfrontend -Xswiftc -function-sections -Xcc -ffunction-sections -Xcc -fdata-sections \
-	-Xlinker --no-export-dynamic -Xlinker -z -Xlinker pack-relative-relocs \
-	-Xlinker $(CURDIR)/Packaging/lmx-agent-hot.ld
-
+# The release build with scripts/lib.sh's RELEASE_BUILD, the one list of its flags (static Swift
+# runtime, lld, DT_RELR, no exports, function sections placed by Packaging/lmx-agent-hot.ld,
+# lmx-status a static PIE); `make run`, `make deb` and the benchmarks use the same.
 release:
-	LMX_STATIC_STATUS=1 $(SWIFT) build $(RELEASE_FLAGS)
+	bash -c '. scripts/lib.sh && $(SWIFT) build "$${RELEASE_BUILD[@]}"'
 
 # Installs what is missing, builds, makes sure avahi-daemon runs, then runs lmx-agentd
 # in the foreground (extra daemon arguments: make run ARGS="--endpoint https://…").

@@ -7,7 +7,7 @@
 # scripts/order-file.py): the kernel maps code 64 KB around each page touched, and packed code
 # is fewer windows.
 # LMX_STATIC_STATUS=1 links lmx-status as a static PIE (Package.swift), which needs the local
-# run path off (a static PIE cannot have one). Keep Makefile's RELEASE_FLAGS the same.
+# run path off (a static PIE cannot have one). `make release` builds with this list too.
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RELEASE_BUILD=(-c release --static-swift-stdlib --disable-local-rpath -Xswiftc -use-ld=lld
     -Xswiftc -Xfrontend -Xswiftc -function-sections -Xcc -ffunction-sections -Xcc -fdata-sections
