@@ -1,8 +1,5 @@
 import LMXCore
-
-#if canImport(Glibc)
-import Glibc
-#endif
+import LMXSystem
 
 /// A route remembered across restarts, with what the agent last knew of it.
 public struct StoredRoute: Sendable, Hashable {
@@ -75,14 +72,18 @@ public final class AgentStore: Sendable {
     /// - Parameter log: receives one line per notable thing (moved-aside files).
     public static func open(path: String, eventRetention: Int = 5000, log: (String) -> Void = { _ in }) throws -> AgentStore {
         let directory = path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
-        if !directory.isEmpty { try makePrivateDirectory(directory) }
+        if !directory.isEmpty {
+            do { try FileSystem.makeDirectories(directory, mode: 0o700) } catch { throw StoreError(description: error.description) }
+        }
         do {
             return try AgentStore(path: path, eventRetention: eventRetention)
         } catch let error as SQLiteError where error.isCorrupt {
-            let aside = "\(path).corrupt-\(Int(time(nil)))"
-            for suffix in ["", "-wal", "-shm"] where access(path + suffix, F_OK) == 0 {
-                guard rename(path + suffix, aside + suffix) == 0 else {
-                    throw StoreError(description: "database \(path) is corrupt and could not be moved aside (errno \(errno)); remove it by hand")
+            let aside = "\(path).corrupt-\(SystemClock.unixTime())"
+            for suffix in ["", "-wal", "-shm"] where FileSystem.exists(path + suffix) {
+                do {
+                    try FileSystem.rename(path + suffix, to: aside + suffix)
+                } catch {
+                    throw StoreError(description: "database \(path) is corrupt and could not be moved aside (\(error.reason)); remove it by hand")
                 }
             }
             log("database \(path) is corrupt (\(error.message)); moved it to \(aside) and started a fresh one")
@@ -93,25 +94,14 @@ public final class AgentStore: Sendable {
     private init(path: String, eventRetention: Int) throws {
         self.path = path
         self.eventRetention = eventRetention
-        let oldMask = umask(0o077)
-        defer { umask(oldMask) }
+        let oldMask = FileSystem.setUmask(0o077)
+        defer { FileSystem.setUmask(oldMask) }
         pool = try SQLiteConnection(path: path)
         // Reading the schema fails at once on a file that is not SQLite or is corrupt.
         _ = try pool.read { db in try db.rows(sql: "PRAGMA quick_check(1)") }
         try pool.migrate(Self.migrations)
-        for suffix in ["", "-wal", "-shm"] { chmod(path + suffix, 0o600) }
+        for suffix in ["", "-wal", "-shm"] { FileSystem.setMode(path + suffix, 0o600) }
         reader = try SQLiteConnection(path: path)
-    }
-
-    /// Creates the directory (and parents) owner-only if missing.
-    static func makePrivateDirectory(_ directory: String) throws {
-        var prefix = directory.hasPrefix("/") ? "" : "."
-        for component in directory.split(separator: "/") {
-            prefix += "/" + component
-            if mkdir(prefix, 0o700) != 0 && errno != EEXIST {
-                throw StoreError(description: "cannot create directory \(prefix): \(String(cString: strerror(errno)))")
-            }
-        }
     }
 
     /// The schema, one migration at a time (recorded in `grdb_migrations`, as by the versions

@@ -56,8 +56,14 @@ public enum FileSystem {
         if mkdir(path, mode_t(mode)) != 0 && errno != EEXIST { throw SystemError("cannot create \(path)") }
     }
 
-    /// Sets the process's file creation mask.
-    public static func setUmask(_ mask: UInt32) { umask(mode_t(mask)) }
+    /// Sets the process's file creation mask: the one it replaces.
+    @discardableResult
+    public static func setUmask(_ mask: UInt32) -> UInt32 { UInt32(umask(mode_t(mask))) }
+
+    /// Renames `path` to `destination` (replacing it, on the same file system).
+    public static func rename(_ path: String, to destination: String) throws(SystemError) {
+        if Glibc.rename(path, destination) != 0 { throw SystemError("cannot move \(path) to \(destination)") }
+    }
 
     /// Writes `bytes` to a new file beside `path` (never following or reusing an existing one),
     /// with `mode` whatever the umask, syncs it and renames it over `path`: a reader sees the old
@@ -82,7 +88,7 @@ public enum FileSystem {
             unlink(temporary)
             throw SystemError("cannot write \(temporary)", code: syncError)
         }
-        guard rename(temporary, path) == 0 else {
+        guard Glibc.rename(temporary, path) == 0 else {
             let error = SystemError("cannot replace \(path)")
             unlink(temporary)
             throw error
