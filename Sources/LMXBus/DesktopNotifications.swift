@@ -28,31 +28,16 @@ public final class DesktopNotifications {
 
     /// Connects to the session bus (`DBUS_SESSION_BUS_ADDRESS`) and listens for clicks.
     public init() throws(SystemError) {
-        var error = DBusError()
-        dbus_error_init(&error)
-        guard let connection = dbus_bus_get_private(DBUS_BUS_SESSION, &error) else {
-            throw SystemError("no session D-Bus (DBUS_SESSION_BUS_ADDRESS): \(Self.take(&error))", code: ENOTCONN)
-        }
-        dbus_connection_set_exit_on_disconnect(connection, 0)
-        dbus_bus_add_match(
-            connection,
-            "type='signal',sender='org.freedesktop.Notifications',path='/org/freedesktop/Notifications',interface='org.freedesktop.Notifications',member='ActionInvoked'",
-            &error)
-        var fd: Int32 = -1
-        if dbus_error_is_set(&error) != 0 || dbus_connection_get_unix_fd(connection, &fd) == 0 {
-            let why = dbus_error_is_set(&error) != 0 ? Self.take(&error) : "no socket"
-            dbus_connection_close(connection)
-            dbus_connection_unref(connection)
-            throw SystemError("the session D-Bus refused the subscription to ActionInvoked: \(why)", code: EACCES)
-        }
+        let (connection, fd) = try BusConnection.open(
+            DBUS_BUS_SESSION, busName: "session (DBUS_SESSION_BUS_ADDRESS)", subject: "ActionInvoked",
+            matches: [
+                "type='signal',sender='org.freedesktop.Notifications',path='/org/freedesktop/Notifications',interface='org.freedesktop.Notifications',member='ActionInvoked'"
+            ])
         self.connection = connection
         self.descriptor = fd
     }
 
-    deinit {
-        dbus_connection_close(connection)
-        dbus_connection_unref(connection)
-    }
+    deinit { BusConnection.close(connection) }
 
     /// Posts a notification (replacing `replacing` when not 0): the id the server gave it.
     /// - Parameters:
@@ -91,7 +76,7 @@ public final class DesktopNotifications {
         var error = DBusError()
         dbus_error_init(&error)
         guard let reply = dbus_connection_send_with_reply_and_block(connection, call, 5000, &error) else {
-            throw SystemError("the notification server did not take the notification: \(Self.take(&error))", code: EIO)
+            throw SystemError("the notification server did not take the notification: \(BusConnection.take(&error))", code: EIO)
         }
         defer { dbus_message_unref(reply) }
         var iterator = DBusMessageIter()
@@ -146,11 +131,5 @@ public final class DesktopNotifications {
         ok = ok && value(&inner)
         ok = ok && dbus_message_iter_close_container(&entry, &inner) != 0
         return dbus_message_iter_close_container(&hints, &entry) != 0 && ok
-    }
-
-    private static func take(_ error: inout DBusError) -> String {
-        defer { dbus_error_free(&error) }
-        guard dbus_error_is_set(&error) != 0, let message = error.message else { return "unknown error" }
-        return String(cString: message)
     }
 }

@@ -24,30 +24,12 @@ public final class SleepSignal {
     /// subscribes.
     /// - Throws: when there is no system bus, or it refuses the subscription.
     public init() throws(SystemError) {
-        var error = DBusError()
-        dbus_error_init(&error)
-        guard let connection = dbus_bus_get_private(DBUS_BUS_SYSTEM, &error) else {
-            throw SystemError("no system D-Bus: \(Self.take(&error))", code: ENOTCONN)
-        }
-        // The library's default is to exit the process when the bus goes away.
-        dbus_connection_set_exit_on_disconnect(connection, 0)
-        dbus_bus_add_match(
-            connection,
-            "type='signal',sender='org.freedesktop.login1',path='/org/freedesktop/login1',interface='org.freedesktop.login1.Manager',member='PrepareForSleep'",
-            &error)
-        if dbus_error_is_set(&error) == 0 {
-            dbus_bus_add_match(
-                connection,
+        let (connection, fd) = try BusConnection.open(
+            DBUS_BUS_SYSTEM, busName: "system", subject: "PrepareForSleep",
+            matches: [
+                "type='signal',sender='org.freedesktop.login1',path='/org/freedesktop/login1',interface='org.freedesktop.login1.Manager',member='PrepareForSleep'",
                 "type='signal',sender='org.freedesktop.DBus',path='/org/freedesktop/DBus',interface='org.freedesktop.DBus',member='NameOwnerChanged',arg0='org.freedesktop.login1'",
-                &error)
-        }
-        var fd: Int32 = -1
-        if dbus_error_is_set(&error) != 0 || dbus_connection_get_unix_fd(connection, &fd) == 0 {
-            let why = dbus_error_is_set(&error) != 0 ? Self.take(&error) : "no socket"
-            dbus_connection_close(connection)
-            dbus_connection_unref(connection)
-            throw SystemError("the system D-Bus refused the subscription to PrepareForSleep: \(why)", code: EACCES)
-        }
+            ])
         self.connection = connection
         self.descriptor = fd
         login1Owner = Self.nameOwner(connection, "org.freedesktop.login1")
@@ -90,10 +72,7 @@ public final class SleepSignal {
         return out
     }
 
-    deinit {
-        dbus_connection_close(connection)
-        dbus_connection_unref(connection)
-    }
+    deinit { BusConnection.close(connection) }
 
     /// Reads what arrived (never blocks).
     /// - Returns: the `PrepareForSleep` values received, in order, and whether the bus is gone.
@@ -127,11 +106,5 @@ public final class SleepSignal {
             signals.append(value != 0)
         }
         return (signals, dbus_connection_get_is_connected(connection) != 0)
-    }
-
-    private static func take(_ error: inout DBusError) -> String {
-        defer { dbus_error_free(&error) }
-        guard dbus_error_is_set(&error) != 0, let message = error.message else { return "unknown error" }
-        return String(cString: message)
     }
 }
