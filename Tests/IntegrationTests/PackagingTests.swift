@@ -26,6 +26,30 @@ struct PackagingTests {
 
     private static let unit = TestBed.repo + "/Packaging/systemd/lmx-agentd.service"
 
+    /// The hot-code linker script names sections by their functions' symbols: after code changes
+    /// some no longer exist and match nothing (the link goes on; only memory is lost). It must
+    /// still name the code the release build has, or be made again (scripts/order-file.py).
+    @Test("Packaging/lmx-agent-hot.ld is not stale: at least 90 % of the functions it places are in the release build")
+    func hotCodeScriptCurrent() async throws {
+        let binary = TestBed.repo + "/.build/release/lmx-agent"
+        guard FileManager.default.fileExists(atPath: binary) else {
+            throw TestBedMissing(detail: "no release build at \(binary): run `make deb` (make test does)")
+        }
+        let script = try String(contentsOfFile: TestBed.repo + "/Packaging/lmx-agent-hot.ld", encoding: .utf8)
+        // Section names `.text.<symbol>`; local labels (`.L…`) have no symbol to look for.
+        let named = Set(script.split(whereSeparator: { $0 == " " || $0 == "(" || $0 == ")" || $0 == "\n" })
+            .filter { $0.hasPrefix(".text.") && !$0.hasPrefix(".text..L") && $0 != ".text.lmx_hot" }
+            .map { String($0.dropFirst(6)) })
+        let nm = try await run("/usr/bin/nm", ["--defined-only", binary])
+        #expect(nm.status == 0, "\(nm.stderr)")
+        let symbols = Set(nm.stdout.split(separator: "\n").compactMap { $0.split(separator: " ").last.map(String.init) })
+        let present = named.filter(symbols.contains).count
+        let share = Double(present) / Double(max(named.count, 1))
+        print("figure: the hot-code script names \(named.count) functions; \(present) (\(Int(share * 100)) %) are in the release build")
+        #expect(named.count > 1000)
+        #expect(share >= 0.9, "the hot-code linker script is stale: run `sudo scripts/testbed.sh up && make release && sudo python3 scripts/order-file.py` and commit Packaging/lmx-agent-hot.ld")
+    }
+
     private func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) async throws -> CommandResult {
         try await Command.run(executable, arguments, environment: environment, timeout: 300)
     }
