@@ -13,7 +13,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,7 +143,7 @@ def main():
     cpu = "unknown"
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     swift = subprocess.run(["swift", "--version"], capture_output=True, text=True).stdout.splitlines()

@@ -47,7 +47,8 @@ def package(results):
 
 def rss(pid, binary):
     status = dict(line.split(":", 1) for line in open("/proc/%d/status" % pid))
-    kib = lambda key: int(status[key].split()[0])
+    def kib(key):
+        return int(status[key].split()[0])
     own = 0
     name = None
     for line in open("/proc/%d/smaps" % pid):
@@ -126,7 +127,8 @@ def main():
                                   os.path.join(REPO, ".build", "release", "lmx-agent"), "--top", "25")
     daemon(results, bindir)
     startup(results, bindir)
-    mb = lambda b: "%.1f MB" % (b / 1e6)
+    def mb(b):
+        return "%.1f MB" % (b / 1e6)
     rows = [
         ("package (.deb)", mb(results["deb_bytes"]), "≤ 15 MB"),
         ("installed (Installed-Size)", "%.1f MB" % (results["installed_kib"] * 1024 / 1e6), "≤ 50 MB"),

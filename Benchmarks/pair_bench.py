@@ -6,7 +6,6 @@ slightly rotated and blurred, made with ImageMagick). Each tool runs RUNS times 
 alternating; reported: median and min wall time of the whole process, and peak RSS.
 """
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -21,7 +20,6 @@ TOKEN = ("opta-lmx://pair?v=1&name=Bench&url=https%3A%2F%2Fquiet-river-1234.tryc
 
 
 def run(command):
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
     result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     elapsed = time.perf_counter() - start

@@ -234,11 +234,12 @@ link() { # h1|h2|h3 up|down
 make_venv() {
     # zeroconf publishes arbitrary records; PyYAML and jsonschema check the daemon's answers
     # against docs/openapi.yaml; prometheus-client's parser checks /metrics; the official openai
-    # SDK is the real client the gateway is tried with.
-    [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import zeroconf, yaml, jsonschema, prometheus_client, openai' 2>/dev/null && return 0
-    log "creating the test venv at $VENV (zeroconf, PyYAML, jsonschema, prometheus-client, openai)"
+    # SDK is the real client the gateway is tried with; ruff checks the project's own Python.
+    [ -x "$VENV/bin/python" ] && [ -x "$VENV/bin/ruff" ] &&
+        "$VENV/bin/python" -c 'import zeroconf, yaml, jsonschema, prometheus_client, openai' 2>/dev/null && return 0
+    log "creating the test venv at $VENV (zeroconf, PyYAML, jsonschema, prometheus-client, openai, ruff)"
     [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q 'zeroconf>=0.131' 'PyYAML>=6' 'jsonschema>=4.18' 'prometheus-client>=0.17' 'openai==2.8.1'
+    "$VENV/bin/pip" install -q 'zeroconf>=0.131' 'PyYAML>=6' 'jsonschema>=4.18' 'prometheus-client>=0.17' 'openai==2.8.1' 'ruff==0.14.14'
 }
 
 write_env() {
