@@ -185,21 +185,25 @@ public final class AgentStore: Sendable {
 
     public func routes() throws -> [StoredRoute] {
         try reader.read { db in
-            try db.rows(sql: "SELECT * FROM route ORDER BY id").compactMap { row -> StoredRoute? in
-                guard let via = Via(rawValue: row["via"]), let source = RouteSource(rawValue: row["source"]) else { return nil }
-                let addresses: String = row["addresses"]
-                let route = Route(
-                    id: row["id"], baseURL: row["base_url"], via: via, source: source, name: row["name"],
-                    servicePath: row["service_path"], pinnedInstance: row["pinned_instance"],
-                    credentials: Credentials(
-                        adminKey: row["admin_key"], inferenceKey: row["api_key"],
-                        accessClientID: row["cf_id"], accessClientSecret: row["cf_secret"]),
-                    addresses: addresses.split(separator: " ").map(String.init))
-                return StoredRoute(
-                    route: route, instanceID: row["instance_id"], createdAt: row["created_at"],
-                    lastSeen: row["last_seen"], expiresAt: row["expires_at"])
-            }
+            // A row a hand edit or damage left without a required value is left out.
+            try db.rows(sql: "SELECT * FROM route ORDER BY id").compactMap { row in try? Self.storedRoute(row) }
         }
+    }
+
+    static func storedRoute(_ row: Row) throws(SQLiteError) -> StoredRoute? {
+        guard let via = Via(rawValue: try row.required("via")), let source = RouteSource(rawValue: try row.required("source")) else {
+            return nil
+        }
+        let addresses: String = row["addresses"] ?? ""
+        let route = Route(
+            id: try row.required("id"), baseURL: try row.required("base_url"), via: via, source: source, name: try row.required("name"),
+            servicePath: try row.required("service_path"), pinnedInstance: row["pinned_instance"],
+            credentials: Credentials(
+                adminKey: row["admin_key"], inferenceKey: row["api_key"], accessClientID: row["cf_id"], accessClientSecret: row["cf_secret"]),
+            addresses: addresses.split(separator: " ").map(String.init))
+        return StoredRoute(
+            route: route, instanceID: row["instance_id"], createdAt: try row.required("created_at"), lastSeen: row["last_seen"],
+            expiresAt: row["expires_at"])
     }
 
     // MARK: - Probe statistics
@@ -224,8 +228,9 @@ public final class AgentStore: Sendable {
             var result: [String: ProbeStats] = [:]
             for row in try db.rows(sql: "SELECT * FROM probe_stats") {
                 let verdict: String? = row["last_verdict"]
+                guard let routeID: String = row["route_id"] else { continue }
                 let stats = ProbeStats(
-                    routeID: row["route_id"], probes: row["probes"], failures: row["failures"],
+                    routeID: routeID, probes: row["probes"] ?? 0, failures: row["failures"] ?? 0,
                     smoothedLatency: row["smoothed_latency"], lastVerdict: verdict.flatMap(HealthVerdict.init(rawValue:)),
                     lastDetail: row["last_detail"], lastProbeAt: row["last_probe_at"], lastGoodAt: row["last_good_at"],
                     instanceID: row["instance_id"])
@@ -253,10 +258,11 @@ public final class AgentStore: Sendable {
 
     public func recentEvents(limit: Int) throws -> [StatusAPI.Event] {
         try reader.read { db in
-            try db.rows(sql: "SELECT * FROM event ORDER BY id DESC LIMIT ?", arguments: [limit]).map { row in
-                StatusAPI.Event(
-                    id: row["id"], at: Timestamp.iso8601(row["at"] as Double), kind: row["kind"], routeID: row["route_id"],
-                    from: row["from_value"], to: row["to_value"], reason: row["reason"])
+            try db.rows(sql: "SELECT * FROM event ORDER BY id DESC LIMIT ?", arguments: [limit]).compactMap { row -> StatusAPI.Event? in
+                guard let id: Int64 = row["id"], let at: Double = row["at"], let kind: String = row["kind"] else { return nil }
+                return StatusAPI.Event(
+                    id: id, at: Timestamp.iso8601(at), kind: kind, routeID: row["route_id"], from: row["from_value"],
+                    to: row["to_value"], reason: row["reason"] ?? "")
             }.reversed()
         }
     }

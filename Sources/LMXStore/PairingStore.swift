@@ -104,22 +104,25 @@ extension AgentStore {
     }
 
     static func fetchPairings(_ db: SQLiteConnection) throws -> [StoredPairing] {
-        try db.rows(sql: "SELECT * FROM pairing ORDER BY created_at, id").compactMap { row -> StoredPairing? in
-            guard let format = PairingFormat(rawValue: row["format"]) else { return nil }
-            let url: String? = row["wan_url"]
-            let wan = url.map {
-                WANEndpoint(
-                    url: $0,
-                    credentials: Credentials(
-                        adminKey: row["admin_key"], inferenceKey: row["api_key"], accessClientID: row["cf_id"],
-                        accessClientSecret: row["cf_secret"]))
-            }
-            let lanText: String? = row["lan"]
-            let lan = lanText.flatMap { try? HostPort.parse($0, field: "lan") }
-            let pairing = Pairing(
-                name: row["name"], format: format, wan: wan, lan: lan, instance: row["instance"], expiresAt: row["expires_at"],
-                id: row["id"])
-            return StoredPairing(pairing: pairing, createdAt: row["created_at"], updatedAt: row["updated_at"])
+        // A row a hand edit or damage left without a required value is left out.
+        try db.rows(sql: "SELECT * FROM pairing ORDER BY created_at, id").compactMap { row in try? storedPairing(row) }
+    }
+
+    static func storedPairing(_ row: Row) throws(SQLiteError) -> StoredPairing? {
+        guard let format = PairingFormat(rawValue: try row.required("format")) else { return nil }
+        let url: String? = row["wan_url"]
+        let wan = url.map {
+            WANEndpoint(
+                url: $0,
+                credentials: Credentials(
+                    adminKey: row["admin_key"], inferenceKey: row["api_key"], accessClientID: row["cf_id"],
+                    accessClientSecret: row["cf_secret"]))
         }
+        let lanText: String? = row["lan"]
+        let lan = lanText.flatMap { try? HostPort.parse($0, field: "lan") }
+        let pairing = Pairing(
+            name: row["name"], format: format, wan: wan, lan: lan, instance: row["instance"], expiresAt: row["expires_at"],
+            id: try row.required("id"))
+        return StoredPairing(pairing: pairing, createdAt: try row.required("created_at"), updatedAt: try row.required("updated_at"))
     }
 }

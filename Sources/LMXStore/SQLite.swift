@@ -244,9 +244,13 @@ struct Row {
         values[column].flatMap(T.init)
     }
 
-    /// A column that is never NULL (`NOT NULL` in the schema); a missing value reads as zero or
-    /// empty rather than crashing the agent on a hand-edited file.
-    subscript<T: SQLiteConvertible>(_ column: String) -> T {
-        values[column].flatMap(T.init) ?? T(.integer(0)) ?? T(.text(""))!
+    /// A column that must have a value of its type (`NOT NULL` in the schema): throws when a
+    /// hand-edited or damaged file has none there, so the row is left out rather than read as
+    /// zeros or empty text.
+    func required<T: SQLiteConvertible>(_ column: String) throws(SQLiteError) -> T {
+        guard let value = values[column].flatMap(T.init) else {
+            throw SQLiteError(code: SQLITE_MISMATCH, message: "column \(column) has no \(T.self) value (the file was edited or damaged)")
+        }
+        return value
     }
 }

@@ -37,11 +37,11 @@ extension AgentStore {
 
     public func vouches() throws -> [StoredVouch] {
         try reader.read { db in
-            try db.rows(sql: "SELECT * FROM tunnel_vouch ORDER BY tunnel_route").map { row in
-                let urls: String = row["base_urls"]
+            try db.rows(sql: "SELECT * FROM tunnel_vouch ORDER BY tunnel_route").compactMap { row -> StoredVouch? in
+                guard let tunnel: String = row["tunnel_route"], let urls: String = row["base_urls"] else { return nil }
                 return StoredVouch(
-                    tunnelRouteID: row["tunnel_route"], baseURLs: urls.split(separator: " ").map(String.init),
-                    instanceID: row["instance_id"], updatedAt: row["updated_at"])
+                    tunnelRouteID: tunnel, baseURLs: urls.split(separator: " ").map(String.init), instanceID: row["instance_id"],
+                    updatedAt: row["updated_at"] ?? 0)
             }
         }
     }

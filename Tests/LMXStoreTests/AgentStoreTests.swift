@@ -118,6 +118,26 @@ struct AgentStoreTests {
 }
 
 /// Runs SQL on a database file with Python's sqlite3 (another program editing it).
+@Suite("SQLite store: rows a hand edit damaged")
+struct DamagedRowTests {
+    @Test("a row without a required value of its type is left out; the others are read")
+    func damagedRowLeftOut() throws {
+        let path = temporaryDirectory() + "/state/agent.db"
+        let store = try AgentStore.open(path: path)
+        let parser = PairingParser(now: 1_760_000_000)
+        for name in ["Good", "Edited"] {
+            _ = try store.importPairings(try parser.parse("opta-lmx://pair?v=1&name=\(name)&url=https%3A%2F%2F\(name.lowercased()).example"), at: 1)
+        }
+        _ = try store.appendEvent(kind: "active", routeID: nil, from: nil, to: nil, reason: "x", at: 1)
+        try store.close()
+        #expect(try Command.sqlite(path, "UPDATE pairing SET created_at = 'yesterday' WHERE name = 'Edited'") == 0)
+        #expect(try Command.sqlite(path, "UPDATE event SET at = 'noon'") == 0)
+        let reopened = try AgentStore.open(path: path)
+        #expect(try reopened.pairings().map(\.pairing.name) == ["Good"])
+        #expect(try reopened.recentEvents(limit: 10).isEmpty)
+    }
+}
+
 @Suite("SQLite store: reads beside a write that waits for another process's lock")
 struct StoreLockTests {
     @Test("pairings and events are read while a write waits for the lock another process holds")
