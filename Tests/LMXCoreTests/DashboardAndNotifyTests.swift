@@ -177,6 +177,49 @@ struct NotificationPlannerTests {
         #expect(held.due(now: 11).map(\.summary) == ["Back home on the LAN"])
     }
 
+    @Test("10,000 random histories: route notices are an interval apart, each tells a change from what was last told, and the last state is told")
+    func randomHistories() {
+        var generator = SplitMix64(seed: 29)
+        for _ in 0..<10_000 {
+            let interval = Double(Int.random(in: 0...20, using: &generator))
+            var planner = NotificationPlanner(interval: interval, noServerGrace: 5)
+            func place() -> StatusAPI.Active? {
+                switch Int.random(in: 0..<3, using: &generator) {
+                case 0: Self.active(.lan, "S")
+                case 1: Self.active(.wan, "S")
+                default: nil
+                }
+            }
+            var kind: Int? = nil
+            let start = place()
+            planner.receive(Self.snapshot(start), now: 0)
+            func kindOf(_ a: StatusAPI.Active?) -> Int { a == nil ? 2 : a!.via == .lan ? 0 : 1 }
+            var told = kindOf(start)
+            var lastTold = -Double.infinity
+            var t = 0.0
+            var current = start
+            for _ in 0..<Int.random(in: 1...40, using: &generator) {
+                t += Double(Int.random(in: 0...8000, using: &generator)) / 1000
+                current = place()
+                planner.receive(Self.line(current), now: t)
+                for notice in planner.due(now: t) where notice.topic == .route {
+                    #expect(t - lastTold >= interval)
+                    let now = notice.summary == "Back home on the LAN" ? 0 : notice.summary == "Switched to the tunnel" ? 1 : 2
+                    #expect(now != told, "a notice that changes nothing")
+                    told = now
+                    lastTold = t
+                }
+                kind = kindOf(current)
+            }
+            // Left alone long enough, what stands is what was last told.
+            let later = t + interval + 6
+            for notice in planner.due(now: later) where notice.topic == .route {
+                told = notice.summary == "Back home on the LAN" ? 0 : notice.summary == "Switched to the tunnel" ? 1 : 2
+            }
+            #expect(told == kind)
+        }
+    }
+
     @Test("no server usable waits out its grace; a restart's brief none is not told")
     func noServer() {
         var planner = NotificationPlanner(interval: 0, noServerGrace: 5)
@@ -227,3 +270,4 @@ struct NotificationPlannerTests {
         #expect(Timestamp.parse("tomorrow") == nil)
     }
 }
+
