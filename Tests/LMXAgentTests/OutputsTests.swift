@@ -73,11 +73,11 @@ struct OutputsTests {
         var expiry = PairingExpiry()
         expiry.set("p", expiresAt: 1000)
         expiry.set("q", expiresAt: nil)
-        #expect(expiry.nextDeadline(now: 5, wallNow: 990) == 15)
-        #expect(expiry.takeExpired(at: 999).isEmpty)
-        #expect(expiry.takeExpired(at: 1000) == ["p"])
-        #expect(expiry.nextDeadline(now: 5, wallNow: 1001) == nil)
-        #expect(PairingExpiry.hasExpired(10, at: 10) && !PairingExpiry.hasExpired(nil, at: 10))
+        #expect(expiry.nextDeadline(now: 5, wallNow: WallTime(990)) == 15)
+        #expect(expiry.takeExpired(at: WallTime(999)).isEmpty)
+        #expect(expiry.takeExpired(at: WallTime(1000)) == ["p"])
+        #expect(expiry.nextDeadline(now: 5, wallNow: WallTime(1001)) == nil)
+        #expect(PairingExpiry.hasExpired(10, at: WallTime(10)) && !PairingExpiry.hasExpired(nil, at: WallTime(10)))
     }
 
     @Test("endpoint.env follows the snapshot, 0644, and is removed at a clean stop")

@@ -18,7 +18,7 @@ public actor ConnectionManager {
     private var gateway: StatusAPI.Gateway?
     /// The latest gateway listener report applied.
     private var gatewayGeneration: UInt64 = 0
-    private let prober: Prober
+    private let prober: any RouteProber
     private let store: StoreExecutor
     private let board: StateBoard
     private var sinks: [any AgentEventSink]
@@ -44,7 +44,7 @@ public actor ConnectionManager {
     var lastWaitingRefresh = -Double.infinity
 
     public init(
-        configuration: AgentConfiguration, prober: Prober, store: StoreExecutor, board: StateBoard,
+        configuration: AgentConfiguration, prober: any RouteProber, store: StoreExecutor, board: StateBoard,
         sinks: [any AgentEventSink], logger: Logger
     ) {
         self.configuration = configuration
@@ -75,8 +75,8 @@ public actor ConnectionManager {
                         await self.probeFinished(task.route.id, report: report, full: task.full)
                     }
                 case .wake(let delay, let generation):
-                    group.addTask {
-                        try? await Task.sleep(for: .milliseconds(Int64(delay * 1000) + 1))
+                    group.addTask { [clock] in
+                        await clock.sleep(seconds: delay)
                         await self.wake(generation)
                     }
                 }
@@ -102,7 +102,7 @@ public actor ConnectionManager {
             let stats = try store.store.stats()
             planner.lastGoodID = try store.store.meta("last_good_route")
             for stored in try store.store.routes() {
-                if PairingExpiry.hasExpired(stored.expiresAt, at: clock.wall(t)) {
+                if PairingExpiry.hasExpired(stored.expiresAt, at: WallTime(clock.realtime())) {
                     logger.notice("pairing expired; not probing it", metadata: ["route": "\(stored.route.id)"])
                     continue
                 }
@@ -245,7 +245,7 @@ public actor ConnectionManager {
     /// Imports pairings (already parsed and validated): stored in one transaction, then their
     /// routes are added or updated and probed at once.
     public func importPairings(_ pairings: [Pairing]) async throws -> [PairingImport] {
-        let at = clock.wall(clock.now())
+        let at = clock.realtime()
         let results = try await store.perform { try $0.importPairings(pairings, at: at) }
         let t = clock.now()
         var events: [AgentEvent] = []
@@ -279,7 +279,7 @@ public actor ConnectionManager {
 
     private func addPairing(_ pairing: Pairing, now t: Double, quiet: Bool) -> [AgentEvent] {
         let expires = pairing.expiresAt.map(Double.init)
-        if PairingExpiry.hasExpired(expires, at: clock.wall(t)) {
+        if PairingExpiry.hasExpired(expires, at: WallTime(clock.realtime())) {
             logger.notice("pairing expired; not probing it", metadata: ["pairing": "\(pairing.id)"])
             return []
         }
@@ -307,7 +307,7 @@ public actor ConnectionManager {
         guard !stopped else { return publish(events, now: t) }
         var events = events
         if events.contains(where: { if case .routeAdded = $0 { true } else { false } }) { recordNewPaths() }
-        for id in expiry.takeExpired(at: clock.realtime()) {
+        for id in expiry.takeExpired(at: WallTime(clock.realtime())) {
             for routeID in sources.removePairing(id) ?? [] {
                 events += dropPairingRoute(routeID, reason: "pairing \(id) expired", now: t)
             }
@@ -319,7 +319,7 @@ public actor ConnectionManager {
             jobInput.yield(.probe(task, timeout: planner.policy.timeout(for: task.route.via)))
         }
         var next = planner.nextWakeup()
-        if let expires = expiry.nextDeadline(now: t, wallNow: clock.realtime()) { next = min(next ?? expires, expires) }
+        if let expires = expiry.nextDeadline(now: t, wallNow: WallTime(clock.realtime())) { next = min(next ?? expires, expires) }
         if let next, wakeAt.map({ next < $0 }) ?? true {
             wakeAt = next
             wakeGeneration += 1

@@ -81,8 +81,10 @@ public struct PairingExpiry: Sendable {
 
     public init() {}
 
-    public static func hasExpired(_ expiresAt: Double?, at wallNow: Double) -> Bool {
-        expiresAt.map { $0 <= wallNow } ?? false
+    /// Expiry dates are read on the real-time clock only (a ``WallTime``), never on a monotonic
+    /// instant: mixing the two does not compile.
+    public static func hasExpired(_ expiresAt: Double?, at wallNow: WallTime) -> Bool {
+        expiresAt.map { $0 <= wallNow.secondsSince1970 } ?? false
     }
 
     public mutating func set(_ pairingID: String, expiresAt: Double?) { dates[pairingID] = expiresAt }
@@ -90,16 +92,25 @@ public struct PairingExpiry: Sendable {
     public mutating func remove(_ pairingID: String) { dates[pairingID] = nil }
 
     /// The pairings whose time has come (forgotten here).
-    public mutating func takeExpired(at wallNow: Double) -> [String] {
-        let expired = dates.filter { $0.value <= wallNow }.keys.sorted()
+    public mutating func takeExpired(at wallNow: WallTime) -> [String] {
+        let expired = dates.filter { $0.value <= wallNow.secondsSince1970 }.keys.sorted()
         for id in expired { dates[id] = nil }
         return expired
     }
 
     /// The next expiry as an instant of the monotonic clock whose `now` is `wallNow`'s.
-    public func nextDeadline(now: Double, wallNow: Double) -> Double? {
-        dates.values.min().map { now + max(0, $0 - wallNow) }
+    public func nextDeadline(now: Double, wallNow: WallTime) -> Double? {
+        dates.values.min().map { now + max(0, $0 - wallNow.secondsSince1970) }
     }
+}
+
+/// An instant of the real-time clock (seconds since 1970, following clock corrections), kept
+/// apart by type from the monotonic seconds the planner works in: what is read against a date
+/// (pairing expiry) takes this, and a monotonic number does not fit.
+public struct WallTime: Sendable, Hashable, Comparable {
+    public var secondsSince1970: Double
+    public init(_ secondsSince1970: Double) { self.secondsSince1970 = secondsSince1970 }
+    public static func < (a: WallTime, b: WallTime) -> Bool { a.secondsSince1970 < b.secondsSince1970 }
 }
 
 /// The state of mDNS discovery, as the status shows it.

@@ -1,0 +1,12 @@
+import LMXCore
+import LMXProbe
+
+/// What the manager needs of probing: one route, one verdict. The HTTP prober is the real one;
+/// tests of the manager in process give scripted verdicts.
+public protocol RouteProber: Sendable {
+    /// Probes `route` by the LMX contract within `timeout` seconds (`full`: the whole sequence,
+    /// not only the discovery document).
+    func probe(_ route: Route, timeout: Double, full: Bool) async -> ProbeReport
+}
+
+extension Prober: RouteProber {}
