@@ -86,7 +86,8 @@ public struct LMXNotify: ParsableCommand {
                 Console.error("lmx-notify: the session bus is gone (the session ended); stopping")
                 return
             }
-            for action in actions where ids.values.contains(action.id) {
+            // Clicks on our own notifications only (`drain` keeps no other).
+            for _ in actions {
                 guard let url = planner.dashboardURL else { continue }
                 if !Spawn.detached(openWith, [url]) { Console.error("lmx-notify: could not start \(openWith) to open \(url)") }
             }

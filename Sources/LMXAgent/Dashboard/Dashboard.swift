@@ -10,8 +10,6 @@ import NIOCore
 /// socket, nothing more.
 struct Dashboard: Sendable {
     let agent: Agent
-    /// Large answers (status, pairings, the watch snapshot) a few at a time per user.
-    let gate = LargeAnswerGate(perUser: 4)
 
     func respond(
         _ resource: DashboardPolicy.Resource, request: Request, context: AgentRequestContext, localhostIsOurs: Bool
@@ -23,7 +21,7 @@ struct Dashboard: Sendable {
         {
             agent.metrics.gatewayRefused.increment()
             var response = Self.json(StatusAPI.ErrorBody(error: refusal.code, reason: refusal.message), status: HTTPResponse.Status(code: refusal.status))
-            if refusal.status == 405 { response.headers[HTTPFields.Element.Name("Allow")!] = "GET" }
+            if refusal.status == 405 { response.headers[.allow] = "GET" }
             return response
         }
         let board = agent.board
@@ -48,8 +46,8 @@ struct Dashboard: Sendable {
             return Self.json(agent.traffic.report())
         case .watch:
             let since = request.uri.queryParameters.get("since", as: UInt64.self)
-            guard let subscription = await gate.run(for: await context.peerUID(), { agent.watch.watch(since: since) }) else {
-                return Self.busy()
+            guard let subscription = await agent.largeAnswers.run(for: await context.peerUID(), { agent.watch.watch(since: since) }) else {
+                return Self.secured(LargeAnswerGate.busy())
             }
             return Self.secured(
                 Response(
@@ -59,13 +57,7 @@ struct Dashboard: Sendable {
     }
 
     private func large(_ context: AgentRequestContext, _ build: () -> Response) async -> Response {
-        await gate.run(for: await context.peerUID()) { build() } ?? Self.busy()
-    }
-
-    static func busy() -> Response {
-        var busy = json(StatusAPI.ErrorBody(error: "busy", reason: "too many large answers at once for this user; retry in a moment"), status: .tooManyRequests)
-        busy.headers[.retryAfter] = "1"
-        return busy
+        await agent.largeAnswers.run(for: await context.peerUID()) { build() } ?? Self.secured(LargeAnswerGate.busy())
     }
 
     static func asset(_ bytes: [UInt8], type: String) -> Response {

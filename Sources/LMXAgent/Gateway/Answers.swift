@@ -24,6 +24,8 @@ extension Gateway {
         if let via = HTTPFields.Element.Name("X-LMX-Via") { headers[via] = target.via.rawValue }
         let length = upstream.headers.first(name: "content-length").flatMap(OutsideInput.contentLength)
         let events = upstream.headers.first(name: "content-type")?.lowercased().hasPrefix("text/event-stream") == true
+        // A stream's first figure is its first event (the first token), taken as it passes.
+        traffic?.answered(target.via, status: Int(upstream.status.code), stream: events)
         let body = upstream.body
         let response = ResponseBody(contentLength: length) { writer in
             withExtendedLifetime(tokens) {}
@@ -277,6 +279,12 @@ struct TrafficTap: Sendable {
     let traffic: GatewayTraffic
     let model: String?
     let started: ContinuousClock.Instant
+
+    /// The answer's head came (now): its status, and the time to it unless it is a stream.
+    func answered(_ via: Via, status: Int, stream: Bool) {
+        let firstByte = (ContinuousClock.now - started).seconds
+        traffic.answered(model: model, via: via, status: status, firstByte: stream ? nil : firstByte, answered: true)
+    }
 
     func streamed(_ via: Via, _ tally: Gateway.EventTally) {
         let firstEvent = tally.first.map { ($0 - started).seconds }

@@ -131,10 +131,6 @@ extension Gateway {
                         continue
                     }
                 }
-                let firstByte = (ContinuousClock.now - started).seconds
-                // A stream's first figure is its first event (the first token), taken as it passes.
-                let events = upstream.headers.first(name: "content-type")?.lowercased().hasPrefix("text/event-stream") == true
-                agent.traffic.answered(model: model, via: target.via, status: Int(upstream.status.code), firstByte: events ? nil : firstByte, answered: true)
                 return Self.passThrough(
                     upstream, target: target, holding: [inFlight, routeToken, lease],
                     requestBody: streamed.map { ($0.rest, context.channel) },

@@ -191,7 +191,7 @@ public actor ConnectionManager {
             if let old = seen.replaces { events += planned(planner.withdraw(old, now: t)) }
             events += planned(planner.upsert(route, now: t))
             let instance = planner.routes[route.id]?.instanceID
-            events.append(.serverSeen(route, instanceID: instance, key: instance ?? route.id, remember: true))
+            events.append(.serverSeen(route, instanceID: instance))
         case .removed(let server, let reason):
             guard let id = sources.withdraw(server) else { break }
             logger.info(
@@ -340,11 +340,9 @@ public actor ConnectionManager {
         let knownInstance = planner.routes[routeID]?.instanceID
         var events = planned(planner.record(report, for: routeID, full: full, now: clock.now()))
         if let state = planner.routes[routeID] {
-            if let instance = state.instanceID, instance != knownInstance {
-                // Learned who this is: remembered by instance_id, the key that merges routes; an
-                // announcer repeating a set-up server's id is kept apart from that server.
-                let key = planner.trust(of: state) == .impostor ? "impostor:\(state.id)" : instance
-                events.append(.serverSeen(state.route, instanceID: instance, key: key, remember: state.route.source.isFound))
+            if let instance = state.instanceID, instance != knownInstance, state.route.source.isFound {
+                // Learned who answers at a found route: remembered with its instance_id.
+                events.append(.serverSeen(state.route, instanceID: instance))
             }
             events.append(.probed(state, report: report))
         }

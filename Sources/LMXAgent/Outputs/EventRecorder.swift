@@ -31,7 +31,7 @@ public struct EventRecorder: AgentEventSink {
                 }
             case .activeChanged(_, let to, _):
                 if let id = to?.id { store.write("remember the active endpoint") { try $0.setMeta("last_good_route", id) } }
-            case .serverSeen(let route, let instance, _, let remember) where remember:
+            case .serverSeen(let route, let instance):
                 var stored = route
                 stored.source = .mdns
                 store.write("remember a server", droppable: true) { [stored] store in

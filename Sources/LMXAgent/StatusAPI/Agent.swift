@@ -10,6 +10,8 @@ public struct Agent: Sendable {
     public let metrics: AgentMetrics
     /// What went through the gateway, per model.
     public let traffic: GatewayTraffic
+    /// Large answers being built per user, on the status socket and the dashboard together.
+    let largeAnswers = LargeAnswerGate(perUser: 4)
 
     public init(
         manager: ConnectionManager, board: StateBoard, watch: WatchHub, store: StoreExecutor, metrics: AgentMetrics,

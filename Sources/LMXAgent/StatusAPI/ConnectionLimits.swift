@@ -57,6 +57,15 @@ public final class LargeAnswerGate: Sendable {
         defer { building.release(key) }
         return try await body()
     }
+
+    /// The answer past the limit: 429, try again in a second.
+    static func busy() -> Response {
+        var busy = StatusServer.json(
+            StatusAPI.ErrorBody(error: "busy", reason: "too many large answers at once for this user; retry in a moment"),
+            status: .tooManyRequests)
+        busy.headers[.retryAfter] = "1"
+        return busy
+    }
 }
 
 /// A child channel that admits a connection only while its peer's user is under the limit,

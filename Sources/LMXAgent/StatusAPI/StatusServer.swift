@@ -41,17 +41,11 @@ public enum StatusServer {
             if let active = snapshot.activeEndpoint(now: board.now()) { return json(active) }
             return json(StatusAPI.ErrorBody(error: "no-active-endpoint", reason: snapshot.noActiveReason), status: .serviceUnavailable)
         }
-        // Large answers: a few at a time per user (the rest get 429 and retry).
-        let gate = LargeAnswerGate(perUser: 4)
+        // Large answers: a few at a time per user (the rest get 429 and retry), here and on the
+        // dashboard together.
+        let gate = agent.largeAnswers
         @Sendable func large(_ context: AgentRequestContext, _ build: () -> Response) async -> Response {
-            await gate.run(for: await peer(context)) { build() } ?? tooManyLargeAnswers()
-        }
-        @Sendable func tooManyLargeAnswers() -> Response {
-            var busy = json(
-                StatusAPI.ErrorBody(error: "busy", reason: "too many large answers at once for this user; retry in a moment"),
-                status: .tooManyRequests)
-            busy.headers[.retryAfter] = "1"
-            return busy
+            await gate.run(for: await peer(context)) { build() } ?? LargeAnswerGate.busy()
         }
         router.get("/v1/status") { _, context in
             await large(context) { json(board.snapshot.status(seq: agent.watch.seq, now: board.now())) }
@@ -118,7 +112,7 @@ public enum StatusServer {
         router.get("/v1/watch") { request, context -> Response in
             let since = request.uri.queryParameters.get("since", as: UInt64.self)
             guard let subscription = await gate.run(for: await peer(context), { agent.watch.watch(since: since) }) else {
-                return tooManyLargeAnswers()
+                return LargeAnswerGate.busy()
             }
             return Response(
                 status: .ok, headers: [.contentType: "application/x-ndjson", .cacheControl: "no-store"],

@@ -11,9 +11,9 @@ public enum AgentEvent: Sendable {
     case vouchesChanged(tunnelID: String, baseURLs: [String], instanceID: String?)
     case pairing(PairingChange, id: String, detail: String, routes: [String] = [])
     case discoveryChanged(DiscoveryState)
-    /// A server was announced, or a probe told who answers at a route: remembered in the store.
-    /// `key` merges sightings (the instance id, or the route for one not yet known).
-    case serverSeen(Route, instanceID: String?, key: String, remember: Bool)
+    /// A found route (announced, or remembered from an announcement) was announced, or a probe told
+    /// who answers at it: remembered in the store.
+    case serverSeen(Route, instanceID: String?)
     /// A probe finished (statistics, metrics).
     case probed(RouteState, report: ProbeReport)
     /// An announcement ignored because too many servers are followed.
