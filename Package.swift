@@ -58,7 +58,11 @@ let package = Package(
         // credentials, users and groups, privilege switches, inotify, netlink and route lookups,
         // the clocks' view of a suspend, sd-notify, signals, libraries opened at run time
         // (dlopen). Nothing above it (but the C adapters) imports Glibc.
-        .target(name: "LMXSystem", dependencies: [.product(name: "SystemPackage", package: "swift-system")]),
+        .target(name: "LMXSystem", dependencies: ["CLinux", .product(name: "SystemPackage", package: "swift-system")]),
+
+        // The kernel's UAPI structures LMXSystem uses (netlink, rtnetlink, sock_diag, ucred), from
+        // linux-libc-dev: headers only, nothing to link.
+        .systemLibrary(name: "CLinux"),
 
         // Thin module map over libdbus-1, and the adapter on it: logind's PrepareForSleep signal
         // on the system bus (the daemon only: the commands do not load libdbus).

@@ -128,11 +128,13 @@ public enum FileSystem {
         }
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 65_536)
+        let descriptor = FileDescriptor(rawValue: fd)
         while true {
-            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
-            if n < 0 {
-                if errno == EINTR { continue }
-                throw .unreadable(SystemError.describe(errno))
+            let n: Int
+            do {
+                n = try chunk.withUnsafeMutableBytes { try descriptor.read(into: $0) }  // retries EINTR
+            } catch {
+                throw .unreadable(SystemError.describe((error as? Errno)?.rawValue ?? EIO))
             }
             if n == 0 { break }
             bytes += chunk[0..<n]

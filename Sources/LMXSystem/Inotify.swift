@@ -5,13 +5,15 @@ import Glibc
 /// Watches directories for files written, renamed in, created or changed (inotify), and reports
 /// the names that changed. Used from one thread; the descriptor closes when this is dropped.
 public final class DirectoryWatch {
-    private let fd: Int32
+    /// Readable when changes wait (for a ``PollingThread``).
+    public let descriptor: Int32
+    private var fd: Int32 { descriptor }
     private var directories: [Int32: String] = [:]
 
     /// - Throws: when inotify is unavailable.
     public init() throws(SystemError) {
-        fd = inotify_init1(Int32(IN_CLOEXEC | IN_NONBLOCK))
-        guard fd >= 0 else { throw SystemError("inotify is unavailable") }
+        descriptor = inotify_init1(Int32(IN_CLOEXEC | IN_NONBLOCK))
+        guard descriptor >= 0 else { throw SystemError("inotify is unavailable") }
     }
 
     deinit { close(fd) }
@@ -24,13 +26,12 @@ public final class DirectoryWatch {
         directories[wd] = directory
     }
 
-    /// Waits up to `milliseconds` and returns the paths (directory + "/" + name) that changed.
-    public func next(milliseconds: Int32) -> [String] {
-        var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        guard poll(&poller, 1, milliseconds) > 0 else { return [] }
+    /// The paths (directory + "/" + name) that changed, from the events waiting (never blocks).
+    public func drain() -> [String] {
         var buffer = [UInt8](repeating: 0, count: 16 * 1024)
-        let n = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
-        guard n > 0 else { return [] }
+        guard case .success(let n) = SystemCall.retrying({ buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) } }),
+            n > 0
+        else { return [] }
         var paths: [String] = []
         var offset = 0
         let headerSize = MemoryLayout<inotify_event>.size
@@ -60,6 +61,8 @@ public enum Poll {
             return false
         }
         var fds = descriptors.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
-        return poll(&fds, nfds_t(fds.count), milliseconds) > 0
+        let count = fds.count
+        guard case .success(let ready) = SystemCall.retrying({ poll(&fds, nfds_t(count), milliseconds) }) else { return false }
+        return ready > 0
     }
 }

@@ -1,3 +1,4 @@
+import CLinux
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -17,27 +18,15 @@ public final class NetworkMonitor {
         public var any = false
     }
 
-    // <linux/rtnetlink.h>, stable kernel ABI (not exported by the Glibc module).
-    private static let netlinkRoute: Int32 = 0
-    private static let groups: UInt32 = 0x1 /* LINK */ | 0x10 /* IPV4_IFADDR */ | 0x40 /* IPV4_ROUTE */
-        | 0x100 /* IPV6_IFADDR */ | 0x400 /* IPV6_ROUTE */
-    private static let newLink: UInt16 = 16, newAddress: UInt16 = 20
-
-    /// `struct sockaddr_nl`.
-    private struct NetlinkAddress {
-        var family: UInt16 = UInt16(AF_NETLINK)
-        var pad: UInt16 = 0
-        var pid: UInt32 = 0
-        var groups: UInt32
-    }
-
     /// - Throws: when netlink is unavailable (a sandbox without `AF_NETLINK`).
     public init() throws(SystemError) {
-        let fd = socket(AF_NETLINK, Int32(SOCK_RAW.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), Self.netlinkRoute)
+        let fd = socket(AF_NETLINK, Int32(SOCK_RAW.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), NETLINK_ROUTE)
         guard fd >= 0 else { throw SystemError("cannot open a netlink socket") }
-        var address = NetlinkAddress(groups: Self.groups)
+        var address = sockaddr_nl()
+        address.nl_family = __kernel_sa_family_t(AF_NETLINK)
+        address.nl_groups = lmx_rtnetlink_groups()
         let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<NetlinkAddress>.size)) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_nl>.size)) }
         }
         guard bound == 0 else {
             let code = errno
@@ -54,22 +43,22 @@ public final class NetworkMonitor {
         var change = Change()
         var buffer = [UInt8](repeating: 0, count: 32 * 1024)
         while true {
-            let n = buffer.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
-            if n < 0 {
+            let received = SystemCall.retrying { buffer.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) } }
+            guard case .success(let n) = received else {
                 // ENOBUFS: the kernel dropped messages; the state is read afresh anyway.
-                if errno == ENOBUFS { change = Change(linkOrAddressUp: true, any: true); continue }
+                if case .failure(let error) = received, error.code == ENOBUFS { change = Change(linkOrAddressUp: true, any: true); continue }
                 return change
             }
             guard n > 0 else { return change }
             var offset = 0
-            // Each message: struct nlmsghdr { u32 len; u16 type; u16 flags; u32 seq; u32 pid }.
-            while offset + 16 <= n {
-                let length = buffer.withUnsafeBytes { Int($0.loadUnaligned(fromByteOffset: offset, as: UInt32.self)) }
-                let type = buffer.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: offset + 4, as: UInt16.self) }
-                guard length >= 16 else { break }
+            let headerSize = MemoryLayout<nlmsghdr>.size
+            while offset + headerSize <= n {
+                let header = buffer.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: offset, as: nlmsghdr.self) }
+                let length = Int(header.nlmsg_len)
+                guard length >= headerSize else { break }
                 change.any = true
-                if type == Self.newLink || type == Self.newAddress { change.linkOrAddressUp = true }
-                offset += (length + 3) & ~3
+                if header.nlmsg_type == UInt16(RTM_NEWLINK) || header.nlmsg_type == UInt16(RTM_NEWADDR) { change.linkOrAddressUp = true }
+                offset += lmx_nlmsg_align(length)
             }
         }
     }

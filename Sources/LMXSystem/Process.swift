@@ -1,3 +1,4 @@
+import SystemPackage
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -8,16 +9,9 @@ public enum StandardStream {
 
     public func write(_ text: String) {
         var text = text
-        let fd = self == .output ? STDOUT_FILENO : STDERR_FILENO
-        text.withUTF8 { buffer in
-            var offset = 0
-            while offset < buffer.count {
-                let n = Glibc.write(fd, buffer.baseAddress! + offset, buffer.count - offset)
-                if n < 0 && errno == EINTR { continue }
-                guard n > 0 else { return }
-                offset += n
-            }
-        }
+        let fd: FileDescriptor = self == .output ? .standardOutput : .standardError
+        // Retries short writes and signals; a closed stream is not an error worth reporting.
+        _ = text.withUTF8 { try? fd.writeAll($0) }
     }
 
     /// Whether standard error is the journal stream named by `JOURNAL_STREAM` (`device:inode`),

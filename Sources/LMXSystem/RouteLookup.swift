@@ -36,6 +36,9 @@ public enum RouteLookup {
         }
         var entries: [Entry] = []
 
+        /// No interfaces.
+        public init() {}
+
         /// The addresses of interfaces that are up with a carrier (loopback aside): when this is
         /// unchanged, so is every way out of this machine that does not depend on routes alone.
         public var usable: Set<String> {

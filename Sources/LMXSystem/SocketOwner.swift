@@ -1,3 +1,4 @@
+import CLinux
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -16,45 +17,50 @@ public enum SocketOwner {
         case (16, 16): family = UInt8(AF_INET6)
         default: return nil
         }
-        let fd = socket(AF_NETLINK, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 4 /* NETLINK_SOCK_DIAG */)
+        let fd = socket(AF_NETLINK, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), NETLINK_SOCK_DIAG)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
         var wait = timeval(tv_sec: 0, tv_usec: 200_000)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
 
-        // struct nlmsghdr (16) + struct inet_diag_req_v2 (56).
-        var request = [UInt8](repeating: 0, count: 72)
-        func put32(_ value: UInt32, at offset: Int) { withUnsafeBytes(of: value.littleEndian) { request.replaceSubrange(offset..<offset + 4, with: $0) } }
-        put32(72, at: 0)  // nlmsg_len
-        request[4] = 20  // nlmsg_type: SOCK_DIAG_BY_FAMILY (20)
-        request[6] = 1  // nlmsg_flags: NLM_F_REQUEST
-        request[16] = family  // sdiag_family
-        request[17] = UInt8(IPPROTO_TCP)  // sdiag_protocol
-        put32(0xFFF, at: 20)  // idiag_states: every state
-        // inet_diag_sockid: source is the peer's socket's own end, destination ours.
-        request[24] = UInt8(peer.port >> 8)
-        request[25] = UInt8(peer.port & 0xFF)
-        request[26] = UInt8(local.port >> 8)
-        request[27] = UInt8(local.port & 0xFF)
-        request.replaceSubrange(28..<28 + peer.address.count, with: peer.address)
-        request.replaceSubrange(44..<44 + local.address.count, with: local.address)
-        put32(0xFFFF_FFFF, at: 64)  // idiag_cookie: INET_DIAG_NOCOOKIE
-        put32(0xFFFF_FFFF, at: 68)
-
-        // struct sockaddr_nl (not imported into Swift): the kernel, pid 0, no groups.
-        var kernel = [UInt8](repeating: 0, count: 12)
-        kernel[0] = UInt8(AF_NETLINK & 0xFF)
-        let sent = kernel.withUnsafeBytes { raw in
-            sendto(fd, request, request.count, 0, raw.baseAddress!.assumingMemoryBound(to: sockaddr.self), socklen_t(raw.count))
+        // One SOCK_DIAG_BY_FAMILY request: a netlink header, then the socket asked about. Its
+        // source is the peer's socket's own end, its destination ours.
+        struct Request {
+            var header: nlmsghdr
+            var body: inet_diag_req_v2
         }
-        guard sent == request.count else { return nil }
+        var request = Request(header: nlmsghdr(), body: inet_diag_req_v2())
+        request.header.nlmsg_len = UInt32(MemoryLayout<Request>.size)
+        request.header.nlmsg_type = UInt16(SOCK_DIAG_BY_FAMILY)
+        request.header.nlmsg_flags = UInt16(NLM_F_REQUEST)
+        request.body.sdiag_family = family
+        request.body.sdiag_protocol = UInt8(IPPROTO_TCP)
+        request.body.idiag_states = 0xFFF  // every state
+        request.body.id.idiag_sport = peer.port.bigEndian
+        request.body.id.idiag_dport = local.port.bigEndian
+        withUnsafeMutableBytes(of: &request.body.id.idiag_src) { $0.copyBytes(from: peer.address) }
+        withUnsafeMutableBytes(of: &request.body.id.idiag_dst) { $0.copyBytes(from: local.address) }
+        request.body.id.idiag_cookie = (INET_DIAG_NOCOOKIE, INET_DIAG_NOCOOKIE)
+
+        var kernel = sockaddr_nl()  // the kernel: pid 0, no groups
+        kernel.nl_family = __kernel_sa_family_t(AF_NETLINK)
+        let sent = withUnsafeBytes(of: &request) { bytes in
+            withUnsafePointer(to: &kernel) { address in
+                address.withMemoryRebound(to: sockaddr.self, capacity: 1) { to in
+                    SystemCall.retrying { sendto(fd, bytes.baseAddress, bytes.count, 0, to, socklen_t(MemoryLayout<sockaddr_nl>.size)) }
+                }
+            }
+        }
+        guard case .success(MemoryLayout<Request>.size) = sent else { return nil }
         var answer = [UInt8](repeating: 0, count: 8192)
-        let n = answer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-        // nlmsghdr (16), then struct inet_diag_msg: family, state, timer, retrans, sockid (48),
-        // expires, rqueue, wqueue, uid (at 64).
-        guard n >= 16 + 72 else { return nil }
-        let type = UInt16(answer[4]) | UInt16(answer[5]) << 8
-        guard type == 20 else { return nil }  // NLMSG_ERROR (2) or NLMSG_DONE (3): no such socket
-        return answer.withUnsafeBytes { UInt32(littleEndian: $0.loadUnaligned(fromByteOffset: 16 + 64, as: UInt32.self)) }
+        guard case .success(let n) = SystemCall.retrying({ answer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) } }) else { return nil }
+        let headerSize = MemoryLayout<nlmsghdr>.size
+        guard n >= headerSize + MemoryLayout<inet_diag_msg>.size else { return nil }
+        return answer.withUnsafeBytes { raw -> UInt32? in
+            let header = raw.loadUnaligned(as: nlmsghdr.self)
+            // NLMSG_ERROR or NLMSG_DONE: no such socket.
+            guard header.nlmsg_type == UInt16(SOCK_DIAG_BY_FAMILY) else { return nil }
+            return raw.loadUnaligned(fromByteOffset: lmx_nlmsg_hdrlen(), as: inet_diag_msg.self).idiag_uid
+        }
     }
 }

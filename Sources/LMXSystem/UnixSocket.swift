@@ -1,3 +1,4 @@
+import CLinux
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -77,11 +78,8 @@ public final class UnixStream {
     public func send(_ bytes: [UInt8]) -> Bool {
         var sent = 0
         while sent < bytes.count {
-            let n = bytes[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-            if n <= 0 {
-                if errno == EINTR { continue }
-                return false
-            }
+            let result = SystemCall.retrying { bytes[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } }
+            guard case .success(let n) = result, n > 0 else { return false }
             sent += n
         }
         return true
@@ -97,13 +95,11 @@ public final class UnixStream {
     /// Whatever arrives next (at most 16 KiB).
     public func receive() -> ReceiveResult {
         var chunk = [UInt8](repeating: 0, count: 16_384)
-        while true {
-            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            if n > 0 { return .data(Array(chunk[0..<n])) }
-            if n == 0 { return .end }
-            if errno == EINTR { continue }
-            if errno == EAGAIN || errno == EWOULDBLOCK { return .timedOut }
-            return .failed(SystemError.describe(errno))
+        switch SystemCall.retrying({ chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) } }) {
+        case .success(0): return .end
+        case .success(let n): return .data(Array(chunk[0..<n]))
+        case .failure(let error) where error.code == EAGAIN || error.code == EWOULDBLOCK: return .timedOut
+        case .failure(let error): return .failed(SystemError.describe(error.code))
         }
     }
 }
@@ -159,9 +155,12 @@ public enum ServiceNotification {
 /// The peer of a Unix socket connection, as the kernel saw it at connect time (`SO_PEERCRED`,
 /// Linux's `struct ucred`, which Swift does not import without `_GNU_SOURCE`).
 public struct PeerCredentials: Sendable {
-    public var pid: Int32 = 0
-    public var uid: UInt32 = 0
-    public var gid: UInt32 = 0
+    /// The kernel's structure, as `getsockopt` fills it.
+    private var raw = lmx_ucred()
+
+    public var pid: Int32 { raw.pid }
+    public var uid: UInt32 { raw.uid }
+    public var gid: UInt32 { raw.gid }
 
     public init() {}
 

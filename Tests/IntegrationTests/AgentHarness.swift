@@ -100,6 +100,18 @@ final class AgentProcess: Sendable {
         return nil
     }
 
+    /// `endpoint.env` once it contains `text` (it is written off the manager, just after the
+    /// status changes), or as it is after `timeout`.
+    func endpointFile(containing text: String, timeout: Double = 2) async -> String {
+        let path = directory + "/endpoint.env"
+        let deadline = ContinuousClock.now + .milliseconds(Int(timeout * 1000))
+        while true {
+            let file = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
+            if file.contains(text) || ContinuousClock.now >= deadline { return file }
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+    }
+
     /// Waits until some route satisfies `predicate`.
     func waitForRoute(timeout: Double, _ predicate: (StatusAPI.RouteStatus) -> Bool) async -> StatusAPI.RouteStatus? {
         let deadline = ContinuousClock.now + .milliseconds(Int(timeout * 1000))

@@ -70,7 +70,7 @@ extension AgentTests {
             #expect(result.stdout == "http://10.254.0.11:\(port)\n")
             #expect(result.seconds >= 1.5 && result.seconds < 12)
 
-            let file = try String(contentsOfFile: envPath, encoding: .utf8)
+            let file = await agent.endpointFile(containing: "LMX_ACTIVE='1'\n")
             #expect(file.contains("LMX_ACTIVE='1'\n"))
             #expect(file.contains("LMX_BASE_URL='http://10.254.0.11:\(port)'\n"))
             #expect(file.contains("OPENAI_BASE_URL='http://10.254.0.11:\(port)/v1'\n"))
@@ -83,7 +83,7 @@ extension AgentTests {
 
             await server.set("dead")
             #expect(await agent.waitForActive(timeout: 10) { $0 == nil } != nil)
-            let after = try String(contentsOfFile: envPath, encoding: .utf8)
+            let after = await agent.endpointFile(containing: "LMX_ACTIVE='0'\n")
             #expect(after.contains("LMX_ACTIVE='0'\n"))
 
             // No agent at all: 69 once the wait is over.

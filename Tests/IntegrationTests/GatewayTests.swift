@@ -112,7 +112,7 @@ struct GatewayTests {
             let status = try agent.status()
             #expect(status.gateway?.openAIBaseURL == base)
             #expect(status.gateway?.socket == socket)
-            let env = try String(contentsOfFile: agent.directory + "/endpoint.env", encoding: .utf8)
+            let env = await agent.endpointFile(containing: "LMX_GATEWAY_URL='\(base)'")
             #expect(env.contains("LMX_GATEWAY_URL='\(base)'"))
             let metrics = try agent.client.request("GET", "/metrics")
             let text = String(decoding: metrics.body, as: UTF8.self)

@@ -229,7 +229,7 @@ extension RobustnessTests {
             }
             #expect(refused)
             #expect(try third.status().gateway?.openAIBaseURL == nil)
-            let env = try String(contentsOfFile: third.directory + "/endpoint.env", encoding: .utf8)
+            let env = await third.endpointFile(containing: "LMX_GATEWAY_URL=''\n")
             #expect(env.contains("LMX_GATEWAY_URL=''\n"), "\(env)")
             let shown = try await Command.run("\(TestBed.binDir)/lmx-status", ["--socket", third.socket])
             #expect(shown.stdout.contains("Gateway: not on TCP") && shown.stdout.contains("nobody"), "\(shown.stdout)")

@@ -27,6 +27,25 @@ struct ManagerTests {
         }
     }
 
+    /// Paths by address, set by the test: what the kernel's routing table would say.
+    final class TablePaths: PathLookup {
+        private let table = Mutex<[String: LocalPath]>([:])
+
+        func set(_ host: String, _ path: LocalPath?) { table.withLock { $0[host] = path } }
+
+        func network() -> MachineNetwork {
+            MachineNetwork(usable: Set(table.withLock { $0.map { "\($0.value.interface) \($0.value.source)" } }))
+        }
+
+        func path(to host: String, in network: MachineNetwork) -> Result<LocalPath, SystemError> {
+            // The state handed over, not the table now: what the manager was told is what counts.
+            guard let path = table.withLock({ $0[host] }), network.usable.contains("\(path.interface) \(path.source)") else {
+                return .failure(SystemError("no route to \(host)", code: 101))
+            }
+            return .success(path)
+        }
+    }
+
     static func ready(_ instance: String) -> ProbeReport {
         ProbeReport(verdict: .ready, latency: 0.004, instanceID: instance, version: "1.0", ready: true, modelCount: 1)
     }
@@ -37,21 +56,24 @@ struct ManagerTests {
         let board: StateBoard
         let time: ManualTime
         let prober: ScriptedProber
+        let paths: TablePaths
         let directory: String
         let run: Task<Void, Never>
 
-        init() throws {
+        init(_ configure: (inout AgentConfiguration) -> Void = { _ in }) throws {
             directory = NSTemporaryDirectory() + "lmx-manager-\(UUID().uuidString.prefix(8))"
             var configuration = AgentConfiguration()
             configuration.discovery = false
+            configure(&configuration)
             let logger = Logger(label: "test")
             let store = try AgentStore.open(path: directory + "/agent.db")
             time = ManualTime()
             board = StateBoard(clock: AgentClock(manual: time), policy: configuration.policy)
             prober = ScriptedProber()
+            paths = TablePaths()
             manager = ConnectionManager(
-                configuration: configuration, prober: prober, store: StoreExecutor(store: store, logger: logger), board: board,
-                sinks: [], logger: logger)
+                configuration: configuration, prober: prober, paths: paths, store: StoreExecutor(store: store, logger: logger),
+                board: board, sinks: [], logger: logger)
             let manager = manager
             run = Task { await manager.run() }
         }
@@ -138,6 +160,75 @@ struct ManagerTests {
         let reprobed = await rig.advance(until: { rig.prober.calls("https://tunnel.example") > before }, step: 0.01, limit: 2)
         #expect(reprobed != nil && reprobed! < 0.5, "probed again \(reprobed.map { "\($0) s" } ?? "never") after the wake")
         #expect(rig.active != nil)
+        await rig.finish()
+    }
+
+    /// An mDNS sighting of server `name` at `address`.
+    static func announced(_ name: String, _ address: String, port: UInt16 = 1234) -> DiscoveredServer {
+        let id = ServiceInstanceID(name: name, type: "_opta-lmx._tcp", domain: "local")
+        let key = RecordKey(instance: id, interface: NetworkInterface(index: 2, name: "lan0"), ipProtocol: .ipv4)
+        return DiscoveredServer(
+            id: id, records: [ResolvedRecord(key: key, hostName: "\(name).local", address: address, port: port, txt: TXTRecord(strings: []))])
+    }
+
+    @Test("a reload that changes lan_keys re-keys the pairings' LAN routes")
+    func reloadRekeysLANRoutes() async throws {
+        let rig = try Rig()
+        let pairing = try Self.pairing("&key=admin-secret&lan=10.0.0.5:1234", wall: rig.time.wall)
+        _ = try await rig.manager.importPairings(pairing)
+        func lanKey() -> String?? {
+            rig.board.snapshot.planner.routes.values.first { $0.route.via == .lan }.map { $0.route.credentials.adminKey }
+        }
+        #expect(lanKey() == .some("admin-secret"), "the paired LAN address gets the server's keys by default")
+        var never = AgentConfiguration()
+        never.discovery = false
+        never.policy.lanKeys = .never
+        await rig.manager.reload(never)
+        #expect(lanKey() == .some(nil), "lan_keys: never keeps the keys off the LAN route")
+        var vouched = never
+        vouched.policy.lanKeys = .vouched
+        await rig.manager.reload(vouched)
+        #expect(lanKey() == .some("admin-secret"))
+        await rig.finish()
+    }
+
+    @Test("a network change handed over as a delta: a LAN route this machine left is out at once, and back when the path is")
+    func networkDelta() async throws {
+        let rig = try Rig()
+        let path = LocalPath(interface: "lan0", source: "10.0.0.2", onLink: true, running: true)
+        rig.paths.set("10.0.0.7", path)
+        rig.prober.set("http://10.0.0.7:1234", Self.ready("studio-1"))
+        await rig.manager.discovery(.added(Self.announced("Studio", "10.0.0.7")))
+        #expect(await rig.advance { rig.active?.via == .lan } != nil, "the announced server never became active")
+        let before = rig.paths.network()
+        rig.paths.set("10.0.0.7", nil)
+        let relevant = await rig.manager.networkChanged(NetworkChange(old: before, new: rig.paths.network(), linkOrAddressUp: false))
+        #expect(relevant)
+        #expect(rig.active == nil, "the route stayed active after this machine left its network")
+        // Back on the network: the first good probe brings it back.
+        let away = rig.paths.network()
+        rig.paths.set("10.0.0.7", path)
+        await rig.manager.networkChanged(NetworkChange(old: away, new: rig.paths.network(), linkOrAddressUp: true))
+        let back = await rig.advance(until: { rig.active?.via == .lan }, step: 0.01, limit: 5)
+        #expect(back != nil && back! <= 1, "home again after \(back.map { "\($0) s" } ?? "never")")
+        // Nothing the agent uses changed: not relevant.
+        let same = rig.paths.network()
+        #expect(await rig.manager.networkChanged(NetworkChange(old: same, new: same, linkOrAddressUp: false)) == false)
+        await rig.finish()
+    }
+
+    @Test("churn is bounded: thousands of servers announced and withdrawn leave at most maxFoundRoutes routes")
+    func churnBounded() async throws {
+        let rig = try Rig()
+        for n in 0..<3_000 {
+            let address = "10.1.\(n / 250).\(n % 250 + 1)"
+            let server = Self.announced("churn-\(n)", address)
+            await rig.manager.discovery(.added(server))
+            await rig.manager.discovery(.removed(server, reason: .withdrawn))
+        }
+        let routes = rig.board.snapshot.planner.routes.count
+        #expect(routes <= ConnectionPlanner.maxFoundRoutes, "\(routes) routes kept")
+        #expect(routes >= ConnectionPlanner.maxFoundRoutes / 2, "the bound forgot more than it needed to: \(routes)")
         await rig.finish()
     }
 }

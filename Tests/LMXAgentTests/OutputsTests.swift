@@ -87,6 +87,7 @@ struct OutputsTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let writer = EndpointFileWriter(file: EndpointFile(path: directory + "/endpoint.env"), logger: Logger(label: "test"))
         writer.receive([.configured], snapshot: snapshot(), now: 1)
+        writer.flush()
         let text = try String(contentsOfFile: directory + "/endpoint.env", encoding: .utf8)
         #expect(text.contains("LMX_ACTIVE='0'"))
         #expect(FileSystem.info(directory + "/endpoint.env")?.mode == 0o644)

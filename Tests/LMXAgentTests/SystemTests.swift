@@ -49,17 +49,31 @@ struct SystemTests {
         #expect(UnixSocketAddress(String(repeating: "a", count: 200)) == nil)
     }
 
-    @Test("the directory watch reports a file renamed into place")
-    func directoryWatch() throws {
+    @Test("the directory watch reports a file renamed into place, through a polling thread that stops when told")
+    func directoryWatch() async throws {
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let watch = try DirectoryWatch()
         try watch.add(directory)
+        struct Handed: @unchecked Sendable { let value: DirectoryWatch }  // used by the thread only
+        let box = Handed(value: watch)
+        let (changes, thread) = try PollingThread.start(label: "test.watch") { (poller, send: ([String]) -> Void) in
+            // No time limit: only a change or the stop ends a wait.
+            while case .readable = poller.wait(for: [box.value.descriptor], milliseconds: -1) { send(box.value.drain()) }
+        }
         try "{}".write(toFile: directory + "/.book.tmp", atomically: false, encoding: .utf8)
         try FileManager.default.moveItem(atPath: directory + "/.book.tmp", toPath: directory + "/book.json")
         var seen: Set<String> = []
-        for _ in 0..<10 where !seen.contains(directory + "/book.json") { seen.formUnion(watch.next(milliseconds: 100)) }
+        for await paths in changes {
+            seen.formUnion(paths)
+            if seen.contains(directory + "/book.json") { break }
+        }
         #expect(seen.contains(directory + "/book.json"))
+        // Stopped: the thread leaves its endless wait and the stream finishes.
+        thread.stop()
+        for await _ in changes {}
+        #expect(thread.isStopped)
+        #expect(thread.wait(for: [box.value.descriptor], milliseconds: -1) == .stopped)
     }
 
     @Test("paths: one idea of a path's directory")

@@ -55,7 +55,6 @@ public struct AgentDaemon {
             configuration: configuration, prober: prober, store: executor, board: board,
             sinks: [EventLog(logger: logger), EventRecorder(store: executor), metrics, hub, endpointFile], logger: logger)
         let follower = PassiveHealthFollower(manager: manager, prober: prober, board: board)
-        await manager.addSink(follower)
         let agent = Agent(manager: manager, board: board, watch: hub, store: executor, metrics: metrics)
 
         let (readyStream, readyContinuation) = AsyncStream<Void>.makeStream()

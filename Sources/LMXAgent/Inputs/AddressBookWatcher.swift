@@ -1,9 +1,7 @@
-import Dispatch
 import LMXCore
 import LMXSystem
 import Logging
 import ServiceLifecycle
-import Synchronization
 
 /// Follows the Opta desktop manager's address books (`~/.config/opta/lmx-connections.json`):
 /// when the file is rewritten (a quick tunnel got a new URL after cloudflared restarted), its
@@ -42,17 +40,20 @@ public struct AddressBookWatcher: Service {
         var lastSeen: [String: [UInt8]] = [:]
         for path in paths { await load(path, lastSeen: &lastSeen) }
 
-        let (changes, continuation) = AsyncStream<Set<String>>.makeStream(bufferingPolicy: .bufferingNewest(16))
-        // A thread of its own blocks on inotify (polling every 250 ms for the stop flag).
-        let stop = AtomicFlag()
+        // A thread of its own blocks on inotify until a change or the stop.
         let watched = Set(paths)
         let box = UncheckedBox(watch)
-        DispatchQueue(label: "lmx.address-book-watch").async {
-            while !stop.isSet {
-                let changed = Set(box.value.next(milliseconds: 250)).intersection(watched)
-                if !changed.isEmpty { continuation.yield(changed) }
+        let changes: AsyncStream<Set<String>>, thread: PollingThread
+        do {
+            (changes, thread) = try PollingThread.start(label: "lmx.address-book-watch", buffering: 16) { poller, send in
+                while case .readable = poller.wait(for: [box.value.descriptor], milliseconds: -1) {
+                    let changed = Set(box.value.drain()).intersection(watched)
+                    if !changed.isEmpty { send(changed) }
+                }
             }
-            continuation.finish()
+        } catch {
+            logger.warning("address books are not followed: \(error)")
+            return
         }
         await withGracefulShutdownHandler {
             for await changed in changes {
@@ -61,10 +62,9 @@ public struct AddressBookWatcher: Service {
                 for path in changed.sorted() { await load(path, lastSeen: &lastSeen) }
             }
         } onGracefulShutdown: {
-            stop.set()
-            continuation.finish()
+            thread.stop()
         }
-        stop.set()
+        thread.stop()
     }
 
     /// Reads the file and imports the entries that are new or changed since the store last saw
@@ -95,13 +95,6 @@ public struct AddressBookWatcher: Service {
             logger.warning("address book not imported: \(error)", metadata: ["file": "\(path)"])
         }
     }
-}
-
-/// A flag one thread or task sets and another reads.
-final class AtomicFlag: Sendable {
-    private let flag = Atomic<Bool>(false)
-    func set() { flag.store(true, ordering: .relaxed) }
-    var isSet: Bool { flag.load(ordering: .relaxed) }
 }
 
 /// Hands a value used by one thread only to that thread.

@@ -1,4 +1,3 @@
-import Dispatch
 import LMXBus
 import LMXCore
 import LMXDiscovery
@@ -14,8 +13,8 @@ import ServiceLifecycle
 ///   when a link or an address came up;
 /// - logind's `PrepareForSleep(false)` on the system bus, and where logind is absent a jump
 ///   between `CLOCK_BOOTTIME` and `CLOCK_MONOTONIC`: a wake, after which every verdict is stale.
-/// One thread blocks in `poll` on both sockets (waking once a second for the clocks and the stop
-/// flag) and hands what it saw to the async side.
+/// One ``PollingThread`` blocks in `poll` on both sockets (waking once a second for the clocks,
+/// at once for the stop) and hands what it saw to the async side.
 public struct MachineWatcher: Service {
     let manager: ConnectionManager
     let prober: Prober
@@ -26,7 +25,7 @@ public struct MachineWatcher: Service {
     static let settle = 0.03
 
     enum Seen: Sendable {
-        case network(linkOrAddressUp: Bool)
+        case network(NetworkChange)
         case woke(String)
     }
 
@@ -45,37 +44,43 @@ public struct MachineWatcher: Service {
         } catch {
             logger.warning("network changes are not followed (\(error)): a move between networks is noticed by probes only")
         }
-        let (seen, input) = AsyncStream<Seen>.makeStream(bufferingPolicy: .bufferingNewest(64))
-        let stop = AtomicFlag()
         let box = UncheckedBox(monitor)
         let logger = logger
-        DispatchQueue(label: "lmx.machine-watch").async {
-            Self.watch(box.value, stop: stop, logger: logger) { input.yield($0) }
-            input.finish()
+        let paths = manager.paths
+        let seen: AsyncStream<Seen>, thread: PollingThread
+        do {
+            (seen, thread) = try PollingThread.start(label: "lmx.machine-watch") { poller, send in
+                Self.watch(box.value, paths: paths, poller: poller, logger: logger, send: send)
+            }
+        } catch {
+            logger.warning("network changes and wakes are not followed (\(error)): they are noticed by probes only")
+            return
         }
         await withGracefulShutdownHandler {
             for await event in seen {
                 switch event {
                 case .woke(let how):
                     await manager.woke(how)
-                case .network(let linkUp):
-                    let relevant = await manager.networkChanged { [prober, gateway] in
+                case .network(let change):
+                    let relevant = await manager.networkChanged(change) { [prober, gateway] in
                         prober.dropConnections()
                         gateway?.dropConnections()
                     }
-                    if relevant, linkUp { requery?.now() }
+                    if relevant, change.linkOrAddressUp { requery?.now() }
                 }
             }
         } onGracefulShutdown: {
-            stop.set()
+            thread.stop()
         }
     }
 
     /// The least time between two wakes heard.
     static let minimumWakeGap = 2.0
 
-    /// The thread: polls netlink and the system bus, checks the clocks, until `stop`.
-    static func watch(_ monitor: NetworkMonitor?, stop: AtomicFlag, logger: Logger, send: @escaping (Seen) -> Void) {
+    /// The thread: polls netlink and the system bus, checks the clocks, until it is stopped.
+    static func watch(_ monitor: NetworkMonitor?, paths: any PathLookup, poller: PollingThread, logger: Logger, send: (Seen) -> Void) {
+        // The network as last read: each change is handed over as the state before and after.
+        var network = paths.network()
         var bus: SleepSignal?
         var nextBusAttempt = 0.0
         var detector = SuspendDetector()
@@ -92,7 +97,7 @@ public struct MachineWatcher: Service {
             if now - other >= 10, now - same >= minimumWakeGap { send(.woke(how)) }
             if fromLogind { lastWake.logind = now } else { lastWake.clocks = now }
         }
-        while !stop.isSet {
+        while !poller.isStopped {
             let now = SystemClock.monotonic()
             if bus == nil, now >= nextBusAttempt {
                 do {
@@ -106,7 +111,7 @@ public struct MachineWatcher: Service {
                 }
             }
             let fds = [monitor?.descriptor, bus?.descriptor].compactMap { $0 }
-            _ = Poll.wait(fds, milliseconds: 1000)
+            if poller.wait(for: fds, milliseconds: 1000) == .stopped { return }
             if let monitor {
                 var change = monitor.drain()
                 if change.any {
@@ -115,7 +120,9 @@ public struct MachineWatcher: Service {
                     SystemClock.sleep(seconds: settle)
                     let more = monitor.drain()
                     change.linkOrAddressUp = change.linkOrAddressUp || more.linkOrAddressUp
-                    send(.network(linkOrAddressUp: change.linkOrAddressUp))
+                    let now = paths.network()
+                    send(.network(NetworkChange(old: network, new: now, linkOrAddressUp: change.linkOrAddressUp)))
+                    network = now
                 }
             }
             if let current = bus {

@@ -4,23 +4,20 @@ import LMXSystem
 // This machine itself: its network (links, addresses, routes) and its sleep. Followed by
 // `MachineWatcher`; the planner decides what follows (ConnectionPlanner+Network).
 extension ConnectionManager {
-    /// This machine's links, addresses or routes changed: the path to every LAN route is looked
-    /// up again; routes this machine left are out at once, changed ones suspect, and every route
-    /// without a path of its own (tunnels, host names) is probed now too.
+    /// This machine's links, addresses or routes changed (`change`: the network before and after,
+    /// read by the watcher): the path to every LAN route is looked up again in the new one; routes
+    /// this machine left are out at once, changed ones suspect, and every route without a path of
+    /// its own (tunnels, host names) is probed now too.
     /// - Returns: whether anything the agent uses changed (a LAN route moved, or the addresses
     ///   of this machine's usable interfaces), so that pooled connections are worth dropping.
     /// - Parameter whenRelevant: runs before any probe starts, when something did change (drops
     ///   pooled connections).
     @discardableResult
-    public func networkChanged(whenRelevant: @Sendable () -> Void = {}) -> Bool {
+    public func networkChanged(_ change: NetworkChange, whenRelevant: @Sendable () -> Void = {}) -> Bool {
         let t = clock.now()
-        let interfaces = RouteLookup.interfaces()
-        let paths = lookUpPaths(of: planner.routes.values.filter { $0.route.via == .lan }.map(\.id), in: interfaces)
+        let paths = lookUpPaths(of: planner.routes.values.filter { $0.route.via == .lan }.map(\.id), in: change.new)
         let moved = paths.filter { id, path in planner.routes[id]?.path.map { $0 != path } ?? false }
-        let usable = interfaces.usable
-        let addressesChanged = usable != lastUsableInterfaces
-        lastUsableInterfaces = usable
-        guard addressesChanged || !moved.isEmpty else {
+        guard change.addressesChanged || !moved.isEmpty else {
             logger.debug("this machine's network changed; nothing the agent uses")
             return false
         }
@@ -51,14 +48,12 @@ extension ConnectionManager {
     func recordNewPaths() {
         let fresh = planner.routes.values.filter { $0.path == nil && $0.route.via == .lan && !pathless.contains($0.id) }
         guard !fresh.isEmpty else { return }
-        let interfaces = RouteLookup.interfaces()
-        if lastUsableInterfaces.isEmpty { lastUsableInterfaces = interfaces.usable }
-        _ = planner.applyPaths(lookUpPaths(of: fresh.map(\.id), in: interfaces), now: clock.now())
+        _ = planner.applyPaths(lookUpPaths(of: fresh.map(\.id), in: paths.network()), now: clock.now())
     }
 
     /// How this machine reaches each LAN route with an IP address now (host names have no
     /// path of their own and are remembered as such).
-    func lookUpPaths(of ids: [String], in interfaces: RouteLookup.Interfaces) -> [String: RoutePath] {
+    func lookUpPaths(of ids: [String], in network: MachineNetwork) -> [String: RoutePath] {
         var paths: [String: RoutePath] = [:]
         for id in ids {
             guard let state = planner.routes[id], state.route.via == .lan,
@@ -66,7 +61,7 @@ extension ConnectionManager {
                 pathless.insert(id)
                 continue
             }
-            switch RouteLookup.path(to: host, in: interfaces) {
+            switch self.paths.path(to: host, in: network) {
             case .failure(let error):
                 paths[id] = .unreachable("no route from this machine (\(error.reason))")
             case .success(let path) where !path.running:

@@ -19,9 +19,11 @@ public actor ConnectionManager {
     /// The latest gateway listener report applied.
     private var gatewayGeneration: UInt64 = 0
     private let prober: any RouteProber
+    /// How this machine reaches LAN addresses (the kernel's routing table, or a test's table).
+    public nonisolated let paths: any PathLookup
     private let store: StoreExecutor
     private let board: StateBoard
-    private var sinks: [any AgentEventSink]
+    private let sinks: [any AgentEventSink]
     let logger: Logger
     var clock: AgentClock { board.clock }
 
@@ -35,8 +37,6 @@ public actor ConnectionManager {
     var probing: Set<String> = []
     /// LAN routes with no IP address to look up a path to (host names).
     var pathless: Set<String> = []
-    /// The addresses of this machine's usable interfaces at the last look.
-    var lastUsableInterfaces: Set<String> = []
     private var wakeAt: Double?
     private var wakeGeneration = 0
     var stopped = false
@@ -44,9 +44,10 @@ public actor ConnectionManager {
     var lastWaitingRefresh = -Double.infinity
 
     public init(
-        configuration: AgentConfiguration, prober: any RouteProber, store: StoreExecutor, board: StateBoard,
-        sinks: [any AgentEventSink], logger: Logger
+        configuration: AgentConfiguration, prober: any RouteProber, paths: any PathLookup = KernelPaths(), store: StoreExecutor,
+        board: StateBoard, sinks: [any AgentEventSink], logger: Logger
     ) {
+        self.paths = paths
         self.configuration = configuration
         self.planner = ConnectionPlanner(policy: configuration.policy, seed: UInt64(truncatingIfNeeded: ProcessLimits.processID))
         self.prober = prober
@@ -57,15 +58,12 @@ public actor ConnectionManager {
         (jobs, jobInput) = AsyncStream.makeStream()
     }
 
-    /// Adds an output that needs the manager itself (the passive-health follower).
-    public func addSink(_ sink: any AgentEventSink) { sinks.append(sink) }
-
     // MARK: - Running
 
     /// Restores what the store remembers, then probes and decides until `stop()`. At the end,
     /// probes in flight are cancelled and the active route is remembered.
     public func run() async {
-        restore()
+        restore(await store.remembered())
         await withDiscardingTaskGroup { group in
             for await job in jobs {
                 switch job {
@@ -95,40 +93,33 @@ public actor ConnectionManager {
     }
 
     /// Remembered routes (last-good first), pairings, configured endpoints and vouched addresses.
-    private func restore() {
+    private func restore(_ remembered: Remembered) {
         let t = clock.now()
         var events: [AgentEvent] = [.configured]
-        do {
-            let stats = try store.store.stats()
-            planner.lastGoodID = try store.store.meta("last_good_route")
-            for stored in try store.store.routes() {
-                if PairingExpiry.hasExpired(stored.expiresAt, at: WallTime(clock.realtime())) {
-                    logger.notice("pairing expired; not probing it", metadata: ["route": "\(stored.route.id)"])
-                    continue
-                }
-                var route = stored.route
-                if route.source == .mdns { route.source = .remembered }
-                if route.source == .manual { continue }  // manual endpoints come from the current config
-                events += planned(planner.upsert(route, instanceID: stored.instanceID ?? stats[route.id]?.instanceID, now: t), quiet: true)
+        for problem in remembered.problems { logger.error("\(problem)") }
+        planner.lastGoodID = remembered.lastGood
+        for stored in remembered.routes {
+            if PairingExpiry.hasExpired(stored.expiresAt, at: WallTime(clock.realtime())) {
+                logger.notice("pairing expired; not probing it", metadata: ["route": "\(stored.route.id)"])
+                continue
             }
-            logger.info(
-                "restored from the store",
-                metadata: ["routes": "\(planner.routes.count)", "last_good": "\(planner.lastGoodID ?? "none")"])
-            for stored in try store.store.pairings() { events += addPairing(stored.pairing, now: t, quiet: true) }
-        } catch {
-            logger.error("could not read the store: \(error)")
+            var route = stored.route
+            if route.source == .mdns { route.source = .remembered }
+            if route.source == .manual { continue }  // manual endpoints come from the current config
+            let instance = stored.instanceID ?? remembered.stats[route.id]?.instanceID
+            events += planned(planner.upsert(route, instanceID: instance, now: t), quiet: true)
         }
+        logger.info(
+            "restored from the store",
+            metadata: ["routes": "\(planner.routes.count)", "last_good": "\(planner.lastGoodID ?? "none")"])
+        for stored in remembered.pairings { events += addPairing(stored.pairing, now: t, quiet: true) }
         events += applyManualEndpoints(configuration.endpoints, now: t)
-        do {
-            // What the tunnels vouched for when last read: the paired server is used on the LAN
-            // at once, also while its tunnel is down.
-            for vouch in try store.store.vouches() {
-                events += planned(
-                    planner.applyVouches(for: vouch.tunnelRouteID, advertised: vouch.baseURLs, instanceID: vouch.instanceID, now: t),
-                    quiet: true)
-            }
-        } catch {
-            logger.error("could not read the tunnels' vouched addresses from the store: \(error)")
+        // What the tunnels vouched for when last read: the paired server is used on the LAN at
+        // once, also while its tunnel is down.
+        for vouch in remembered.vouches {
+            events += planned(
+                planner.applyVouches(for: vouch.tunnelRouteID, advertised: vouch.baseURLs, instanceID: vouch.instanceID, now: t),
+                quiet: true)
         }
         pump(events)
     }
@@ -137,12 +128,15 @@ public actor ConnectionManager {
 
     /// Applies a reloaded configuration (SIGHUP). A reload is also a sign of life: whatever was
     /// backing off is probed at once.
-    public func reload(_ new: AgentConfiguration) {
-        let t = clock.now()
+    public func reload(_ new: AgentConfiguration) async {
+        // The pairings are read first (through the executor's read connection), so the rest of
+        // the reload is applied in one step.
         let keysChanged = new.policy.lanKeys != configuration.policy.lanKeys
+        let stored = keysChanged ? try? await store.read { try $0.pairings() } : nil
+        let t = clock.now()
         configuration = new
         var events = planned(planner.updatePolicy(new.policy, now: t))
-        if keysChanged, let stored = try? store.store.pairings() {
+        if let stored {
             // `lan_keys` changed: the pairings' LAN routes get (or lose) their keys.
             for pairing in stored.map(\.pairing) { events += addPairing(pairing, now: t, quiet: true) }
         }
@@ -358,6 +352,6 @@ public actor ConnectionManager {
     func publish(_ events: [AgentEvent], now t: Double) {
         let snapshot = AgentSnapshot(planner: planner, discovery: discovery, gateway: gateway, originWall: clock.originWall)
         for sink in sinks { sink.receive(events, snapshot: snapshot, now: t) }
-        board.publish(snapshot)
+        board.publish(snapshot, events: events)
     }
 }

@@ -14,7 +14,7 @@ import Synchronization
 /// queue is bounded; past the bound the newest droppable writes (probe statistics, sightings)
 /// are skipped and counted, never events or pairings.
 public final class StoreExecutor: Sendable {
-    public let store: AgentStore
+    private let store: AgentStore
     private let queue = DispatchQueue(label: "lmx.store-writer")
     private let logger: Logger
     private struct State {
@@ -124,6 +124,41 @@ public final class StoreExecutor: Sendable {
         while !done.withLock({ $0 }), ContinuousClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(10))
         }
+    }
+}
+
+/// What the store remembers for the manager's start: read once, through the executor's read
+/// connection, before the manager decides anything.
+struct Remembered: Sendable {
+    var lastGood: String?
+    var routes: [StoredRoute] = []
+    var stats: [String: ProbeStats] = [:]
+    var pairings: [StoredPairing] = []
+    var vouches: [StoredVouch] = []
+    /// What could not be read, for the log.
+    var problems: [String] = []
+}
+
+extension StoreExecutor {
+    func remembered() async -> Remembered {
+        let result = try? await read { store -> Remembered in
+            var remembered = Remembered()
+            do {
+                remembered.stats = try store.stats()
+                remembered.lastGood = try store.meta("last_good_route")
+                remembered.routes = try store.routes()
+                remembered.pairings = try store.pairings()
+            } catch {
+                remembered.problems.append("could not read the store: \(error)")
+            }
+            do {
+                remembered.vouches = try store.vouches()
+            } catch {
+                remembered.problems.append("could not read the tunnels' vouched addresses from the store: \(error)")
+            }
+            return remembered
+        }
+        return result ?? Remembered(problems: ["could not read the store"])
     }
 }
 

@@ -1,5 +1,5 @@
+import Dispatch
 import LMXCore
-
 import LMXSystem
 import Logging
 import Synchronization
@@ -65,11 +65,16 @@ public struct EndpointFile: Sendable {
 }
 
 /// Keeps `endpoint.env` in step with the active endpoint and the gateway; removes it at a clean
-/// stop (no daemon, no answer).
+/// stop (no daemon, no answer). The text is made on the manager's executor (cheap) and written on
+/// a serial queue of its own: the manager never waits on the file system, and a burst of changes
+/// writes the newest text once.
 public final class EndpointFileWriter: AgentEventSink {
     let file: EndpointFile
     private let logger: Logger
     private let failing = Mutex(false)
+    private let queue = DispatchQueue(label: "lmx.endpoint-file")
+    /// The newest text not yet written.
+    private let pending = Mutex<String?>(nil)
 
     public init(file: EndpointFile, logger: Logger) {
         self.file = file
@@ -93,6 +98,19 @@ public final class EndpointFileWriter: AgentEventSink {
         let text = EndpointFile.render(
             active, reason: active == nil ? snapshot.noActiveReason : nil, gateway: snapshot.gateway?.openAIBaseURL,
             updated: snapshot.iso(now))
+        let queued = pending.withLock { pending in
+            defer { pending = text }
+            return pending != nil
+        }
+        guard !queued else { return }  // a write is queued: it takes the newest text
+        queue.async { self.writePending() }
+    }
+
+    private func writePending() {
+        guard let text = pending.withLock({ pending in
+            defer { pending = nil }
+            return pending
+        }) else { return }
         let problem = file.write(text)
         let first = failing.withLock { failing in
             defer { failing = problem != nil }
@@ -101,5 +119,14 @@ public final class EndpointFileWriter: AgentEventSink {
         if first, let problem { logger.warning("\(problem)") }
     }
 
-    public func remove() { file.remove() }
+    /// Waits for the queued write, then removes the file.
+    public func remove() {
+        queue.sync {
+            pending.withLock { $0 = nil }
+            file.remove()
+        }
+    }
+
+    /// Waits until the newest text is written (tests).
+    func flush() { queue.sync {} }
 }

@@ -7,7 +7,9 @@ import Synchronization
 /// Model and readiness events reach the manager at once, and silence where a heartbeat was due
 /// counts as a failed probe. Reconnects with backoff; each connection starts with a full probe
 /// (snapshot), then follows the diffs. When the active route changes, the old stream is left.
-public final class PassiveHealthFollower: AgentEventSink, Service {
+/// What to follow is read from the board's updates: the follower needs nothing from the manager
+/// but its inputs, and can be made before or after it starts.
+public final class PassiveHealthFollower: Service {
     let manager: ConnectionManager
     let prober: Prober
     let board: StateBoard
@@ -22,7 +24,13 @@ public final class PassiveHealthFollower: AgentEventSink, Service {
         (wanted, wantedInput) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
 
-    public func receive(_ events: [AgentEvent], snapshot: AgentSnapshot, now: Double) {
+    /// Turns the board's updates into the route to follow (nil: none).
+    private func watchBoard() async {
+        for await update in board.updates() { receive(update.events) }
+        wantedInput.finish()
+    }
+
+    func receive(_ events: [AgentEvent]) {
         for event in events {
             switch event {
             case .activeChanged(_, let to, _):
@@ -45,6 +53,7 @@ public final class PassiveHealthFollower: AgentEventSink, Service {
     public func run() async throws {
         await withGracefulShutdownHandler {
             await withDiscardingTaskGroup { group in
+                group.addTask { await self.watchBoard() }
                 var stopPrevious: AsyncStream<Void>.Continuation?
                 for await route in wanted {
                     stopPrevious?.finish()
@@ -62,6 +71,7 @@ public final class PassiveHealthFollower: AgentEventSink, Service {
                     }
                 }
                 stopPrevious?.finish()
+                group.cancelAll()
             }
         } onGracefulShutdown: { [wantedInput] in
             wantedInput.finish()
@@ -73,15 +83,15 @@ public final class PassiveHealthFollower: AgentEventSink, Service {
         var delivers = false
         while !Task.isCancelled {
             let policy = board.snapshot.planner.policy
-            let heard = AtomicFlag()
+            let heard = Atomic<Bool>(false)
             let end = await prober.followEvents(
                 route, silence: policy.eventHeartbeatTimeout, connectTimeout: policy.timeout(for: route.via)
             ) { [manager] event in
-                heard.set()
+                heard.store(true, ordering: .relaxed)
                 await manager.serverEvent(event, routeID: route.id)
             }
             guard !Task.isCancelled else { return }
-            delivers = delivers || heard.isSet
+            delivers = delivers || heard.load(ordering: .relaxed)
             if case .silent = end, !delivers {
                 // Not even a first heartbeat: the path buffers server-sent events (a Cloudflare
                 // quick tunnel does). Silence there says nothing of the server: probes alone

@@ -69,8 +69,9 @@ public struct ConnectionPlanner: Sendable {
                 merged.announced = true
                 if merged.addresses.isEmpty { merged.addresses = state.route.addresses }
             } else if route.source == .remembered {
-                // A remembered route keeps its stronger source once announced again.
-                merged.source = state.route.source
+                // What the store remembers adds nothing to a route known live (announced again
+                // or set up while the store was read): it keeps its source and announcement.
+                merged = state.route
             }
             let sourceChanged = merged.source != state.route.source || merged.pinnedInstance != state.route.pinnedInstance
                 || merged.vouchedBy != state.route.vouchedBy || merged.credentials != state.route.credentials

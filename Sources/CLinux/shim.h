@@ -1,0 +1,36 @@
+#ifndef LMX_CLINUX_SHIM_H
+#define LMX_CLINUX_SHIM_H
+
+/* The kernel structures the agent reads and writes, from the kernel's own UAPI headers
+ * (linux-libc-dev) and eventfd, so that no Swift file holds a structure's byte offset:
+ * netlink and rtnetlink (network changes), sock_diag / inet_diag (who owns a loopback socket),
+ * and the peer credentials of a Unix socket. Nothing to link: structures, constants and a few
+ * inline helpers for the function-like macros Swift does not import. */
+
+#include <stdint.h>
+#include <stddef.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/inet_diag.h>
+#include <sys/eventfd.h>
+
+/* Linux's `struct ucred` (SO_PEERCRED), which glibc declares only under _GNU_SOURCE: the
+ * kernel's layout, pid_t, uid_t and gid_t being 32-bit on every Linux ABI. */
+struct lmx_ucred {
+    int32_t pid;
+    uint32_t uid;
+    uint32_t gid;
+};
+
+/* NLMSG_ALIGN, NLMSG_HDRLEN and NLMSG_LENGTH as functions. */
+static inline size_t lmx_nlmsg_align(size_t length) { return NLMSG_ALIGN(length); }
+static inline size_t lmx_nlmsg_hdrlen(void) { return NLMSG_HDRLEN; }
+static inline size_t lmx_nlmsg_length(size_t payload) { return NLMSG_LENGTH(payload); }
+
+/* The rtnetlink groups the agent follows: links, IPv4/IPv6 addresses and routes. */
+static inline uint32_t lmx_rtnetlink_groups(void) {
+    return RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_IFADDR | RTMGRP_IPV6_ROUTE;
+}
+
+#endif
