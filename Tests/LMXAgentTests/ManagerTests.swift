@@ -217,18 +217,21 @@ struct ManagerTests {
         await rig.finish()
     }
 
-    @Test("churn is bounded: thousands of servers announced and withdrawn leave at most maxFoundRoutes routes")
+    @Test("churn is bounded: servers announced and withdrawn past the bound leave at most the bound's routes, the newest kept")
     func churnBounded() async throws {
-        let rig = try Rig()
-        for n in 0..<3_000 {
+        // The bound lowered from 2,048 to 64: the same code, eight times past it, in milliseconds.
+        let rig = try Rig { $0.policy.maxFoundRoutes = 64 }
+        for n in 0..<512 {
             let address = "10.1.\(n / 250).\(n % 250 + 1)"
             let server = Self.announced("churn-\(n)", address)
             await rig.manager.discovery(.added(server))
             await rig.manager.discovery(.removed(server, reason: .withdrawn))
         }
         let routes = rig.board.snapshot.planner.routes.count
-        #expect(routes <= ConnectionPlanner.maxFoundRoutes, "\(routes) routes kept")
-        #expect(routes >= ConnectionPlanner.maxFoundRoutes / 2, "the bound forgot more than it needed to: \(routes)")
+        #expect(routes <= 64, "\(routes) routes kept")
+        #expect(routes >= 56, "the bound forgot more than it needed to: \(routes)")
+        #expect(rig.board.snapshot.planner.routes["lan/10.1.2.12:1234"] != nil, "the newest withdrawn server was forgotten")
+        #expect(rig.board.snapshot.planner.routes["lan/10.1.0.1:1234"] == nil, "the oldest withdrawn server was kept")
         await rig.finish()
     }
 }

@@ -44,9 +44,9 @@ extension ConnectionManager {
     }
 
     /// Records the path of LAN routes seen for the first time (the baseline a change compares
-    /// with). Called when routes were added; looks up only routes it has not seen.
-    func recordNewPaths() {
-        let fresh = planner.routes.values.filter { $0.path == nil && $0.route.via == .lan && !pathless.contains($0.id) }
+    /// with). Called with the routes just added; looks up only those it has not seen.
+    func recordNewPaths(of added: [String]) {
+        let fresh = added.compactMap { planner.routes[$0] }.filter { $0.path == nil && $0.route.via == .lan }
         guard !fresh.isEmpty else { return }
         _ = planner.applyPaths(lookUpPaths(of: fresh.map(\.id), in: paths.network()), now: clock.now())
     }
@@ -57,10 +57,7 @@ extension ConnectionManager {
         var paths: [String: RoutePath] = [:]
         for id in ids {
             guard let state = planner.routes[id], state.route.via == .lan,
-                  let host = Self.literalHost(state.route.baseURL) else {
-                pathless.insert(id)
-                continue
-            }
+                  let host = Self.literalHost(state.route.baseURL) else { continue }
             switch self.paths.path(to: host, in: network) {
             case .failure(let error):
                 paths[id] = .unreachable("no route from this machine (\(error.reason))")

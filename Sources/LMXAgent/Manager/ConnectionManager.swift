@@ -35,8 +35,6 @@ public actor ConnectionManager {
     private let jobs: AsyncStream<Job>
     private let jobInput: AsyncStream<Job>.Continuation
     var probing: Set<String> = []
-    /// LAN routes with no IP address to look up a path to (host names).
-    var pathless: Set<String> = []
     private var wakeAt: Double?
     private var wakeGeneration = 0
     var stopped = false
@@ -300,7 +298,8 @@ public actor ConnectionManager {
         let t = clock.now()
         guard !stopped else { return publish(events, now: t) }
         var events = events
-        if events.contains(where: { if case .routeAdded = $0 { true } else { false } }) { recordNewPaths() }
+        let added = events.compactMap { if case .routeAdded(let state, _) = $0 { state.id } else { nil } }
+        if !added.isEmpty { recordNewPaths(of: added) }
         for id in expiry.takeExpired(at: WallTime(clock.realtime())) {
             for routeID in sources.removePairing(id) ?? [] {
                 events += dropPairingRoute(routeID, reason: "pairing \(id) expired", now: t)

@@ -77,6 +77,9 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
     public var trust: TrustPolicy = .paired
     /// Whether keys go to vouched plain-HTTP LAN routes (the config file's top-level `lan_keys`).
     public var lanKeys: LANKeys = .vouched
+    /// Found routes (announced, withdrawn, remembered) kept at most: the bound against
+    /// announcement churn (not a configuration key; tests lower it).
+    public var maxFoundRoutes: Int = ConnectionPlanner.maxFoundRoutes
 
     public init() {}
 

@@ -98,9 +98,10 @@ extension ConnectionPlanner {
         return events + select(now: now)
     }
 
-    /// Found routes (announced, withdrawn and remembered) kept at most: past it the withdrawn
-    /// ones seen longest ago go first, with their rows. Announced ones are bounded on their own
-    /// (`RouteSources.maxAnnounced`), so there is always a withdrawn one to let go.
+    /// Found routes (announced, withdrawn and remembered) kept at most by default
+    /// (`HealthPolicy.maxFoundRoutes`): past it the withdrawn ones seen longest ago go first, with
+    /// their rows. Announced ones are bounded on their own (`RouteSources.maxAnnounced`), so there
+    /// is always a withdrawn one to let go.
     public static let maxFoundRoutes = 2 * RouteSources.maxAnnounced
 
     /// Lets go of the withdrawn found routes past `maxFoundRoutes`, oldest first, down to 15/16
@@ -108,15 +109,16 @@ extension ConnectionPlanner {
     mutating func evictFound(now: Double) -> [PlannerEvent] {
         var found = 0
         for state in routes.values where state.route.source.isFound { found += 1 }
-        guard found > Self.maxFoundRoutes else { return [] }
+        let bound = policy.maxFoundRoutes
+        guard found > bound else { return [] }
         let activeID = self.activeID
         let candidates = routes.values
             .filter { $0.route.source.isFound && !$0.route.announced && $0.id != activeID }
             .sorted { ($0.withdrawnAt ?? now, $0.id) < ($1.withdrawnAt ?? now, $1.id) }
         var events: [PlannerEvent] = []
-        for state in candidates.prefix(found - Self.maxFoundRoutes + Self.maxFoundRoutes / 16) {
+        for state in candidates.prefix(found - bound + bound / 16) {
             routes.removeValue(forKey: state.id)
-            events.append(.routeRemoved(state, reason: "more than \(Self.maxFoundRoutes) servers seen on the LAN: the one withdrawn longest ago is forgotten"))
+            events.append(.routeRemoved(state, reason: "more than \(bound) servers seen on the LAN: the one withdrawn longest ago is forgotten"))
         }
         return events
     }
