@@ -122,4 +122,28 @@ struct NetworkChangeTests {
         let lan = h.planner.routes[Self.lanID]!
         #expect(lan.stale && lan.health == .up && lan.nextProbeAt == h.now + 2 && !lan.inFlight)
     }
+
+    @Test("a route's condition is one value: each probe moves it the one way the network rules say")
+    func conditionTransitions() {
+        let off = RouteCondition.offNetwork("lan0 has no carrier")
+        // (before, probe good?) → after
+        let table: [(RouteCondition, Bool, RouteCondition)] = [
+            (.normal, true, .normal), (.normal, false, .normal),
+            (.suspect, true, .normal), (.suspect, false, .localLoss),
+            (off, false, off), (off, true, .returning),
+            (.localLoss, false, .localLoss), (.localLoss, true, .returning),
+            (.returning, true, .returning), (.returning, false, .normal),
+            (.stale(since: 5, was: .normal), true, .normal), (.stale(since: 5, was: .normal), false, .localLoss),
+            (.stale(since: 5, was: off), true, .returning), (.stale(since: 5, was: off), false, off),
+            (.stale(since: 5, was: .returning), true, .returning),
+        ]
+        for (before, good, after) in table {
+            #expect(before.afterProbe(good: good) == after, "\(before) after a \(good ? "good" : "failed") probe")
+        }
+        // Leaving the network while stale keeps the wake's staleness over the new base.
+        let stale = RouteCondition.stale(since: 5, was: .normal)
+        #expect(stale.replacingBase(with: off) == .stale(since: 5, was: off))
+        #expect(stale.replacingBase(with: off).offNetwork == "lan0 has no carrier")
+        #expect(RouteCondition.suspect.decidesAlone && stale.decidesAlone && !off.decidesAlone)
+    }
 }

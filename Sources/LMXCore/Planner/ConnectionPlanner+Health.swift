@@ -4,8 +4,9 @@ extension ConnectionPlanner {
     /// Records the result of one probe and decides what follows.
     public mutating func record(_ report: ProbeReport, for routeID: String, full: Bool = true, now: Double) -> [PlannerEvent] {
         guard var state = routes[routeID] else { return [] }
-        state.inFlight = false
-        if let since = state.staleSince, let started = state.probeStartedAt, started < since {
+        let started = state.probe
+        state.probe = .idle
+        if let since = state.staleSince, case .inFlight(let startedAt) = started, startedAt < since {
             // Started before this machine slept: says nothing of now. Probe again at once.
             state.nextProbeAt = now
             routes[routeID] = state
@@ -49,17 +50,8 @@ extension ConnectionPlanner {
 
         // The first probe after this machine's network changed or it woke decides alone: a
         // verdict from before means nothing, and a failure there is no flapping of the server.
-        let decisive = state.suspect || state.stale
-        if good, state.offNetwork != nil { state.offNetwork = nil }  // got through after all
-        if !good, decisive { state.localLoss = true }
-        state.suspect = false
-        state.staleSince = nil
-        if good, state.localLoss {
-            state.localLoss = false
-            state.returnAtOnce = true
-        } else if !good {
-            state.returnAtOnce = false
-        }
+        let decisive = state.condition.decidesAlone
+        state.condition = state.condition.afterProbe(good: good)
 
         switch (state.health, good) {
         case (.unknown, _):

@@ -16,23 +16,19 @@ extension ConnectionPlanner {
             state.path = path
             defer { routes[id] = state }
             guard let old, old != path else { continue }
-            let wasOffNetwork = state.offNetwork != nil
             switch path {
             case .unreachable(let why):
-                state.offNetwork = why
+                state.condition = state.condition.replacingBase(with: .offNetwork(why))
             case .reachable(let detail, let onLink):
                 if case .reachable(_, true) = old, !onLink {
-                    state.offNetwork = "no longer on a network of this machine's (now \(detail))"
-                } else if !wasOffNetwork {
-                    state.suspect = true
+                    state.condition = state.condition.replacingBase(with: .offNetwork("no longer on a network of this machine's (now \(detail))"))
+                } else if state.condition == .normal || state.condition == .returning {
+                    state.condition = .suspect
                 }
-                // A route this machine had left stays out until a probe gets through (now).
+                // A route this machine had left stays out until a probe gets through (now); one
+                // lost or stale already has its next probe decide alone.
             }
-            if state.offNetwork != nil {
-                state.localLoss = true
-                state.suspect = false
-                if id == activeID { lost.append("\(state.route.name): \(state.offNetwork!)") }
-            }
+            if let why = state.offNetwork, id == activeID { lost.append("\(state.route.name): \(why)") }
             if !state.inFlight {
                 state.nextProbeAt = now
                 state.backoff = 0
@@ -55,8 +51,8 @@ extension ConnectionPlanner {
     /// no request goes to a route until its first probe since the wake has answered.
     public mutating func woke(now: Double) -> [PlannerEvent] {
         for id in routes.keys {
-            routes[id]!.staleSince = now
-            routes[id]!.suspect = false
+            let base = routes[id]!.condition.base
+            routes[id]!.condition = .stale(since: now, was: base == .suspect ? .normal : base)
             // A probe in flight across the sleep tells nothing: its answer is dropped and the
             // route probed again (see `record`).
             if !routes[id]!.inFlight {

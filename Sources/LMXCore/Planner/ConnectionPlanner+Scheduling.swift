@@ -38,8 +38,7 @@ extension ConnectionPlanner {
             due.append(state)
         }
         for state in due {
-            routes[state.id]!.inFlight = true
-            routes[state.id]!.probeStartedAt = now
+            routes[state.id]!.probe = .inFlight(since: now)
         }
         return due.map { state in
             // The active route is checked often and cheaply; every stable interval, in full.

@@ -41,7 +41,9 @@ public struct RouteState: Sendable, Hashable, Identifiable {
     /// Since when the route is in its current health.
     public var healthSince: Double?
     public var nextProbeAt: Double
-    public var inFlight = false
+    /// Whether a probe of the route is running, since when.
+    public var probe: ProbeActivity = .idle
+    public var inFlight: Bool { probe != .idle }
     /// Exponentially smoothed probe latency, seconds.
     public var smoothedLatency: Double?
     /// When the last good probe finished: a route good within `restartWatch` is watched for
@@ -58,21 +60,18 @@ public struct RouteState: Sendable, Hashable, Identifiable {
     // This machine's network (see ConnectionPlanner+Network).
     /// How this machine reached the route's address at the last look (LAN routes with an IP).
     public var path: RoutePath?
-    /// Why this machine cannot reach the route the way it did (it left the route's network):
-    /// not usable until a probe gets through.
-    public var offNetwork: String?
-    /// The way to the route changed: the next probe decides alone (one failure is enough).
-    public var suspect = false
-    /// Failing because this machine's network changed or it slept, not because the server failed.
-    public var localLoss = false
+    /// What this machine's own network and sleep say of the route, apart from the server.
+    public var condition: RouteCondition = .normal
+
+    /// Why this machine cannot reach the route the way it did (it left the route's network).
+    public var offNetwork: String? { condition.offNetwork }
+    /// The way to the route changed: the next probe decides alone.
+    public var suspect: Bool { condition == .suspect }
     /// Came back after a local loss: returns without the stability window.
-    public var returnAtOnce = false
-    /// When this machine woke, if the verdict predates that: not used for requests until a
-    /// probe started since then has answered.
-    public var staleSince: Double?
+    public var returnAtOnce: Bool { condition.base == .returning }
+    /// When this machine woke, if the verdict predates that.
+    public var staleSince: Double? { if case .stale(let since, _) = condition { since } else { nil } }
     public var stale: Bool { staleSince != nil }
-    /// When the probe in flight started.
-    public var probeStartedAt: Double?
     /// A found route (mDNS, remembered) not announced now: since when. Such routes are
     /// forgotten `forget_after` later, and the oldest first when there are too many.
     public var withdrawnAt: Double?
@@ -83,6 +82,70 @@ public struct RouteState: Sendable, Hashable, Identifiable {
         self.routeStorage = Shared(route)
         self.id = route.id
         self.nextProbeAt = now
+    }
+}
+
+/// Whether a probe of a route is running.
+public enum ProbeActivity: Sendable, Hashable {
+    case idle
+    /// Started at this time (the agent's monotonic seconds).
+    case inFlight(since: Double)
+}
+
+/// What this machine's own network and sleep say of a route, as opposed to what its server
+/// answers. One value, so that no impossible mix (suspect and off the network, returning and lost)
+/// can be written.
+public indirect enum RouteCondition: Sendable, Hashable {
+    /// Nothing local in question.
+    case normal
+    /// The way to the route changed: its next probe decides alone (one failure is enough).
+    case suspect
+    /// This machine left the route's network: not usable until a probe gets through.
+    case offNetwork(String)
+    /// Failing because this machine's network changed or it slept, not because the server did.
+    case localLoss
+    /// Came back after a local loss: returns without the stability window, until a failure.
+    case returning
+    /// This machine woke at `since`, after the verdict: no request goes to the route and a probe
+    /// started before is dropped, until a probe since then answers. `was`: the condition before.
+    case stale(since: Double, was: RouteCondition)
+
+    /// The condition under a wake's staleness.
+    public var base: RouteCondition {
+        if case .stale(_, let was) = self { was.base } else { self }
+    }
+
+    /// `new` in place of the base condition, under the same staleness.
+    func replacingBase(with new: RouteCondition) -> RouteCondition {
+        if case .stale(let since, let was) = self { .stale(since: since, was: was.replacingBase(with: new)) } else { new }
+    }
+
+    public var offNetwork: String? { if case .offNetwork(let why) = base { why } else { nil } }
+
+    /// The route was lost for local reasons (left its network, or failed after a change).
+    var lostLocally: Bool {
+        switch base {
+        case .offNetwork, .localLoss: true
+        default: false
+        }
+    }
+
+    /// The next probe decides alone: the way changed or this machine slept.
+    var decidesAlone: Bool {
+        switch self {
+        case .suspect, .stale: true
+        default: false
+        }
+    }
+
+    /// After one probe: a good one ends a loss (returning) and staleness; a failure where the next
+    /// probe was to decide alone, or of a route lost locally, is a local loss (off the network
+    /// stays off until a probe gets through).
+    func afterProbe(good: Bool) -> RouteCondition {
+        let base = base
+        if good { return lostLocally ? .returning : (base == .returning ? .returning : .normal) }
+        if case .offNetwork = base { return base }
+        return decidesAlone || base == .localLoss ? .localLoss : .normal
     }
 }
 
