@@ -57,7 +57,7 @@ extension ConnectionManager {
         var paths: [String: RoutePath] = [:]
         for id in ids {
             guard let state = planner.routes[id], state.route.via == .lan,
-                  let host = Self.literalHost(state.route.baseURL) else { continue }
+                  let host = state.route.base.ipLiteral else { continue }
             switch self.paths.path(to: host, in: network) {
             case .failure(let error):
                 paths[id] = .unreachable("no route from this machine (\(error.reason))")
@@ -71,15 +71,5 @@ extension ConnectionManager {
     }
 
     /// The IP literal of `http://10.0.0.5:1234` or `http://[fe80::1%25eth0]:1234`; nil for a name.
-    static func literalHost(_ baseURL: String) -> String? {
-        guard let start = baseURL.firstRange(of: "://")?.upperBound else { return nil }
-        var rest = baseURL[start...]
-        if let slash = rest.firstIndex(of: "/") { rest = rest[..<slash] }
-        if rest.hasPrefix("["), let close = rest.firstIndex(of: "]") {
-            let inner = String(rest[rest.index(after: rest.startIndex)..<close]).replacing("%25", with: "%")
-            return IPAddress.v6(inner.split(separator: "%").first ?? "") != nil ? inner : nil
-        }
-        let host = rest.split(separator: ":").first.map(String.init) ?? ""
-        return IPAddress.v4(host) != nil ? host : nil
-    }
+    static func literalHost(_ baseURL: String) -> String? { BaseURL(baseURL).ipLiteral }
 }

@@ -125,28 +125,25 @@ public struct ManualEndpoint: Sendable, Hashable, Codable {
     }
 
     public func route() throws(ConfigurationError) -> Route {
-        let base = Route.normalizedBase(url)
+        let base = BaseURL(url)
         let shown = Self.redacted(url)
-        guard base.hasPrefix("http://") || base.hasPrefix("https://"), base.count > "https://".count else {
+        guard base.scheme == "http" || base.scheme == "https", !base.hostPort.isEmpty else {
             throw ConfigurationError("endpoint url \"\(shown)\" must start with http:// or https://")
         }
-        let afterScheme = base.split(separator: "://", maxSplits: 1).last.map(String.init) ?? ""
-        guard !afterScheme.isEmpty, !afterScheme.contains("/"), !afterScheme.contains("?"), !afterScheme.contains("@"),
-            !afterScheme.unicodeScalars.contains(where: { $0.value < 0x21 || $0.value == 0x7F })
-        else {
+        guard base.isWellFormed else {
             throw ConfigurationError("endpoint url \"\(shown)\" must be scheme://host[:port], with no path, query or user name")
         }
         if (accessClientID == nil) != (accessClientSecret == nil) {
             throw ConfigurationError("endpoint \(shown): cf_access_client_id and cf_access_client_secret go together")
         }
         let hasKeys = [adminKey, apiKey, accessClientID, accessClientSecret].contains { !($0 ?? "").isEmpty }
-        if base.hasPrefix("http://"), hasKeys, allowInsecure != true {
+        if base.isPlainHTTP, hasKeys, allowInsecure != true {
             throw ConfigurationError(
                 "endpoint \(shown): keys over plain http:// can be read by anyone on the network; use https://, or set \"allow_insecure\": true on this endpoint")
         }
-        let via = self.via ?? (base.hasPrefix("https://") ? .wan : .lan)
+        let via = self.via ?? (base.scheme == "https" ? .wan : .lan)
         return Route(
-            baseURL: base, via: via, source: .manual, name: name ?? afterScheme,
+            baseURL: base.text, via: via, source: .manual, name: name ?? base.hostPort,
             servicePath: path ?? TXTRecord.defaultServicePath, pinnedInstance: instance,
             credentials: Credentials(
                 adminKey: adminKey, inferenceKey: apiKey, accessClientID: accessClientID, accessClientSecret: accessClientSecret))

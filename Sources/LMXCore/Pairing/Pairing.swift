@@ -130,17 +130,16 @@ public enum PairingFormat: String, Sendable, Hashable, Codable, CaseIterable {
 
 /// A tunnel: an `https://host[:port]` base URL and the secrets that go with it.
 public struct WANEndpoint: Sendable, Hashable {
+    /// The tunnel's base, parsed once.
+    public var base: BaseURL
     /// Normalised base: lower-case scheme and host, no path, no trailing slash.
-    public var url: String
+    public var url: String { base.text }
     public var credentials: Credentials
 
     public init(url: String, credentials: Credentials = Credentials()) {
-        self.url = Route.normalizedBase(url)
+        self.base = BaseURL(url)
         self.credentials = credentials
     }
 
-    public var host: String {
-        guard let range = url.firstRange(of: "://") else { return url }
-        return String(url[range.upperBound...])
-    }
+    public var host: String { base.hostPort }
 }

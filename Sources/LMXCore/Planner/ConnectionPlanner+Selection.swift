@@ -60,7 +60,7 @@ extension ConnectionPlanner {
         let strangers = routes.values.filter { !isAllowed($0) && $0.lastReport?.models?.contains(model) == true }
             .sorted { $0.id < $1.id }
         guard !strangers.isEmpty else { return nil }
-        let named = strangers.prefix(3).map { "\($0.route.name) at \(Self.hostPort($0.route.baseURL)) (untrusted: \(untrustedWhy($0)))" }
+        let named = strangers.prefix(3).map { "\($0.route.name) at \($0.route.base.hostPort) (untrusted: \(untrustedWhy($0)))" }
         return "model \(ServerTable.printable(model)) is loaded only on servers this agent does not trust: "
             + named.joined(separator: ", ") + (strangers.count > 3 ? " and \(strangers.count - 3) more" : "")
     }
@@ -83,15 +83,13 @@ extension ConnectionPlanner {
     }
 
     /// `http://10.0.0.5:1234` → `10.0.0.5:1234`.
-    static func hostPort(_ baseURL: String) -> String {
-        baseURL.firstRange(of: "://").map { String(baseURL[$0.upperBound...]) } ?? baseURL
-    }
+    static func hostPort(_ baseURL: String) -> String { BaseURL(baseURL).hostPort }
 
     /// Why a route the trust policy does not allow is not used, for people.
     public func untrustedWhy(_ state: RouteState) -> String {
         if trust(of: state) == .impostor, let instance = state.instanceID, let owner = instanceOwners[instance] {
             let sameAddress = routes.values.contains {
-                $0.route.source.isSetUp && $0.id != state.id && Self.hostPort($0.route.baseURL) == Self.hostPort(state.route.baseURL)
+                $0.route.source.isSetUp && $0.id != state.id && $0.route.base.hostPort == state.route.base.hostPort
             }
             if sameAddress {
                 return "announced over plain http:// at an address \(ServerTable.printable(owner)) is set up for with https://"

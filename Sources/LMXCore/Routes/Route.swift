@@ -103,8 +103,10 @@ public struct Route: Sendable, Hashable, Identifiable {
     /// for HTTPS ones (the scheme is part of a route's identity: an announcement of the same
     /// address over `http://` is another route), `wan/<url>` for tunnels.
     public var id: String
+    /// Scheme, host and port, parsed once.
+    public var base: BaseURL
     /// Scheme, host and port, no trailing slash: `http://10.0.0.5:1234`.
-    public var baseURL: String
+    public var baseURL: String { base.text }
     public var via: Via
     public var source: RouteSource
     /// Label for people: the mDNS instance name, the pairing's name, or the host.
@@ -128,9 +130,9 @@ public struct Route: Sendable, Hashable, Identifiable {
         credentials: Credentials = Credentials(), addresses: [String] = [], announced: Bool = false,
         vouchedBy: String? = nil
     ) {
-        let base = Route.normalizedBase(baseURL)
-        self.id = id ?? Route.identifier(baseURL: base, via: via)
-        self.baseURL = base
+        let base = BaseURL(baseURL)
+        self.id = id ?? Route.identifier(base, via: via)
+        self.base = base
         self.via = via
         self.source = source
         self.name = name
@@ -143,27 +145,18 @@ public struct Route: Sendable, Hashable, Identifiable {
     }
 
     public static func identifier(baseURL: String, via: Via) -> String {
-        let base = normalizedBase(baseURL)
+        identifier(BaseURL(baseURL), via: via)
+    }
+
+    static func identifier(_ base: BaseURL, via: Via) -> String {
         switch via {
-        case .lan:
-            guard let range = base.firstRange(of: "://") else { return "lan/\(base)" }
-            let hostPort = base[range.upperBound...]
-            return base.hasPrefix("http://") ? "lan/\(hostPort)" : "lan/\(base)"
-        case .wan:
-            return "wan/\(base)"
+        case .lan: base.isPlainHTTP ? "lan/\(base.hostPort)" : "lan/\(base.text)"
+        case .wan: "wan/\(base.text)"
         }
     }
 
     /// `HTTPS://Host:443/` → `https://host:443`: lower-case scheme and host, no trailing slash.
-    public static func normalizedBase(_ url: String) -> String {
-        var s = url
-        while s.hasSuffix("/") { s.removeLast() }
-        guard let range = s.firstRange(of: "://") else { return s }
-        let scheme = s[..<range.lowerBound].lowercased()
-        let rest = s[range.upperBound...]
-        let hostEnd = rest.firstIndex(of: "/") ?? rest.endIndex
-        return scheme + "://" + rest[..<hostEnd].lowercased() + rest[hostEnd...]
-    }
+    public static func normalizedBase(_ url: String) -> String { BaseURL(url).text }
 
     /// The OpenAI-compatible base URL (`…/v1`).
     public var openAIBaseURL: String { baseURL + "/v1" }

@@ -43,12 +43,10 @@ public enum TunnelVouch {
 
     /// One advertised URL as a vouched LAN base URL, or nil.
     static func lanBaseURL(_ text: String) -> String? {
-        guard text.utf8.count <= 512, let range = text.firstRange(of: "://") else { return nil }
-        let scheme = text[..<range.lowerBound].lowercased()
-        guard scheme == "http" || scheme == "https" else { return nil }
-        let rest = text[range.upperBound...]
-        let authority = String(rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" })
-        guard !authority.contains("@"),
+        guard text.utf8.count <= 512 else { return nil }
+        let url = BaseURL(text)
+        let scheme = url.scheme, authority = url.hostPort
+        guard scheme == "http" || scheme == "https", !authority.contains("@"),
             let parsed = try? HostPort.parseAuthority(authority, field: "endpoints.base_urls"),
             parsed.isIPv6 || HostPort.isIPv4(parsed.host)
         else { return nil }
