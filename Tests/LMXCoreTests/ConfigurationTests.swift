@@ -46,6 +46,28 @@ struct ConfigurationTests {
         }
     }
 
+    @Test("a structured error: the file, the key's path and the reason, each on its own; one wording for every range")
+    func structuredErrors() {
+        func error(_ text: String) -> ConfigurationError? {
+            do { _ = try parse(text); return nil } catch { return error }
+        }
+        let window = error(#"{"health": {"stability_window": 0}}"#)
+        #expect(window?.file == "/etc/lmx/agent.json" && window?.key == "health.stability_window")
+        #expect(window?.message == "must be a number of seconds above 0 and at most 86400")
+        #expect(error(#"{"health": {"up_after": 101}}"#)?.message == "must be between 1 and 100")
+        #expect(error(#"{"gateway": {"attempts": 0}}"#)?.key == "gateway.attempts")
+        #expect(error(#"{"gateway": {"hold_seconds": 500}}"#)?.message == "must be between 0.0 and 120.0 seconds")
+        #expect(error(#"{"trust": "all"}"#)?.message == "must be one of paired, pinned, lan")
+        #expect(error(#"{"lan_keys": "sometimes"}"#)?.message == "must be one of vouched, never")
+        let listen = error(#"{"gateway": {"listen": "0.0.0.0:80"}}"#)
+        #expect(listen?.key == "gateway.listen" && listen?.message.contains("not a loopback address") == true)
+        let endpoint = error(#"{"endpoints": [{"url": "http://10.0.0.5:1234"}, {"url": "ftp://x"}]}"#)
+        #expect(endpoint?.key == "endpoints[1]")
+        #expect(endpoint?.description.hasPrefix("/etc/lmx/agent.json: endpoints[1]: ") == true)
+        // Defaults are the declared ones: an object with every key absent changes nothing.
+        #expect((try? parse(#"{"health": {}, "gateway": {}}"#)) == AgentConfiguration())
+    }
+
     @Test("endpoint URLs: https is WAN, http is LAN; paths, queries and user names are refused without echoing secrets")
     func endpoints() throws {
         let config = try parse(#"{"endpoints": [{"url": "HTTPS://Tunnel.Example.com/"}, {"url": "http://10.0.0.5:1234"}]}"#)

@@ -151,9 +151,32 @@ public struct ManualEndpoint: Sendable, Hashable, Codable {
 }
 
 /// A config file problem, naming the key and the file.
+/// A config file or a setting that cannot be used: which file, which key (a path such as
+/// `health.stability_window` or `endpoints[1].url`), and what is wrong with it.
 public struct ConfigurationError: Error, CustomStringConvertible, Sendable, Hashable {
-    public var description: String
-    public init(_ description: String) { self.description = description }
+    /// The file, when the setting came from one.
+    public var file: String?
+    /// The key's path in the file, when one key is at fault.
+    public var key: String?
+    /// What is wrong (and, where it helps, the next step).
+    public var message: String
+
+    public init(file: String? = nil, key: String? = nil, _ message: String) {
+        self.file = file
+        self.key = key
+        self.message = message
+    }
+
+    public var description: String {
+        [file, key].compactMap { $0 }.map { $0 + ": " }.joined() + message
+    }
+
+    /// The same error, said of `file`.
+    func inFile(_ file: String) -> ConfigurationError {
+        var error = self
+        error.file = file
+        return error
+    }
 }
 
 /// The agent's configuration: every key optional, every default documented in the README.
@@ -193,60 +216,41 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
     }
 
     public init(from decoder: any Decoder) throws {
-        let c = try decoder.container(keyedBy: CodingKeys.self)
-        policy = try c.decodeIfPresent(HealthPolicy.self, forKey: .policy) ?? HealthPolicy()
-        if let raw = try c.decodeIfPresent(String.self, forKey: .trust) {
-            guard let trust = TrustPolicy(rawValue: raw) else {
-                throw DecodingError.dataCorruptedError(forKey: .trust, in: c, debugDescription: "must be one of paired, pinned, lan")
-            }
-            policy.trust = trust
-        }
-        if let raw = try c.decodeIfPresent(String.self, forKey: .lanKeys) {
-            guard let lanKeys = LANKeys(rawValue: raw) else {
-                throw DecodingError.dataCorruptedError(forKey: .lanKeys, in: c, debugDescription: "must be one of vouched, never")
-            }
-            policy.lanKeys = lanKeys
-        }
+        let c = try ConfigurationReader(decoder, keys: CodingKeys.self)
+        let d = AgentConfiguration()
+        policy = try c.value(.policy, or: d.policy)
+        policy.trust = try c.choice(.trust, or: policy.trust)
+        policy.lanKeys = try c.choice(.lanKeys, or: policy.lanKeys)
         // `prefer`: instance ids in order of preference among equally healthy servers.
-        if let prefer = try c.decodeIfPresent([String].self, forKey: .prefer) { policy.preferredInstances = prefer }
-        endpoints = try c.decodeIfPresent([ManualEndpoint].self, forKey: .endpoints) ?? []
-        interfaces = try c.decodeIfPresent([String].self, forKey: .interfaces) ?? []
-        excludeInterfaces = try c.decodeIfPresent([String].self, forKey: .excludeInterfaces) ?? []
-        discovery = try c.decodeIfPresent(Bool.self, forKey: .discovery) ?? true
-        extraCAFile = try c.decodeIfPresent(String.self, forKey: .extraCAFile)
-        watchHeartbeat = try c.decodeIfPresent(Double.self, forKey: .watchHeartbeat) ?? 15
-        guard watchHeartbeat >= 0.1, watchHeartbeat <= 3600 else {
-            throw DecodingError.dataCorruptedError(forKey: .watchHeartbeat, in: c, debugDescription: "must be between 0.1 and 3600 seconds")
-        }
-        eventRetention = try c.decodeIfPresent(Int.self, forKey: .eventRetention) ?? 5000
-        guard eventRetention >= 100 else {
-            throw DecodingError.dataCorruptedError(forKey: .eventRetention, in: c, debugDescription: "must be at least 100")
-        }
-        gateway = try c.decodeIfPresent(GatewayConfiguration.self, forKey: .gateway) ?? GatewayConfiguration()
-        addressBooks = try c.decodeIfPresent([String].self, forKey: .addressBooks) ?? []
-        if let text = try c.decodeIfPresent(String.self, forKey: .metricsAddress) {
-            do {
-                metricsAddress = try Self.parseMetricsAddress(text)
-            } catch {
-                throw DecodingError.dataCorruptedError(forKey: .metricsAddress, in: c, debugDescription: error.description)
-            }
-        }
+        policy.preferredInstances = try c.value(.prefer, or: policy.preferredInstances)
+        endpoints = try c.value(.endpoints, or: d.endpoints)
+        interfaces = try c.value(.interfaces, or: d.interfaces)
+        excludeInterfaces = try c.value(.excludeInterfaces, or: d.excludeInterfaces)
+        discovery = try c.value(.discovery, or: d.discovery)
+        extraCAFile = try c.optional(.extraCAFile)
+        watchHeartbeat = try c.number(.watchHeartbeat, or: d.watchHeartbeat, in: 0.1...3600, unit: "seconds")
+        eventRetention = try c.number(.eventRetention, or: d.eventRetention, in: 100...10_000_000)
+        gateway = try c.value(.gateway, or: d.gateway)
+        addressBooks = try c.value(.addressBooks, or: d.addressBooks)
+        metricsAddress = try c.parsed(.metricsAddress, or: d.metricsAddress, Self.parseMetricsAddress)
         guard addressBooks.count <= 16, addressBooks.allSatisfy({ $0.hasPrefix("/") || $0.hasPrefix("~/") }) else {
-            throw DecodingError.dataCorruptedError(
-                forKey: .addressBooks, in: c, debugDescription: "at most 16 absolute paths (or ~/…)")
+            throw c.invalid(.addressBooks, "at most 16 absolute paths (or ~/…)")
         }
-        logLevel = try c.decodeIfPresent(String.self, forKey: .logLevel) ?? "info"
-        guard ["trace", "debug", "info", "notice", "warning", "error", "critical"].contains(logLevel) else {
-            throw DecodingError.dataCorruptedError(forKey: .logLevel, in: c, debugDescription: "must be one of trace, debug, info, notice, warning, error")
+        logLevel = try c.value(.logLevel, or: d.logLevel)
+        guard Self.logLevels.contains(logLevel) else {
+            throw c.invalid(.logLevel, "must be one of \(Self.logLevels.joined(separator: ", "))")
         }
     }
+
+    /// The words `log_level` takes.
+    static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
 
     /// `127.0.0.1:9466`, `[::1]:9466`, `0.0.0.0:9466` (to be scraped from elsewhere: the metrics
     /// carry no secret, but say which servers exist), or `off`.
     public static func parseMetricsAddress(_ text: String) throws(ConfigurationError) -> HostPort? {
         if text.lowercased() == "off" || text.isEmpty { return nil }
         guard let parsed = try? HostPort.parseAuthority(text, field: "metrics_address"), let port = parsed.port else {
-            throw ConfigurationError("metrics_address: \(text) is not host:port (127.0.0.1:9466)")
+            throw ConfigurationError(key: "metrics_address", "\(text) is not host:port (127.0.0.1:9466)")
         }
         return HostPort(host: parsed.host.lowercased() == "localhost" ? "127.0.0.1" : parsed.host, port: port)
     }
@@ -263,34 +267,40 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
             decoder.allowsJSON5 = true
             configuration = try decoder.decode(AgentConfiguration.self, from: Data(bytes))
         } catch let error as DecodingError {
-            throw ConfigurationError("\(file): \(describe(error))")
+            throw describe(error).inFile(file)
         } catch {
-            throw ConfigurationError("\(file): not valid JSON")
+            throw ConfigurationError(file: file, "not valid JSON")
         }
-        for endpoint in configuration.endpoints {
-            do { _ = try endpoint.route() } catch { throw ConfigurationError("\(file): \(error.description)") }
+        for (index, endpoint) in configuration.endpoints.enumerated() {
+            do {
+                _ = try endpoint.route()
+            } catch {
+                throw ConfigurationError(file: file, key: "endpoints[\(index)]", error.message)
+            }
         }
         var checked = configuration
         checked.unknownKeys = ConfigurationKeys.unknown(in: bytes)
         return checked
     }
 
-    static func describe(_ error: DecodingError) -> String {
-        func path(_ keys: [any CodingKey]) -> String {
-            keys.map { $0.intValue.map { "[\($0)]" } ?? ".\($0.stringValue)" }.joined().drop { $0 == "." }.description
+    /// What the decoder found wrong, with the key's path.
+    static func describe(_ error: DecodingError) -> ConfigurationError {
+        func path(_ keys: [any CodingKey]) -> String? {
+            let text = keys.map { $0.intValue.map { "[\($0)]" } ?? ".\($0.stringValue)" }.joined().drop { $0 == "." }.description
+            return text.isEmpty ? nil : text
         }
         switch error {
         case .typeMismatch(let type, let context):
-            return "\(path(context.codingPath)): expected \(type)"
+            return ConfigurationError(key: path(context.codingPath), "expected \(type)")
         case .valueNotFound(_, let context):
-            return "\(path(context.codingPath)): missing value"
+            return ConfigurationError(key: path(context.codingPath), "missing value")
         case .keyNotFound(let key, let context):
-            return "\(path(context.codingPath + [key])): required"
+            return ConfigurationError(key: path(context.codingPath + [key]), "required")
         case .dataCorrupted(let context):
-            let at = path(context.codingPath)
-            return at.isEmpty ? "not valid JSON" : "\(at): \(context.debugDescription)"
+            guard let at = path(context.codingPath) else { return ConfigurationError("not valid JSON") }
+            return ConfigurationError(key: at, context.debugDescription)
         @unknown default:
-            return "invalid"
+            return ConfigurationError("invalid")
         }
     }
 }

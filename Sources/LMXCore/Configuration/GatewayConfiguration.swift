@@ -55,62 +55,30 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
     }
 
     public init(from decoder: any Decoder) throws {
-        let c = try decoder.container(keyedBy: CodingKeys.self)
-        enabled = try c.decodeIfPresent(Bool.self, forKey: .enabled) ?? true
-        if c.contains(.listen) {
-            if try c.decodeNil(forKey: .listen) {
-                listen = nil
-            } else {
-                let text = try c.decode(String.self, forKey: .listen)
-                do {
-                    listen = try Self.parseListen(text)
-                } catch {
-                    throw DecodingError.dataCorruptedError(forKey: .listen, in: c, debugDescription: error.description)
-                }
-            }
+        let c = try ConfigurationReader(decoder, keys: CodingKeys.self)
+        let d = GatewayConfiguration()
+        enabled = try c.value(.enabled, or: d.enabled)
+        // `"listen": null` turns the TCP listener off, as `"off"` does.
+        if c.container.contains(.listen), try c.container.decodeNil(forKey: .listen) {
+            listen = nil
+        } else {
+            listen = try c.parsed(.listen, or: d.listen, Self.parseListen)
         }
-        socket = try c.decodeIfPresent(String.self, forKey: .socket)
-        admin = try c.decodeIfPresent(Bool.self, forKey: .admin) ?? false
-        group = try c.decodeIfPresent(String.self, forKey: .group)
+        socket = try c.optional(.socket)
+        admin = try c.value(.admin, or: d.admin)
+        group = try c.optional(.group)
         if let group, group.isEmpty || group.contains(where: { $0 == ":" || $0 == "/" || $0.isWhitespace }) {
-            throw DecodingError.dataCorruptedError(forKey: .group, in: c, debugDescription: "must be a group name")
+            throw c.invalid(.group, "must be a group name")
         }
-        maxRequestBytes = try c.decodeIfPresent(Int.self, forKey: .maxRequestBytes) ?? maxRequestBytes
-        guard (1024...(1 << 30)).contains(maxRequestBytes) else {
-            throw DecodingError.dataCorruptedError(forKey: .maxRequestBytes, in: c, debugDescription: "must be between 1024 and 1073741824")
-        }
-        attempts = try c.decodeIfPresent(Int.self, forKey: .attempts) ?? attempts
-        guard (1...10).contains(attempts) else {
-            throw DecodingError.dataCorruptedError(forKey: .attempts, in: c, debugDescription: "must be between 1 and 10")
-        }
-        connectTimeout = try c.decodeIfPresent(Double.self, forKey: .connectTimeout) ?? connectTimeout
-        guard connectTimeout >= 0.1, connectTimeout <= 60 else {
-            throw DecodingError.dataCorruptedError(forKey: .connectTimeout, in: c, debugDescription: "must be between 0.1 and 60 seconds")
-        }
-        maxConnectionsPerRoute = try c.decodeIfPresent(Int.self, forKey: .maxConnectionsPerRoute) ?? maxConnectionsPerRoute
-        guard (1...10_000).contains(maxConnectionsPerRoute) else {
-            throw DecodingError.dataCorruptedError(forKey: .maxConnectionsPerRoute, in: c, debugDescription: "must be between 1 and 10000")
-        }
-        maxConnectionsPerUser = try c.decodeIfPresent(Int.self, forKey: .maxConnectionsPerUser) ?? maxConnectionsPerUser
-        guard (1...100_000).contains(maxConnectionsPerUser) else {
-            throw DecodingError.dataCorruptedError(forKey: .maxConnectionsPerUser, in: c, debugDescription: "must be between 1 and 100000")
-        }
-        readAheadBytes = try c.decodeIfPresent(Int.self, forKey: .readAheadBytes) ?? readAheadBytes
-        guard (1024...(64 << 20)).contains(readAheadBytes) else {
-            throw DecodingError.dataCorruptedError(forKey: .readAheadBytes, in: c, debugDescription: "must be between 1024 and 67108864")
-        }
-        readAheadBudgetBytes = try c.decodeIfPresent(Int.self, forKey: .readAheadBudgetBytes) ?? readAheadBudgetBytes
-        guard readAheadBudgetBytes >= readAheadBytes, readAheadBudgetBytes <= 1 << 32 else {
-            throw DecodingError.dataCorruptedError(forKey: .readAheadBudgetBytes, in: c, debugDescription: "must be at least read_ahead_bytes and at most 4 GiB")
-        }
-        holdSeconds = try c.decodeIfPresent(Double.self, forKey: .holdSeconds) ?? holdSeconds
-        guard holdSeconds >= 0, holdSeconds <= 120 else {
-            throw DecodingError.dataCorruptedError(forKey: .holdSeconds, in: c, debugDescription: "must be between 0 and 120 seconds")
-        }
-        busyCooldownMax = try c.decodeIfPresent(Double.self, forKey: .busyCooldownMax) ?? busyCooldownMax
-        guard busyCooldownMax >= 0, busyCooldownMax <= 3600 else {
-            throw DecodingError.dataCorruptedError(forKey: .busyCooldownMax, in: c, debugDescription: "must be between 0 and 3600 seconds")
-        }
+        maxRequestBytes = try c.number(.maxRequestBytes, or: d.maxRequestBytes, in: 1024...(1 << 30))
+        attempts = try c.number(.attempts, or: d.attempts, in: 1...10)
+        connectTimeout = try c.number(.connectTimeout, or: d.connectTimeout, in: 0.1...60, unit: "seconds")
+        maxConnectionsPerRoute = try c.number(.maxConnectionsPerRoute, or: d.maxConnectionsPerRoute, in: 1...10_000)
+        maxConnectionsPerUser = try c.number(.maxConnectionsPerUser, or: d.maxConnectionsPerUser, in: 1...100_000)
+        readAheadBytes = try c.number(.readAheadBytes, or: d.readAheadBytes, in: 1024...(64 << 20))
+        readAheadBudgetBytes = try c.number(.readAheadBudgetBytes, or: d.readAheadBudgetBytes, in: readAheadBytes...(1 << 32))
+        holdSeconds = try c.number(.holdSeconds, or: d.holdSeconds, in: 0...120, unit: "seconds")
+        busyCooldownMax = try c.number(.busyCooldownMax, or: d.busyCooldownMax, in: 0...3600, unit: "seconds")
     }
 
     /// `127.0.0.1:1235`, `[::1]:1235`, `localhost:1235`, or `off`. Only loopback: the gateway
@@ -122,15 +90,15 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
         do {
             parsed = try HostPort.parseAuthority(text, field: "listen")
         } catch {
-            throw ConfigurationError("gateway.listen: \(text) is not host:port (127.0.0.1:1235)")
+            throw ConfigurationError(key: "gateway.listen", "\(text) is not host:port (127.0.0.1:1235)")
         }
-        guard let port = parsed.port else { throw ConfigurationError("gateway.listen: \(text) needs a port (127.0.0.1:1235)") }
+        guard let port = parsed.port else { throw ConfigurationError(key: "gateway.listen", "\(text) needs a port (127.0.0.1:1235)") }
         let hostPort = HostPort(host: parsed.host, port: port)
         let host = hostPort.host.lowercased()
         let loopback = host == "localhost" || host == "::1" || host.hasPrefix("127.")
         guard loopback else {
             throw ConfigurationError(
-                "gateway.listen: \(text) is not a loopback address: the gateway lends its routes' keys to every caller, so it listens on 127.0.0.1 or ::1 only")
+                key: "gateway.listen", "\(text) is not a loopback address: the gateway lends its routes' keys to every caller, so it listens on 127.0.0.1 or ::1 only")
         }
         return HostPort(host: host == "localhost" ? "127.0.0.1" : host, port: hostPort.port)
     }

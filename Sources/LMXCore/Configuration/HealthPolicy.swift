@@ -96,22 +96,11 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
     }
 
     public init(from decoder: any Decoder) throws {
-        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let c = try ConfigurationReader(decoder, keys: CodingKeys.self)
         let d = HealthPolicy()
-        func count(_ key: CodingKeys, _ fallback: Int) throws -> Int {
-            guard let v = try c.decodeIfPresent(Int.self, forKey: key) else { return fallback }
-            guard (1...100).contains(v) else {
-                throw DecodingError.dataCorruptedError(forKey: key, in: c, debugDescription: "must be between 1 and 100")
-            }
-            return v
-        }
+        func count(_ key: CodingKeys, _ fallback: Int) throws -> Int { try c.number(key, or: fallback, in: 1...100) }
         func seconds(_ key: CodingKeys, _ fallback: Double, max: Double = 86_400) throws -> Double {
-            guard let v = try c.decodeIfPresent(Double.self, forKey: key) else { return fallback }
-            guard v > 0, v <= max else {
-                throw DecodingError.dataCorruptedError(
-                    forKey: key, in: c, debugDescription: "must be a number of seconds above 0 and at most \(Int(max))")
-            }
-            return v
+            try c.seconds(key, or: fallback, max: max)
         }
         upAfter = try count(.upAfter, d.upAfter)
         downAfter = try count(.downAfter, d.downAfter)
@@ -131,13 +120,8 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
         wanTimeout = try seconds(.wanTimeout, d.wanTimeout, max: 120)
         forgetAfter = try seconds(.forgetAfter, d.forgetAfter, max: 86_400 * 365)
         maxConcurrentProbes = try count(.maxConcurrentProbes, d.maxConcurrentProbes)
-        if let j = try c.decodeIfPresent(Double.self, forKey: .jitter) {
-            guard (0...0.5).contains(j) else {
-                throw DecodingError.dataCorruptedError(forKey: .jitter, in: c, debugDescription: "must be between 0 and 0.5")
-            }
-            jitter = j
-        }
-        preferredInstances = try c.decodeIfPresent([String].self, forKey: .preferredInstances) ?? []
+        jitter = try c.number(.jitter, or: d.jitter, in: 0...0.5)
+        preferredInstances = try c.value(.preferredInstances, or: d.preferredInstances)
     }
 
     public func timeout(for via: Via) -> Double { via == .lan ? lanTimeout : wanTimeout }
