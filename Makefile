@@ -12,7 +12,7 @@ build:
 # runtime, lld, DT_RELR, no exports, function sections placed by Packaging/lmx-agent-hot.ld,
 # lmx-status a static PIE); `make run`, `make deb` and the benchmarks use the same.
 release:
-	bash -c '. scripts/lib.sh && $(SWIFT) build "$${RELEASE_BUILD[@]}"'
+	bash -c '. scripts/lib.sh && release_build_setup && $(SWIFT) build "$${RELEASE_BUILD[@]}"'
 
 # Installs what is missing, builds, makes sure avahi-daemon runs, then runs lmx-agentd
 # in the foreground (extra daemon arguments: make run ARGS="--endpoint https://…").

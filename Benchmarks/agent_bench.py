@@ -30,12 +30,15 @@ import tempfile
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import lmxtools  # noqa: E402
+
+REPO = lmxtools.REPO
 BIN = os.environ.get("LMX_BIN_DIR", os.path.join(REPO, ".build", "release"))
-TESTBED = os.path.join(REPO, "scripts", "testbed.sh")
-SERVER = os.path.join(REPO, "scripts", "lmx-test-server.py")
-LOAD = os.path.join(REPO, "scripts", "watch-load.py")
-ENV = dict(line.split("=", 1) for line in open("/run/lmx-testbed/env").read().split())
+TESTBED = lmxtools.TESTBED
+SERVER = lmxtools.fixture("lmx-test-server.py")
+LOAD = lmxtools.fixture("watch-load.py")
+ENV = lmxtools.testbed_env()
 RUNS = int(os.environ.get("BENCH_RUNS", "5"))
 SIZES = [int(s) for s in os.environ.get("BENCH_SIZES", "1,50,200").split(",")]
 
@@ -317,7 +320,7 @@ def bench_roam(results):
             _, body = request(agent.sock, "/v1/status")
             before = {r["id"]: r["probes"] for c in json.loads(body)["candidates"] for r in c["routes"]}
             start = time.perf_counter()
-            subprocess.run(["/usr/bin/python3", os.path.join(REPO, "scripts", "login1-standin.py"), "--bus",
+            subprocess.run(["/usr/bin/python3", lmxtools.fixture("login1-standin.py"), "--bus",
                             ENV["LMX_TESTBED_H4_BUS"], "wake"], check=True, stdout=subprocess.DEVNULL)
             took = None
             while time.perf_counter() - start < 10 and took is None:
@@ -363,7 +366,7 @@ def bench_api(results):
     server.stop()
 
 
-CLIENT = os.path.join(REPO, "scripts", "gateway-client.py")
+CLIENT = lmxtools.fixture("gateway-client.py")
 
 
 def client(*args):

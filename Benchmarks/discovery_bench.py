@@ -10,13 +10,17 @@ Run through `make bench` (needs root and the test LAN, which scripts/bench.sh br
 """
 import json
 import os
+import sys
 import platform
 import statistics
 import subprocess
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTBED = os.path.join(REPO, "scripts", "testbed.sh")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import lmxtools  # noqa: E402
+
+REPO = lmxtools.REPO
+TESTBED = lmxtools.TESTBED
 LMX = os.environ.get("LMX_DISCOVER", os.path.join(REPO, ".build", "release", "lmx-discover"))
 AVAHI = "/usr/bin/avahi-browse"
 TYPE = "_opta-lmx._tcp"
@@ -37,12 +41,6 @@ def run_complete(argv, expect):
     return elapsed
 
 
-def peak_rss_kib(argv):
-    """Peak RSS of argv through GNU time: a child forked from Python would count Python's
-    own memory (the pre-exec address space) in its high-water mark."""
-    out = subprocess.run(["/usr/bin/time", "-f", "%M", "--", *argv],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True).stderr
-    return int(out.strip().splitlines()[-1])
 
 
 def count_found(argv, text):
@@ -116,7 +114,7 @@ def main():
             for tool, (argv, marker) in [("lmx-discover", lmx_first), ("avahi-browse", avahi_first)]:
                 result[tool]["warm"].append(first_result(argv, marker))
         for tool, argv in [("lmx-discover", lmx_complete), ("avahi-browse", avahi_complete)]:
-            result[tool]["rss"] = [peak_rss_kib(argv) for _ in range(3)]
+            result[tool]["rss"] = [lmxtools.peak_rss_kib(argv) for _ in range(3)]
         for _ in range(COLD_RUNS):
             for tool, (argv, marker) in [("lmx-discover", lmx_first), ("avahi-browse", avahi_first)]:
                 testbed("restart-avahi", "root")  # empty cache

@@ -19,7 +19,10 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import lmxtools  # noqa: E402
+
+REPO = lmxtools.REPO
 sys.path.insert(0, os.path.join(REPO, "Benchmarks"))
 
 

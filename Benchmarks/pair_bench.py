@@ -12,6 +12,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import lmxtools  # noqa: E402
+
 BIN = os.environ.get("LMX_BIN_DIR", ".build/release")
 RUNS = int(os.environ.get("BENCH_RUNS", "15"))
 RESULTS = os.environ.get("BENCH_RESULTS", "Benchmarks/results-pair.md")
@@ -28,9 +31,6 @@ def run(command):
     return elapsed, result.stdout
 
 
-def peak_rss_kib(command):
-    out = subprocess.run(["/usr/bin/time", "-f", "%M"] + command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    return int(out.stderr.decode().strip().splitlines()[-1])
 
 
 def main():
@@ -50,7 +50,7 @@ def main():
         for _ in range(RUNS):
             ours.append(run(ours_cmd)[0])
             zbar.append(run(zbar_cmd)[0])
-        rows.append((label, size, len(open(path, "rb").read()) // 1024, ours, zbar, peak_rss_kib(ours_cmd), peak_rss_kib(zbar_cmd)))
+        rows.append((label, size, len(open(path, "rb").read()) // 1024, ours, zbar, lmxtools.peak_rss_kib(ours_cmd), lmxtools.peak_rss_kib(zbar_cmd)))
     lines = [
         f"lmx-pair against zbarimg --raw, {RUNS} runs each, alternating (whole process, ms):",
         "",

@@ -21,10 +21,13 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import lmxtools  # noqa: E402
+
+REPO = lmxtools.REPO
 BIN = os.environ.get("LMX_BIN_DIR", os.path.join(REPO, ".build", "release"))
-SERVER = os.path.join(REPO, "scripts", "lmx-test-server.py")
-CLIENT = os.path.join(REPO, "scripts", "gateway-client.py")
+SERVER = lmxtools.fixture("lmx-test-server.py")
+CLIENT = lmxtools.fixture("gateway-client.py")
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
 CLIENTS = [int(c) for c in os.environ.get("BENCH_CLIENTS", "1,8,64").split(",")]
 UPSTREAM, NGINX, GATEWAY, STREAMER, NGINX_STREAM, GATEWAY_STREAM = 21700, 21701, 21702, 21703, 21704, 21705
@@ -93,13 +96,6 @@ http {
        "discovery": answer("/.well-known/opta-lmx", DISCOVERY), "models": answer("/v1/models", MODELS)}
 
 
-def wait_http(url, timeout=15):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if subprocess.run(["curl", "-s", "-o", "/dev/null", "-f", url]).returncode == 0:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def wrk(url, connections):
@@ -139,7 +135,7 @@ def main():
                    "--gateway-socket", "%s/%s-gateway.sock" % (directory, name), "--log-level", "warning"])
         for url in ("http://127.0.0.1:%d/healthz" % UPSTREAM, "http://127.0.0.1:%d/healthz" % NGINX,
                     "http://127.0.0.1:%d/v1/models" % GATEWAY, "http://127.0.0.1:%d/v1/models" % GATEWAY_STREAM):
-            assert wait_http(url), "not answering: " + url
+            assert lmxtools.wait_http(url), "not answering: " + url
         time.sleep(1)
         for c in CLIENTS:
             for name, port in (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY)):

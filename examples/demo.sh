@@ -12,7 +12,7 @@
 #
 # `lmx-status --watch` prints every change as it happens. Everything runs in a private network
 # namespace that has only its own loopback: a private D-Bus and avahi-daemon, the servers
-# (scripts/lmx-test-server.py), the agent. Nothing reaches the real network, and everything is
+# (scripts/fixtures/lmx-test-server.py), the agent. Nothing reaches the real network, and everything is
 # stopped and deleted at the end, also on Ctrl-C.
 #
 #   sudo examples/demo.sh          (binaries: LMX_BIN_DIR, else .build/release, .build/debug, /usr/bin)
@@ -114,7 +114,7 @@ server() { # name fd port instance [extra args]
     local name=$1 fd=$2 port=$3 instance=$4
     shift 4
     mkfifo "$WORK/$name.in"
-    python3 "$REPO/scripts/lmx-test-server.py" --bind 127.0.0.1 --port "$port" --instance "$instance" "$@" \
+    python3 "$REPO/scripts/fixtures/lmx-test-server.py" --bind 127.0.0.1 --port "$port" --instance "$instance" "$@" \
         < "$WORK/$name.in" > "$WORK/$name.log" 2>&1 &
     PIDS+=($!)
     eval "exec $fd>\"$WORK/$name.in\""

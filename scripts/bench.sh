@@ -15,6 +15,7 @@ install_packages time hyperfine
 # is never started: the benchmark runs its own on loopback and stops it by PID.
 BLOCK_SERVICE_STARTS=1 install_packages nginx wrk
 scripts/testbed.sh up
+release_build_setup
 swift build "${RELEASE_BUILD[@]}"
 case "${BENCH:-all}" in
 all | discovery) BENCH_RESULTS=Benchmarks/results-discovery.md python3 Benchmarks/discovery_bench.py ;;

@@ -17,6 +17,7 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 command -v dh >/dev/null || die "debhelper is missing: sudo apt-get install debhelper"
 
+release_build_setup
 swift build "${RELEASE_BUILD[@]}"
 BIN=$(swift build "${RELEASE_BUILD[@]}" --show-bin-path)
 VERSION=$("$BIN/lmx-agent" agentd --version)

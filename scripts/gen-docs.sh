@@ -34,7 +34,7 @@ for cmd in "${COMMANDS[@]}"; do
     # blank lines between paragraphs, which mdoc spells .Pp.
     sed -e "s/^\.Dd .*/.Dd $MAN_DATE/" -e 's/^$/.Pp/' "$page" > "$out/$cmd.generated"
     # Real EXIT STATUS, ENVIRONMENT and FILES sections (hand-written, Packaging/man-sections).
-    python3 scripts/man-sections.py "$cmd" "$out/$cmd.generated" "Packaging/man-sections/$cmd.mdoc" > "$out/man/$cmd.1"
+    python3 scripts/release/man-sections.py "$cmd" "$out/$cmd.generated" "Packaging/man-sections/$cmd.mdoc" > "$out/man/$cmd.1"
     rm "$out/$cmd.generated"
     "$bin/$cmd" --generate-completion-script bash > "$out/completions/bash/$cmd"
     "$bin/$cmd" --generate-completion-script zsh > "$out/completions/zsh/_$cmd"

@@ -4,16 +4,37 @@
 # linked by lld with packed relative relocations (DT_RELR, glibc 2.36) and no exported symbols;
 # every function in a section of its own, so the link drops the unused ones and places the ones
 # lmx-agentd runs side by side (the linker script Packaging/lmx-agent-hot.ld, made by
-# scripts/order-file.py): the kernel maps code 64 KB around each page touched, and packed code
+# scripts/release/order-file.py): the kernel maps code 64 KB around each page touched, and packed code
 # is fewer windows.
 # LMX_STATIC_STATUS=1 links lmx-status as a static PIE (Package.swift), which needs the local
 # run path off (a static PIE cannot have one). `make release` builds with this list too.
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RELEASE_BUILD=(-c release --static-swift-stdlib --disable-local-rpath -Xswiftc -use-ld=lld
     -Xswiftc -Xfrontend -Xswiftc -function-sections -Xcc -ffunction-sections -Xcc -fdata-sections
-    -Xlinker --no-export-dynamic -Xlinker -z -Xlinker pack-relative-relocs
-    -Xlinker "$REPO_ROOT/Packaging/lmx-agent-hot.ld")
+    -Xlinker --no-export-dynamic -Xlinker -z -Xlinker pack-relative-relocs)
 export LMX_STATIC_STATUS=1
+
+# The dependencies as resolved: "identity version" lines, sorted (resolving first if needed).
+resolved_versions() {
+    [ -f "$REPO_ROOT/Package.resolved" ] || (cd "$REPO_ROOT" && swift package resolve >/dev/null)
+    python3 -c 'import json, sys
+for p in sorted(json.load(open(sys.argv[1]))["pins"], key=lambda p: p["identity"]):
+    print(p["identity"], p["state"].get("version") or p["state"].get("revision"))' "$REPO_ROOT/Package.resolved"
+}
+
+# Adds the hot-code linker script to RELEASE_BUILD when the dependencies resolved are the ones it
+# was made with (Packaging/lmx-agent-hot.versions, written beside it by scripts/release/order-file.py):
+# it names functions of exact dependency code. Otherwise the release links without it (the same
+# program, its hot code not packed together: more resident memory, nothing else) and says so;
+# `make test` fails on a stale script (PackagingTests), so it is remade before a release.
+# Call after swift is on PATH, before building.
+release_build_setup() {
+    if [ "$(resolved_versions)" = "$(cat "$REPO_ROOT/Packaging/lmx-agent-hot.versions" 2>/dev/null)" ]; then
+        RELEASE_BUILD+=(-Xlinker "$REPO_ROOT/Packaging/lmx-agent-hot.ld")
+    else
+        log "the dependencies resolved differ from those Packaging/lmx-agent-hot.ld was made with: linking without it (remake it: sudo python3 scripts/release/order-file.py)"
+    fi
+}
 
 # What building and running need, and what the test LAN adds.
 BUILD_PACKAGES=(avahi-daemon avahi-utils libavahi-client-dev libdbus-1-dev libsqlite3-dev dbus pkg-config

@@ -13,7 +13,7 @@ scripts/testbed.sh up
 swift build --build-tests
 # The checked-in man pages and completions must match the code; the package tests need the .deb.
 scripts/gen-docs.sh --check
-python3 scripts/check-docs.py
+python3 scripts/checks/check-docs.py
 # The project's Python (test fixtures, checks, benchmarks, examples), by ruff.toml's rules.
 "${LMX_TESTBED_VENV:-.build-testbed/venv}/bin/ruff" check scripts Benchmarks examples
 scripts/build-deb.sh

@@ -24,6 +24,7 @@ else
     done
 fi
 
+release_build_setup
 swift build "${RELEASE_BUILD[@]}"
 BIN="$(swift build "${RELEASE_BUILD[@]}" --show-bin-path)"
 

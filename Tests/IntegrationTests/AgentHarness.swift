@@ -139,7 +139,7 @@ extension Duration {
     var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
 }
 
-/// A test server speaking the LMX contract (`scripts/lmx-test-server.py`) on a test host.
+/// A test server speaking the LMX contract (`scripts/fixtures/lmx-test-server.py`) on a test host.
 final class LMXServer: Sendable {
     let process: LiveProcess
     let address: String
@@ -163,7 +163,7 @@ final class LMXServer: Sendable {
     ) async throws -> LMXServer {
         let address = bind ?? bed.address(host)
         var arguments = [
-            "\(TestBed.repo)/scripts/lmx-test-server.py", "--bind", address, "--port", String(port), "--mode", mode,
+            "\(TestBed.repo)/scripts/fixtures/lmx-test-server.py", "--bind", address, "--port", String(port), "--mode", mode,
         ]
         if let instance { arguments += ["--instance", instance] }
         if count > 1 { arguments += ["--count", String(count)] }

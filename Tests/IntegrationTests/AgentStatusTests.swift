@@ -130,7 +130,7 @@ extension AgentTests {
         #expect(!text.contains("<6>"))
     }
 
-    @Test("every answer of the status API matches docs/openapi.yaml (scripts/check-openapi.py against a running daemon)")
+    @Test("every answer of the status API matches docs/openapi.yaml (scripts/checks/check-openapi.py against a running daemon)")
     func openAPI() async throws {
         try await withResources {
             let port = freePort()
@@ -141,7 +141,7 @@ extension AgentTests {
             #expect(await agent.waitForActive(timeout: 5) { $0 != nil } != nil)
             let check = try await Command.run(
                 bed["LMX_TESTBED_PYTHON"],
-                ["\(TestBed.repo)/scripts/check-openapi.py", agent.socket, "https://quiet-river-1234.trycloudflare.com?key=made-up-admin-key"])
+                ["\(TestBed.repo)/scripts/checks/check-openapi.py", agent.socket, "https://quiet-river-1234.trycloudflare.com?key=made-up-admin-key"])
             #expect(check.status == 0, "\(check.stderr)")
             #expect(check.stdout.contains("match docs/openapi.yaml"))
             #expect(!agent.process.stderr.contains("made-up-admin-key"))
@@ -154,7 +154,7 @@ extension AgentTests {
             #expect(edit.status == 0, "\(edit.stderr)")
             let caught = try await Command.run(
                 bed["LMX_TESTBED_PYTHON"],
-                ["\(TestBed.repo)/scripts/check-openapi.py", agent.socket, "https://quiet-river-1234.trycloudflare.com", "--spec", stale])
+                ["\(TestBed.repo)/scripts/checks/check-openapi.py", agent.socket, "https://quiet-river-1234.trycloudflare.com", "--spec", stale])
             #expect(caught.status == 1)
             #expect(caught.stderr.contains("route_id"))
         }
@@ -179,7 +179,7 @@ extension AgentTests {
             for text in [socketText, tcp.stdout] {
                 let stdin = agent.directory + "/metrics.txt"
                 try text.write(toFile: stdin, atomically: true, encoding: .utf8)
-                let check = try await Command.run("/bin/sh", ["-c", "\"$0\" \"$1\" < \"$2\"", bed["LMX_TESTBED_PYTHON"], "\(TestBed.repo)/scripts/check-metrics.py", stdin])
+                let check = try await Command.run("/bin/sh", ["-c", "\"$0\" \"$1\" < \"$2\"", bed["LMX_TESTBED_PYTHON"], "\(TestBed.repo)/scripts/checks/check-metrics.py", stdin])
                 #expect(check.status == 0, "\(check.stderr)")
                 for name in ["lmx_build_info", "lmx_probes", "lmx_probe_duration_seconds", "lmx_routes", "lmx_candidates", "lmx_active_via",
                              "lmx_active_switches", "lmx_store_pending_writes", "lmx_watch_clients", "lmx_gateway_requests"] {
@@ -204,7 +204,7 @@ extension AgentTests {
 
             let load = LiveProcess(
                 "/usr/bin/python3",
-                ["\(TestBed.repo)/scripts/watch-load.py", "--socket", agent.socket, "--clients", "200", "--seconds", "12"])
+                ["\(TestBed.repo)/scripts/fixtures/watch-load.py", "--socket", agent.socket, "--clients", "200", "--seconds", "12"])
             try await load.start()
             #expect(await load.waitForLine(containing: "connected 200", timeout: 10))
             // Changes: the server goes down and comes back twice.
@@ -214,7 +214,7 @@ extension AgentTests {
                 await server.set("alive")
                 _ = await agent.waitForActive(timeout: 8) { $0 != nil }
             }
-            let garbage = LiveProcess("/usr/bin/python3", ["\(TestBed.repo)/scripts/watch-load.py", "--socket", agent.socket, "--garbage"])
+            let garbage = LiveProcess("/usr/bin/python3", ["\(TestBed.repo)/scripts/fixtures/watch-load.py", "--socket", agent.socket, "--garbage"])
             try await garbage.start()
             let garbageStatus = try await garbage.waitForExit(timeout: 30)
             #expect(garbageStatus == 0, "\(garbage.stdout) \(garbage.stderr)")

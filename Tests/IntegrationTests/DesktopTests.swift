@@ -232,7 +232,7 @@ struct DesktopTests {
             let bus = LiveProcess("/usr/bin/dbus-daemon", ["--config-file=/usr/share/dbus-1/session.conf", "--address=\(address)", "--nofork", "--nopidfile"])
             try await bus.start()
             #expect(await bus.waitFor(timeout: 5) { _ in FileManager.default.fileExists(atPath: "\(dir)/session-bus") })
-            let recorder = LiveProcess("/usr/bin/python3", ["\(TestBed.repo)/scripts/notification-recorder.py", "--bus", address])
+            let recorder = LiveProcess("/usr/bin/python3", ["\(TestBed.repo)/scripts/fixtures/notification-recorder.py", "--bus", address])
             try await recorder.start()
             #expect(await recorder.waitForLine(containing: #""call": "ready""#, timeout: 10), "\(recorder.stderr)")
             let opener = dir + "/opener.sh"

@@ -4,7 +4,7 @@ import Testing
 /// The documentation a newcomer meets: the README's first screen and every link in the docs.
 @Suite("Documentation")
 struct DocsTests {
-    private let checker = "\(TestBed.repo)/scripts/check-docs.py"
+    private let checker = "\(TestBed.repo)/scripts/checks/check-docs.py"
 
     @Test("every link in the Markdown files resolves inside the repository")
     func links() async throws {

@@ -14,7 +14,7 @@ struct GatewayProxyTests {
         bed = try TestBed.load()
     }
 
-    private var client: String { "\(TestBed.repo)/scripts/gateway-client.py" }
+    private var client: String { "\(TestBed.repo)/scripts/fixtures/gateway-client.py" }
 
     private func json(_ result: CommandResult) -> [String: Any] {
         let line = result.stdout.split(separator: "\n").last.map(String.init) ?? ""
@@ -237,7 +237,7 @@ struct GatewayProxyTests {
             let hostile = LiveProcess(
                 "/usr/bin/setpriv",
                 ["--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3",
-                 "\(TestBed.repo)/scripts/hostile-clients.py", "--tcp", "127.0.0.1:\(gatewayPort)", "--slow-body",
+                 "\(TestBed.repo)/scripts/fixtures/hostile-clients.py", "--tcp", "127.0.0.1:\(gatewayPort)", "--slow-body",
                  "--count", "1500", "--seconds", "20"])
             try await hostile.start()
             #expect(await hostile.waitForLine(containing: "open ", timeout: 40))

@@ -22,7 +22,7 @@ struct GatewayTests {
     }
 
     private var caFile: String { bed["LMX_TESTBED_TLS"] + "/ca.pem" }
-    private var client: String { "\(TestBed.repo)/scripts/gateway-client.py" }
+    private var client: String { "\(TestBed.repo)/scripts/fixtures/gateway-client.py" }
 
     private func json(_ result: CommandResult) -> [String: Any] {
         let line = result.stdout.split(separator: "\n").last.map(String.init) ?? ""
@@ -138,7 +138,7 @@ struct GatewayTests {
             let direct = try await curl(["-H", "Authorization: Bearer sk-placeholder-not-a-real-key", server.baseURL + "/v1/models"])
             #expect(direct.status == 401)
             for base in ["http://127.0.0.1:\(gatewayPort)/v1", "http://localhost:\(gatewayPort)/v1"] {
-                let result = try await Command.run(bed["LMX_TESTBED_PYTHON"], ["\(TestBed.repo)/scripts/openai-sdk-client.py", base], timeout: 60)
+                let result = try await Command.run(bed["LMX_TESTBED_PYTHON"], ["\(TestBed.repo)/scripts/fixtures/openai-sdk-client.py", base], timeout: 60)
                 #expect(result.status == 0, "\(result.stderr)")
                 let answer = json(result)
                 #expect((answer["models"] as? [String])?.contains("test/model") == true, "\(result.stdout)")

@@ -3,7 +3,7 @@ import LMXCore
 import LMXStatusClient
 import Testing
 
-/// A hostile server (`scripts/hostile-server.py`) on a test host, as the paired server: every
+/// A hostile server (`scripts/fixtures/hostile-server.py`) on a test host, as the paired server: every
 /// misbehaviour it knows goes through the agent's probes, its passive health follower (the
 /// server's event stream) and the gateway. After each, the daemon is up, `lmx-status` answers and
 /// its memory stays bounded.
@@ -15,7 +15,7 @@ struct HostileUpstreamTests {
         bed = try TestBed.load()
     }
 
-    static let script = "\(TestBed.repo)/scripts/hostile-server.py"
+    static let script = "\(TestBed.repo)/scripts/fixtures/hostile-server.py"
     /// The daemon's resident memory may not pass this after any misbehaviour (a debug build
     /// serving one route idles at about 30 MiB).
     static let rssBoundKiB = 96 * 1024

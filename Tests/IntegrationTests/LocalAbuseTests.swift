@@ -37,7 +37,7 @@ extension RobustnessTests {
             let hostile = LiveProcess(
                 "/usr/bin/setpriv",
                 ["--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3",
-                 "\(TestBed.repo)/scripts/hostile-clients.py", "--socket", agent.socket, "--count", "1100", "--seconds", "20"])
+                 "\(TestBed.repo)/scripts/fixtures/hostile-clients.py", "--socket", agent.socket, "--count", "1100", "--seconds", "20"])
             try await hostile.start()
             #expect(await hostile.waitForLine(containing: "open ", timeout: 30))
             let summary = hostile.stdoutLines.first { $0.hasPrefix("open ") } ?? ""

@@ -28,13 +28,18 @@ struct PackagingTests {
 
     /// The hot-code linker script names sections by their functions' symbols: after code changes
     /// some no longer exist and match nothing (the link goes on; only memory is lost). It must
-    /// still name the code the release build has, or be made again (scripts/order-file.py).
+    /// still name the code the release build has, or be made again (scripts/release/order-file.py).
     @Test("Packaging/lmx-agent-hot.ld is not stale: at least 90 % of the functions it places are in the release build")
     func hotCodeScriptCurrent() async throws {
         let binary = TestBed.repo + "/.build/release/lmx-agent"
         guard FileManager.default.fileExists(atPath: binary) else {
             throw TestBedMissing(detail: "no release build at \(binary): run `make deb` (make test does)")
         }
+        // The release uses the script only with the dependency versions it was made with.
+        let recorded = try String(contentsOfFile: TestBed.repo + "/Packaging/lmx-agent-hot.versions", encoding: .utf8)
+        let resolved = try await run("/bin/bash", ["-c", "cd '\(TestBed.repo)' && . scripts/lib.sh && resolved_versions"])
+        #expect(resolved.status == 0 && resolved.stdout == recorded,
+                "the dependencies resolved are not those the hot-code script was made with (the release links without it): remake it with sudo python3 scripts/release/order-file.py and commit Packaging/lmx-agent-hot.ld and .versions")
         let script = try String(contentsOfFile: TestBed.repo + "/Packaging/lmx-agent-hot.ld", encoding: .utf8)
         // Section names `.text.<symbol>`; local labels (`.L…`) have no symbol to look for.
         let named = Set(script.split(whereSeparator: { $0 == " " || $0 == "(" || $0 == ")" || $0 == "\n" })
@@ -47,7 +52,7 @@ struct PackagingTests {
         let share = Double(present) / Double(max(named.count, 1))
         print("figure: the hot-code script names \(named.count) functions; \(present) (\(Int(share * 100)) %) are in the release build")
         #expect(named.count > 1000)
-        #expect(share >= 0.9, "the hot-code linker script is stale: run `sudo scripts/testbed.sh up && make release && sudo python3 scripts/order-file.py` and commit Packaging/lmx-agent-hot.ld")
+        #expect(share >= 0.9, "the hot-code linker script is stale: run `sudo scripts/testbed.sh up && make release && sudo python3 scripts/release/order-file.py` and commit Packaging/lmx-agent-hot.ld and .versions")
     }
 
     private func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) async throws -> CommandResult {
@@ -332,7 +337,7 @@ struct PackagingTests {
 
     @Test("under a real systemd (this OS booted with systemd-nspawn): started, notify, watchdog, sandboxed, finds a server, reload, upgrade, stop")
     func underSystemd() async throws {
-        let result = try await Command.run(TestBed.repo + "/scripts/systemd-check.sh", [deb], timeout: 300)
+        let result = try await Command.run(TestBed.repo + "/scripts/checks/systemd-check.sh", [deb], timeout: 300)
         #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
         let lines = result.stdout.split(separator: "\n").map(String.init)
         for check in [

@@ -122,7 +122,7 @@ struct RoamingTests {
             // those), 50 times each: not heard either, and said in the log.
             let unicast = try await Command.run("/usr/bin/setpriv", [
                 "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3",
-                "\(TestBed.repo)/scripts/forge-wake.py", "--bus", bed.bus(.h4), "--count", "50",
+                "\(TestBed.repo)/scripts/fixtures/forge-wake.py", "--bus", bed.bus(.h4), "--count", "50",
             ])
             #expect(unicast.status == 0 && unicast.stdout.hasPrefix("sent "), "\(unicast.stderr)")
             #expect(await agent.process.waitForLine(containing: "not sent by logind was ignored", timeout: 3))
@@ -131,7 +131,7 @@ struct RoamingTests {
 
             let sent = ContinuousClock.now
             let standin = try await Command.run(
-                "/usr/bin/python3", ["\(TestBed.repo)/scripts/login1-standin.py", "--bus", bed.bus(.h4), "wake"])
+                "/usr/bin/python3", ["\(TestBed.repo)/scripts/fixtures/login1-standin.py", "--bus", bed.bus(.h4), "wake"])
             #expect(standin.status == 0, "\(standin.stderr)")
             var reprobed: Double?
             while (ContinuousClock.now - sent).seconds < 5 {
@@ -152,7 +152,7 @@ struct RoamingTests {
             await home.tunnel.set("slow 800")
             try await Task.sleep(for: .seconds(2))
             let logged = agent.process.stderr.components(separatedBy: "woke from sleep").count
-            _ = try await Command.run("/usr/bin/python3", ["\(TestBed.repo)/scripts/login1-standin.py", "--bus", bed.bus(.h4), "wake"])
+            _ = try await Command.run("/usr/bin/python3", ["\(TestBed.repo)/scripts/fixtures/login1-standin.py", "--bus", bed.bus(.h4), "wake"])
             #expect(await agent.process.waitFor(timeout: 5) { $0.stderr.components(separatedBy: "woke from sleep").count > logged })
             let start = ContinuousClock.now
             let models = try await curl(["-D", "-", "--unix-socket", home.gatewaySocket, "http://localhost/v1/models"])

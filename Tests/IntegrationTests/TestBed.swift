@@ -305,7 +305,7 @@ enum Publish {
     ) async throws -> LiveProcess {
         let process = LiveProcess("/usr/sbin/ip", [
             "netns", "exec", bed["LMX_TESTBED_H3_NS"], bed["LMX_TESTBED_PYTHON"],
-            "\(TestBed.repo)/scripts/zeroconf-publish.py", "--address", bed["LMX_TESTBED_H3_ADDR"],
+            "\(TestBed.repo)/scripts/fixtures/zeroconf-publish.py", "--address", bed["LMX_TESTBED_H3_ADDR"],
             "--name", name, "--ttl", String(ttl), "--port", String(port),
         ] + (announce.map { ["--announce", $0] } ?? []) + txt)
         try await process.start()

@@ -18,7 +18,7 @@ order inside it does not matter for memory: only that they are together).
 
 Run as root with the test LAN up (scripts/testbed.sh up) after `make release`; commit the file.
 A section the script names that a later build no longer has matches nothing: a stale file costs
-memory, never correctness. `python3 scripts/order-file.py --check` reports how many of the
+memory, never correctness. `python3 scripts/release/order-file.py --check` reports how many of the
 named sections the current build still has (it relinks with a map file).
 """
 import bisect
@@ -33,15 +33,19 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import lmxtools  # noqa: E402
+
+REPO = lmxtools.REPO
 SCRIPT = os.path.join(REPO, "Packaging", "lmx-agent-hot.ld")
+VERSIONS = os.path.join(REPO, "Packaging", "lmx-agent-hot.versions")
 
 
 def release_link_with_map(map_path):
     """Relinks the multi-call binary with the release flags and a map file; returns its path."""
     # LMX_ORDER_SCRATCH: another build folder (swift build --scratch-path).
     scratch = " --scratch-path '%s'" % os.environ["LMX_ORDER_SCRATCH"] if os.environ.get("LMX_ORDER_SCRATCH") else ""
-    build = ("source scripts/lib.sh && swift build \"${RELEASE_BUILD[@]}\"%s -Xlinker -Map=%s --product lmx-agent >&2 "
+    build = ("source scripts/lib.sh && release_build_setup && swift build \"${RELEASE_BUILD[@]}\"%s -Xlinker -Map=%s --product lmx-agent >&2 "
              "&& swift build \"${RELEASE_BUILD[@]}\"%s --show-bin-path") % (scratch, map_path, scratch)
     bindir = subprocess.run(["bash", "-c", build], cwd=REPO, check=True, capture_output=True, text=True).stdout.split()[-1]
     return os.path.join(bindir, "lmx-agent")
@@ -174,7 +178,7 @@ def write_script(sections, addresses):
     for file, section in hot:
         by_file.setdefault(file, []).append(section)
     with open(SCRIPT, "w") as f:
-        f.write("/* The code lmx-agentd runs, placed together before .text (scripts/order-file.py; the\n"
+        f.write("/* The code lmx-agentd runs, placed together before .text (scripts/release/order-file.py; the\n"
                 "   release link reads it, scripts/lib.sh). %d sections from %d files. */\n" % (len(hot), len(by_file)))
         f.write("SECTIONS {\n  .text.lmx_hot : {\n")
         for file, names in by_file.items():
@@ -210,6 +214,11 @@ def main():
     os.chmod(work + "/lmx-agentd", 0o755)
     workload(work)
     count, files = write_script(sections, executed(work, binary))
+    # The dependency versions the script names functions of: the release uses it only with these.
+    versions = subprocess.run(["bash", "-c", "source scripts/lib.sh && resolved_versions"], cwd=REPO, check=True,
+                              capture_output=True, text=True).stdout
+    with open(VERSIONS, "w") as f:
+        f.write(versions)
     print("%d sections from %d files written to %s" % (count, files, os.path.relpath(SCRIPT, REPO)))
     if os.environ.get("LMX_ORDER_KEEP"):
         print("kept", work)

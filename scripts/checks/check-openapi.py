@@ -36,7 +36,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("socket")
     parser.add_argument("pairing")
-    parser.add_argument("--spec", default=os.path.join(os.path.dirname(__file__), "..", "docs", "openapi.yaml"))
+    parser.add_argument("--spec", default=os.path.join(os.path.dirname(__file__), "..", "..", "docs", "openapi.yaml"))
     args = parser.parse_args()
     spec = yaml.safe_load(open(args.spec))
     components = spec["components"]

@@ -7,7 +7,7 @@
 # error in its journal, and it finds a server announced over mDNS inside the container (its own
 # avahi-daemon, on its own loopback). Each finding is a line "CHECK <name> ok|FAIL <detail>".
 #
-#   sudo scripts/systemd-check.sh lmx-agent_<version>_<arch>.deb [PREVIOUS.deb]
+#   sudo scripts/checks/systemd-check.sh lmx-agent_<version>_<arch>.deb [PREVIOUS.deb]
 #
 # With PREVIOUS.deb, that package is installed first and the checked one over it (an upgrade).
 # Either way the checked package is also installed a second time over itself while the service
@@ -17,7 +17,7 @@
 # systemd-nspawn, no overlayfs). Needs the package systemd-container; no systemd on the host.
 set -euo pipefail
 LOG_NAME=systemd-check
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib.sh"
 [ "$(id -u)" -eq 0 ] || { log "needs root"; exit 69; }
 deb=$(realpath "${1:?usage: systemd-check.sh PACKAGE.deb}")
 command -v systemd-nspawn >/dev/null || { log "systemd-nspawn is missing: apt-get install systemd-container"; exit 69; }
@@ -39,7 +39,7 @@ mount -t overlay overlay -o "lowerdir=/,upperdir=$work/layers/upper,workdir=$wor
 
 cp "$deb" "$work/share/lmx-agent.deb"
 if [ -n "${2:-}" ]; then cp "$(realpath "$2")" "$work/share/previous.deb"; fi
-cp "$(dirname "$0")/lmx-test-server.py" "$work/share/"
+cp "$(dirname "$0")/../fixtures/lmx-test-server.py" "$work/share/"
 cat > "$work/share/check.sh" <<'INSIDE'
 #!/bin/sh
 # Inside the container, started by systemd at boot.
