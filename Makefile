@@ -12,7 +12,7 @@ build:
 # runtime, lld, DT_RELR, no exports, function sections placed by Packaging/lmx-agent-hot.ld,
 # lmx-status a static PIE); `make run`, `make deb` and the benchmarks use the same.
 release:
-	bash -c '. scripts/lib.sh && release_build_setup && $(SWIFT) build "$${RELEASE_BUILD[@]}"'
+	bash -c '. scripts/lib.sh && release_build_setup && $(SWIFT) build "$${RELEASE_BUILD[@]}" && link_commands .build/release'
 
 # Installs what is missing, builds, makes sure avahi-daemon runs, then runs lmx-agentd
 # in the foreground (extra daemon arguments: make run ARGS="--endpoint https://…").
@@ -65,7 +65,7 @@ RELEASE_BIN = .build/release
 COMMANDS = lmx-agentd lmx-status lmx-discover lmx-pair lmx-notify
 
 install:
-	@test -x $(RELEASE_BIN)/lmx-agentd || { echo "make install: no release build: run 'make release' first" >&2; exit 1; }
+	@test -x $(RELEASE_BIN)/lmx-agent || { echo "make install: no release build: run 'make release' first" >&2; exit 1; }
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PREFIX)/share/man/man1 \
 		$(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
 		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d $(DESTDIR)$(PREFIX)/lib/systemd/system \

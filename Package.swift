@@ -26,12 +26,11 @@ let package = Package(
         .library(name: "LMXAgent", targets: ["LMXAgent"]),
         .library(name: "LMXStatusClient", targets: ["LMXStatusClient"]),
         .library(name: "LMXSystem", targets: ["LMXSystem"]),
-        .executable(name: "lmx-discover", targets: ["lmx-discover"]),
-        .executable(name: "lmx-agentd", targets: ["lmx-agentd"]),
-        .executable(name: "lmx-status", targets: ["lmx-status"]),
-        .executable(name: "lmx-pair", targets: ["lmx-pair"]),
-        .executable(name: "lmx-notify", targets: ["lmx-notify"]),
+        // The commands: one multi-call binary (lmx-agentd, lmx-discover, lmx-pair and lmx-notify are
+        // links to it, made by scripts/lib.sh's link_commands and by the package), and lmx-status on
+        // its own (a static PIE in release builds: it starts in half the time).
         .executable(name: "lmx-agent", targets: ["lmx-agent"]),
+        .executable(name: "lmx-status", targets: ["lmx-status"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -134,8 +133,7 @@ let package = Package(
         ),
 
         // The commands, each a library: one multi-call binary holds them all (the package installs
-        // it once, the commands as links to it), and each also has an executable of its own for
-        // development, the tests and the generated man pages.
+        // it once, the commands as links to it; the tests and the man pages use the same links).
         .target(
             name: "LMXDiscoverCommand",
             dependencies: [
@@ -172,21 +170,11 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
-        .executableTarget(
-            name: "lmx-discover",
-            dependencies: ["LMXDiscoverCommand", .product(name: "ArgumentParser", package: "swift-argument-parser")]
-        ),
-        .executableTarget(
-            name: "lmx-agentd",
-            dependencies: ["LMXAgentdCommand", .product(name: "ArgumentParser", package: "swift-argument-parser")]
-        ),
         // The release build (LMX_STATIC_STATUS=1, scripts/lib.sh) links it as one static PIE: no
         // dynamic loader, no shared libraries to map and bind, so `lmx-status --url` (what shells
         // and scripts call) starts in about half the time. It needs nothing glibc loads at run
         // time (no NSS look-ups, no DNS).
         .executableTarget(name: "lmx-status", dependencies: ["LMXStatusCommand"], linkerSettings: staticStatus),
-        .executableTarget(name: "lmx-pair", dependencies: ["LMXPairCommand"]),
-        .executableTarget(name: "lmx-notify", dependencies: ["LMXNotifyCommand"]),
         // The multi-call binary: dispatches on the name it was started by (busybox-style).
         .executableTarget(
             name: "lmx-agent",

@@ -17,6 +17,7 @@ BLOCK_SERVICE_STARTS=1 install_packages nginx wrk
 scripts/testbed.sh up
 release_build_setup
 swift build "${RELEASE_BUILD[@]}"
+link_commands .build/release
 case "${BENCH:-all}" in
 all | discovery) BENCH_RESULTS=Benchmarks/results-discovery.md python3 Benchmarks/discovery_bench.py ;;
 esac

@@ -23,13 +23,17 @@ trap 'rm -rf "$out"' EXIT
 mkdir -p "$out/man" "$out/completions/bash" "$out/completions/zsh" "$out/completions/fish"
 
 # The debug build is enough: the text comes from the parsers, not from the optimiser.
+# Each page from the command as installed (the multi-call binary through its link), by
+# swift-argument-parser's generate-manual tool.
 swift build >/dev/null
+swift build --product generate-manual >/dev/null
 bin=$(swift build --show-bin-path)
-swift package plugin generate-manual --configuration debug \
-    --authors "lmx-agent developers" >/dev/null
+link_commands "$bin"
+mkdir -p "$out/pages"
 for cmd in "${COMMANDS[@]}"; do
-    page=$(find .build/plugins/GenerateManual/outputs -name "$cmd.1" | head -n 1)
-    [ -n "$page" ] || die "generate-manual made no page for $cmd"
+    "$bin/generate-manual" "$bin/$cmd" --authors "lmx-agent developers" -o "$out/pages" >/dev/null
+    page="$out/pages/$cmd.1"
+    [ -f "$page" ] || die "generate-manual made no page for $cmd"
     # The generator writes its run date (replaced by a fixed one, so the check is stable) and
     # blank lines between paragraphs, which mdoc spells .Pp.
     sed -e "s/^\.Dd .*/.Dd $MAN_DATE/" -e 's/^$/.Pp/' "$page" > "$out/$cmd.generated"

@@ -14,6 +14,14 @@ RELEASE_BUILD=(-c release --static-swift-stdlib --disable-local-rpath -Xswiftc -
     -Xlinker --no-export-dynamic -Xlinker -z -Xlinker pack-relative-relocs)
 export LMX_STATIC_STATUS=1
 
+# The commands of the multi-call binary, as links to it in the build folder $1 (the package and
+# `make install` make the same links): lmx-agentd, lmx-discover, lmx-pair, lmx-notify.
+MULTICALL_COMMANDS=(lmx-agentd lmx-discover lmx-pair lmx-notify)
+link_commands() {
+    local cmd
+    for cmd in "${MULTICALL_COMMANDS[@]}"; do ln -sfn lmx-agent "$1/$cmd"; done
+}
+
 # The dependencies as resolved: "identity version" lines, sorted (resolving first if needed).
 resolved_versions() {
     [ -f "$REPO_ROOT/Package.resolved" ] || (cd "$REPO_ROOT" && swift package resolve >/dev/null)

@@ -11,6 +11,8 @@ command -v swift >/dev/null || export PATH="/opt/swift/usr/bin:$PATH"
 trap 'scripts/testbed.sh down' EXIT
 scripts/testbed.sh up
 swift build --build-tests
+# The tests run the multi-call binary through its links, as the package installs it.
+link_commands "$(swift build --show-bin-path)"
 # The checked-in man pages and completions must match the code; the package tests need the .deb.
 scripts/gen-docs.sh --check
 python3 scripts/checks/check-docs.py

@@ -27,6 +27,7 @@ fi
 release_build_setup
 swift build "${RELEASE_BUILD[@]}"
 BIN="$(swift build "${RELEASE_BUILD[@]}" --show-bin-path)"
+link_commands "$BIN"
 
 started=""
 cleanup() {

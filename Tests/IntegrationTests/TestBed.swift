@@ -51,12 +51,19 @@ struct TestBed: Sendable {
 
     var noAvahiBus: String { self["LMX_TESTBED_NO_AVAHI_BUS"] }
 
-    /// Where the built executables are: `LMX_BIN_DIR`, else this checkout's `.build/debug`.
-    static var binDir: String {
-        if let dir = ProcessInfo.processInfo.environment["LMX_BIN_DIR"] { return dir }
+    /// Where the built executables are: `LMX_BIN_DIR`, else this checkout's `.build/debug`. The
+    /// tests run the multi-call binary through links named after its commands, as the package
+    /// installs it (`make test` makes them; made here too when missing).
+    static let binDir: String = {
         let repo = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        return repo.appendingPathComponent(".build/debug").path
-    }
+        let dir = ProcessInfo.processInfo.environment["LMX_BIN_DIR"] ?? repo.appendingPathComponent(".build/debug").path
+        for command in ["lmx-agentd", "lmx-discover", "lmx-pair", "lmx-notify"]
+        where (try? FileManager.default.destinationOfSymbolicLink(atPath: dir + "/" + command)) != "lmx-agent" {
+            try? FileManager.default.removeItem(atPath: dir + "/" + command)
+            try? FileManager.default.createSymbolicLink(atPath: dir + "/" + command, withDestinationPath: "lmx-agent")
+        }
+        return dir
+    }()
 
     static var repo: String {
         URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
