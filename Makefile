@@ -1,7 +1,7 @@
 # lmx-agent. `make run` sets up and runs; `make test` sets up the test LAN and runs every test.
 SWIFT ?= swift
 
-.PHONY: all build release run test unit bench deb docs docs-check demo testbed-up testbed-down clean install uninstall
+.PHONY: all build release run test unit bench deb docs docs-check format lint demo testbed-up testbed-down clean install uninstall
 
 all: build
 
@@ -41,6 +41,15 @@ docs:
 
 docs-check:
 	scripts/gen-docs.sh --check
+
+# The Swift in .swift-format's style (swift-format from the toolchain): `format` rewrites it,
+# `lint` checks it (make test runs the check), and ruff checks the Python.
+format:
+	$(SWIFT) format --in-place --recursive --parallel Sources Tests Package.swift
+
+lint:
+	$(SWIFT) format lint --strict --recursive --parallel Sources Tests Package.swift
+	.build-testbed/venv/bin/ruff check scripts Benchmarks examples
 
 # Discovery, failover to the WAN and return to the LAN, live, in a private network namespace (root).
 demo:

@@ -12,7 +12,11 @@ let processLaunching: [Target.Dependency] = [
 /// and SwiftPM gives every product one unless told not to.
 let staticStatus: [LinkerSetting] =
     Context.environment["LMX_STATIC_STATUS"] == "1"
-    ? [.unsafeFlags(["-static-executable", "-Xclang-linker", "-static-pie"], .when(platforms: [.linux], configuration: .release))]
+    ? [
+        .unsafeFlags(
+            ["-static-executable", "-Xclang-linker", "-static-pie"], .when(platforms: [.linux], configuration: .release)
+        )
+    ]
     : []
 
 let package = Package(
@@ -179,7 +183,8 @@ let package = Package(
         .executableTarget(
             name: "lmx-agent",
             dependencies: [
-                "LMXAgentdCommand", "LMXStatusCommand", "LMXDiscoverCommand", "LMXPairCommand", "LMXNotifyCommand", "LMXCore", "LMXSystem",
+                "LMXAgentdCommand", "LMXStatusCommand", "LMXDiscoverCommand", "LMXPairCommand", "LMXNotifyCommand",
+                "LMXCore", "LMXSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

@@ -16,6 +16,8 @@ link_commands "$(swift build --show-bin-path)"
 # The checked-in man pages and completions must match the code; the package tests need the .deb.
 scripts/gen-docs.sh --check
 python3 scripts/checks/check-docs.py
+# The Swift, formatted and linted by .swift-format's rules (swift-format from the toolchain).
+swift format lint --strict --recursive --parallel Sources Tests Package.swift
 # The project's Python (test fixtures, checks, benchmarks, examples), by ruff.toml's rules.
 "${LMX_TESTBED_VENV:-.build-testbed/venv}/bin/ruff" check scripts Benchmarks examples
 scripts/build-deb.sh

@@ -48,10 +48,14 @@ public struct LMXAgentd: AsyncParsableCommand {
     @Flag(name: .customLong("no-discovery"), help: "Do not browse mDNS; use only paired and configured endpoints.")
     var noDiscovery = false
 
-    @Option(name: [.customShort("i"), .long], help: ArgumentHelp("Only these interfaces for mDNS (glob, repeatable).", valueName: "glob"))
+    @Option(
+        name: [.customShort("i"), .long],
+        help: ArgumentHelp("Only these interfaces for mDNS (glob, repeatable).", valueName: "glob"))
     var interface: [String] = []
 
-    @Option(name: .customLong("extra-ca-file"), help: ArgumentHelp("PEM file of extra trusted CAs for HTTPS endpoints.", valueName: "path"))
+    @Option(
+        name: .customLong("extra-ca-file"),
+        help: ArgumentHelp("PEM file of extra trusted CAs for HTTPS endpoints.", valueName: "path"))
     var extraCAFile: String?
 
     @Option(name: .customLong("log-level"), help: "trace, debug, info, notice, warning or error.")
@@ -66,7 +70,8 @@ public struct LMXAgentd: AsyncParsableCommand {
 
     @Option(
         name: .customLong("gateway-socket"),
-        help: ArgumentHelp("The gateway's Unix socket (default: gateway.sock beside the status socket).", valueName: "path"))
+        help: ArgumentHelp(
+            "The gateway's Unix socket (default: gateway.sock beside the status socket).", valueName: "path"))
     var gatewaySocket: String?
 
     @Flag(name: .customLong("no-gateway"), help: "Do not serve the local gateway at all.")
@@ -74,7 +79,9 @@ public struct LMXAgentd: AsyncParsableCommand {
 
     @Option(
         name: .customLong("metrics-address"),
-        help: ArgumentHelp("Also serve /metrics over TCP for Prometheus, e.g. 127.0.0.1:9466 (default: only on the socket).", valueName: "host:port"))
+        help: ArgumentHelp(
+            "Also serve /metrics over TCP for Prometheus, e.g. 127.0.0.1:9466 (default: only on the socket).",
+            valueName: "host:port"))
     var metricsAddress: String?
 
     @Option(
@@ -86,13 +93,19 @@ public struct LMXAgentd: AsyncParsableCommand {
 
     public func validate() throws {
         for url in endpoints {
-            do { _ = try ManualEndpoint(url: url).route() } catch { throw ValidationError("--endpoint: \(error.description)") }
+            do { _ = try ManualEndpoint(url: url).route() } catch {
+                throw ValidationError("--endpoint: \(error.description)")
+            }
         }
         if let gateway {
-            do { _ = try GatewayConfiguration.parseListen(gateway) } catch { throw ValidationError("--gateway: \(error.description)") }
+            do { _ = try GatewayConfiguration.parseListen(gateway) } catch {
+                throw ValidationError("--gateway: \(error.description)")
+            }
         }
         if let metricsAddress {
-            do { _ = try AgentConfiguration.parseMetricsAddress(metricsAddress) } catch { throw ValidationError("--metrics-address: \(error.description)") }
+            do { _ = try AgentConfiguration.parseMetricsAddress(metricsAddress) } catch {
+                throw ValidationError("--metrics-address: \(error.description)")
+            }
         }
         if let logLevel, Logger.Level(rawValue: logLevel) == nil {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error")

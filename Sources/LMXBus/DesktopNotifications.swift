@@ -44,11 +44,14 @@ public final class DesktopNotifications {
     ///   - actions: pairs of key and label (`["default", "Open dashboard"]`).
     ///   - urgency: 0 low, 1 normal, 2 critical.
     public func notify(
-        appName: String, replacing: UInt32, icon: String, summary: String, body: String, actions: [String], urgency: UInt8,
+        appName: String, replacing: UInt32, icon: String, summary: String, body: String, actions: [String],
+        urgency: UInt8,
         category: String?, timeoutMS: Int32 = -1
     ) throws(SystemError) -> UInt32 {
-        guard let call = dbus_message_new_method_call(
-            "org.freedesktop.Notifications", "/org/freedesktop/Notifications", "org.freedesktop.Notifications", "Notify")
+        guard
+            let call = dbus_message_new_method_call(
+                "org.freedesktop.Notifications", "/org/freedesktop/Notifications", "org.freedesktop.Notifications",
+                "Notify")
         else { throw SystemError("out of memory for a D-Bus message", code: ENOMEM) }
         defer { dbus_message_unref(call) }
         var arguments = DBusMessageIter()
@@ -64,7 +67,11 @@ public final class DesktopNotifications {
         var hints = DBusMessageIter()
         ok = ok && dbus_message_iter_open_container(&arguments, Self.array, "{sv}", &hints) != 0
         var level = urgency
-        ok = ok && Self.hint(&hints, "urgency", signature: "y") { dbus_message_iter_append_basic(&$0, Self.byte, &level) != 0 }
+        ok =
+            ok
+            && Self.hint(&hints, "urgency", signature: "y") {
+                dbus_message_iter_append_basic(&$0, Self.byte, &level) != 0
+            }
         if let category {
             ok = ok && Self.hint(&hints, "category", signature: "s") { Self.append(&$0, category) }
         }
@@ -76,11 +83,13 @@ public final class DesktopNotifications {
         var error = DBusError()
         dbus_error_init(&error)
         guard let reply = dbus_connection_send_with_reply_and_block(connection, call, 5000, &error) else {
-            throw SystemError("the notification server did not take the notification: \(BusConnection.take(&error))", code: EIO)
+            throw SystemError(
+                "the notification server did not take the notification: \(BusConnection.take(&error))", code: EIO)
         }
         defer { dbus_message_unref(reply) }
         var iterator = DBusMessageIter()
-        guard dbus_message_iter_init(reply, &iterator) != 0, dbus_message_iter_get_arg_type(&iterator) == Self.uint32 else {
+        guard dbus_message_iter_init(reply, &iterator) != 0, dbus_message_iter_get_arg_type(&iterator) == Self.uint32
+        else {
             throw SystemError("the notification server answered Notify without an id", code: EPROTO)
         }
         var id: UInt32 = 0
@@ -99,14 +108,20 @@ public final class DesktopNotifications {
         var actions: [(UInt32, String)] = []
         while let message = dbus_connection_pop_message(connection) {
             defer { dbus_message_unref(message) }
-            guard dbus_message_is_signal(message, "org.freedesktop.Notifications", "ActionInvoked") != 0 else { continue }
+            guard dbus_message_is_signal(message, "org.freedesktop.Notifications", "ActionInvoked") != 0 else {
+                continue
+            }
             let sender = dbus_message_get_sender(message).map { String(cString: $0) }
             guard let sender, sender == server else { continue }
             var iterator = DBusMessageIter()
-            guard dbus_message_iter_init(message, &iterator) != 0, dbus_message_iter_get_arg_type(&iterator) == Self.uint32 else { continue }
+            guard dbus_message_iter_init(message, &iterator) != 0,
+                dbus_message_iter_get_arg_type(&iterator) == Self.uint32
+            else { continue }
             var id: UInt32 = 0
             dbus_message_iter_get_basic(&iterator, &id)
-            guard ours.contains(id), dbus_message_iter_next(&iterator) != 0, dbus_message_iter_get_arg_type(&iterator) == Self.string else { continue }
+            guard ours.contains(id), dbus_message_iter_next(&iterator) != 0,
+                dbus_message_iter_get_arg_type(&iterator) == Self.string
+            else { continue }
             var key: UnsafePointer<CChar>?
             dbus_message_iter_get_basic(&iterator, &key)
             actions.append((id, key.map { String(cString: $0) } ?? ""))
@@ -122,7 +137,9 @@ public final class DesktopNotifications {
     }
 
     /// One `{sv}` entry of the hints.
-    private static func hint(_ hints: inout DBusMessageIter, _ key: String, signature: String, _ value: (inout DBusMessageIter) -> Bool) -> Bool {
+    private static func hint(
+        _ hints: inout DBusMessageIter, _ key: String, signature: String, _ value: (inout DBusMessageIter) -> Bool
+    ) -> Bool {
         var entry = DBusMessageIter()
         guard dbus_message_iter_open_container(&hints, dictEntry, nil, &entry) != 0 else { return false }
         var ok = append(&entry, key)

@@ -37,8 +37,9 @@ public final class SleepSignal {
 
     /// The unique name owning `name` now (`org.freedesktop.DBus.GetNameOwner`), or nil.
     private static func nameOwner(_ connection: OpaquePointer, _ name: String) -> String? {
-        guard let call = dbus_message_new_method_call(
-            "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetNameOwner")
+        guard
+            let call = dbus_message_new_method_call(
+                "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "GetNameOwner")
         else { return nil }
         defer { dbus_message_unref(call) }
         var iterator = DBusMessageIter()
@@ -86,10 +87,14 @@ public final class SleepSignal {
                 // Only the bus itself says who owns a name.
                 guard sender == "org.freedesktop.DBus", dbus_message_get_destination(message) == nil else { continue }
                 let names = Self.strings(message)
-                if names.count == 3, names[0] == "org.freedesktop.login1" { login1Owner = names[2].isEmpty ? nil : names[2] }
+                if names.count == 3, names[0] == "org.freedesktop.login1" {
+                    login1Owner = names[2].isEmpty ? nil : names[2]
+                }
                 continue
             }
-            guard dbus_message_is_signal(message, "org.freedesktop.login1.Manager", "PrepareForSleep") != 0 else { continue }
+            guard dbus_message_is_signal(message, "org.freedesktop.login1.Manager", "PrepareForSleep") != 0 else {
+                continue
+            }
             let path = dbus_message_get_path(message).map { String(cString: $0) }
             guard dbus_message_get_destination(message) == nil, path == "/org/freedesktop/login1",
                 let sender, sender == login1Owner
@@ -100,7 +105,8 @@ public final class SleepSignal {
             var iterator = DBusMessageIter()
             let boolean = Int32(UInt8(ascii: "b"))  // DBUS_TYPE_BOOLEAN
             guard dbus_message_iter_init(message, &iterator) != 0,
-                  dbus_message_iter_get_arg_type(&iterator) == boolean else { continue }
+                dbus_message_iter_get_arg_type(&iterator) == boolean
+            else { continue }
             var value: dbus_bool_t = 0
             dbus_message_iter_get_basic(&iterator, &value)
             signals.append(value != 0)

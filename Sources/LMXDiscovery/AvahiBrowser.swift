@@ -20,7 +20,9 @@ public enum AvahiBrowser {
     /// - Throws: ``DiscoveryError`` through the stream: the daemon is unreachable (when not
     ///   waiting for it), was lost, or refused the browse.
     /// - Parameter requery: lets the caller ask avahi-daemon again (a link came up).
-    public static func events(_ configuration: BrowseConfiguration, requery: AvahiRequery? = nil) -> AsyncThrowingStream<BrowseEvent, any Error> {
+    public static func events(_ configuration: BrowseConfiguration, requery: AvahiRequery? = nil)
+        -> AsyncThrowingStream<BrowseEvent, any Error>
+    {
         AsyncThrowingStream(bufferingPolicy: .unbounded) { continuation in
             let session = AvahiSession(configuration: configuration, continuation: continuation)
             continuation.onTermination = { _ in
@@ -155,10 +157,12 @@ final class AvahiSession: @unchecked Sendable {
         var error: Int32 = 0
         let flags = configuration.waitForDaemon ? AVAHI_CLIENT_NO_FAIL : AvahiClientFlags(0)
         // The state callback may run inside avahi_client_new; it stores the client itself.
-        let created = avahi_client_new(pollAPI, flags, { client, state, userdata in
-            guard let client, let userdata else { return }
-            Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue().clientChanged(client, state)
-        }, userdata, &error)
+        let created = avahi_client_new(
+            pollAPI, flags,
+            { client, state, userdata in
+                guard let client, let userdata else { return }
+                Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue().clientChanged(client, state)
+            }, userdata, &error)
         if let created {
             client = created
             return
@@ -185,12 +189,14 @@ final class AvahiSession: @unchecked Sendable {
         if let retryTimer {
             lmx_avahi_timeout_update(pollAPI, retryTimer, &when)
         } else {
-            retryTimer = lmx_avahi_timeout_new(pollAPI, &when, { _, userdata in
-                guard let userdata else { return }
-                let session = Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue()
-                lmx_avahi_timeout_update(session.pollAPI, session.retryTimer, nil)
-                session.connect()
-            }, userdata)
+            retryTimer = lmx_avahi_timeout_new(
+                pollAPI, &when,
+                { _, userdata in
+                    guard let userdata else { return }
+                    let session = Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue()
+                    lmx_avahi_timeout_update(session.pollAPI, session.retryTimer, nil)
+                    session.connect()
+                }, userdata)
         }
     }
 
@@ -291,7 +297,8 @@ final class AvahiSession: @unchecked Sendable {
         switch event {
         case AVAHI_BROWSER_NEW, AVAHI_BROWSER_REMOVE:
             guard let key = recordKey(interface, proto, name, type, domain),
-                  configuration.interfaces.allows(key.interface.name) else { return }
+                configuration.interfaces.allows(key.interface.name)
+            else { return }
             if event == AVAHI_BROWSER_NEW {
                 guard browsed[key] == nil else { return }
                 let queued = QueuedResolve(key: key, interface: interface, proto: proto)
@@ -323,7 +330,7 @@ final class AvahiSession: @unchecked Sendable {
                 finish(throwing: .browseFailed(detail))
             }
         default:
-            break // CACHE_EXHAUSTED carries nothing we need.
+            break  // CACHE_EXHAUSTED carries nothing we need.
         }
     }
 }

@@ -32,8 +32,11 @@ extension AvahiSession {
     ) -> RecordKey? {
         guard let name, let type, let domain else { return nil }
         let ipProtocol: IPProtocol = proto == AvahiProtocol(AVAHI_PROTO_INET6) ? .ipv6 : .ipv4
-        let instance = ServiceInstanceID(name: String(cString: name), type: String(cString: type), domain: String(cString: domain))
-        return RecordKey(instance: instance, interface: NetworkInterface(index: interface, name: Self.interfaceName(interface)), ipProtocol: ipProtocol)
+        let instance = ServiceInstanceID(
+            name: String(cString: name), type: String(cString: type), domain: String(cString: domain))
+        return RecordKey(
+            instance: instance, interface: NetworkInterface(index: interface, name: Self.interfaceName(interface)),
+            ipProtocol: ipProtocol)
     }
 
     static func interfaceName(_ index: AvahiIfIndex) -> String {

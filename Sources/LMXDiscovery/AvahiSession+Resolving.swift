@@ -22,10 +22,12 @@ extension AvahiSession {
         if let resolveTimer {
             lmx_avahi_timeout_update(pollAPI, resolveTimer, &when)
         } else {
-            resolveTimer = lmx_avahi_timeout_new(pollAPI, &when, { _, userdata in
-                guard let userdata else { return }
-                Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue().openQueuedResolvers()
-            }, userdata)
+            resolveTimer = lmx_avahi_timeout_new(
+                pollAPI, &when,
+                { _, userdata in
+                    guard let userdata else { return }
+                    Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue().openQueuedResolvers()
+                }, userdata)
         }
     }
 
@@ -49,7 +51,8 @@ extension AvahiSession {
         let addressProtocol = proto == AvahiProtocol(AVAHI_PROTO_INET) ? proto : AvahiProtocol(AVAHI_PROTO_UNSPEC)
         let instance = key.instance
         let handle = avahi_service_resolver_new(
-            client, interface, proto, instance.name, instance.type, instance.domain, addressProtocol, AvahiLookupFlags(0),
+            client, interface, proto, instance.name, instance.type, instance.domain, addressProtocol,
+            AvahiLookupFlags(0),
             { _, _, _, event, _, _, _, host, address, port, txt, _, userdata in
                 guard let userdata else { return }
                 let context = Unmanaged<ResolverContext>.fromOpaque(userdata).takeUnretainedValue()
@@ -130,10 +133,12 @@ extension AvahiSession {
         if let resolveRetryTimer {
             lmx_avahi_timeout_update(pollAPI, resolveRetryTimer, &when)
         } else {
-            resolveRetryTimer = lmx_avahi_timeout_new(pollAPI, &when, { _, userdata in
-                guard let userdata else { return }
-                Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue().retryDueResolves()
-            }, userdata)
+            resolveRetryTimer = lmx_avahi_timeout_new(
+                pollAPI, &when,
+                { _, userdata in
+                    guard let userdata else { return }
+                    Unmanaged<AvahiSession>.fromOpaque(userdata).takeUnretainedValue().retryDueResolves()
+                }, userdata)
         }
     }
 

@@ -62,10 +62,14 @@ public enum ImageDecoder {
         if starts([0xFF, 0xD8, 0xFF]) { return .jpeg }
         if starts(Array("GIF8".utf8)) { return .otherImage("GIF") }
         if starts(Array("RIFF".utf8)) && starts(Array("WEBP".utf8), at: 8) { return .otherImage("WebP") }
-        if starts(Array("BM".utf8)) && bytes.count > 26 && bytes[6...9].allSatisfy({ $0 == 0 }) { return .otherImage("BMP") }
+        if starts(Array("BM".utf8)) && bytes.count > 26 && bytes[6...9].allSatisfy({ $0 == 0 }) {
+            return .otherImage("BMP")
+        }
         if starts([0x49, 0x49, 0x2A, 0x00]) || starts([0x4D, 0x4D, 0x00, 0x2A]) { return .otherImage("TIFF") }
         if starts(Array("ftyp".utf8), at: 4) { return .otherImage("HEIC/AVIF") }
-        if starts([0xFF, 0x0A]) || starts([0x00, 0x00, 0x00, 0x0C, 0x4A, 0x58, 0x4C, 0x20]) { return .otherImage("JPEG XL") }
+        if starts([0xFF, 0x0A]) || starts([0x00, 0x00, 0x00, 0x0C, 0x4A, 0x58, 0x4C, 0x20]) {
+            return .otherImage("JPEG XL")
+        }
         return .text
     }
 
@@ -106,7 +110,8 @@ public enum ImageDecoder {
         defer { png.png_image_free(&image) }
         try checkSize(width: Int(image.width), height: Int(image.height))
         image.format = png_uint_32(PNG_FORMAT_GRAY)
-        let width = Int(image.width), height = Int(image.height)
+        let width = Int(image.width)
+        let height = Int(image.height)
         var pixels = [UInt8](repeating: 255, count: width * height)
         var white = png_color(red: 255, green: 255, blue: 255)
         let finished = pixels.withUnsafeMutableBytes { out in
@@ -133,12 +138,17 @@ public enum ImageDecoder {
             throw .corrupt(format: "JPEG", detail: "no decoder")
         }
         defer { _ = tj.tjDestroy(handle) }
-        var width: Int32 = 0, height: Int32 = 0, subsampling: Int32 = 0, colorspace: Int32 = 0
+        var width: Int32 = 0
+        var height: Int32 = 0
+        var subsampling: Int32 = 0
+        var colorspace: Int32 = 0
         let header = bytes.withUnsafeBufferPointer { buffer in
-            tj.tjDecompressHeader3(handle, buffer.baseAddress, UInt(buffer.count), &width, &height, &subsampling, &colorspace)
+            tj.tjDecompressHeader3(
+                handle, buffer.baseAddress, UInt(buffer.count), &width, &height, &subsampling, &colorspace)
         }
         guard header == 0 else {
-            throw .corrupt(format: "JPEG", detail: tj.tjGetErrorStr2(handle).map { String(cString: $0) } ?? "unknown error")
+            throw .corrupt(
+                format: "JPEG", detail: tj.tjGetErrorStr2(handle).map { String(cString: $0) } ?? "unknown error")
         }
         try checkSize(width: Int(width), height: Int(height))
         var pixels = [UInt8](repeating: 255, count: Int(width) * Int(height))
@@ -153,7 +163,8 @@ public enum ImageDecoder {
             // A warning (a few missing bytes at the end) still leaves a usable image; an error
             // does not.
             guard tj.tjGetErrorCode(handle) == Int32(TJERR_WARNING.rawValue) else {
-                throw .corrupt(format: "JPEG", detail: tj.tjGetErrorStr2(handle).map { String(cString: $0) } ?? "unknown error")
+                throw .corrupt(
+                    format: "JPEG", detail: tj.tjGetErrorStr2(handle).map { String(cString: $0) } ?? "unknown error")
             }
         }
         return GrayImage(width: Int(width), height: Int(height), pixels: pixels)

@@ -85,8 +85,12 @@ enum ImageLibraries {
 
     // Each opened once, on first use (Swift's lazy globals); a failure is kept and reported each
     // time, naming the Debian package that holds the library.
-    static let zbar = Result<ZBar, ImageError> { () throws(ImageError) in try open("libzbar.so.0", "libzbar0", ZBar.init) }
-    static let png = Result<PNG, ImageError> { () throws(ImageError) in try open("libpng16.so.16", "libpng16-16", PNG.init) }
+    static let zbar = Result<ZBar, ImageError> { () throws(ImageError) in
+        try open("libzbar.so.0", "libzbar0", ZBar.init)
+    }
+    static let png = Result<PNG, ImageError> { () throws(ImageError) in
+        try open("libpng16.so.16", "libpng16-16", PNG.init)
+    }
     static let turboJPEG = Result<TurboJPEG, ImageError> { () throws(ImageError) in
         try open("libturbojpeg.so.0", "libturbojpeg0", TurboJPEG.init)
     }

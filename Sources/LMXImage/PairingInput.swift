@@ -45,7 +45,9 @@ public enum PairingInput {
 
     /// The payload of bytes already read: an image's QR code (`code` chooses among several,
     /// counting from 1), or the text itself.
-    public static func payload(_ bytes: [UInt8], name: String, code: Int?) throws(Failure) -> (name: String, bytes: [UInt8]) {
+    public static func payload(_ bytes: [UInt8], name: String, code: Int?) throws(Failure) -> (
+        name: String, bytes: [UInt8]
+    ) {
         switch ImageDecoder.kind(of: bytes) {
         case .text:
             return (name, bytes)
@@ -58,11 +60,14 @@ public enum PairingInput {
             do { codes = try QRScanner.scan(image) } catch { throw .invalid("\(name): \(error.description)") }
             if codes.isEmpty {
                 throw .invalid(
-                    "\(name): no QR code found in the \(image.width) × \(image.height) image; photograph the code straight on, filling most of the picture, or use the text of the link")
+                    "\(name): no QR code found in the \(image.width) × \(image.height) image; photograph the code straight on, filling most of the picture, or use the text of the link"
+                )
             }
             if let code {
                 guard code <= codes.count else {
-                    throw .usage("\(name) holds \(codes.count) QR code\(codes.count == 1 ? "" : "s"); --code \(code) is not one of them")
+                    throw .usage(
+                        "\(name) holds \(codes.count) QR code\(codes.count == 1 ? "" : "s"); --code \(code) is not one of them"
+                    )
                 }
                 return ("\(name) (code \(code))", codes[code - 1])
             }
@@ -74,7 +79,9 @@ public enum PairingInput {
                     }
                     return "  \(i + 1)  \(what ?? "not a pairing code")"
                 }
-                throw .invalid((["\(name) holds \(codes.count) QR codes; nothing imported. Choose one with --code N:"] + listed).joined(separator: "\n"))
+                throw .invalid(
+                    (["\(name) holds \(codes.count) QR codes; nothing imported. Choose one with --code N:"] + listed)
+                        .joined(separator: "\n"))
             }
             return (name, codes[0])
         }

@@ -24,7 +24,10 @@ public enum QRScanner {
             while let current = symbol {
                 if let data = z.zbar_symbol_get_data(current) {
                     let count = Int(z.zbar_symbol_get_data_length(current))
-                    codes.append(data.withMemoryRebound(to: UInt8.self, capacity: count) { Array(UnsafeBufferPointer(start: $0, count: count)) })
+                    codes.append(
+                        data.withMemoryRebound(to: UInt8.self, capacity: count) {
+                            Array(UnsafeBufferPointer(start: $0, count: count))
+                        })
                 }
                 symbol = z.zbar_symbol_next(current)
             }
@@ -97,11 +100,16 @@ public enum QREncoder {
         image.format = png_uint_32(PNG_FORMAT_GRAY)
         var size = 0
         // First call: the size; second: the bytes.
-        let sized = pixels.withUnsafeBytes { png.png_image_write_to_memory(&image, nil, &size, 0, $0.baseAddress, png_int_32(side), nil) }
+        let sized = pixels.withUnsafeBytes {
+            png.png_image_write_to_memory(&image, nil, &size, 0, $0.baseAddress, png_int_32(side), nil)
+        }
         guard sized != 0, size > 0 else { throw .pngWrite(pngMessage(&image)) }
         var out = [UInt8](repeating: 0, count: size)
         let written = out.withUnsafeMutableBytes { buffer in
-            pixels.withUnsafeBytes { png.png_image_write_to_memory(&image, buffer.baseAddress, &size, 0, $0.baseAddress, png_int_32(side), nil) }
+            pixels.withUnsafeBytes {
+                png.png_image_write_to_memory(
+                    &image, buffer.baseAddress, &size, 0, $0.baseAddress, png_int_32(side), nil)
+            }
         }
         guard written != 0 else { throw .pngWrite(pngMessage(&image)) }
         return Array(out.prefix(size))
@@ -115,7 +123,8 @@ public enum QREncoder {
         var y = -border
         while y < matrix.size + border {
             for x in -border..<(matrix.size + border) {
-                let top = !matrix[x, y], bottom = !matrix[x, y + 1]
+                let top = !matrix[x, y]
+                let bottom = !matrix[x, y + 1]
                 out += top && bottom ? "█" : top ? "▀" : bottom ? "▄" : " "
             }
             out += "\n"

@@ -32,20 +32,28 @@ public struct LMXNotify: ParsableCommand {
             """,
         version: StatusAPI.version)
 
-    @Option(name: .long, help: ArgumentHelp("The agent's socket (default: your agent's, else the system agent's).", valueName: "path"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("The agent's socket (default: your agent's, else the system agent's).", valueName: "path"))
     var socket: String?
 
-    @Option(name: .long, help: ArgumentHelp("Least seconds between two notifications of one kind.", valueName: "seconds"))
+    @Option(
+        name: .long, help: ArgumentHelp("Least seconds between two notifications of one kind.", valueName: "seconds"))
     var interval: Double = 30
 
     @Option(name: .long, help: ArgumentHelp("Warn of a pairing this many hours before it expires.", valueName: "hours"))
     var expiryWarning: Double = 72
 
-    @Option(name: .long, help: ArgumentHelp("The program that opens the dashboard's URL when a notification is clicked.", valueName: "program"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "The program that opens the dashboard's URL when a notification is clicked.", valueName: "program"))
     var openWith = "xdg-open"
 
     public func validate() throws {
-        guard interval.isFinite, interval >= 0, interval <= 86_400 else { throw ValidationError("--interval: give seconds from 0 to 86400") }
+        guard interval.isFinite, interval >= 0, interval <= 86_400 else {
+            throw ValidationError("--interval: give seconds from 0 to 86400")
+        }
         guard expiryWarning.isFinite, expiryWarning >= 0, expiryWarning <= 24 * 365 else {
             throw ValidationError("--expiry-warning: give hours from 0 to 8760")
         }
@@ -89,7 +97,9 @@ public struct LMXNotify: ParsableCommand {
             // Clicks on our own notifications only (`drain` keeps no other).
             for _ in actions {
                 guard let url = planner.dashboardURL else { continue }
-                if !Spawn.detached(openWith, [url]) { Console.error("lmx-notify: could not start \(openWith) to open \(url)") }
+                if !Spawn.detached(openWith, [url]) {
+                    Console.error("lmx-notify: could not start \(openWith) to open \(url)")
+                }
             }
             for item in inbox.take() {
                 switch item {
@@ -103,11 +113,14 @@ public struct LMXNotify: ParsableCommand {
             }
             let due = planner.due(now: SystemClock.monotonic())
             // The gateway's address may have come after the snapshot (its port was busy then).
-            if !due.isEmpty, planner.dashboardURL == nil, let status = try? client.status().status { planner.gateway(status.gateway) }
+            if !due.isEmpty, planner.dashboardURL == nil, let status = try? client.status().status {
+                planner.gateway(status.gateway)
+            }
             for notice in due {
                 do {
                     ids[notice.topic] = try bus.notify(
-                        appName: "lmx-agent", replacing: ids[notice.topic] ?? 0, icon: "network-server", summary: notice.summary,
+                        appName: "lmx-agent", replacing: ids[notice.topic] ?? 0, icon: "network-server",
+                        summary: notice.summary,
                         body: notice.body, actions: planner.dashboardURL == nil ? [] : ["default", "Open dashboard"],
                         urgency: notice.urgency.rawValue, category: notice.category)
                     Console.error("lmx-notify: told: \(notice.summary)")

@@ -7,9 +7,15 @@ struct Failure: Error {
     var code: Int32
     var message: String
 
-    static func invalid(_ message: String) -> Failure { Failure(code: ExitStatus.invalidInput.rawValue, message: message) }
-    static func unreadable(_ message: String) -> Failure { Failure(code: ExitStatus.noInput.rawValue, message: message) }
-    static func unavailable(_ message: String) -> Failure { Failure(code: ExitStatus.unavailable.rawValue, message: message) }
+    static func invalid(_ message: String) -> Failure {
+        Failure(code: ExitStatus.invalidInput.rawValue, message: message)
+    }
+    static func unreadable(_ message: String) -> Failure {
+        Failure(code: ExitStatus.noInput.rawValue, message: message)
+    }
+    static func unavailable(_ message: String) -> Failure {
+        Failure(code: ExitStatus.unavailable.rawValue, message: message)
+    }
 
     init(code: Int32, message: String) {
         self.code = code

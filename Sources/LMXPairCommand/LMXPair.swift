@@ -31,10 +31,12 @@ public struct LMXPair: ParsableCommand {
 
 /// Where the agent is (the same defaults and overrides as lmx-agentd), and its pairing book.
 struct Locations: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("The agent's database (default: as lmx-agentd; LMX_DB).", valueName: "path"))
+    @Option(
+        name: .long, help: ArgumentHelp("The agent's database (default: as lmx-agentd; LMX_DB).", valueName: "path"))
     var db: String?
 
-    @Option(name: .long, help: ArgumentHelp("The agent's socket (default: as lmx-agentd; LMX_SOCKET).", valueName: "path"))
+    @Option(
+        name: .long, help: ArgumentHelp("The agent's socket (default: as lmx-agentd; LMX_SOCKET).", valueName: "path"))
     var socket: String?
 
     /// The effective user id lmx-pair started with (read before any switch of user): root keeps
@@ -51,7 +53,9 @@ struct Locations: ParsableArguments {
     /// Refuses (exit 69) a socket or database in an unsafe `/tmp/lmx-<uid>` (see RuntimeDirectory).
     public func validate() throws {
         let env = ProcessEnvironment.current
-        if let warning = RuntimeDirectory.unsafeDefault(socketGiven: socket != nil, databaseGiven: db != nil, uid: Users.effective, environment: env) {
+        if let warning = RuntimeDirectory.unsafeDefault(
+            socketGiven: socket != nil, databaseGiven: db != nil, uid: Users.effective, environment: env)
+        {
             Console.error("lmx-pair: \(warning)")
             throw ExitCode(ExitStatus.unavailable.rawValue)
         }
@@ -74,9 +78,13 @@ struct Locations: ParsableArguments {
     /// Through the agent when it runs, else its database (created only to import).
     func book(create: Bool = false) -> FallbackPairingBook {
         let paths = self.paths
-        return FallbackPairingBook(primary: AgentPairingBook(client: AgentClient(socketPath: paths.socket, timeout: 10))) {
+        return FallbackPairingBook(
+            primary: AgentPairingBook(client: AgentClient(socketPath: paths.socket, timeout: 10))
+        ) {
             () throws(PairingBookError) -> any PairingBook in
-            try DatabasePairingBook.open(path: paths.database, create: create, now: SystemClock.realtime().rounded(.down)) {
+            try DatabasePairingBook.open(
+                path: paths.database, create: create, now: SystemClock.realtime().rounded(.down)
+            ) {
                 Console.error("lmx-pair: \($0)")
             }
         }
@@ -108,9 +116,13 @@ extension ParsableCommand {
 
 struct Import: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "import", abstract: "Import pairings from QR images, text files, address books or standard input (-).")
+        commandName: "import",
+        abstract: "Import pairings from QR images, text files, address books or standard input (-).")
 
-    @Argument(help: ArgumentHelp("PNG or JPEG with a QR code, a text file with a code or link, lmx-connections.json, or - for standard input.", valueName: "file"))
+    @Argument(
+        help: ArgumentHelp(
+            "PNG or JPEG with a QR code, a text file with a code or link, lmx-connections.json, or - for standard input.",
+            valueName: "file"))
     var files: [String]
 
     @Flag(name: .long, help: "Show what would be imported; write nothing.")
@@ -122,7 +134,9 @@ struct Import: ParsableCommand {
     @Option(name: .long, help: ArgumentHelp("How long --probe waits, in seconds.", valueName: "seconds"))
     var probeTimeout: Double = 15
 
-    @Option(name: .long, help: ArgumentHelp("Which code to import when an image holds several, counting from 1.", valueName: "n"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("Which code to import when an image holds several, counting from 1.", valueName: "n"))
     var code: Int?
 
     @Flag(name: .long, help: "Accept plain http:// tunnels (private test setups only: keys travel unencrypted).")
@@ -136,7 +150,9 @@ struct Import: ParsableCommand {
     func validate() throws {
         if files.isEmpty { throw ValidationError("name at least one file (or - for standard input)") }
         if let code, code < 1 { throw ValidationError("--code counts from 1") }
-        if probeTimeout <= 0 || probeTimeout > 600 { throw ValidationError("--probe-timeout must be between 0 and 600 seconds") }
+        if probeTimeout <= 0 || probeTimeout > 600 {
+            throw ValidationError("--probe-timeout must be between 0 and 600 seconds")
+        }
         if files.filter({ $0 == "-" }).count > 1 { throw ValidationError("standard input (-) can be read once") }
     }
 
@@ -157,7 +173,9 @@ struct Import: ParsableCommand {
                 let input = try PairingInput.payload(bytes, name: name, code: code)
                 do {
                     let parsed = try parser.parse(input.bytes)
-                    payloads.append(PairingUpload.Payload(text: String(decoding: input.bytes, as: UTF8.self), format: parsed.first?.format))
+                    payloads.append(
+                        PairingUpload.Payload(
+                            text: String(decoding: input.bytes, as: UTF8.self), format: parsed.first?.format))
                     pairings += parsed
                 } catch {
                     throw Failure.invalid("\(input.name): \(error)")
@@ -169,15 +187,21 @@ struct Import: ParsableCommand {
                 return
             }
             let book = locations.book(create: true)
-            var results = try book.add(PairingUpload(payloads: payloads, allowInsecure: allowInsecure), parsed: pairings)
+            var results = try book.add(
+                PairingUpload(payloads: payloads, allowInsecure: allowInsecure), parsed: pairings)
             if probe && book.isLive {
                 let verdicts = book.awaitVerdicts(results, timeout: probeTimeout)
                 results = verdicts.results
-                if !verdicts.complete { Console.error("lmx-pair: no verdict within \(probeTimeout) s; see lmx-pair list or lmx-status") }
+                if !verdicts.complete {
+                    Console.error("lmx-pair: no verdict within \(probeTimeout) s; see lmx-pair list or lmx-status")
+                }
             }
             report(results, verb: nil)
             if !book.isLive {
-                if !json { Console.out("lmx-agentd is not running: saved to \(book.location); it is used at the agent's next start") }
+                if !json {
+                    Console.out(
+                        "lmx-agentd is not running: saved to \(book.location); it is used at the agent's next start")
+                }
                 if probe { Console.error("lmx-pair: not probed: lmx-agentd is not running") }
             }
         }
@@ -192,7 +216,8 @@ struct Import: ParsableCommand {
 }
 
 struct List: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "List pairings (secrets are shown as set, never their values).")
+    static let configuration = CommandConfiguration(
+        abstract: "List pairings (secrets are shown as set, never their values).")
 
     @Flag(name: .long, help: "Print JSON.")
     var json = false
@@ -211,7 +236,8 @@ struct List: ParsableCommand {
 }
 
 struct Remove: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Remove a pairing; the agent drops its endpoints at once.")
+    static let configuration = CommandConfiguration(
+        abstract: "Remove a pairing; the agent drops its endpoints at once.")
 
     @Argument(help: ArgumentHelp("The pairing's id (from lmx-pair list), or its name.", valueName: "id"))
     var id: String
@@ -238,7 +264,9 @@ struct Export: ParsableCommand {
     @Argument(help: ArgumentHelp("The pairing's id (from lmx-pair list), or its name.", valueName: "id"))
     var id: String
 
-    @Option(name: .long, help: ArgumentHelp("Write the QR code to this PNG file (created readable by you only).", valueName: "file"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("Write the QR code to this PNG file (created readable by you only).", valueName: "file"))
     var png: String?
 
     @Flag(name: .long, help: "Draw the QR code in the terminal.")
@@ -254,19 +282,30 @@ struct Export: ParsableCommand {
         try reporting {
             // The secrets are only in the database: read it directly (owner only), as the agent's
             // user when root (the output file is then written with the caller's rights).
-            let all = try Users.acting(as: locations.stateOwner()) { () throws in try locations.storedPairings(for: id) }
-            guard let match = AgentStore.match(id, in: all) else { throw Failure.invalid("no pairing \(id); see lmx-pair list") }
+            let all = try Users.acting(as: locations.stateOwner()) { () throws in try locations.storedPairings(for: id)
+            }
+            guard let match = AgentStore.match(id, in: all) else {
+                throw Failure.invalid("no pairing \(id); see lmx-pair list")
+            }
             let matrix: QRMatrix
-            do { matrix = try QREncoder.matrix(match.pairing.token()) } catch { throw Failure.invalid("\(id): \(error)") }
+            do { matrix = try QREncoder.matrix(match.pairing.token()) } catch {
+                throw Failure.invalid("\(id): \(error)")
+            }
             if let png {
-                do { try FileSystem.writeAtomically(try QREncoder.png(matrix), to: png, mode: 0o600) } catch let error as SystemError {
+                do { try FileSystem.writeAtomically(try QREncoder.png(matrix), to: png, mode: 0o600) } catch let error
+                    as SystemError
+                {
                     throw Failure.unreadable(error.description)
                 }
-                Console.out("wrote \(png) (readable by you only: it holds the pairing's secrets); on the other machine: lmx-pair \(png)")
+                Console.out(
+                    "wrote \(png) (readable by you only: it holds the pairing's secrets); on the other machine: lmx-pair \(png)"
+                )
             }
             if terminal {
                 Console.out(QREncoder.terminal(matrix))
-                Console.out("\(match.pairing.id) \(match.pairing.label): scan with lmx-pair on the other machine (the code holds the pairing's secrets)")
+                Console.out(
+                    "\(match.pairing.id) \(match.pairing.label): scan with lmx-pair on the other machine (the code holds the pairing's secrets)"
+                )
             }
         }
     }

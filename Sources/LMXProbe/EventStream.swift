@@ -39,7 +39,8 @@ extension Prober {
         let lease = eventClient.lease()
         defer { withExtendedLifetime(lease) {} }
         do {
-            response = try await lease.client.execute(request, deadline: .now() + .milliseconds(Int64(connectTimeout * 1000)))
+            response = try await lease.client.execute(
+                request, deadline: .now() + .milliseconds(Int64(connectTimeout * 1000)))
         } catch {
             return .closed(Self.classify(error).detail)
         }

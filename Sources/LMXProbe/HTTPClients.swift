@@ -21,13 +21,16 @@ public enum HTTPClients {
 
     /// - Parameter connectionsPerHost: connections to one server at most (async-http-client's
     ///   default is 8; the gateway sets hundreds).
-    public static func make(tls: TLSConfiguration, connectTimeout: Double? = nil, idleTimeout: Int64, connectionsPerHost: Int = 8) -> HTTPClient {
+    public static func make(
+        tls: TLSConfiguration, connectTimeout: Double? = nil, idleTimeout: Int64, connectionsPerHost: Int = 8
+    ) -> HTTPClient {
         var configuration = HTTPClient.Configuration(
             tlsConfiguration: tls,
             redirectConfiguration: .disallow,
             timeout: .init(connect: connectTimeout.map { .milliseconds(Int64($0 * 1000)) }),
             decompression: .disabled)
-        configuration.connectionPool = .init(idleTimeout: .seconds(idleTimeout), concurrentHTTP1ConnectionsPerHostSoftLimit: connectionsPerHost)
+        configuration.connectionPool = .init(
+            idleTimeout: .seconds(idleTimeout), concurrentHTTP1ConnectionsPerHostSoftLimit: connectionsPerHost)
         configuration.connectionPool.retryConnectionEstablishment = false
         configuration.httpVersion = .http1Only
         return HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
@@ -52,8 +55,14 @@ public final class RenewableHTTPClient: Sendable {
         init(_ client: HTTPClient) { self.client = client }
 
         func acquire() { state.withLock { $0.leases += 1 } }
-        func release() { state.withLock { $0.leases -= 1 }; closeIfDone() }
-        func retire() { state.withLock { $0.retired = true }; closeIfDone() }
+        func release() {
+            state.withLock { $0.leases -= 1 }
+            closeIfDone()
+        }
+        func retire() {
+            state.withLock { $0.retired = true }
+            closeIfDone()
+        }
 
         private func closeIfDone() {
             let close = state.withLock { s in

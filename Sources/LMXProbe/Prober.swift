@@ -1,12 +1,11 @@
 import AsyncHTTPClient
 import LMXCore
+import LMXSystem
 import NIOCore
 import NIOHTTP1
 import NIOPosix
 import NIOSSL
 import Synchronization
-
-import LMXSystem
 
 /// Probes Opta LMX endpoints over HTTP(S) by the contract (`ProbeSequence` decides, this performs).
 /// One shared client, so connections to each server are pooled and reused between probes
@@ -63,7 +62,9 @@ public final class Prober: Sendable {
         }
     }
 
-    private func get(_ route: Route, path: String, timeout: Double) async -> Result<ProbeResponse, ProbeTransportFailure> {
+    private func get(_ route: Route, path: String, timeout: Double) async -> Result<
+        ProbeResponse, ProbeTransportFailure
+    > {
         var request = HTTPClientRequest(url: route.baseURL + path)
         request.method = .GET
         request.headers.add(name: "User-Agent", value: "lmx-agent/\(StatusAPI.version)")
@@ -73,13 +74,16 @@ public final class Prober: Sendable {
         }
         // One deadline for the whole exchange, head and body: async-http-client's own deadline ends
         // with the head, and a server that stalls mid-body would otherwise hold the probe forever.
-        let client = self.client.lease(server: route.baseURL), prepared = request
+        let client = self.client.lease(server: route.baseURL)
+        let prepared = request
         let budget = TimeAmount.milliseconds(Int64(timeout * 1000))
         return await Self.withDeadline(seconds: timeout) {
             do {
                 let response = try await client.client.execute(prepared, deadline: .now() + budget)
                 var headers: [String: String] = [:]
-                for (name, value) in response.headers { headers[name.lowercased()] = headers[name.lowercased()] ?? value }
+                for (name, value) in response.headers {
+                    headers[name.lowercased()] = headers[name.lowercased()] ?? value
+                }
                 var body: [UInt8] = []
                 // Only small JSON documents matter: stop reading at the cap (the connection is
                 // then closed, not reused).
@@ -144,7 +148,9 @@ public final class Prober: Sendable {
         if text.contains("refused") { return .refused }
         if text.contains("reset") { return .reset }
         if text.contains("unreachable") { return .unreachable }
-        if text.contains("certificate") || text.contains("SSL") || text.contains("TLS") { return .tls(tlsSummary(error)) }
+        if text.contains("certificate") || text.contains("SSL") || text.contains("TLS") {
+            return .tls(tlsSummary(error))
+        }
         if text.contains("lookup") || text.contains("resolve") { return .nameResolution }
         return .other(String(text.prefix(160)))
     }
@@ -161,8 +167,12 @@ public final class Prober: Sendable {
 
     static func tlsSummary(_ error: any Error) -> String {
         let text = String(describing: error)
-        if text.contains("CERTIFICATE_VERIFY_FAILED") || text.contains("certificate verify") { return "certificate not trusted" }
-        if text.contains("hostname") || text.contains("unableToValidateCertificate") { return "certificate does not match the host" }
+        if text.contains("CERTIFICATE_VERIFY_FAILED") || text.contains("certificate verify") {
+            return "certificate not trusted"
+        }
+        if text.contains("hostname") || text.contains("unableToValidateCertificate") {
+            return "certificate does not match the host"
+        }
         return "handshake failed"
     }
 }

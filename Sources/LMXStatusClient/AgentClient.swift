@@ -52,7 +52,8 @@ public struct AgentClient: Sendable {
     }
 
     public func removePairing(_ idOrName: String) throws(StatusClientError) -> PairingSummary {
-        try decode(try http.request("DELETE", "/v1/pairings/" + Pairing.percentEncodeComponent(idOrName)), expecting: 200)
+        try decode(
+            try http.request("DELETE", "/v1/pairings/" + Pairing.percentEncodeComponent(idOrName)), expecting: 200)
     }
 
     /// Follows `/v1/watch`: `line` gets each decoded line (nil for one it cannot read) with its
@@ -63,7 +64,8 @@ public struct AgentClient: Sendable {
         }
     }
 
-    private func decode<T: Decodable>(_ response: StatusResponse, expecting status: Int) throws(StatusClientError) -> T {
+    private func decode<T: Decodable>(_ response: StatusResponse, expecting status: Int) throws(StatusClientError) -> T
+    {
         guard response.status == status else { throw .answered(status: response.status, reason: Self.reason(response)) }
         guard let value = try? JSONDecoder().decode(T.self, from: Data(response.body)) else {
             throw .protocolError("unreadable answer (HTTP \(response.status))")
@@ -73,7 +75,8 @@ public struct AgentClient: Sendable {
 
     /// The API's reason for an error answer.
     public static func reason(_ response: StatusResponse) -> String {
-        (try? JSONDecoder().decode(StatusAPI.ErrorBody.self, from: Data(response.body)))?.reason ?? "HTTP \(response.status)"
+        (try? JSONDecoder().decode(StatusAPI.ErrorBody.self, from: Data(response.body)))?.reason
+            ?? "HTTP \(response.status)"
     }
 }
 
@@ -90,8 +93,10 @@ public struct AgentPairingBook: PairingBook {
         switch error {
         case .notRunning: .agentNotRunning(error.description)
         case .forbidden:
-            .unavailable("permission denied on \(client.socketPath): run lmx-pair as root (sudo) or as the agent's user")
-        case .answered(403, _): .unavailable("lmx-agentd refused: only root or the agent's own user may \(what) (try sudo)")
+            .unavailable(
+                "permission denied on \(client.socketPath): run lmx-pair as root (sudo) or as the agent's user")
+        case .answered(403, _):
+            .unavailable("lmx-agentd refused: only root or the agent's own user may \(what) (try sudo)")
         case .answered(404, let reason): .notFound(reason)
         case .answered(422, let reason): .invalid("lmx-agentd refused the pairing: \(reason)")
         case .answered(_, let reason): .unavailable("lmx-agentd could not \(what): \(reason)")
@@ -115,7 +120,9 @@ public struct AgentPairingBook: PairingBook {
 extension PairingBook {
     /// Polls until every route of the pairings in `results` has a verdict, at most `timeout`
     /// seconds: the latest results, and whether all verdicts came.
-    public func awaitVerdicts(_ results: [PairingImportResult], timeout: Double) -> (results: [PairingImportResult], complete: Bool) {
+    public func awaitVerdicts(_ results: [PairingImportResult], timeout: Double) -> (
+        results: [PairingImportResult], complete: Bool
+    ) {
         let ids = Set(results.map(\.pairing.id))
         let deadline = SystemClock.monotonic() + timeout
         var latest = results
@@ -126,7 +133,9 @@ extension PairingBook {
                     if let fresh = mine.first(where: { $0.id == result.pairing.id }) { result.pairing = fresh }
                     return result
                 }
-                if mine.count == ids.count && mine.allSatisfy({ ($0.routes ?? []).allSatisfy { $0.verdict != nil } }) { return (latest, true) }
+                if mine.count == ids.count && mine.allSatisfy({ ($0.routes ?? []).allSatisfy { $0.verdict != nil } }) {
+                    return (latest, true)
+                }
             }
             if SystemClock.monotonic() >= deadline { return (latest, false) }
             SystemClock.sleep(seconds: 0.1)

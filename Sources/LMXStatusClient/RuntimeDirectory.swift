@@ -1,5 +1,4 @@
 import LMXCore
-
 import LMXSystem
 
 /// The per-user runtime directory used when `XDG_RUNTIME_DIR` is not set: `/tmp/lmx-<uid>`.
@@ -17,7 +16,8 @@ public enum RuntimeDirectory {
 
     /// Why `directory` must not be used by user `uid`, or nil when it is safe.
     public static func problem(with directory: String, uid: UInt32) -> String? {
-        guard let info = FileSystem.info(directory) else { return nil }  // missing: whoever makes it first is checked then
+        // Missing: whoever makes it first is checked then.
+        guard let info = FileSystem.info(directory) else { return nil }
         if info.kind == .symbolicLink { return "\(directory) is a symbolic link" }
         guard info.kind == .directory else { return "\(directory) is not a directory" }
         if info.owner != uid { return "\(directory) belongs to uid \(info.owner), not to you (uid \(uid))" }
@@ -35,12 +35,15 @@ public enum RuntimeDirectory {
 
     /// The paths a client uses (`AgentPaths.client`), never trusting an unsafe fallback
     /// directory: a socket there counts as absent, and `warning` says why.
-    public static func clientPaths(uid: UInt32, environment: [String: String]) -> (paths: AgentPaths, warning: String?) {
+    public static func clientPaths(uid: UInt32, environment: [String: String]) -> (paths: AgentPaths, warning: String?)
+    {
         func unsafe(_ path: String) -> String? {
-            guard let directory = fallbackContaining(path, uid: uid), let problem = problem(with: directory, uid: uid) else {
+            guard let directory = fallbackContaining(path, uid: uid), let problem = problem(with: directory, uid: uid)
+            else {
                 return nil
             }
-            return "refusing \(path): \(problem) (XDG_RUNTIME_DIR is not set, and another user may have made it); set XDG_RUNTIME_DIR, or remove \(directory)"
+            return
+                "refusing \(path): \(problem) (XDG_RUNTIME_DIR is not set, and another user may have made it); set XDG_RUNTIME_DIR, or remove \(directory)"
         }
         // A socket in an unsafe directory counts as absent when choosing between agents.
         let paths = AgentPaths.client(uid: uid, environment: environment) { path in
@@ -53,7 +56,9 @@ public enum RuntimeDirectory {
 
     /// Why a client must not use the default socket or database (the ones not given on the
     /// command line): they are in an unsafe fallback directory. Nil when they are safe.
-    public static func unsafeDefault(socketGiven: Bool, databaseGiven: Bool, uid: UInt32, environment: [String: String]) -> String? {
+    public static func unsafeDefault(socketGiven: Bool, databaseGiven: Bool, uid: UInt32, environment: [String: String])
+        -> String?
+    {
         guard !(socketGiven && databaseGiven) else { return nil }
         let resolved = clientPaths(uid: uid, environment: environment)
         guard let warning = resolved.warning else { return nil }

@@ -53,10 +53,16 @@ public struct StatusClient: Sendable {
     /// Performs one request and reads the whole answer, all within `timeout` seconds (connecting
     /// included: a full listen backlog waits at most that long).
     /// A JSON `body` is sent with its length.
-    public func request(_ method: String = "GET", _ path: String, body: [UInt8] = []) throws(StatusClientError) -> StatusResponse {
+    public func request(_ method: String = "GET", _ path: String, body: [UInt8] = []) throws(StatusClientError)
+        -> StatusResponse
+    {
         let socket = try connectSocket()
         let type = body.isEmpty ? "" : "Content-Type: application/json\r\n"
-        try send(socket, Array("\(method) \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\n\(type)Content-Length: \(body.count)\r\n\r\n".utf8) + body)
+        try send(
+            socket,
+            Array(
+                "\(method) \(path) HTTP/1.1\r\nHost: lmx-agent\r\nConnection: close\r\n\(type)Content-Length: \(body.count)\r\n\r\n"
+                    .utf8) + body)
         // The whole exchange has one deadline: a peer that drips a byte at a time cannot hold us.
         var reader = Reader(socket: socket, deadline: SystemClock.monotonic() + timeout)
         let (status, headers) = try reader.readHead()
@@ -64,7 +70,9 @@ public struct StatusClient: Sendable {
         if headers["transfer-encoding"]?.lowercased().contains("chunked") == true {
             while let chunk = try reader.readChunk() {
                 body += chunk
-                guard body.count <= Self.maxBody else { throw .protocolError("answer larger than \(Self.maxBody) bytes") }
+                guard body.count <= Self.maxBody else {
+                    throw .protocolError("answer larger than \(Self.maxBody) bytes")
+                }
             }
         } else if let raw = headers["content-length"] {
             guard let length = Int(raw.trimmingASCIISpaces), length >= 0, length <= Self.maxBody else {
@@ -101,9 +109,13 @@ public struct StatusClient: Sendable {
     }
 
     private func connectSocket(receiveTimeout: Double? = -1) throws(StatusClientError) -> UnixStream {
-        guard let address = UnixSocketAddress(socketPath) else { throw .notRunning(socket: socketPath, reason: "path too long") }
+        guard let address = UnixSocketAddress(socketPath) else {
+            throw .notRunning(socket: socketPath, reason: "path too long")
+        }
         do {
-            return try UnixStream(connectingTo: address, sendTimeout: timeout, receiveTimeout: receiveTimeout == -1 ? timeout : receiveTimeout)
+            return try UnixStream(
+                connectingTo: address, sendTimeout: timeout,
+                receiveTimeout: receiveTimeout == -1 ? timeout : receiveTimeout)
         } catch {
             switch error {
             case .forbidden: throw .forbidden(socket: socketPath)

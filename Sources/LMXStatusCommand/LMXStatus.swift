@@ -1,7 +1,6 @@
 import ArgumentParser
 import LMXCore
 import LMXStatusClient
-
 import LMXSystem
 
 public struct LMXStatus: ParsableCommand {
@@ -79,7 +78,8 @@ public struct LMXStatus: ParsableCommand {
 
     @Option(
         name: .long,
-        help: ArgumentHelp("The best usable endpoint that has this model loaded (with --url: only its URL).", valueName: "name"))
+        help: ArgumentHelp(
+            "The best usable endpoint that has this model loaded (with --url: only its URL).", valueName: "name"))
     var model: String?
 
     @Option(name: .long, help: ArgumentHelp("The agent's socket.", valueName: "path"))
@@ -110,7 +110,9 @@ struct StatusRequest: Equatable {
         if url && watch { throw ValidationError("--url and --watch cannot be used together") }
         if wait != nil && watch { throw ValidationError("--wait and --watch cannot be used together") }
         if model != nil && watch { throw ValidationError("--model and --watch cannot be used together") }
-        if let model, model.isEmpty || model.utf8.count > 256 { throw ValidationError("--model takes a model name (1 to 256 bytes)") }
+        if let model, model.isEmpty || model.utf8.count > 256 {
+            throw ValidationError("--model takes a model name (1 to 256 bytes)")
+        }
         if let wait, !(wait >= 0 && wait <= 86_400) { throw ValidationError("--wait takes 0 to 86400 seconds") }
     }
 
@@ -134,7 +136,9 @@ struct StatusRequest: Equatable {
             path = socket
         } else if let warning = resolved.warning {
             Console.error("lmx-status: \(warning)")
-            if RuntimeDirectory.fallbackContaining(path, uid: uid) != nil { throw ExitCode(ExitStatus.unavailable.rawValue) }
+            if RuntimeDirectory.fallbackContaining(path, uid: uid) != nil {
+                throw ExitCode(ExitStatus.unavailable.rawValue)
+            }
         }
         let client = AgentClient(socketPath: path)
         do {
@@ -150,7 +154,9 @@ struct StatusRequest: Equatable {
             Console.error("lmx-status: \(error.description)")
             switch error {
             case .notRunning:
-                Console.error("start it with `systemctl start lmx-agentd` (or run `lmx-agentd` in a terminal); for another socket use --socket or LMX_SOCKET")
+                Console.error(
+                    "start it with `systemctl start lmx-agentd` (or run `lmx-agentd` in a terminal); for another socket use --socket or LMX_SOCKET"
+                )
             case .forbidden:
                 Console.error("ask the administrator, or run lmx-agentd as your own user")
             default:
@@ -179,7 +185,9 @@ struct StatusRequest: Equatable {
             }
             let left = deadline - SystemClock.monotonic()
             if left <= 0 {
-                Console.error("lmx-status: no usable endpoint after \(seconds == seconds.rounded() ? "\(Int(seconds))" : "\(seconds)") s: \(ServerTable.printable(reason))")
+                Console.error(
+                    "lmx-status: no usable endpoint after \(seconds == seconds.rounded() ? "\(Int(seconds))" : "\(seconds)") s: \(ServerTable.printable(reason))"
+                )
                 throw ExitCode(ExitStatus.nothingFound.rawValue)
             }
             SystemClock.sleep(seconds: min(left, 0.1))
@@ -196,10 +204,18 @@ struct StatusRequest: Equatable {
         if json {
             Console.out(String(decoding: answer.json, as: UTF8.self).trimmingNewline)
         } else if let endpoint = resolved.endpoint {
-            Console.out(url ? endpoint.baseURL : "\(ServerTable.printable(model)): \(endpoint.baseURL) via \(endpoint.via.rawValue) (\(ServerTable.printable(endpoint.name))): \(ServerTable.printable(resolved.reason))")
+            Console.out(
+                url
+                    ? endpoint.baseURL
+                    : "\(ServerTable.printable(model)): \(endpoint.baseURL) via \(endpoint.via.rawValue) (\(ServerTable.printable(endpoint.name))): \(ServerTable.printable(resolved.reason))"
+            )
         }
         guard resolved.endpoint != nil else {
-            if !json { Console.error("lmx-status: no endpoint for \(ServerTable.printable(model)): \(ServerTable.printable(resolved.reason))") }
+            if !json {
+                Console.error(
+                    "lmx-status: no endpoint for \(ServerTable.printable(model)): \(ServerTable.printable(resolved.reason))"
+                )
+            }
             throw ExitCode(ExitStatus.nothingFound.rawValue)
         }
     }
@@ -222,7 +238,9 @@ struct StatusRequest: Equatable {
             let rows: [[String]] = status.candidates.flatMap { candidate in candidate.routes.map(Self.row) }
             if !rows.isEmpty {
                 Console.out("")
-                Console.out(TextTable.render(headers: ["  NAME", "VIA", "SOURCE", "URL", "VERDICT", "LATENCY", "WHY"], rows: rows))
+                Console.out(
+                    TextTable.render(
+                        headers: ["  NAME", "VIA", "SOURCE", "URL", "VERDICT", "LATENCY", "WHY"], rows: rows))
             }
         }
         if status.active == nil { throw ExitCode(ExitStatus.nothingFound.rawValue) }
@@ -245,9 +263,11 @@ struct StatusRequest: Equatable {
         if let gateway = status.gateway?.openAIBaseURL { trust += " Gateway: \(gateway)." }
         if let problem = status.gateway?.problem { trust += " Gateway: not on TCP: \(ServerTable.printable(problem))." }
         guard let active = status.active else {
-            return "No active endpoint: \(ServerTable.printable(status.noActiveReason ?? "unknown")). mDNS: \(status.avahi).\(trust)"
+            return
+                "No active endpoint: \(ServerTable.printable(status.noActiveReason ?? "unknown")). mDNS: \(status.avahi).\(trust)"
         }
-        return "Active: \(active.baseURL) via \(active.via.rawValue) (\(ServerTable.printable(active.name)), \(active.verdict.rawValue)) since \(active.since). mDNS: \(status.avahi).\(trust)"
+        return
+            "Active: \(active.baseURL) via \(active.via.rawValue) (\(ServerTable.printable(active.name)), \(active.verdict.rawValue)) since \(active.since). mDNS: \(status.avahi).\(trust)"
     }
 
     /// Follows `/v1/watch`; when the daemon goes away (a restart), waits for it and follows the
@@ -258,7 +278,11 @@ struct StatusRequest: Equatable {
             do {
                 try client.watch { line, bytes in
                     connected = true
-                    if json { Console.out(String(decoding: bytes, as: UTF8.self)) } else if let line, let text = Self.describe(line) { Console.out(text) }
+                    if json {
+                        Console.out(String(decoding: bytes, as: UTF8.self))
+                    } else if let line, let text = Self.describe(line) {
+                        Console.out(text)
+                    }
                     return true
                 }
                 Console.error("lmx-status: lmx-agentd closed the stream; waiting for it to come back")
@@ -277,9 +301,12 @@ struct StatusRequest: Equatable {
             return line.status.map { "\(line.at) \(summary($0))" }
         case .active:
             guard let active = line.active else { return "\(line.at) no active endpoint: \(p(line.reason ?? ""))" }
-            return "\(line.at) active → \(active.baseURL) via \(active.via.rawValue) (\(active.verdict.rawValue)): \(p(line.reason ?? ""))"
+            return
+                "\(line.at) active → \(active.baseURL) via \(active.via.rawValue) (\(active.verdict.rawValue)): \(p(line.reason ?? ""))"
         case .health:
-            return line.route.map { "\(line.at) \(p($0.name)) [\($0.via.rawValue)] is \($0.verdict?.rawValue ?? "unknown"): \(p(line.reason ?? ""))" }
+            return line.route.map {
+                "\(line.at) \(p($0.name)) [\($0.via.rawValue)] is \($0.verdict?.rawValue ?? "unknown"): \(p(line.reason ?? ""))"
+            }
         case .candidateAdded, .candidateRemoved:
             let verb = line.type == .candidateAdded ? "added" : "removed"
             return line.route.map { "\(line.at) \(verb) \(p($0.name)) \($0.baseURL) (\($0.source.rawValue))" }

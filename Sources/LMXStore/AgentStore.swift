@@ -70,10 +70,14 @@ public final class AgentStore: Sendable {
     /// Opens (creating if needed) the database at `path`. A file that is not a database, or a
     /// corrupt one, is moved aside to `<path>.corrupt-<time>` and a fresh one is created.
     /// - Parameter log: receives one line per notable thing (moved-aside files).
-    public static func open(path: String, eventRetention: Int = 5000, log: (String) -> Void = { _ in }) throws -> AgentStore {
+    public static func open(path: String, eventRetention: Int = 5000, log: (String) -> Void = { _ in }) throws
+        -> AgentStore
+    {
         let directory = path.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
         if !directory.isEmpty {
-            do { try FileSystem.makeDirectories(directory, mode: 0o700) } catch { throw StoreError(description: error.description) }
+            do { try FileSystem.makeDirectories(directory, mode: 0o700) } catch {
+                throw StoreError(description: error.description)
+            }
         }
         do {
             return try AgentStore(path: path, eventRetention: eventRetention)
@@ -83,7 +87,10 @@ public final class AgentStore: Sendable {
                 do {
                     try FileSystem.rename(path + suffix, to: aside + suffix)
                 } catch {
-                    throw StoreError(description: "database \(path) is corrupt and could not be moved aside (\(error.reason)); remove it by hand")
+                    throw StoreError(
+                        description:
+                            "database \(path) is corrupt and could not be moved aside (\(error.reason)); remove it by hand"
+                    )
                 }
             }
             log("database \(path) is corrupt (\(error.message)); moved it to \(aside) and started a fresh one")
@@ -107,43 +114,52 @@ public final class AgentStore: Sendable {
     /// The schema, one migration at a time (recorded in `grdb_migrations`, as by the versions
     /// that used GRDB: their databases open unchanged).
     static let migrations: [(identifier: String, sql: [String])] = [
-        ("v1", [
-            """
-            CREATE TABLE "route" ("id" TEXT PRIMARY KEY NOT NULL, "base_url" TEXT NOT NULL, "via" TEXT NOT NULL,
-                "source" TEXT NOT NULL, "name" TEXT NOT NULL, "service_path" TEXT NOT NULL, "pinned_instance" TEXT,
-                "instance_id" TEXT, "admin_key" TEXT, "api_key" TEXT, "cf_id" TEXT, "cf_secret" TEXT,
-                "addresses" TEXT NOT NULL DEFAULT '', "created_at" DOUBLE NOT NULL, "last_seen" DOUBLE, "expires_at" DOUBLE)
-            """,
-            """
-            CREATE TABLE "server" ("key" TEXT PRIMARY KEY NOT NULL, "instance_id" TEXT, "name" TEXT NOT NULL,
-                "addresses" TEXT NOT NULL, "source" TEXT NOT NULL, "first_seen" DOUBLE NOT NULL, "last_seen" DOUBLE NOT NULL)
-            """,
-            """
-            CREATE TABLE "probe_stats" ("route_id" TEXT PRIMARY KEY NOT NULL, "probes" INTEGER NOT NULL,
-                "failures" INTEGER NOT NULL, "smoothed_latency" DOUBLE, "last_verdict" TEXT, "last_detail" TEXT,
-                "last_probe_at" DOUBLE, "last_good_at" DOUBLE, "instance_id" TEXT)
-            """,
-            """
-            CREATE TABLE "event" ("id" INTEGER PRIMARY KEY AUTOINCREMENT, "at" DOUBLE NOT NULL, "kind" TEXT NOT NULL,
-                "route_id" TEXT, "from_value" TEXT, "to_value" TEXT, "reason" TEXT NOT NULL)
-            """,
-            #"CREATE TABLE "meta" ("key" TEXT PRIMARY KEY NOT NULL, "value" TEXT NOT NULL)"#,
-        ]),
-        ("v2-pairings", [
-            """
-            CREATE TABLE "pairing" ("id" TEXT PRIMARY KEY NOT NULL, "name" TEXT, "format" TEXT NOT NULL, "wan_url" TEXT,
-                "admin_key" TEXT, "api_key" TEXT, "cf_id" TEXT, "cf_secret" TEXT, "lan" TEXT, "instance" TEXT,
-                "expires_at" INTEGER, "created_at" DOUBLE NOT NULL, "updated_at" DOUBLE NOT NULL)
-            """
-        ]),
+        (
+            "v1",
+            [
+                """
+                CREATE TABLE "route" ("id" TEXT PRIMARY KEY NOT NULL, "base_url" TEXT NOT NULL, "via" TEXT NOT NULL,
+                    "source" TEXT NOT NULL, "name" TEXT NOT NULL, "service_path" TEXT NOT NULL, "pinned_instance" TEXT,
+                    "instance_id" TEXT, "admin_key" TEXT, "api_key" TEXT, "cf_id" TEXT, "cf_secret" TEXT,
+                    "addresses" TEXT NOT NULL DEFAULT '', "created_at" DOUBLE NOT NULL, "last_seen" DOUBLE, "expires_at" DOUBLE)
+                """,
+                """
+                CREATE TABLE "server" ("key" TEXT PRIMARY KEY NOT NULL, "instance_id" TEXT, "name" TEXT NOT NULL,
+                    "addresses" TEXT NOT NULL, "source" TEXT NOT NULL, "first_seen" DOUBLE NOT NULL, "last_seen" DOUBLE NOT NULL)
+                """,
+                """
+                CREATE TABLE "probe_stats" ("route_id" TEXT PRIMARY KEY NOT NULL, "probes" INTEGER NOT NULL,
+                    "failures" INTEGER NOT NULL, "smoothed_latency" DOUBLE, "last_verdict" TEXT, "last_detail" TEXT,
+                    "last_probe_at" DOUBLE, "last_good_at" DOUBLE, "instance_id" TEXT)
+                """,
+                """
+                CREATE TABLE "event" ("id" INTEGER PRIMARY KEY AUTOINCREMENT, "at" DOUBLE NOT NULL, "kind" TEXT NOT NULL,
+                    "route_id" TEXT, "from_value" TEXT, "to_value" TEXT, "reason" TEXT NOT NULL)
+                """,
+                #"CREATE TABLE "meta" ("key" TEXT PRIMARY KEY NOT NULL, "value" TEXT NOT NULL)"#,
+            ]
+        ),
+        (
+            "v2-pairings",
+            [
+                """
+                CREATE TABLE "pairing" ("id" TEXT PRIMARY KEY NOT NULL, "name" TEXT, "format" TEXT NOT NULL, "wan_url" TEXT,
+                    "admin_key" TEXT, "api_key" TEXT, "cf_id" TEXT, "cf_secret" TEXT, "lan" TEXT, "instance" TEXT,
+                    "expires_at" INTEGER, "created_at" DOUBLE NOT NULL, "updated_at" DOUBLE NOT NULL)
+                """
+            ]
+        ),
         // The LAN addresses each paired or configured tunnel vouches for, as its server listed
         // them: they hold across restarts and while the tunnel is down.
-        ("v3-tunnel-vouches", [
-            """
-            CREATE TABLE "tunnel_vouch" ("tunnel_route" TEXT PRIMARY KEY NOT NULL, "instance_id" TEXT,
-                "base_urls" TEXT NOT NULL, "updated_at" DOUBLE NOT NULL)
-            """
-        ]),
+        (
+            "v3-tunnel-vouches",
+            [
+                """
+                CREATE TABLE "tunnel_vouch" ("tunnel_route" TEXT PRIMARY KEY NOT NULL, "instance_id" TEXT,
+                    "base_urls" TEXT NOT NULL, "updated_at" DOUBLE NOT NULL)
+                """
+            ]
+        ),
         // Servers seen were written on every sighting (with a COUNT(*) each time) and never read:
         // what a route needs is in `route`; the rest is in memory.
         ("v4-no-server-table", [#"DROP TABLE IF EXISTS "server""#]),
@@ -191,18 +207,23 @@ public final class AgentStore: Sendable {
     }
 
     static func storedRoute(_ row: Row) throws(SQLiteError) -> StoredRoute? {
-        guard let via = Via(rawValue: try row.required("via")), let source = RouteSource(rawValue: try row.required("source")) else {
+        guard let via = Via(rawValue: try row.required("via")),
+            let source = RouteSource(rawValue: try row.required("source"))
+        else {
             return nil
         }
         let addresses: String = row["addresses"] ?? ""
         let route = Route(
-            id: try row.required("id"), baseURL: try row.required("base_url"), via: via, source: source, name: try row.required("name"),
+            id: try row.required("id"), baseURL: try row.required("base_url"), via: via, source: source,
+            name: try row.required("name"),
             servicePath: try row.required("service_path"), pinnedInstance: row["pinned_instance"],
             credentials: Credentials(
-                adminKey: row["admin_key"], inferenceKey: row["api_key"], accessClientID: row["cf_id"], accessClientSecret: row["cf_secret"]),
+                adminKey: row["admin_key"], inferenceKey: row["api_key"], accessClientID: row["cf_id"],
+                accessClientSecret: row["cf_secret"]),
             addresses: addresses.split(separator: " ").map(String.init))
         return StoredRoute(
-            route: route, instanceID: row["instance_id"], createdAt: try row.required("created_at"), lastSeen: row["last_seen"],
+            route: route, instanceID: row["instance_id"], createdAt: try row.required("created_at"),
+            lastSeen: row["last_seen"],
             expiresAt: row["expires_at"])
     }
 
@@ -231,7 +252,8 @@ public final class AgentStore: Sendable {
                 guard let routeID: String = row["route_id"] else { continue }
                 let stats = ProbeStats(
                     routeID: routeID, probes: row["probes"] ?? 0, failures: row["failures"] ?? 0,
-                    smoothedLatency: row["smoothed_latency"], lastVerdict: verdict.flatMap(HealthVerdict.init(rawValue:)),
+                    smoothedLatency: row["smoothed_latency"],
+                    lastVerdict: verdict.flatMap(HealthVerdict.init(rawValue:)),
                     lastDetail: row["last_detail"], lastProbeAt: row["last_probe_at"], lastGoodAt: row["last_good_at"],
                     instanceID: row["instance_id"])
                 result[stats.routeID] = stats
@@ -243,7 +265,9 @@ public final class AgentStore: Sendable {
     // MARK: - Events
 
     @discardableResult
-    public func appendEvent(kind: String, routeID: String?, from: String?, to: String?, reason: String, at now: Double) throws -> Int64 {
+    public func appendEvent(kind: String, routeID: String?, from: String?, to: String?, reason: String, at now: Double)
+        throws -> Int64
+    {
         try pool.write { db in
             try db.execute(
                 sql: "INSERT INTO event (at, kind, route_id, from_value, to_value, reason) VALUES (?, ?, ?, ?, ?, ?)",
@@ -258,8 +282,11 @@ public final class AgentStore: Sendable {
 
     public func recentEvents(limit: Int) throws -> [StatusAPI.Event] {
         try reader.read { db in
-            try db.rows(sql: "SELECT * FROM event ORDER BY id DESC LIMIT ?", arguments: [limit]).compactMap { row -> StatusAPI.Event? in
-                guard let id: Int64 = row["id"], let at: Double = row["at"], let kind: String = row["kind"] else { return nil }
+            try db.rows(sql: "SELECT * FROM event ORDER BY id DESC LIMIT ?", arguments: [limit]).compactMap {
+                row -> StatusAPI.Event? in
+                guard let id: Int64 = row["id"], let at: Double = row["at"], let kind: String = row["kind"] else {
+                    return nil
+                }
                 return StatusAPI.Event(
                     id: id, at: Timestamp.iso8601(at), kind: kind, routeID: row["route_id"], from: row["from_value"],
                     to: row["to_value"], reason: row["reason"] ?? "")
@@ -284,7 +311,9 @@ public final class AgentStore: Sendable {
     }
 
     public func meta(_ key: String) throws -> String? {
-        try reader.read { db in try db.rows(sql: "SELECT value FROM meta WHERE key = ?", arguments: [key]).first?["value"] }
+        try reader.read { db in
+            try db.rows(sql: "SELECT value FROM meta WHERE key = ?", arguments: [key]).first?["value"]
+        }
     }
 
     /// Checkpoints the WAL and closes the file.

@@ -18,12 +18,16 @@ public struct DatabasePairingBook: PairingBook {
     public var isLive: Bool { false }
 
     public func list() throws(PairingBookError) -> [PairingSummary] {
-        do { return try store.pairings().map(\.summary) } catch { throw .unavailable("cannot read \(location): \(error)") }
+        do { return try store.pairings().map(\.summary) } catch {
+            throw .unavailable("cannot read \(location): \(error)")
+        }
     }
 
     public func add(_ upload: PairingUpload, parsed: [Pairing]) throws(PairingBookError) -> [PairingImportResult] {
         do {
-            return try store.importPairings(parsed, at: now).map { PairingImportResult(pairing: $0.stored.summary, updated: $0.isUpdate) }
+            return try store.importPairings(parsed, at: now).map {
+                PairingImportResult(pairing: $0.stored.summary, updated: $0.isUpdate)
+            }
         } catch {
             throw .unavailable("could not save to \(location): \(error)")
         }
@@ -31,7 +35,9 @@ public struct DatabasePairingBook: PairingBook {
 
     public func remove(_ idOrName: String) throws(PairingBookError) -> PairingSummary {
         let removed: StoredPairing?
-        do { removed = try store.removePairing(idOrName) } catch { throw .unavailable("cannot change \(location): \(error)") }
+        do { removed = try store.removePairing(idOrName) } catch {
+            throw .unavailable("cannot change \(location): \(error)")
+        }
         guard let removed else { throw .notFound("no pairing \(idOrName); see lmx-pair list") }
         return removed.summary
     }
@@ -40,12 +46,16 @@ public struct DatabasePairingBook: PairingBook {
 extension DatabasePairingBook {
     /// The book of the database at `path`, opened (created only when `create`); warnings go to
     /// `warn`.
-    public static func open(path: String, create: Bool, now: Double, warn: @escaping @Sendable (String) -> Void) throws(PairingBookError) -> any PairingBook {
+    public static func open(path: String, create: Bool, now: Double, warn: @escaping @Sendable (String) -> Void)
+        throws(PairingBookError) -> any PairingBook
+    {
         guard create || FileSystem.exists(path) else { return EmptyPairingBook(location: path) }
         do {
             return DatabasePairingBook(store: try AgentStore.open(path: path, log: warn), path: path, now: now)
         } catch {
-            throw .unavailable("cannot open the agent's database \(path): \(error); run as root (sudo) or as the agent's user, or pass --db")
+            throw .unavailable(
+                "cannot open the agent's database \(path): \(error); run as root (sudo) or as the agent's user, or pass --db"
+            )
         }
     }
 

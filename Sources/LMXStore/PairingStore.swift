@@ -40,7 +40,8 @@ extension AgentStore {
             for pairing in pairings {
                 if let index = existing.firstIndex(where: { $0.pairing.isSameServer(as: pairing) }) {
                     let old = existing[index]
-                    var updated = StoredPairing(pairing: old.pairing.updated(by: pairing), createdAt: old.createdAt, updatedAt: now)
+                    var updated = StoredPairing(
+                        pairing: old.pairing.updated(by: pairing), createdAt: old.createdAt, updatedAt: now)
                     updated.pairing.id = old.pairing.id
                     try Self.write(updated, db)
                     existing[index] = updated
@@ -121,8 +122,10 @@ extension AgentStore {
         let lanText: String? = row["lan"]
         let lan = lanText.flatMap { try? HostPort.parse($0, field: "lan") }
         let pairing = Pairing(
-            name: row["name"], format: format, wan: wan, lan: lan, instance: row["instance"], expiresAt: row["expires_at"],
+            name: row["name"], format: format, wan: wan, lan: lan, instance: row["instance"],
+            expiresAt: row["expires_at"],
             id: try row.required("id"))
-        return StoredPairing(pairing: pairing, createdAt: try row.required("created_at"), updatedAt: try row.required("updated_at"))
+        return StoredPairing(
+            pairing: pairing, createdAt: try row.required("created_at"), updatedAt: try row.required("updated_at"))
     }
 }

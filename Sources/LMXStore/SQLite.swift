@@ -18,7 +18,8 @@ final class SQLiteConnection: @unchecked Sendable {
         var db: OpaquePointer?
         let code = sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nil)
         guard code == SQLITE_OK, let db else {
-            let error = SQLiteError(code: code, message: db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory")
+            let error = SQLiteError(
+                code: code, message: db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory")
             sqlite3_close_v2(db)
             throw error
         }
@@ -104,12 +105,14 @@ final class SQLiteConnection: @unchecked Sendable {
     func migrate(_ migrations: [(identifier: String, sql: [String])]) throws {
         try lock.withLock { _ in
             try execute(sql: "CREATE TABLE IF NOT EXISTS grdb_migrations (identifier TEXT NOT NULL PRIMARY KEY)")
-            let applied = Set(try rows(sql: "SELECT identifier FROM grdb_migrations").compactMap { $0["identifier"] as String? })
+            let applied = Set(
+                try rows(sql: "SELECT identifier FROM grdb_migrations").compactMap { $0["identifier"] as String? })
             for migration in migrations where !applied.contains(migration.identifier) {
                 try execute(sql: "BEGIN IMMEDIATE")
                 do {
                     for statement in migration.sql { try execute(sql: statement) }
-                    try execute(sql: "INSERT INTO grdb_migrations (identifier) VALUES (?)", arguments: [migration.identifier])
+                    try execute(
+                        sql: "INSERT INTO grdb_migrations (identifier) VALUES (?)", arguments: [migration.identifier])
                     try execute(sql: "COMMIT")
                 } catch {
                     try? execute(sql: "ROLLBACK")
@@ -138,14 +141,16 @@ final class SQLiteConnection: @unchecked Sendable {
                 // NaN would be stored as NULL, infinities as numbers no reader expects.
                 guard v.isFinite else {
                     sqlite3_finalize(statement)
-                    throw SQLiteError(code: SQLITE_MISMATCH, message: "refused a non-finite number for parameter \(index + 1)")
+                    throw SQLiteError(
+                        code: SQLITE_MISMATCH, message: "refused a non-finite number for parameter \(index + 1)")
                 }
                 bound = sqlite3_bind_double(statement, position, v)
             case .text(let v):
                 // Bound as a C string, text would silently end at a NUL: refused instead.
                 guard !v.utf8.contains(0) else {
                     sqlite3_finalize(statement)
-                    throw SQLiteError(code: SQLITE_MISMATCH, message: "refused text with a NUL character for parameter \(index + 1)")
+                    throw SQLiteError(
+                        code: SQLITE_MISMATCH, message: "refused text with a NUL character for parameter \(index + 1)")
                 }
                 bound = sqlite3_bind_text(statement, position, v, -1, Self.transient)
             }
@@ -179,7 +184,9 @@ struct SQLiteError: Error, CustomStringConvertible {
 
 /// A column value as SQLite stores it.
 enum SQLiteValue: Sendable, Hashable {
-    case integer(Int64), real(Double), text(String)
+    case integer(Int64)
+    case real(Double)
+    case text(String)
 }
 
 /// What can be bound to a statement and read from a row.
@@ -249,7 +256,9 @@ struct Row {
     /// zeros or empty text.
     func required<T: SQLiteConvertible>(_ column: String) throws(SQLiteError) -> T {
         guard let value = values[column].flatMap(T.init) else {
-            throw SQLiteError(code: SQLITE_MISMATCH, message: "column \(column) has no \(T.self) value (the file was edited or damaged)")
+            throw SQLiteError(
+                code: SQLITE_MISMATCH,
+                message: "column \(column) has no \(T.self) value (the file was edited or damaged)")
         }
         return value
     }

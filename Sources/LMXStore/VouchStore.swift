@@ -25,7 +25,9 @@ extension AgentStore {
                     ON CONFLICT(tunnel_route) DO UPDATE SET instance_id = excluded.instance_id,
                         base_urls = excluded.base_urls, updated_at = excluded.updated_at
                     """,
-                arguments: [vouch.tunnelRouteID, vouch.instanceID, vouch.baseURLs.joined(separator: " "), vouch.updatedAt])
+                arguments: [
+                    vouch.tunnelRouteID, vouch.instanceID, vouch.baseURLs.joined(separator: " "), vouch.updatedAt,
+                ])
         }
     }
 
@@ -40,7 +42,8 @@ extension AgentStore {
             try db.rows(sql: "SELECT * FROM tunnel_vouch ORDER BY tunnel_route").compactMap { row -> StoredVouch? in
                 guard let tunnel: String = row["tunnel_route"], let urls: String = row["base_urls"] else { return nil }
                 return StoredVouch(
-                    tunnelRouteID: tunnel, baseURLs: urls.split(separator: " ").map(String.init), instanceID: row["instance_id"],
+                    tunnelRouteID: tunnel, baseURLs: urls.split(separator: " ").map(String.init),
+                    instanceID: row["instance_id"],
                     updatedAt: row["updated_at"] ?? 0)
             }
         }

@@ -154,6 +154,7 @@ extension FileSystem.Info {
             case S_IFSOCK: .socket
             default: .other
             }
-        self.init(kind: kind, owner: st.st_uid, group: st.st_gid, mode: UInt32(st.st_mode & 0o777), size: Int(st.st_size))
+        self.init(
+            kind: kind, owner: st.st_uid, group: st.st_gid, mode: UInt32(st.st_mode & 0o777), size: Int(st.st_size))
     }
 }

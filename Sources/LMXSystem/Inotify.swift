@@ -29,7 +29,10 @@ public final class DirectoryWatch {
     /// The paths (directory + "/" + name) that changed, from the events waiting (never blocks).
     public func drain() -> [String] {
         var buffer = [UInt8](repeating: 0, count: 16 * 1024)
-        guard case .success(let n) = SystemCall.retrying({ buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) } }),
+        guard
+            case .success(let n) = SystemCall.retrying({
+                buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) }
+            }),
             n > 0
         else { return [] }
         var paths: [String] = []
@@ -62,7 +65,9 @@ public enum Poll {
         }
         var fds = descriptors.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
         let count = fds.count
-        guard case .success(let ready) = SystemCall.retrying({ poll(&fds, nfds_t(count), milliseconds) }) else { return false }
+        guard case .success(let ready) = SystemCall.retrying({ poll(&fds, nfds_t(count), milliseconds) }) else {
+            return false
+        }
         return ready > 0
     }
 }

@@ -9,7 +9,9 @@ public enum ListeningSockets {
     /// The uid of a socket listening on `port` (any local address) in the IPv4 (`ipv6: false`)
     /// or IPv6 table; nil when none is found or the table cannot be read.
     public static func owner(port: Int, ipv6: Bool) -> UInt32? {
-        guard let bytes = try? FileSystem.read(ipv6 ? "/proc/net/tcp6" : "/proc/net/tcp", limit: 8 << 20) else { return nil }
+        guard let bytes = try? FileSystem.read(ipv6 ? "/proc/net/tcp6" : "/proc/net/tcp", limit: 8 << 20) else {
+            return nil
+        }
         for line in String(decoding: bytes, as: UTF8.self).split(separator: "\n").dropFirst() {
             // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid ...
             let fields = line.split(separator: " ", omittingEmptySubsequences: true)

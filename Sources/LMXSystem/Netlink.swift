@@ -1,4 +1,5 @@
 import CLinux
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -20,13 +21,17 @@ public final class NetworkMonitor {
 
     /// - Throws: when netlink is unavailable (a sandbox without `AF_NETLINK`).
     public init() throws(SystemError) {
-        let fd = socket(AF_NETLINK, Int32(SOCK_RAW.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), NETLINK_ROUTE)
+        let fd = socket(
+            AF_NETLINK, Int32(SOCK_RAW.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue),
+            NETLINK_ROUTE)
         guard fd >= 0 else { throw SystemError("cannot open a netlink socket") }
         var address = sockaddr_nl()
         address.nl_family = __kernel_sa_family_t(AF_NETLINK)
         address.nl_groups = lmx_rtnetlink_groups()
         let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_nl>.size)) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_nl>.size))
+            }
         }
         guard bound == 0 else {
             let code = errno
@@ -43,10 +48,15 @@ public final class NetworkMonitor {
         var change = Change()
         var buffer = [UInt8](repeating: 0, count: 32 * 1024)
         while true {
-            let received = SystemCall.retrying { buffer.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) } }
+            let received = SystemCall.retrying {
+                buffer.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            }
             guard case .success(let n) = received else {
                 // ENOBUFS: the kernel dropped messages; the state is read afresh anyway.
-                if case .failure(let error) = received, error.code == ENOBUFS { change = Change(linkOrAddressUp: true, any: true); continue }
+                if case .failure(let error) = received, error.code == ENOBUFS {
+                    change = Change(linkOrAddressUp: true, any: true)
+                    continue
+                }
                 return change
             }
             guard n > 0 else { return change }
@@ -57,7 +67,9 @@ public final class NetworkMonitor {
                 let length = Int(header.nlmsg_len)
                 guard length >= headerSize else { break }
                 change.any = true
-                if header.nlmsg_type == UInt16(RTM_NEWLINK) || header.nlmsg_type == UInt16(RTM_NEWADDR) { change.linkOrAddressUp = true }
+                if header.nlmsg_type == UInt16(RTM_NEWLINK) || header.nlmsg_type == UInt16(RTM_NEWADDR) {
+                    change.linkOrAddressUp = true
+                }
                 offset += lmx_nlmsg_align(length)
             }
         }

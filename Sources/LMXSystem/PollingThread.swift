@@ -1,9 +1,10 @@
 import CLinux
+import Dispatch
+import Synchronization
+
 #if canImport(Glibc)
 import Glibc
 #endif
-import Dispatch
-import Synchronization
 
 /// A thread that blocks in `poll` on the descriptors its loop names, and an `eventfd` that wakes
 /// it at once to stop: no stop flag read every so many milliseconds. What the loop sees is
@@ -64,7 +65,8 @@ public final class PollingThread: Sendable {
     /// ``stop()`` is called.
     public func wait(for descriptors: [Int32], milliseconds: Int32) -> Wait {
         if isStopped { return .stopped }
-        var fds = [pollfd(fd: wakeDescriptor, events: Int16(POLLIN), revents: 0)]
+        var fds =
+            [pollfd(fd: wakeDescriptor, events: Int16(POLLIN), revents: 0)]
             + descriptors.map { pollfd(fd: $0, events: Int16(POLLIN), revents: 0) }
         let count = fds.count
         switch SystemCall.retrying({ poll(&fds, nfds_t(count), milliseconds) }) {

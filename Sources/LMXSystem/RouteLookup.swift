@@ -42,8 +42,9 @@ public enum RouteLookup {
         /// The addresses of interfaces that are up with a carrier (loopback aside): when this is
         /// unchanged, so is every way out of this machine that does not depend on routes alone.
         public var usable: Set<String> {
-            Set(entries.filter { $0.flags & UInt32(IFF_RUNNING) != 0 && $0.flags & UInt32(IFF_LOOPBACK) == 0 }
-                .map { "\($0.name) \(text($0.address))/\(text($0.mask))" })
+            Set(
+                entries.filter { $0.flags & UInt32(IFF_RUNNING) != 0 && $0.flags & UInt32(IFF_LOOPBACK) == 0 }
+                    .map { "\($0.name) \(text($0.address))/\(text($0.mask))" })
         }
     }
 
@@ -57,10 +58,12 @@ public enum RouteLookup {
         while let item = cursor {
             defer { cursor = item.pointee.ifa_next }
             guard let address = item.pointee.ifa_addr, let name = item.pointee.ifa_name,
-                  let bytes = rawAddress(address) else { continue }
+                let bytes = rawAddress(address)
+            else { continue }
             let maskPointer: UnsafeMutablePointer<sockaddr>? = item.pointee.ifa_netmask
             let mask = maskPointer.flatMap { rawAddress($0) } ?? [UInt8](repeating: 0xff, count: bytes.count)
-            result.entries.append(.init(name: String(cString: name), flags: item.pointee.ifa_flags, address: bytes, mask: mask))
+            result.entries.append(
+                .init(name: String(cString: name), flags: item.pointee.ifa_flags, address: bytes, mask: mask))
         }
         return result
     }
@@ -82,7 +85,9 @@ public enum RouteLookup {
             a.sin6_family = sa_family_t(AF_INET6)
             a.sin6_port = in_port_t(9).bigEndian
             a.sin6_scope_id = zone
-            guard inet_pton(AF_INET6, literal, &a.sin6_addr) == 1 else { return .failure(SystemError("not an address: \(host)", code: EINVAL)) }
+            guard inet_pton(AF_INET6, literal, &a.sin6_addr) == 1 else {
+                return .failure(SystemError("not an address: \(host)", code: EINVAL))
+            }
             withUnsafeMutableBytes(of: &storage) { raw in withUnsafeBytes(of: a) { raw.copyMemory(from: $0) } }
             length = socklen_t(MemoryLayout<sockaddr_in6>.size)
             family = AF_INET6
@@ -90,7 +95,9 @@ public enum RouteLookup {
             var a = sockaddr_in()
             a.sin_family = sa_family_t(AF_INET)
             a.sin_port = in_port_t(9).bigEndian
-            guard inet_pton(AF_INET, literal, &a.sin_addr) == 1 else { return .failure(SystemError("not an address: \(host)", code: EINVAL)) }
+            guard inet_pton(AF_INET, literal, &a.sin_addr) == 1 else {
+                return .failure(SystemError("not an address: \(host)", code: EINVAL))
+            }
             withUnsafeMutableBytes(of: &storage) { raw in withUnsafeBytes(of: a) { raw.copyMemory(from: $0) } }
             length = socklen_t(MemoryLayout<sockaddr_in>.size)
             family = AF_INET
@@ -107,14 +114,18 @@ public enum RouteLookup {
         let named = withUnsafeMutablePointer(to: &local) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &localLength) }
         }
-        guard named == 0, let source = withUnsafePointer(to: &local, { $0.withMemoryRebound(to: sockaddr.self, capacity: 1, rawAddress) }),
-              let destination = withUnsafePointer(to: &storage, { $0.withMemoryRebound(to: sockaddr.self, capacity: 1, rawAddress) })
+        guard named == 0,
+            let source = withUnsafePointer(
+                to: &local, { $0.withMemoryRebound(to: sockaddr.self, capacity: 1, rawAddress) }),
+            let destination = withUnsafePointer(
+                to: &storage, { $0.withMemoryRebound(to: sockaddr.self, capacity: 1, rawAddress) })
         else { return .failure(SystemError("no source address for \(host)")) }
         let sourceText = text(source)
         guard let entry = interfaces.entries.first(where: { $0.address == source }) else {
             return .success(LocalPath(interface: "?", source: sourceText, onLink: false, running: true))
         }
-        let onLink = zip(zip(destination, source), entry.mask).allSatisfy { pair, mask in pair.0 & mask == pair.1 & mask }
+        let onLink = zip(zip(destination, source), entry.mask).allSatisfy { pair, mask in pair.0 & mask == pair.1 & mask
+        }
         let running = entry.flags & UInt32(IFF_UP) != 0 && entry.flags & UInt32(IFF_RUNNING) != 0
         return .success(LocalPath(interface: entry.name, source: sourceText, onLink: onLink, running: running))
     }
@@ -123,9 +134,13 @@ public enum RouteLookup {
     private static func rawAddress(_ address: UnsafePointer<sockaddr>) -> [UInt8]? {
         switch Int32(address.pointee.sa_family) {
         case AF_INET:
-            return address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { withUnsafeBytes(of: $0.pointee.sin_addr) { Array($0) } }
+            return address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) {
+                withUnsafeBytes(of: $0.pointee.sin_addr) { Array($0) }
+            }
         case AF_INET6:
-            return address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { withUnsafeBytes(of: $0.pointee.sin6_addr) { Array($0) } }
+            return address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) {
+                withUnsafeBytes(of: $0.pointee.sin6_addr) { Array($0) }
+            }
         default:
             return nil
         }

@@ -23,7 +23,8 @@ public final class SharedLibrary: @unchecked Sendable {
     /// function pointer type taken from the library's header (`typedef __typeof__(&function)
     /// name;` in the module map's shim).
     public func function<T>(_ symbol: String, as type: T.Type = T.self) throws(SharedLibraryError) -> T {
-        guard MemoryLayout<T>.size == MemoryLayout<UnsafeMutableRawPointer>.size, let address = dlsym(handle, symbol) else {
+        guard MemoryLayout<T>.size == MemoryLayout<UnsafeMutableRawPointer>.size, let address = dlsym(handle, symbol)
+        else {
             throw SharedLibraryError(library: name, detail: "no function \(symbol)")
         }
         return unsafeBitCast(address, to: T.self)

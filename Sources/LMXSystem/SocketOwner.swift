@@ -1,4 +1,5 @@
 import CLinux
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -47,13 +48,19 @@ public enum SocketOwner {
         let sent = withUnsafeBytes(of: &request) { bytes in
             withUnsafePointer(to: &kernel) { address in
                 address.withMemoryRebound(to: sockaddr.self, capacity: 1) { to in
-                    SystemCall.retrying { sendto(fd, bytes.baseAddress, bytes.count, 0, to, socklen_t(MemoryLayout<sockaddr_nl>.size)) }
+                    SystemCall.retrying {
+                        sendto(fd, bytes.baseAddress, bytes.count, 0, to, socklen_t(MemoryLayout<sockaddr_nl>.size))
+                    }
                 }
             }
         }
         guard case .success(MemoryLayout<Request>.size) = sent else { return nil }
         var answer = [UInt8](repeating: 0, count: 8192)
-        guard case .success(let n) = SystemCall.retrying({ answer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) } }) else { return nil }
+        guard
+            case .success(let n) = SystemCall.retrying({
+                answer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            })
+        else { return nil }
         let headerSize = MemoryLayout<nlmsghdr>.size
         guard n >= headerSize + MemoryLayout<inet_diag_msg>.size else { return nil }
         return answer.withUnsafeBytes { raw -> UInt32? in

@@ -25,7 +25,8 @@ public struct SuspendDetector: Sendable {
     }
 
     static func gap() -> Double {
-        var boot = timespec(), mono = timespec()
+        var boot = timespec()
+        var mono = timespec()
         clock_gettime(CLOCK_BOOTTIME, &boot)
         clock_gettime(CLOCK_MONOTONIC, &mono)
         return Double(boot.tv_sec - mono.tv_sec) + Double(boot.tv_nsec - mono.tv_nsec) / 1e9

@@ -1,4 +1,5 @@
 import CLinux
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -23,7 +24,9 @@ public struct UnixSocketAddress: Sendable {
         address.sun_family = sa_family_t(AF_UNIX)
         withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: bytes) }
         // Abstract names are exactly as long as given; paths use the whole structure.
-        let length = bytes[0] == 0 ? socklen_t(MemoryLayout<sa_family_t>.size + bytes.count) : socklen_t(MemoryLayout<sockaddr_un>.size)
+        let length =
+            bytes[0] == 0
+            ? socklen_t(MemoryLayout<sa_family_t>.size + bytes.count) : socklen_t(MemoryLayout<sockaddr_un>.size)
         return withUnsafePointer(to: &address) { pointer in
             pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, length) }
         }
@@ -45,7 +48,9 @@ public final class UnixStream {
 
     /// Connects to `address`. `sendTimeout` is set before connecting: on a Unix socket whose
     /// backlog is full, connect waits that long rather than forever. `receiveTimeout` nil: none.
-    public init(connectingTo address: UnixSocketAddress, sendTimeout: Double, receiveTimeout: Double?) throws(ConnectError) {
+    public init(connectingTo address: UnixSocketAddress, sendTimeout: Double, receiveTimeout: Double?)
+        throws(ConnectError)
+    {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw .other("socket(): \(SystemError.describe(errno))") }
         Self.setTimeout(fd, SO_SNDTIMEO, sendTimeout)
@@ -78,7 +83,9 @@ public final class UnixStream {
     public func send(_ bytes: [UInt8]) -> Bool {
         var sent = 0
         while sent < bytes.count {
-            let result = SystemCall.retrying { bytes[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } }
+            let result = SystemCall.retrying {
+                bytes[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            }
             guard case .success(let n) = result, n > 0 else { return false }
             sent += n
         }

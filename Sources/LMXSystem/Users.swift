@@ -14,7 +14,8 @@ public enum Users {
 
     /// A group's id, or nil when there is no such group.
     public static func groupID(named name: String) -> UInt32? {
-        var entry = Glibc.group(), result: UnsafeMutablePointer<Glibc.group>?
+        var entry = Glibc.group()
+        var result: UnsafeMutablePointer<Glibc.group>?
         var buffer = [CChar](repeating: 0, count: 16384)
         guard getgrnam_r(name, &entry, &buffer, buffer.count, &result) == 0, result != nil else { return nil }
         return entry.gr_gid
@@ -23,7 +24,8 @@ public enum Users {
     /// Whether user `uid` belongs to group `gid` (primary or supplementary). A uid with no
     /// account is in no group.
     public static func isMember(uid: UInt32, ofGroup gid: UInt32) -> Bool {
-        var account = passwd(), result: UnsafeMutablePointer<passwd>?
+        var account = passwd()
+        var result: UnsafeMutablePointer<passwd>?
         var buffer = [CChar](repeating: 0, count: 16384)
         guard getpwuid_r(uid, &account, &buffer, buffer.count, &result) == 0, result != nil else { return false }
         if account.pw_gid == gid { return true }
@@ -41,9 +43,11 @@ public enum Users {
 
     /// `name (uid N)`, or `uid N` for a uid with no account: for messages.
     public static func describe(_ uid: UInt32) -> String {
-        var account = passwd(), result: UnsafeMutablePointer<passwd>?
+        var account = passwd()
+        var result: UnsafeMutablePointer<passwd>?
         var buffer = [CChar](repeating: 0, count: 16384)
-        guard getpwuid_r(uid, &account, &buffer, buffer.count, &result) == 0, result != nil, let name = account.pw_name else {
+        guard getpwuid_r(uid, &account, &buffer, buffer.count, &result) == 0, result != nil, let name = account.pw_name
+        else {
             return "uid \(uid)"
         }
         return "\(String(cString: name)) (uid \(uid))"
@@ -59,7 +63,9 @@ public enum Users {
     /// - Throws: when it is a symbolic link or not a directory (root never follows it).
     public static func owner(ofDirectory directory: String) throws(SystemError) -> Identity? {
         guard let info = FileSystem.info(directory) else { return nil }
-        guard info.kind == .directory else { throw SystemError("\(directory) is not a directory (a symbolic link?)", code: ENOTDIR) }
+        guard info.kind == .directory else {
+            throw SystemError("\(directory) is not a directory (a symbolic link?)", code: ENOTDIR)
+        }
         guard info.owner != 0 else { return nil }
         let gid = getpwuid(info.owner).map { $0.pointee.pw_gid } ?? info.group
         return Identity(uid: info.owner, gid: gid)

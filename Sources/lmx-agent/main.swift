@@ -1,6 +1,6 @@
 import ArgumentParser
-import LMXCore
 import LMXAgentdCommand
+import LMXCore
 import LMXDiscoverCommand
 import LMXNotifyCommand
 import LMXPairCommand

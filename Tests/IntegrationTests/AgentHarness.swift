@@ -48,10 +48,13 @@ final class AgentProcess: Sendable {
         let process = LiveProcess(
             host == .root ? binary : "/usr/sbin/ip",
             (host == .root ? [] : ["netns", "exec", bed["LMX_TESTBED_\(host.rawValue.uppercased())_NS"], binary])
-            + ["--socket", dir + "/agent.sock", "--db", dir + "/state/agent.db", "--config", dir + "/agent.json",
-             "--log-level", "debug"]
+                + [
+                    "--socket", dir + "/agent.sock", "--db", dir + "/state/agent.db", "--config", dir + "/agent.json",
+                    "--log-level", "debug",
+                ]
                 // Many agents run at once in the tests: only those that test the gateway take a port.
-                + (arguments.contains { $0.hasPrefix("--gateway") || $0 == "--no-gateway" } ? [] : ["--gateway", "off"])
+                + (arguments.contains { $0.hasPrefix("--gateway") || $0 == "--no-gateway" }
+                    ? [] : ["--gateway", "off"])
                 + arguments,
             environment: env)
         let agent = AgentProcess(directory: dir, process: process)
@@ -163,7 +166,8 @@ final class LMXServer: Sendable {
     ) async throws -> LMXServer {
         let address = bind ?? bed.address(host)
         var arguments = [
-            "\(TestBed.repo)/scripts/fixtures/lmx-test-server.py", "--bind", address, "--port", String(port), "--mode", mode,
+            "\(TestBed.repo)/scripts/fixtures/lmx-test-server.py", "--bind", address, "--port", String(port), "--mode",
+            mode,
         ]
         if let instance { arguments += ["--instance", instance] }
         if count > 1 { arguments += ["--count", String(count)] }

@@ -41,7 +41,9 @@ extension AgentTests {
         }
     }
 
-    @Test("lmx-status --wait returns as soon as an endpoint is usable, 1 on timeout, 69 with no agent; endpoint.env follows the active endpoint")
+    @Test(
+        "lmx-status --wait returns as soon as an endpoint is usable, 1 on timeout, 69 with no agent; endpoint.env follows the active endpoint"
+    )
     func waitAndEndpointFile() async throws {
         try await withResources {
             let port = freePort()
@@ -78,7 +80,8 @@ extension AgentTests {
             let mode = (try FileManager.default.attributesOfItem(atPath: envPath)[.posixPermissions] as? Int) ?? 0
             #expect(mode == 0o644)
             // A shell reads it as it is.
-            let sourced = try await Command.run("/bin/sh", ["-c", ". \"$0\" && printf '%s %s' \"$LMX_VIA\" \"$OPENAI_BASE_URL\"", envPath])
+            let sourced = try await Command.run(
+                "/bin/sh", ["-c", ". \"$0\" && printf '%s %s' \"$LMX_VIA\" \"$OPENAI_BASE_URL\"", envPath])
             #expect(sourced.stdout == "lan http://10.254.0.11:\(port)/v1")
 
             await server.set("dead")
@@ -97,7 +100,9 @@ extension AgentTests {
         }
     }
 
-    @Test("under systemd's journal (JOURNAL_STREAM matches stderr) lines carry <N> priorities and no timestamp; elsewhere the usual format")
+    @Test(
+        "under systemd's journal (JOURNAL_STREAM matches stderr) lines carry <N> priorities and no timestamp; elsewhere the usual format"
+    )
     func journalPriorities() async throws {
         let directory = AgentProcess.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -110,27 +115,39 @@ extension AgentTests {
             """
         let agent = LiveProcess("/bin/sh", ["-c", script, "sh", log, "\(TestBed.binDir)/lmx-agentd", directory])
         try await agent.start()
-        _ = await agent.waitFor(timeout: 5) { _ in ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains("not followed") }
+        _ = await agent.waitFor(timeout: 5) { _ in
+            ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains("not followed")
+        }
         await agent.stop()
         let lines = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").map(String.init)
         #expect(lines.contains { $0.hasPrefix("<6>starting") })
         #expect(lines.contains { $0.hasPrefix("<4>address book directory not followed") })
-        #expect(lines.allSatisfy { $0.range(of: #"^<[0-7]>"#, options: .regularExpression) != nil }, "\(lines.prefix(3))")
+        #expect(
+            lines.allSatisfy { $0.range(of: #"^<[0-7]>"#, options: .regularExpression) != nil }, "\(lines.prefix(3))")
         #expect(!lines.contains { $0.range(of: #"\d{4}-\d\d-\d\dT\d\d:"#, options: .regularExpression) != nil })
 
         // Not the journal (JOURNAL_STREAM names another file): timestamps, no prefixes.
         let other = directory + "/other"
         let plain = LiveProcess(
-            "/bin/sh", ["-c", "JOURNAL_STREAM=1:1 exec \"$1\" --no-discovery --gateway off --socket \"$2/b.sock\" --db \"$2/b.db\" --config /dev/null 2>\"$3\"", "sh", "\(TestBed.binDir)/lmx-agentd", directory, other])
+            "/bin/sh",
+            [
+                "-c",
+                "JOURNAL_STREAM=1:1 exec \"$1\" --no-discovery --gateway off --socket \"$2/b.sock\" --db \"$2/b.db\" --config /dev/null 2>\"$3\"",
+                "sh", "\(TestBed.binDir)/lmx-agentd", directory, other,
+            ])
         try await plain.start()
-        _ = await plain.waitFor(timeout: 5) { _ in ((try? String(contentsOfFile: other, encoding: .utf8)) ?? "").contains("starting") }
+        _ = await plain.waitFor(timeout: 5) { _ in
+            ((try? String(contentsOfFile: other, encoding: .utf8)) ?? "").contains("starting")
+        }
         await plain.stop()
         let text = try String(contentsOfFile: other, encoding: .utf8)
         #expect(text.range(of: #"^\d{4}-\d\d-\d\dT"#, options: .regularExpression) != nil)
         #expect(!text.contains("<6>"))
     }
 
-    @Test("every answer of the status API matches docs/openapi.yaml (scripts/checks/check-openapi.py against a running daemon)")
+    @Test(
+        "every answer of the status API matches docs/openapi.yaml (scripts/checks/check-openapi.py against a running daemon)"
+    )
     func openAPI() async throws {
         try await withResources {
             let port = freePort()
@@ -141,7 +158,10 @@ extension AgentTests {
             #expect(await agent.waitForActive(timeout: 5) { $0 != nil } != nil)
             let check = try await Command.run(
                 bed["LMX_TESTBED_PYTHON"],
-                ["\(TestBed.repo)/scripts/checks/check-openapi.py", agent.socket, "https://quiet-river-1234.trycloudflare.com?key=made-up-admin-key"])
+                [
+                    "\(TestBed.repo)/scripts/checks/check-openapi.py", agent.socket,
+                    "https://quiet-river-1234.trycloudflare.com?key=made-up-admin-key",
+                ])
             #expect(check.status == 0, "\(check.stderr)")
             #expect(check.stdout.contains("match docs/openapi.yaml"))
             #expect(!agent.process.stderr.contains("made-up-admin-key"))
@@ -149,21 +169,30 @@ extension AgentTests {
             let stale = agent.directory + "/stale.yaml"
             let edit = try await Command.run(
                 bed["LMX_TESTBED_PYTHON"],
-                ["-c", "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); del d['components']['schemas']['Active']['properties']['route_id']; d['components']['schemas']['Active']['required'].remove('route_id'); yaml.safe_dump(d, open(sys.argv[2], 'w'))",
-                 "\(TestBed.repo)/docs/openapi.yaml", stale])
+                [
+                    "-c",
+                    "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); del d['components']['schemas']['Active']['properties']['route_id']; d['components']['schemas']['Active']['required'].remove('route_id'); yaml.safe_dump(d, open(sys.argv[2], 'w'))",
+                    "\(TestBed.repo)/docs/openapi.yaml", stale,
+                ])
             #expect(edit.status == 0, "\(edit.stderr)")
             let caught = try await Command.run(
                 bed["LMX_TESTBED_PYTHON"],
-                ["\(TestBed.repo)/scripts/checks/check-openapi.py", agent.socket, "https://quiet-river-1234.trycloudflare.com", "--spec", stale])
+                [
+                    "\(TestBed.repo)/scripts/checks/check-openapi.py", agent.socket,
+                    "https://quiet-river-1234.trycloudflare.com", "--spec", stale,
+                ])
             #expect(caught.status == 1)
             #expect(caught.stderr.contains("route_id"))
         }
     }
 
-    @Test("/metrics (socket and --metrics-address) parses with the Prometheus client's parser; lmx_build_info; histograms count every probe")
+    @Test(
+        "/metrics (socket and --metrics-address) parses with the Prometheus client's parser; lmx_build_info; histograms count every probe"
+    )
     func metrics() async throws {
         try await withResources {
-            let port = freePort(), metricsPort = freePort()
+            let port = freePort()
+            let metricsPort = freePort()
             let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "metrics-\(port)")
             let agent = try await AgentProcess.start(
                 bed, config: config(endpoints: [#"{"url": "http://10.254.0.11:\#(port)", "name": "Studio"}"#]),
@@ -179,10 +208,18 @@ extension AgentTests {
             for text in [socketText, tcp.stdout] {
                 let stdin = agent.directory + "/metrics.txt"
                 try text.write(toFile: stdin, atomically: true, encoding: .utf8)
-                let check = try await Command.run("/bin/sh", ["-c", "\"$0\" \"$1\" < \"$2\"", bed["LMX_TESTBED_PYTHON"], "\(TestBed.repo)/scripts/checks/check-metrics.py", stdin])
+                let check = try await Command.run(
+                    "/bin/sh",
+                    [
+                        "-c", "\"$0\" \"$1\" < \"$2\"", bed["LMX_TESTBED_PYTHON"],
+                        "\(TestBed.repo)/scripts/checks/check-metrics.py", stdin,
+                    ])
                 #expect(check.status == 0, "\(check.stderr)")
-                for name in ["lmx_build_info", "lmx_probes", "lmx_probe_duration_seconds", "lmx_routes", "lmx_candidates", "lmx_active_via",
-                             "lmx_active_switches", "lmx_store_pending_writes", "lmx_watch_clients", "lmx_gateway_requests"] {
+                for name in [
+                    "lmx_build_info", "lmx_probes", "lmx_probe_duration_seconds", "lmx_routes", "lmx_candidates",
+                    "lmx_active_via",
+                    "lmx_active_switches", "lmx_store_pending_writes", "lmx_watch_clients", "lmx_gateway_requests",
+                ] {
                     #expect(check.stdout.split(separator: "\n").contains { $0 == name }, "\(name) missing")
                 }
             }
@@ -199,12 +236,16 @@ extension AgentTests {
             let port = freePort()
             let server = try await LMXServer.start(bed, on: .h1, port: port)
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [#"{"url": "http://10.254.0.11:\#(port)"}"#]), arguments: ["--no-discovery"])
+                bed, config: config(endpoints: [#"{"url": "http://10.254.0.11:\#(port)"}"#]),
+                arguments: ["--no-discovery"])
             #expect(await agent.waitForActive(timeout: 5) { $0 != nil } != nil)
 
             let load = LiveProcess(
                 "/usr/bin/python3",
-                ["\(TestBed.repo)/scripts/fixtures/watch-load.py", "--socket", agent.socket, "--clients", "200", "--seconds", "12"])
+                [
+                    "\(TestBed.repo)/scripts/fixtures/watch-load.py", "--socket", agent.socket, "--clients", "200",
+                    "--seconds", "12",
+                ])
             try await load.start()
             #expect(await load.waitForLine(containing: "connected 200", timeout: 10))
             // Changes: the server goes down and comes back twice.
@@ -214,7 +255,9 @@ extension AgentTests {
                 await server.set("alive")
                 _ = await agent.waitForActive(timeout: 8) { $0 != nil }
             }
-            let garbage = LiveProcess("/usr/bin/python3", ["\(TestBed.repo)/scripts/fixtures/watch-load.py", "--socket", agent.socket, "--garbage"])
+            let garbage = LiveProcess(
+                "/usr/bin/python3",
+                ["\(TestBed.repo)/scripts/fixtures/watch-load.py", "--socket", agent.socket, "--garbage"])
             try await garbage.start()
             let garbageStatus = try await garbage.waitForExit(timeout: 30)
             #expect(garbageStatus == 0, "\(garbage.stdout) \(garbage.stderr)")
@@ -230,7 +273,9 @@ extension AgentTests {
             #expect(last >= 3)
             var resumed: [StatusAPI.WatchLine] = []
             try agent.client.stream("/v1/watch?since=\(last - 2)") { bytes in
-                if let line = try? JSONDecoder().decode(StatusAPI.WatchLine.self, from: Data(bytes)) { resumed.append(line) }
+                if let line = try? JSONDecoder().decode(StatusAPI.WatchLine.self, from: Data(bytes)) {
+                    resumed.append(line)
+                }
                 return resumed.count < 2
             }
             #expect(resumed.map(\.seq) == [last - 1, last])
@@ -255,7 +300,9 @@ extension AgentTests {
                 bed,
                 config: config(
                     window: 10,
-                    endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)"), #"{"url": "http://10.254.0.11:\#(port)"}"#],
+                    endpoints: [
+                        wanEndpoint("https://127.0.0.1:\(wanPort)"), #"{"url": "http://10.254.0.11:\#(port)"}"#,
+                    ],
                     extraCA: caFile),
                 arguments: ["--no-discovery"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
@@ -276,9 +323,12 @@ extension AgentTests {
     @Test("lmx-discover --probe adds verdict, version, instance_id, models and latency")
     func discoverProbe() async throws {
         try await withResources {
-            let readyPort = freePort(), notReadyPort = freePort(), deadPort = freePort()
+            let readyPort = freePort()
+            let notReadyPort = freePort()
+            let deadPort = freePort()
             _ = try await LMXServer.start(bed, on: .h1, port: readyPort, instance: "probe-\(readyPort)")
-            _ = try await LMXServer.start(bed, on: .h2, port: notReadyPort, instance: "nr-\(notReadyPort)", mode: "notready")
+            _ = try await LMXServer.start(
+                bed, on: .h2, port: notReadyPort, instance: "nr-\(notReadyPort)", mode: "notready")
             let tag = TestBed.tag()
             _ = try await Publish.avahi(bed, on: .h1, name: "probe ready \(tag)", port: readyPort)
             _ = try await Publish.avahi(bed, on: .h2, name: "probe notready \(tag)", port: notReadyPort)
@@ -309,10 +359,13 @@ extension AgentTests {
         }
     }
 
-    @Test("SIGHUP reloads the config file: a new endpoint appears, a removed one goes; a bad file keeps the old one; a misspelt key is named")
+    @Test(
+        "SIGHUP reloads the config file: a new endpoint appears, a removed one goes; a bad file keeps the old one; a misspelt key is named"
+    )
     func reloadOnSIGHUP() async throws {
         try await withResources {
-            let first = freePort(), second = freePort()
+            let first = freePort()
+            let second = freePort()
             let a = try await LMXServer.start(bed, on: .h1, port: first, instance: "a-\(first)")
             let b = try await LMXServer.start(bed, on: .h2, port: second, instance: "b-\(second)")
             let agent = try await AgentProcess.start(
@@ -322,7 +375,9 @@ extension AgentTests {
             try config(endpoints: [#"{"url": "\#(b.baseURL)", "api_kye": "s3cret"}"#], top: #""wach_heartbeat": 5"#)
                 .write(toFile: agent.configPath, atomically: true, encoding: .utf8)
             agent.process.signal(SIGHUP)
-            #expect(await agent.process.waitForLine(containing: "config: unknown key endpoints[0].api_kye in \(agent.configPath)", timeout: 5))
+            #expect(
+                await agent.process.waitForLine(
+                    containing: "config: unknown key endpoints[0].api_kye in \(agent.configPath)", timeout: 5))
             #expect(agent.process.stderr.contains("config: unknown key wach_heartbeat"))
             #expect(!agent.process.stderr.contains("s3cret"))
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == b.baseURL } != nil)
@@ -342,14 +397,19 @@ extension AgentTests {
         try await withResources {
             let directory = AgentProcess.makeDirectory()
             let notifySocket = directory + "/notify"
-            let listener = LiveProcess("/usr/bin/python3", ["-c", """
-                import socket, sys
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                s.bind(sys.argv[1])
-                print("bound", flush=True)
-                while True:
-                    print(s.recv(4096).decode().replace("\\n", " | "), flush=True)
-                """, notifySocket])
+            let listener = LiveProcess(
+                "/usr/bin/python3",
+                [
+                    "-c",
+                    """
+                    import socket, sys
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                    s.bind(sys.argv[1])
+                    print("bound", flush=True)
+                    while True:
+                        print(s.recv(4096).decode().replace("\\n", " | "), flush=True)
+                    """, notifySocket,
+                ])
             try await listener.start()
             #expect(await listener.waitForLine(containing: "bound", timeout: 5))
             let port = freePort()
@@ -385,9 +445,12 @@ extension AgentTests {
                 bed, config: config(endpoints: [#"{"url": "\#(server.baseURL)"}"#]), arguments: ["--no-discovery"],
                 directory: agent.directory)
             // The new daemon's snapshot, then (or in it) the server active again.
-            #expect(await watch.waitFor(timeout: 8) { process in
-                process.stdoutLines.dropFirst(linesBefore).contains { $0.contains(server.baseURL) && !$0.contains("no active") }
-            })
+            #expect(
+                await watch.waitFor(timeout: 8) { process in
+                    process.stdoutLines.dropFirst(linesBefore).contains {
+                        $0.contains(server.baseURL) && !$0.contains("no active")
+                    }
+                })
             #expect(watch.isRunning)
         }
     }

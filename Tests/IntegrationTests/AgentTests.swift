@@ -65,9 +65,12 @@ struct AgentTests {
     func failoverOnGoodbyeAndReturn() async throws {
         try await withResources {
             let wanPort = freePort()
-            _ = try await LMXServer.start(bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true)
+            _ = try await LMXServer.start(
+                bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true)
             let agent = try await AgentProcess.start(
-                bed, config: config(window: 3, endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
+                bed,
+                config: config(
+                    window: 3, endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
             #expect(await agent.waitForActive(timeout: 5) { $0?.via == .wan } != nil)
 
             let port = freePort()
@@ -112,7 +115,8 @@ struct AgentTests {
             let server = try await LMXServer.start(bed, on: .h2, port: port)
             _ = try await Publish.avahi(bed, on: .h2, name: "agent refused \(TestBed.tag())", port: port)
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
+                bed,
+                config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
             try await Task.sleep(for: .seconds(1))
 
@@ -134,7 +138,8 @@ struct AgentTests {
             let server = try await LMXServer.start(bed, on: .h1, port: port)
             _ = try await Publish.avahi(bed, on: .h1, name: "agent blackhole \(TestBed.tag())", port: port)
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
+                bed,
+                config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
 
             try await bed.control("link", "h1", "down")
@@ -153,19 +158,24 @@ struct AgentTests {
     @Test("ready beats not ready; lower latency wins among equals; one server on two addresses is one candidate")
     func selectionRules() async throws {
         try await withResources {
-            let notReadyPort = freePort(), fastPort = freePort(), slowPort = freePort()
-            _ = try await LMXServer.start(bed, on: .h1, port: notReadyPort, instance: "nr-\(notReadyPort)", mode: "notready")
+            let notReadyPort = freePort()
+            let fastPort = freePort()
+            let slowPort = freePort()
+            _ = try await LMXServer.start(
+                bed, on: .h1, port: notReadyPort, instance: "nr-\(notReadyPort)", mode: "notready")
             let slow = try await LMXServer.start(bed, on: .h2, port: slowPort, instance: "slow-\(slowPort)")
             await slow.set("slow 150")
             // One server reachable at two addresses: bound to every address of this machine.
-            let fast = try await LMXServer.start(bed, on: .root, port: fastPort, instance: "fast-\(fastPort)", bind: "0.0.0.0")
+            let fast = try await LMXServer.start(
+                bed, on: .root, port: fastPort, instance: "fast-\(fastPort)", bind: "0.0.0.0")
             let endpoints = [
                 #"{"url": "http://10.254.0.11:\#(notReadyPort)"}"#,
                 #"{"url": "http://10.254.0.12:\#(slowPort)"}"#,
                 #"{"url": "http://10.254.0.1:\#(fastPort)"}"#,
                 #"{"url": "http://127.0.0.1:\#(fastPort)"}"#,
             ]
-            let agent = try await AgentProcess.start(bed, config: config(endpoints: endpoints), arguments: ["--no-discovery"])
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: endpoints), arguments: ["--no-discovery"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.instanceID == "fast-\(fastPort)" } != nil)
             let candidates = try agent.status().candidates
             let fastCandidate = candidates.filter { $0.instanceID == "fast-\(fastPort)" }
@@ -182,11 +192,15 @@ struct AgentTests {
     @Test("401/403 show as auth-rejected, never down; wrong Access token too; overloaded is alive but not preferred")
     func authAndOverload() async throws {
         try await withResources {
-            let wanPort = freePort(), lanPort = freePort(), overPort = freePort()
+            let wanPort = freePort()
+            let lanPort = freePort()
+            let overPort = freePort()
             let tunnel = try await LMXServer.start(
-                bed, on: .root, port: wanPort, bind: "127.0.0.1", tls: true, requireAccess: ("svc.access", "right-secret"))
+                bed, on: .root, port: wanPort, bind: "127.0.0.1", tls: true,
+                requireAccess: ("svc.access", "right-secret"))
             let lan = try await LMXServer.start(bed, on: .h1, port: lanPort, instance: "auth-\(lanPort)")
-            let overloaded = try await LMXServer.start(bed, on: .h2, port: overPort, instance: "over-\(overPort)", mode: "overloaded")
+            let overloaded = try await LMXServer.start(
+                bed, on: .h2, port: overPort, instance: "over-\(overPort)", mode: "overloaded")
             let endpoints = [
                 wanEndpoint("https://127.0.0.1:\(wanPort)", id: "svc.access", secret: "wrong-secret-XYZ"),
                 #"{"url": "http://10.254.0.11:\#(lanPort)"}"#,
@@ -198,14 +212,18 @@ struct AgentTests {
             let wan = await agent.waitForRoute(timeout: 5) { $0.via == .wan && $0.verdict != nil }
             #expect(wan?.verdict == .authRejected)
             #expect(wan?.health == .down)
-            let over = await agent.waitForRoute(timeout: 5) { $0.baseURL.hasSuffix(":\(overPort)") && $0.verdict != nil }
+            let over = await agent.waitForRoute(timeout: 5) {
+                $0.baseURL.hasSuffix(":\(overPort)") && $0.verdict != nil
+            }
             #expect(over?.verdict == .overloaded)
             #expect(over?.health == .up)
             #expect(over?.active == false)
 
             // A LAN server answering 403 is auth-rejected, not down.
             await lan.set("403")
-            let rejected = await agent.waitForRoute(timeout: 8) { $0.baseURL == lan.baseURL && $0.verdict == .authRejected }
+            let rejected = await agent.waitForRoute(timeout: 8) {
+                $0.baseURL == lan.baseURL && $0.verdict == .authRejected
+            }
             #expect(rejected != nil)
             // Then the overloaded server, alive, is better than nothing.
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == overloaded.baseURL } != nil)
@@ -224,7 +242,8 @@ struct AgentTests {
     func untrustedCertificate() async throws {
         try await withResources {
             let port = freePort()
-            _ = try await LMXServer.start(bed, on: .root, port: port, bind: "127.0.0.1", tls: true, rogueCertificate: true)
+            _ = try await LMXServer.start(
+                bed, on: .root, port: port, bind: "127.0.0.1", tls: true, rogueCertificate: true)
             let agent = try await AgentProcess.start(
                 bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(port)")], extraCA: caFile),
                 arguments: ["--no-discovery"])
@@ -244,7 +263,8 @@ struct AgentTests {
             let server = try await LMXServer.start(bed, on: .h2, port: port)
             _ = try await Publish.avahi(bed, on: .h2, name: "agent avahi restart \(TestBed.tag())", port: port)
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
+                bed,
+                config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
 
             try await bed.control("restart-avahi", "root")
@@ -257,7 +277,9 @@ struct AgentTests {
             #expect(!everLeft)
             let status = try agent.status()
             #expect(status.avahi == "running")
-            #expect(agent.process.stderr.contains("avahi-daemon reconnecting") || agent.process.stderr.contains("avahi-daemon waiting"))
+            #expect(
+                agent.process.stderr.contains("avahi-daemon reconnecting")
+                    || agent.process.stderr.contains("avahi-daemon waiting"))
         }
     }
 
@@ -275,7 +297,8 @@ struct AgentTests {
             try await Task.sleep(for: .seconds(2))
 
             let started = ContinuousClock.now
-            let again = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery"], directory: agent.directory)
+            let again = try await AgentProcess.start(
+                bed, config: config(), arguments: ["--no-discovery"], directory: agent.directory)
             let seconds = await again.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL }
             let total = (ContinuousClock.now - started).seconds
             #expect(seconds != nil)
@@ -290,12 +313,15 @@ struct AgentTests {
             let directory = AgentProcess.makeDirectory()
             try FileManager.default.createDirectory(atPath: directory + "/state", withIntermediateDirectories: true)
             try Data(repeating: 0x42, count: 16_384).write(to: URL(fileURLWithPath: directory + "/state/agent.db"))
-            let agent = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery"], directory: directory)
+            let agent = try await AgentProcess.start(
+                bed, config: config(), arguments: ["--no-discovery"], directory: directory)
             #expect(agent.isServing)
             #expect(agent.process.stderr.contains("is corrupt"))
             let files = try FileManager.default.contentsOfDirectory(atPath: directory + "/state")
             #expect(files.contains { $0.hasPrefix("agent.db.corrupt-") })
-            let mode = try FileManager.default.attributesOfItem(atPath: directory + "/state/agent.db")[.posixPermissions] as? Int
+            let mode =
+                try FileManager.default.attributesOfItem(atPath: directory + "/state/agent.db")[.posixPermissions]
+                as? Int
             #expect(mode == 0o600)
         }
     }
@@ -305,7 +331,8 @@ struct AgentTests {
         try await withResources {
             let agent = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery"])
             let second = try await Command.run(
-                "\(TestBed.binDir)/lmx-agentd", ["--socket", agent.socket, "--db", agent.directory + "/other.db", "--no-discovery"])
+                "\(TestBed.binDir)/lmx-agentd",
+                ["--socket", agent.socket, "--db", agent.directory + "/other.db", "--no-discovery"])
             #expect(second.status == 73)
             #expect(second.stderr.contains("already serving"))
             #expect(agent.isServing)
@@ -314,7 +341,8 @@ struct AgentTests {
             agent.process.signal(SIGKILL)
             _ = await agent.process.waitFor(timeout: 5) { !$0.isRunning }
             #expect(FileManager.default.fileExists(atPath: agent.socket))
-            let third = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery"], directory: agent.directory)
+            let third = try await AgentProcess.start(
+                bed, config: config(), arguments: ["--no-discovery"], directory: agent.directory)
             #expect(third.isServing)
             #expect(third.process.stderr.contains("stale socket"))
             await third.stop()

@@ -19,23 +19,35 @@ final class Browser: Sendable {
     }
 
     static func start(width: Int = 1200, height: Int = 900, hosts: [String] = []) async throws -> Browser {
-        guard FileManager.default.isExecutableFile(atPath: "/usr/bin/chromedriver"), FileManager.default.isExecutableFile(atPath: "/usr/bin/chromium") else {
-            throw TestBedMissing(detail: "Debian's chromium and chromium-driver are not installed: run make test (scripts/lib.sh installs them)")
+        guard FileManager.default.isExecutableFile(atPath: "/usr/bin/chromedriver"),
+            FileManager.default.isExecutableFile(atPath: "/usr/bin/chromium")
+        else {
+            throw TestBedMissing(
+                detail:
+                    "Debian's chromium and chromium-driver are not installed: run make test (scripts/lib.sh installs them)"
+            )
         }
         let port = freePort()
-        let driver = LiveProcess("/usr/bin/chromedriver", ["--port=\(port)", "--allowed-ips=127.0.0.1", "--log-level=WARNING"])
+        let driver = LiveProcess(
+            "/usr/bin/chromedriver", ["--port=\(port)", "--allowed-ips=127.0.0.1", "--log-level=WARNING"])
         try await driver.start()
         let profile = "/tmp/lmx-chromium-\(TestBed.tag())"
         var ready = false
         for _ in 0..<100 where !ready {
-            ready = (try? await Self.call(port, "GET", "/status")).flatMap { ($0["value"] as? [String: Any])?["ready"] as? Bool } == true
+            ready =
+                (try? await Self.call(port, "GET", "/status")).flatMap {
+                    ($0["value"] as? [String: Any])?["ready"] as? Bool
+                } == true
             if !ready { try await Task.sleep(for: .milliseconds(100)) }
         }
         guard ready else { throw TestBedMissing(detail: "chromedriver did not start: \(driver.stderr)") }
-        let rules = (hosts.map { "MAP \($0) 127.0.0.1" } + ["EXCLUDE 127.0.0.1", "EXCLUDE localhost", "MAP * ~NOTFOUND"]).joined(separator: ", ")
+        let rules =
+            (hosts.map { "MAP \($0) 127.0.0.1" } + ["EXCLUDE 127.0.0.1", "EXCLUDE localhost", "MAP * ~NOTFOUND"])
+            .joined(separator: ", ")
         let arguments = [
             "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=\(width),\(height)",
-            "--user-data-dir=\(profile)", "--no-first-run", "--no-default-browser-check", "--disable-background-networking",
+            "--user-data-dir=\(profile)", "--no-first-run", "--no-default-browser-check",
+            "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--disable-domain-reliability", "--disable-breakpad",
             "--metrics-recording-only", "--no-pings", "--disable-features=Translate,MediaRouter,OptimizationHints",
             "--host-resolver-rules=\(rules)", "--lang=en-US", "--force-device-scale-factor=1",
@@ -60,15 +72,22 @@ final class Browser: Sendable {
     }
 
     /// One WebDriver call: the decoded answer.
-    private static func call(_ port: Int, _ method: String, _ path: String, _ body: [String: Any]? = nil, timeout: Double = 30) async throws -> [String: Any] {
+    private static func call(
+        _ port: Int, _ method: String, _ path: String, _ body: [String: Any]? = nil, timeout: Double = 30
+    ) async throws -> [String: Any] {
         var arguments = ["-s", "--max-time", String(Int(timeout)), "-X", method, "http://127.0.0.1:\(port)\(path)"]
         if let body {
             let data = try JSONSerialization.data(withJSONObject: body)
-            arguments += ["-H", "Content-Type: application/json", "--data-binary", String(decoding: data, as: UTF8.self)]
+            arguments += [
+                "-H", "Content-Type: application/json", "--data-binary", String(decoding: data, as: UTF8.self),
+            ]
         }
         let result = try await Command.run("/usr/bin/curl", arguments, timeout: timeout + 5)
-        guard result.status == 0, let object = try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any] else {
-            throw TestBedMissing(detail: "WebDriver \(method) \(path) failed: \(result.stdout.prefix(500)) \(result.stderr.prefix(300))")
+        guard result.status == 0,
+            let object = try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any]
+        else {
+            throw TestBedMissing(
+                detail: "WebDriver \(method) \(path) failed: \(result.stdout.prefix(500)) \(result.stderr.prefix(300))")
         }
         return object
     }
@@ -98,15 +117,18 @@ final class Browser: Sendable {
     }
 
     func text(_ id: String) async -> String {
-        ((try? await run("const e = document.getElementById('\(id)'); return e ? e.textContent : null")) as? String) ?? ""
+        ((try? await run("const e = document.getElementById('\(id)'); return e ? e.textContent : null")) as? String)
+            ?? ""
     }
 
     /// The page as the system's dark or light preference would show it.
     func prefersDark(_ dark: Bool) async throws {
-        try await call("POST", "/goog/cdp/execute", [
-            "cmd": "Emulation.setEmulatedMedia",
-            "params": ["features": [["name": "prefers-color-scheme", "value": dark ? "dark" : "light"]]],
-        ])
+        try await call(
+            "POST", "/goog/cdp/execute",
+            [
+                "cmd": "Emulation.setEmulatedMedia",
+                "params": ["features": [["name": "prefers-color-scheme", "value": dark ? "dark" : "light"]]],
+            ])
     }
 
     func resize(width: Int, height: Int) async throws {
@@ -115,7 +137,8 @@ final class Browser: Sendable {
 
     /// A PNG of the viewport, written to `path`.
     func screenshot(to path: String) async throws -> Data {
-        guard let encoded = try await call("GET", "/screenshot") as? String, let png = Data(base64Encoded: encoded) else {
+        guard let encoded = try await call("GET", "/screenshot") as? String, let png = Data(base64Encoded: encoded)
+        else {
             throw TestBedMissing(detail: "no screenshot")
         }
         try png.write(to: URL(fileURLWithPath: path))

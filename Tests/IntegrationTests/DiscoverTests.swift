@@ -23,11 +23,13 @@ struct DiscoverTests {
     private func avahiBrowseLines(tag: String) async throws -> Set<String> {
         // avahi-browse -r can wait a long time on a resolver for a service withdrawn by an earlier
         // test; such a run counts as "not seen yet" and the caller asks again.
-        guard let result = try? await Command.run("/usr/bin/avahi-browse", ["-rtp", "_opta-lmx._tcp"], timeout: 8) else {
+        guard let result = try? await Command.run("/usr/bin/avahi-browse", ["-rtp", "_opta-lmx._tcp"], timeout: 8)
+        else {
             return []
         }
         #expect(result.status == 0)
-        return Set(result.stdout.split(separator: "\n").map(String.init).filter { $0.hasPrefix("=;") && $0.contains(tag) })
+        return Set(
+            result.stdout.split(separator: "\n").map(String.init).filter { $0.hasPrefix("=;") && $0.contains(tag) })
     }
 
     private func watch(bus: String? = nil, _ extra: [String] = []) async throws -> LiveProcess {
@@ -56,13 +58,16 @@ struct DiscoverTests {
 
     // MARK: Finding servers
 
-    @Test("servers on this host and on two LAN hosts are all found; JSON, table and --parsable agree with avahi-browse -rtp")
+    @Test(
+        "servers on this host and on two LAN hosts are all found; JSON, table and --parsable agree with avahi-browse -rtp"
+    )
     func findsEveryHostAndAgreesWithAvahiBrowse() async throws {
         let tag = TestBed.tag()
         let local = try await Publish.avahi(bed, on: .root, name: "Local \(tag)", port: 4321)
         let first = try await Publish.avahi(bed, on: .h1, name: "Studio \(tag)", port: 1234)
-        let second = try await Publish.avahi(bed, on: .h2, name: "Mono512.local \(tag)", port: 1235,
-                                             txt: ["path=/v1/discovery", "service=opta-lmx", "extra"])
+        let second = try await Publish.avahi(
+            bed, on: .h2, name: "Mono512.local \(tag)", port: 1235,
+            txt: ["path=/v1/discovery", "service=opta-lmx", "extra"])
         defer { for p in [local, first, second] { p.signal(SIGTERM) } }
 
         let json = try await Command.discover(["--json"])
@@ -83,22 +88,28 @@ struct DiscoverTests {
         #expect(parsable.status == 0)
         let ours = Set(parsable.stdout.split(separator: "\n").map(String.init).filter { $0.contains(tag) })
         #expect(ours == avahi)
-        #expect(avahi.count == 4) // Local on lo and lmxbr0, the two LAN hosts on lmxbr0
+        #expect(avahi.count == 4)  // Local on lo and lmxbr0, the two LAN hosts on lmxbr0
         // The flags avahi-browse users type work as typed: -rtp, -art -p, -d local.
         for flags in [["-rtp"], ["-art", "-p"], ["-p", "-d", "local"]] {
             let typed = try await Command.discover(flags)
             #expect(typed.status == 0, "\(flags)")
-            #expect(Set(typed.stdout.split(separator: "\n").map(String.init).filter { $0.contains(tag) }) == avahi, "\(flags)")
+            #expect(
+                Set(typed.stdout.split(separator: "\n").map(String.init).filter { $0.contains(tag) }) == avahi,
+                "\(flags)")
         }
 
         // JSON carries the same records as avahi-browse: name, interface, address, port, TXT.
-        let fromJSON = Set(found.flatMap { server in
-            server.records.map { record in
-                let txt = TXTRecord(entries: server.txtRaw.map { Array(Data(base64Encoded: $0)!) })
-                return ["=", record.interface, record.protocol.rawValue, DNSSDText.escapeLabel(server.name), server.type,
-                        server.domain, record.host, record.address, String(record.port), DNSSDText.quoteTXT(txt)].joined(separator: ";")
-            }
-        })
+        let fromJSON = Set(
+            found.flatMap { server in
+                server.records.map { record in
+                    let txt = TXTRecord(entries: server.txtRaw.map { Array(Data(base64Encoded: $0)!) })
+                    return [
+                        "=", record.interface, record.protocol.rawValue, DNSSDText.escapeLabel(server.name),
+                        server.type,
+                        server.domain, record.host, record.address, String(record.port), DNSSDText.quoteTXT(txt),
+                    ].joined(separator: ";")
+                }
+            })
         #expect(fromJSON == avahi)
 
         // The table shows every server with all of its endpoints.
@@ -120,7 +131,7 @@ struct DiscoverTests {
             "Mono512.local.\(tag)",
             "Studio Mac — ünïcödé 🚀 \(tag)",
             "semi;colon \"quoted\" back\\slash \(tag)",
-            String(repeating: "x", count: 63 - tag.utf8.count - 1) + "-" + tag, // 63 bytes, the label maximum
+            String(repeating: "x", count: 63 - tag.utf8.count - 1) + "-" + tag,  // 63 bytes, the label maximum
         ]
         #expect(names.last?.utf8.count == 63)
         var publishers: [LiveProcess] = []
@@ -140,8 +151,9 @@ struct DiscoverTests {
     func unusualTXT() async throws {
         let tag = TestBed.tag()
         let keys = (1...20).map { "key\($0)=value \($0)" }
-        let publisher = try await Publish.zeroconf(bed, name: "TXT \(tag)", ttl: 120,
-                                                   txt: keys + ["bin=hex:ff00017f80fe", "flag"])
+        let publisher = try await Publish.zeroconf(
+            bed, name: "TXT \(tag)", ttl: 120,
+            txt: keys + ["bin=hex:ff00017f80fe", "flag"])
         defer { publisher.signal(SIGKILL) }
         let found = try servers(try await Command.discover(["--json"]), tag: tag)
         let server = try #require(found.first)
@@ -199,7 +211,9 @@ struct DiscoverTests {
     @Test("over IPv6: link-local addresses carry %interface, -6 keeps IPv6, a dual-stack host keeps its IPv4 address")
     func ipv6() async throws {
         // Switch the root and h2 daemons to IPv4 + IPv6 (still only lo and the test links).
-        for host in ["root", "h2"] { try await bed.control("restart-avahi", host, environment: ["LMX_TESTBED_IPV6": "yes"]) }
+        for host in ["root", "h2"] {
+            try await bed.control("restart-avahi", host, environment: ["LMX_TESTBED_IPV6": "yes"])
+        }
         var failure: (any Error)?
         do {
             let tag = TestBed.tag()
@@ -209,7 +223,11 @@ struct DiscoverTests {
             var both: ServerJSON?
             for _ in 0..<10 where both == nil {
                 let server = try servers(try await Command.discover(["--json"]), tag: tag).first
-                if let server, server.addresses.count == 2 { both = server } else { try await Task.sleep(for: .milliseconds(300)) }
+                if let server, server.addresses.count == 2 {
+                    both = server
+                } else {
+                    try await Task.sleep(for: .milliseconds(300))
+                }
             }
             let dual = try #require(both)
             #expect(dual.addresses.first == bed.address(.h2))
@@ -246,9 +264,12 @@ struct DiscoverTests {
         #expect(json.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "[\n\n]" || json.stdout.contains("[]"))
     }
 
-    @Test("usage errors exit 64", arguments: [
-        ["--json", "--parsable"], ["--timeout", "-1"], ["--type", "opta-lmx"], ["-4", "-6"], ["--watch", "--parsable"], ["--bogus"], ["--watch", "-t"],
-    ])
+    @Test(
+        "usage errors exit 64",
+        arguments: [
+            ["--json", "--parsable"], ["--timeout", "-1"], ["--type", "opta-lmx"], ["-4", "-6"],
+            ["--watch", "--parsable"], ["--bogus"], ["--watch", "-t"],
+        ])
     func usageErrors(arguments: [String]) async throws {
         let result = try await Command.discover(arguments)
         #expect(result.status == 64)
@@ -294,7 +315,7 @@ struct DiscoverTests {
         let publisher = try await Publish.zeroconf(bed, name: name, ttl: ttl, txt: ["path=/.well-known/opta-lmx"])
         #expect(await watcher.waitFor(timeout: 5) { _ in count(watcher, "added", name: name) == 1 })
         let killed = ContinuousClock.now
-        await publisher.stop(signal: SIGKILL) // no goodbye packet
+        await publisher.stop(signal: SIGKILL)  // no goodbye packet
         try await Task.sleep(for: .milliseconds(500))
         #expect(count(watcher, "removed", name: name) == 0, "removed before the TTL ran out: that would be a goodbye")
         #expect(await watcher.waitFor(timeout: Double(ttl) + 4) { _ in count(watcher, "removed", name: name) == 1 })
@@ -333,7 +354,7 @@ struct DiscoverTests {
 
         try await bed.control("restart-avahi", "root")
         #expect(await watcher.waitFor(timeout: 10) { _ in count(watcher, "added", name: name) == 2 })
-        try await Task.sleep(for: .seconds(2)) // anything duplicated would show up by now
+        try await Task.sleep(for: .seconds(2))  // anything duplicated would show up by now
         #expect(watcher.isRunning)
         let lines = events(watcher)
         let states = lines.filter { $0.event == "daemon" }.compactMap(\.state)
@@ -349,8 +370,10 @@ struct DiscoverTests {
 
     @Test("--watch waits for an absent daemon, says so on stderr, and stops cleanly on SIGTERM")
     func watchWaitsForDaemon() async throws {
-        for (bus, reason) in [(bed.noAvahiBus, "avahi-daemon is not running"),
-                              ("unix:path=/nonexistent/system_bus_socket", "system D-Bus unreachable")] {
+        for (bus, reason) in [
+            (bed.noAvahiBus, "avahi-daemon is not running"),
+            ("unix:path=/nonexistent/system_bus_socket", "system D-Bus unreachable"),
+        ] {
             let watcher = try await watch(bus: bus)
             #expect(await watcher.waitFor(timeout: 3) { _ in events(watcher).contains { $0.state == "waiting" } })
             #expect(events(watcher).first?.reason?.contains(reason) == true)

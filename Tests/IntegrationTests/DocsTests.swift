@@ -20,9 +20,9 @@ struct DocsTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try "# Title\n\n## A heading\n".write(toFile: directory + "/docs/a.md", atomically: true, encoding: .utf8)
         try """
-            # Project
-            [fine](docs/a.md#a-heading) [missing](docs/b.md) [heading](docs/a.md#nowhere) [outside](../shared/CONTRACT.md)
-            """.write(toFile: directory + "/README.md", atomically: true, encoding: .utf8)
+        # Project
+        [fine](docs/a.md#a-heading) [missing](docs/b.md) [heading](docs/a.md#nowhere) [outside](../shared/CONTRACT.md)
+        """.write(toFile: directory + "/README.md", atomically: true, encoding: .utf8)
         let result = try await Command.run("/usr/bin/python3", [checker, directory])
         #expect(result.status == 1)
         #expect(result.stderr.contains("docs/b.md does not exist"))
@@ -39,7 +39,9 @@ struct DocsTests {
         let firstScreen = lines.prefix(24).joined(separator: "\n")
         #expect(firstScreen.contains("sudo make run"))
         #expect(firstScreen.contains("sudo make test"))
-        #expect(firstScreen.contains("http://127.0.0.1:1235/") && firstScreen.contains("lmx-notify"), "the dashboard and lmx-notify")
+        #expect(
+            firstScreen.contains("http://127.0.0.1:1235/") && firstScreen.contains("lmx-notify"),
+            "the dashboard and lmx-notify")
     }
 
     @Test("man pages: real EXIT STATUS, ENVIRONMENT and FILES sections; no subcommands claimed where there are none")

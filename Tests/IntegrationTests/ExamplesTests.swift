@@ -25,7 +25,9 @@ struct ExamplesTests {
         return (agent, server)
     }
 
-    @Test("active-endpoint.sh prints the endpoint (exit 0), the reason when there is none (1), and exits 69 without an agent")
+    @Test(
+        "active-endpoint.sh prints the endpoint (exit 0), the reason when there is none (1), and exits 69 without an agent"
+    )
     func activeEndpointScript() async throws {
         try await withResources {
             // The commented config shipped as /etc/lmx/agent.json is what this agent runs with.
@@ -44,7 +46,8 @@ struct ExamplesTests {
             #expect(none.stderr.contains("no active endpoint"))
             #expect(none.stdout.isEmpty)
 
-            let missing = try await Command.run(script, [], environment: ["LMX_SOCKET": agent.directory + "/nothing.sock"])
+            let missing = try await Command.run(
+                script, [], environment: ["LMX_SOCKET": agent.directory + "/nothing.sock"])
             #expect(missing.status == 69)
             #expect(missing.stderr.contains("nothing.sock"))
         }
@@ -54,7 +57,9 @@ struct ExamplesTests {
     func openAIClient() async throws {
         try await withResources {
             let (agent, _) = try await agentWithServer(instance: "example-py")
-            let environment = ["LMX_SOCKET": agent.socket, "LMX_STATUS": TestBed.binDir + "/lmx-status", "OPENAI_API_KEY": ""]
+            let environment = [
+                "LMX_SOCKET": agent.socket, "LMX_STATUS": TestBed.binDir + "/lmx-status", "OPENAI_API_KEY": "",
+            ]
             let result = try await Command.run(
                 "/usr/bin/python3", [Self.examples + "/openai_client.py", "Say hello"], environment: environment)
             #expect(result.status == 0, "stderr: \(result.stderr)")
@@ -74,7 +79,8 @@ struct ExamplesTests {
         try await withResources {
             let (agent, server) = try await agentWithServer(instance: "example-watch")
             let watch = LiveProcess(
-                "/usr/bin/python3", [Self.examples + "/watch.py", "--count", "1"], environment: ["LMX_SOCKET": agent.socket])
+                "/usr/bin/python3", [Self.examples + "/watch.py", "--count", "1"],
+                environment: ["LMX_SOCKET": agent.socket])
             try await watch.start()
             #expect(await watch.waitForLine(containing: "active: \(server.baseURL) via lan", timeout: 10))
             await server.set("dead")
@@ -93,7 +99,10 @@ struct ExamplesTests {
             ("tunnel-url.png", "tunnel-url", "https://quiet-river-1234.trycloudflare.com", nil),
             ("connect-link.png", "connect-link", "https://quiet-river-1234.trycloudflare.com", "192.168.188.11:1234"),
             ("account-link.png", "pair-link", nil, "192.168.188.11:1234"),
-            ("lmx-connections.json", "address-book", "https://quiet-river-1234.trycloudflare.com", "192.168.188.11:1234"),
+            (
+                "lmx-connections.json", "address-book", "https://quiet-river-1234.trycloudflare.com",
+                "192.168.188.11:1234"
+            ),
         ]
         let scratch = AgentProcess.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: scratch) }
@@ -101,8 +110,11 @@ struct ExamplesTests {
         let remade = scratch + "/remade"
         let make = try await Command.run(Self.examples + "/pairing/make-codes.sh", [TestBed.binDir, remade])
         #expect(make.status == 0, "\(make.stderr)")
-        try FileManager.default.copyItem(atPath: Self.examples + "/pairing/lmx-connections.json", toPath: remade + "/lmx-connections.json")
-        for sample in samples.map({ (Self.examples + "/pairing/" + $0.file, $0) }) + samples.map({ (remade + "/" + $0.file, $0) }) {
+        try FileManager.default.copyItem(
+            atPath: Self.examples + "/pairing/lmx-connections.json", toPath: remade + "/lmx-connections.json")
+        for sample in samples.map({ (Self.examples + "/pairing/" + $0.file, $0) })
+            + samples.map({ (remade + "/" + $0.file, $0) })
+        {
             let (file, sample) = sample
             let result = try await Command.run(
                 TestBed.binDir + "/lmx-pair",
@@ -118,12 +130,16 @@ struct ExamplesTests {
 
     @Test("demo.sh shows discovery, failover to WAN and return to LAN in under a minute, then cleans up")
     func demo() async throws {
-        let before = Set((try? FileManager.default.contentsOfDirectory(atPath: "/tmp")) ?? []).filter { $0.hasPrefix("lmx-demo.") }
+        let before = Set((try? FileManager.default.contentsOfDirectory(atPath: "/tmp")) ?? []).filter {
+            $0.hasPrefix("lmx-demo.")
+        }
         // As from a shell: the test runner's threads block signals, and a spawned child inherits
         // that mask, so the demo starts through a wrapper that clears it.
-        let unblocked = "import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, []); os.execv(sys.argv[1], sys.argv[1:])"
+        let unblocked =
+            "import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, []); os.execv(sys.argv[1], sys.argv[1:])"
         let result = try await Command.run(
-            "/usr/bin/python3", ["-c", unblocked, Self.examples + "/demo.sh"], environment: ["LMX_BIN_DIR": TestBed.binDir],
+            "/usr/bin/python3", ["-c", unblocked, Self.examples + "/demo.sh"],
+            environment: ["LMX_BIN_DIR": TestBed.binDir],
             timeout: 120)
         #expect(result.status == 0, "stdout: \(result.stdout)\nstderr: \(result.stderr)")
         #expect(result.seconds < 60)
@@ -135,7 +151,9 @@ struct ExamplesTests {
         #expect(out.contains("→ https://localhost:18443 via wan"))
         #expect(out.contains("→ http://127.0.0.1:1808"))
         // Nothing is left behind: no scratch folder, no process in the demo's namespace.
-        let after = Set((try? FileManager.default.contentsOfDirectory(atPath: "/tmp")) ?? []).filter { $0.hasPrefix("lmx-demo.") }
+        let after = Set((try? FileManager.default.contentsOfDirectory(atPath: "/tmp")) ?? []).filter {
+            $0.hasPrefix("lmx-demo.")
+        }
         #expect(after.subtracting(before).isEmpty)
     }
 }

@@ -15,7 +15,11 @@ struct FaultInjectionTests {
     private func integrity(_ database: String) async throws -> String {
         let check = try await Command.run(
             "/usr/bin/python3",
-            ["-c", "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute('PRAGMA integrity_check').fetchone()[0])", database])
+            [
+                "-c",
+                "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute('PRAGMA integrity_check').fetchone()[0])",
+                database,
+            ])
         return check.stdout.trimmingCharacters(in: .whitespacesAndNewlines) + check.stderr
     }
 
@@ -58,12 +62,14 @@ struct FaultInjectionTests {
     func avahiRestarts() async throws {
         try await withResources {
             let wanPort = freePort()
-            _ = try await LMXServer.start(bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true)
+            _ = try await LMXServer.start(
+                bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true)
             let port = freePort()
             let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "steady-\(port)")
             _ = try await Publish.avahi(bed, on: .h1, name: "steady \(TestBed.tag())", port: port)
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
+                bed,
+                config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, trust: "lan"))
             #expect(await agent.waitForActive(timeout: 8) { $0?.baseURL == server.baseURL } != nil)
             try await Task.sleep(for: .seconds(1))
             let before = try agent.status().seq
@@ -82,7 +88,9 @@ struct FaultInjectionTests {
             let switches = list.filter { $0.kind == "active" }
             #expect(switches.count == 1, "active endpoint changes: \(switches.map(\.reason))")
             #expect(try agent.status().avahi == "running")
-            print("figure: 20 avahi-daemon restarts: \(switches.count - 1) spurious switches, watch seq \(before) → \(try agent.status().seq)")
+            print(
+                "figure: 20 avahi-daemon restarts: \(switches.count - 1) spurious switches, watch seq \(before) → \(try agent.status().seq)"
+            )
         }
     }
 

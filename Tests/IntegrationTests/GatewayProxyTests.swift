@@ -27,13 +27,15 @@ struct GatewayProxyTests {
 
     /// Response headers (lower-cased names) and status of one request through curl.
     private func head(_ arguments: [String]) async throws -> (status: Int, headers: [String: String], body: String) {
-        let result = try await Command.run("/usr/bin/curl", ["-s", "-D", "/dev/stderr", "-o", "-"] + arguments, timeout: 20)
+        let result = try await Command.run(
+            "/usr/bin/curl", ["-s", "-D", "/dev/stderr", "-o", "-"] + arguments, timeout: 20)
         var headers: [String: String] = [:]
         var status = 0
         for line in result.stderr.split(separator: "\r\n") {
             if line.hasPrefix("HTTP/") { status = Int(line.split(separator: " ")[1]) ?? 0 }
             if let colon = line.firstIndex(of: ":") {
-                headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+                headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(
+                    in: .whitespaces)
             }
         }
         return (status, headers, result.stdout)
@@ -42,29 +44,43 @@ struct GatewayProxyTests {
     @Test("64 streams at once through one route: every one served, none waiting on a pool of ours")
     func manyStreams() async throws {
         try await withResources {
-            let port = freePort(), gatewayPort = freePort()
+            let port = freePort()
+            let gatewayPort = freePort()
             let server = try await LMXServer.start(
-                bed, on: .h1, port: port, instance: "many-\(port)", extra: ["--stream-chunks", "10", "--stream-interval", "200"])
+                bed, on: .h1, port: port, instance: "many-\(port)",
+                extra: ["--stream-chunks", "10", "--stream-interval", "200"])
             let agent = try await AgentProcess.start(
                 bed, config: config(endpoints: [endpoint(server, name: "Studio")]),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
-            let direct = json(try await Command.run("/usr/bin/python3", [client, "streams", server.baseURL + "/v1", "--concurrency", "64"], timeout: 60))
-            let proxied = json(try await Command.run("/usr/bin/python3", [client, "streams", "http://127.0.0.1:\(gatewayPort)/v1", "--concurrency", "64"], timeout: 60))
+            let direct = json(
+                try await Command.run(
+                    "/usr/bin/python3", [client, "streams", server.baseURL + "/v1", "--concurrency", "64"], timeout: 60)
+            )
+            let proxied = json(
+                try await Command.run(
+                    "/usr/bin/python3",
+                    [client, "streams", "http://127.0.0.1:\(gatewayPort)/v1", "--concurrency", "64"], timeout: 60))
             #expect(proxied["completed"] as? Int == 64)
             #expect(proxied["statuses"] as? [String: Int] == ["200": 64])
-            let slowest = proxied["first_event_max_ms"] as? Double ?? 1e9, directSlowest = direct["first_event_max_ms"] as? Double ?? 0
+            let slowest = proxied["first_event_max_ms"] as? Double ?? 1e9
+            let directSlowest = direct["first_event_max_ms"] as? Double ?? 0
             #expect(slowest < directSlowest + 1000, "a stream waited for a connection of the gateway's own")
-            print("figure: 64 streams at once: slowest first event \(slowest) ms through the gateway, \(directSlowest) ms direct")
+            print(
+                "figure: 64 streams at once: slowest first event \(slowest) ms through the gateway, \(directSlowest) ms direct"
+            )
             // The route was never counted as failing.
             #expect(!agent.process.stderr.contains("gateway could not reach a route"))
         }
     }
 
-    @Test("next to a browser: cross-site requests refused, cookies never cross, every answer carries the security headers")
+    @Test(
+        "next to a browser: cross-site requests refused, cookies never cross, every answer carries the security headers"
+    )
     func browsers() async throws {
         try await withResources {
-            let port = freePort(), gatewayPort = freePort()
+            let port = freePort()
+            let gatewayPort = freePort()
             let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "web-\(port)")
             let agent = try await AgentProcess.start(
                 bed, config: config(endpoints: [endpoint(server, name: "Studio")]),
@@ -72,11 +88,15 @@ struct GatewayProxyTests {
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
             let base = "http://127.0.0.1:\(gatewayPort)/v1"
             // An <img> or a navigation from another site: no Origin, but the browser says so.
-            let image = try await head(["-H", "Sec-Fetch-Site: cross-site", "-H", "Sec-Fetch-Dest: image", base + "/models"])
+            let image = try await head([
+                "-H", "Sec-Fetch-Site: cross-site", "-H", "Sec-Fetch-Dest: image", base + "/models",
+            ])
             #expect(image.status == 403)
             #expect(image.body.contains("forbidden_site"))
             // A page of this machine's own (its Origin is local) keeps working.
-            let local = try await head(["-H", "Sec-Fetch-Site: cross-site", "-H", "Origin: http://localhost:3000", base + "/models"])
+            let local = try await head([
+                "-H", "Sec-Fetch-Site: cross-site", "-H", "Origin: http://localhost:3000", base + "/models",
+            ])
             #expect(local.status == 200)
             // Cookies: not sent on, not passed back; the upstream cannot set the security headers.
             let echo = try await head(["-H", "Cookie: other-app=secret", base + "/echo"])
@@ -95,7 +115,9 @@ struct GatewayProxyTests {
     @Test("a busy server (429) hands its requests to another that has the model: 100 requests, no 429 seen")
     func busyServers() async throws {
         try await withResources {
-            let one = freePort(), two = freePort(), gatewayPort = freePort()
+            let one = freePort()
+            let two = freePort()
+            let gatewayPort = freePort()
             let first = try await LMXServer.start(bed, on: .h1, port: one, instance: "busy-a-\(one)")
             let second = try await LMXServer.start(bed, on: .h2, port: two, instance: "busy-b-\(two)")
             let agent = try await AgentProcess.start(
@@ -103,42 +125,58 @@ struct GatewayProxyTests {
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
             let active = await agent.waitForActive(timeout: 5) { $0 != nil }
             #expect(active != nil)
-            #expect(await agent.waitForRoute(timeout: 5) { $0.baseURL == second.baseURL && $0.verdict == .ready } != nil)
+            #expect(
+                await agent.waitForRoute(timeout: 5) { $0.baseURL == second.baseURL && $0.verdict == .ready } != nil)
             #expect(await agent.waitForRoute(timeout: 5) { $0.baseURL == first.baseURL && $0.verdict == .ready } != nil)
             let busy = (try agent.status().active?.baseURL == first.baseURL) ? first : second
             await busy.set("busy")
-            let result = json(try await Command.run(
-                "/usr/bin/python3", [client, "loop", "http://127.0.0.1:\(gatewayPort)/v1", "--seconds", "3", "--concurrency", "2"], timeout: 30))
+            let result = json(
+                try await Command.run(
+                    "/usr/bin/python3",
+                    [client, "loop", "http://127.0.0.1:\(gatewayPort)/v1", "--seconds", "3", "--concurrency", "2"],
+                    timeout: 30))
             let ok = result["ok"] as? Int ?? 0
             #expect(ok >= 100)
-            #expect((result["errors"] as? [String: Int] ?? [:]).isEmpty, "client-visible errors: \(result["errors"] ?? "?")")
+            #expect(
+                (result["errors"] as? [String: Int] ?? [:]).isEmpty, "client-visible errors: \(result["errors"] ?? "?")"
+            )
             // Cooled down for its Retry-After (5 s): asked once or twice, not for every request.
             let asked = busy.requests.filter { $0.hasPrefix("REQ POST") }.count
             #expect(asked <= 4)
-            print("figure: one of two servers busy: \(ok) requests, 0 client-visible 429s, the busy one asked \(asked) times")
+            print(
+                "figure: one of two servers busy: \(ok) requests, 0 client-visible 429s, the busy one asked \(asked) times"
+            )
             // Both busy: the client sees the server's own 429.
             let other = busy === first ? second : first
             await other.set("busy")
             try await Task.sleep(for: .seconds(6))
-            let both = try await curl(["-X", "POST", "-H", "Content-Type: application/json", "-d", #"{"model":"test/model","messages":[]}"#,
-                                       "http://127.0.0.1:\(gatewayPort)/v1/chat/completions"])
+            let both = try await curl([
+                "-X", "POST", "-H", "Content-Type: application/json", "-d", #"{"model":"test/model","messages":[]}"#,
+                "http://127.0.0.1:\(gatewayPort)/v1/chat/completions",
+            ])
             #expect(both.status == 429)
         }
     }
 
-    @Test("no usable route for a moment: a request is held until one is; past hold_seconds, 503 with Retry-After and why")
+    @Test(
+        "no usable route for a moment: a request is held until one is; past hold_seconds, 503 with Retry-After and why")
     func holdWhileNoRoute() async throws {
         try await withResources {
-            let port = freePort(), gatewayPort = freePort()
+            let port = freePort()
+            let gatewayPort = freePort()
             let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "hold-\(port)")
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [endpoint(server, name: "Studio")], top: #""gateway": {"hold_seconds": 4}"#),
+                bed,
+                config: config(endpoints: [endpoint(server, name: "Studio")], top: #""gateway": {"hold_seconds": 4}"#),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
             await server.set("dead")
             #expect(await agent.waitForActive(timeout: 10) { $0 == nil } != nil)
             // The server comes back a second after the request: the request waits for it.
-            async let held = Command.run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(gatewayPort)/v1/models"], timeout: 20)
+            async let held = Command.run(
+                "/usr/bin/curl",
+                ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(gatewayPort)/v1/models"],
+                timeout: 20)
             try await Task.sleep(for: .seconds(1))
             await server.set("alive")
             let answer = try await held
@@ -154,21 +192,25 @@ struct GatewayProxyTests {
             #expect(refused.headers["retry-after"] != nil)
             #expect(refused.body.contains("no_endpoint") && refused.body.contains("waited"))
             #expect(waited >= 3.8)
-            print("figure: a request held while no route was usable: answered \(answer.seconds) s after it was sent (server back after 1 s)")
+            print(
+                "figure: a request held while no route was usable: answered \(answer.seconds) s after it was sent (server back after 1 s)"
+            )
         }
     }
 
     @Test("a stream cut mid-answer ends with an SSE error event naming the route, not a silent truncation")
     func cutStream() async throws {
         try await withResources {
-            let port = freePort(), gatewayPort = freePort()
+            let port = freePort()
+            let gatewayPort = freePort()
             let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "cut-\(port)")
             let agent = try await AgentProcess.start(
                 bed, config: config(endpoints: [endpoint(server, name: "Studio")]),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
             await server.set("cut 3")
-            let stream = json(try await Command.run("/usr/bin/python3", [client, "stream", "http://127.0.0.1:\(gatewayPort)/v1"]))
+            let stream = json(
+                try await Command.run("/usr/bin/python3", [client, "stream", "http://127.0.0.1:\(gatewayPort)/v1"]))
             #expect(stream["events"] as? Int == 3)
             #expect(stream["done"] as? Bool == false)
             let error = (stream["error_event"] as? [String: Any])?["error"] as? [String: Any]
@@ -177,14 +219,20 @@ struct GatewayProxyTests {
         }
     }
 
-    @Test("an event stream that never delivers (a quick tunnel buffers it) is not counted as failing: one line, then probes")
+    @Test(
+        "an event stream that never delivers (a quick tunnel buffers it) is not counted as failing: one line, then probes"
+    )
     func silentEventStream() async throws {
         try await withResources {
             let port = freePort()
-            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "quiet-\(port)", extra: ["--heartbeat", "0.5"])
+            let server = try await LMXServer.start(
+                bed, on: .h1, port: port, instance: "quiet-\(port)", extra: ["--heartbeat", "0.5"])
             await server.set("mute")
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [endpoint(server, name: "Studio", admin: true)], extra: #", "event_heartbeat_timeout": 2"#),
+                bed,
+                config: config(
+                    endpoints: [endpoint(server, name: "Studio", admin: true)],
+                    extra: #", "event_heartbeat_timeout": 2"#),
                 arguments: ["--no-discovery"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
             #expect(await agent.process.waitFor(timeout: 6) { $0.stderr.contains("relying on probes for this route") })
@@ -196,18 +244,25 @@ struct GatewayProxyTests {
         }
     }
 
-    @Test("requests forwarded exactly: an absolute-form target sends path and query only; a POST that may have arrived is never sent again")
+    @Test(
+        "requests forwarded exactly: an absolute-form target sends path and query only; a POST that may have arrived is never sent again"
+    )
     func exactForwarding() async throws {
         try await withResources {
-            let one = freePort(), two = freePort(), gatewayPort = freePort()
+            let one = freePort()
+            let two = freePort()
+            let gatewayPort = freePort()
             let first = try await LMXServer.start(bed, on: .h1, port: one, instance: "exact-a-\(one)")
             let second = try await LMXServer.start(bed, on: .h2, port: two, instance: "exact-b-\(two)")
             let agent = try await AgentProcess.start(
                 bed, config: config(endpoints: [endpoint(first, name: "A"), endpoint(second, name: "B")]),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
             #expect(await agent.waitForActive(timeout: 5) { $0 != nil } != nil)
-            #expect(await agent.waitForRoute(timeout: 5) { $0.verdict == .ready && $0.baseURL == second.baseURL } != nil)
-            let absolute = try await curl(["--request-target", "http://evil.example:81/v1/echo?x=1", "http://127.0.0.1:\(gatewayPort)/"])
+            #expect(
+                await agent.waitForRoute(timeout: 5) { $0.verdict == .ready && $0.baseURL == second.baseURL } != nil)
+            let absolute = try await curl([
+                "--request-target", "http://evil.example:81/v1/echo?x=1", "http://127.0.0.1:\(gatewayPort)/",
+            ])
             #expect(absolute.status == 200)
             let echoed = try JSONSerialization.jsonObject(with: Data(absolute.body.utf8)) as? [String: Any]
             #expect(echoed?["path"] as? String == "/v1/echo?x=1")
@@ -218,27 +273,38 @@ struct GatewayProxyTests {
             let dropping = activeURL == first.baseURL ? first : second
             let other = dropping === first ? second : first
             await dropping.set("drop")
-            let post = try await curl(["-X", "POST", "-H", "Content-Type: application/json", "-d", #"{"model":"test/model","messages":[]}"#,
-                                       "http://127.0.0.1:\(gatewayPort)/v1/chat/completions"])
+            let post = try await curl([
+                "-X", "POST", "-H", "Content-Type: application/json", "-d", #"{"model":"test/model","messages":[]}"#,
+                "http://127.0.0.1:\(gatewayPort)/v1/chat/completions",
+            ])
             #expect(post.status == 502)
             #expect(!other.requests.contains { $0.hasPrefix("REQ POST") })
         }
     }
 
-    @Test("1,500 slow-body connections from one user over TCP: that user's limit holds, others are served, the status answers fast, memory stays bounded")
+    @Test(
+        "1,500 slow-body connections from one user over TCP: that user's limit holds, others are served, the status answers fast, memory stays bounded"
+    )
     func slowBodyFlood() async throws {
         try await withResources {
-            let port = freePort(), gatewayPort = freePort()
+            let port = freePort()
+            let gatewayPort = freePort()
             let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "flood-\(port)")
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [endpoint(server, name: "Studio")], top: #""gateway": {"max_connections_per_user": 256}"#),
+                bed,
+                config: config(
+                    endpoints: [endpoint(server, name: "Studio")], top: #""gateway": {"max_connections_per_user": 256}"#
+                ),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
             let hostile = LiveProcess(
                 "/usr/bin/setpriv",
-                ["--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3",
-                 "\(TestBed.repo)/scripts/fixtures/hostile-clients.py", "--tcp", "127.0.0.1:\(gatewayPort)", "--slow-body",
-                 "--count", "1500", "--seconds", "20"])
+                [
+                    "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3",
+                    "\(TestBed.repo)/scripts/fixtures/hostile-clients.py", "--tcp", "127.0.0.1:\(gatewayPort)",
+                    "--slow-body",
+                    "--count", "1500", "--seconds", "20",
+                ])
             try await hostile.start()
             #expect(await hostile.waitForLine(containing: "open ", timeout: 40))
             let summary = hostile.stdoutLines.first { $0.hasPrefix("open ") } ?? ""
@@ -249,7 +315,10 @@ struct GatewayProxyTests {
             for _ in 0..<10 {
                 let result = try await Command.run(
                     "/usr/bin/setpriv",
-                    ["--reuid", "daemon", "--regid", "daemon", "--clear-groups", "--", "\(TestBed.binDir)/lmx-status", "--url", "--socket", agent.socket])
+                    [
+                        "--reuid", "daemon", "--regid", "daemon", "--clear-groups", "--",
+                        "\(TestBed.binDir)/lmx-status", "--url", "--socket", agent.socket,
+                    ])
                 #expect(result.status == 0, "\(result.stderr)")
                 times.append(result.seconds)
             }
@@ -258,12 +327,17 @@ struct GatewayProxyTests {
             // Another user still gets through the gateway.
             let other = try await Command.run(
                 "/usr/bin/setpriv",
-                ["--reuid", "daemon", "--regid", "daemon", "--clear-groups", "--", "/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-                 "http://127.0.0.1:\(gatewayPort)/v1/models"])
+                [
+                    "--reuid", "daemon", "--regid", "daemon", "--clear-groups", "--", "/usr/bin/curl", "-s", "-o",
+                    "/dev/null", "-w", "%{http_code}",
+                    "http://127.0.0.1:\(gatewayPort)/v1/models",
+                ])
             #expect(other.stdout == "200")
             let rss = RobustnessTests.rss(agent)
             #expect(rss > 0 && rss < 256 * 1024, "RSS \(rss) KiB against the unit's MemoryMax=512M")
-            print("figure: 1,500 slow-body TCP connections from one user: \(summary); lmx-status --url median \(times[5] * 1000) ms; daemon RSS \(rss / 1024) MiB")
+            print(
+                "figure: 1,500 slow-body TCP connections from one user: \(summary); lmx-status --url median \(times[5] * 1000) ms; daemon RSS \(rss / 1024) MiB"
+            )
             await hostile.stop()
         }
     }

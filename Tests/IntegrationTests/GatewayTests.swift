@@ -7,7 +7,8 @@ import Testing
 /// credentials, how streams pass, what it refuses, and a client loop across a failover.
 /// `curl` with the HTTP status split from the body (arguments as for curl).
 func curl(_ arguments: [String]) async throws -> (status: Int, body: String) {
-    let result = try await Command.run("/usr/bin/curl", ["-s", "-o", "-", "-w", "\n%{http_code}"] + arguments, timeout: 20)
+    let result = try await Command.run(
+        "/usr/bin/curl", ["-s", "-o", "-", "-w", "\n%{http_code}"] + arguments, timeout: 20)
     var lines = result.stdout.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
     let status = Int(lines.popLast() ?? "") ?? 0
     return (status, lines.joined(separator: "\n"))
@@ -29,12 +30,17 @@ struct GatewayTests {
         return (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]) ?? [:]
     }
 
-    @Test("forwards /v1/* to the active server with its key, over TCP and the socket; streams and bodies pass unchanged; refuses what it must")
+    @Test(
+        "forwards /v1/* to the active server with its key, over TCP and the socket; streams and bodies pass unchanged; refuses what it must"
+    )
     func forwarding() async throws {
         try await withResources {
-            let port = freePort(), gatewayPort = freePort()
-            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "gw-\(port)", apiKey: "lan-inference-key")
-            let endpoint = #"{"url": "http://10.254.0.11:\#(port)", "name": "Studio", "api_key": "lan-inference-key", "admin_key": "lan-admin-key", "allow_insecure": true}"#
+            let port = freePort()
+            let gatewayPort = freePort()
+            let server = try await LMXServer.start(
+                bed, on: .h1, port: port, instance: "gw-\(port)", apiKey: "lan-inference-key")
+            let endpoint =
+                #"{"url": "http://10.254.0.11:\#(port)", "name": "Studio", "api_key": "lan-inference-key", "admin_key": "lan-admin-key", "allow_insecure": true}"#
             let agent = try await AgentProcess.start(
                 bed, config: config(endpoints: [endpoint], top: #""gateway": {"max_request_bytes": 4096}"#),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
@@ -45,7 +51,9 @@ struct GatewayTests {
             // The key is added on the way; the client needs none.
             let echo = try await curl([base + "/echo"])
             #expect(echo.status == 200)
-            let headers = (try JSONSerialization.jsonObject(with: Data(echo.body.utf8)) as? [String: Any])?["headers"] as? [String: String]
+            let headers =
+                (try JSONSerialization.jsonObject(with: Data(echo.body.utf8)) as? [String: Any])?["headers"]
+                as? [String: String]
             #expect(headers?["authorization"] == "Bearer lan-inference-key")
             #expect(headers?["x-admin-key"] == nil)
             #expect(headers?["host"] == "10.254.0.11:\(port)")
@@ -53,8 +61,12 @@ struct GatewayTests {
             // route's: the server gets the route's key.
             let own = try await curl(["-H", "Authorization: Bearer sk-placeholder", base + "/models"])
             #expect(own.status == 200)
-            let ownEcho = try await curl(["-H", "Authorization: Bearer sk-placeholder", "-H", "X-Api-Key: other", base + "/echo"])
-            let ownHeaders = (try JSONSerialization.jsonObject(with: Data(ownEcho.body.utf8)) as? [String: Any])?["headers"] as? [String: String]
+            let ownEcho = try await curl([
+                "-H", "Authorization: Bearer sk-placeholder", "-H", "X-Api-Key: other", base + "/echo",
+            ])
+            let ownHeaders =
+                (try JSONSerialization.jsonObject(with: Data(ownEcho.body.utf8)) as? [String: Any])?["headers"]
+                as? [String: String]
             #expect(ownHeaders?["authorization"] == "Bearer lan-inference-key")
             #expect(ownHeaders?["x-api-key"] == nil)
             // The same over the Unix socket.
@@ -63,7 +75,8 @@ struct GatewayTests {
             #expect(viaSocket.body.contains("test/model"))
 
             // Bodies byte for byte (uneven chunks), streams event by event.
-            let direct = json(try await Command.run("/usr/bin/python3", [client, "fetch", server.baseURL + "/v1/bytes?n=300000"]))
+            let direct = json(
+                try await Command.run("/usr/bin/python3", [client, "fetch", server.baseURL + "/v1/bytes?n=300000"]))
             let proxied = json(try await Command.run("/usr/bin/python3", [client, "fetch", base + "/bytes?n=300000"]))
             #expect(proxied["status"] as? Int == 200)
             #expect(proxied["length"] as? Int == 300_000)
@@ -75,7 +88,9 @@ struct GatewayTests {
             // Each event reaches the client as the server writes it, not at the end (50 ms apart).
             let delivery = stream["delivery_p50_ms"] as? Double ?? 999
             #expect(delivery < 40)
-            print("figure: gateway stream: first event \(stream["first_event_ms"] ?? "?") ms, server-to-client delivery p50 \(delivery) ms")
+            print(
+                "figure: gateway stream: first event \(stream["first_event_ms"] ?? "?") ms, server-to-client delivery p50 \(delivery) ms"
+            )
 
             // Refused: the WebSocket path (never reaches the server), foreign Host and Origin,
             // /admin/* (off by default), bodies over the cap, paths outside /v1.
@@ -85,11 +100,16 @@ struct GatewayTests {
             #expect(upgrade.status == 403)
             let rebinding = try await curl(["-H", "Host: attacker.example", base + "/models"])
             #expect(rebinding.status == 403)
-            let crossSite = try await curl(["-H", "Origin: https://attacker.example", "-X", "POST", "-d", "{}", base + "/chat/completions"])
+            let crossSite = try await curl([
+                "-H", "Origin: https://attacker.example", "-X", "POST", "-d", "{}", base + "/chat/completions",
+            ])
             #expect(crossSite.status == 403)
             let admin = try await curl(["http://127.0.0.1:\(gatewayPort)/admin/models"])
             #expect(admin.status == 403)
-            let big = try await curl(["-H", "Content-Type: application/json", "--data-binary", String(repeating: "x", count: 10_000), base + "/chat/completions"])
+            let big = try await curl([
+                "-H", "Content-Type: application/json", "--data-binary", String(repeating: "x", count: 10_000),
+                base + "/chat/completions",
+            ])
             #expect(big.status == 413)
             let health = try await curl(["http://127.0.0.1:\(gatewayPort)/healthz"])
             #expect(health.status == 404)
@@ -101,8 +121,11 @@ struct GatewayTests {
             let postsBefore = server.requests.filter { $0.hasPrefix("REQ POST") }.count
             let busy = try await Command.run(
                 "/usr/bin/curl",
-                ["-s", "-D", "-", "-o", "/dev/null", "-H", "Content-Type: application/json", "-d", #"{"model": "test/model", "messages": []}"#,
-                 base + "/chat/completions"])
+                [
+                    "-s", "-D", "-", "-o", "/dev/null", "-H", "Content-Type: application/json", "-d",
+                    #"{"model": "test/model", "messages": []}"#,
+                    base + "/chat/completions",
+                ])
             #expect(busy.stdout.hasPrefix("HTTP/1.1 503"))
             #expect(busy.stdout.lowercased().contains("retry-after: 30"))
             #expect(server.requests.filter { $0.hasPrefix("REQ POST") }.count == postsBefore + 1)
@@ -120,25 +143,37 @@ struct GatewayTests {
             for secret in ["lan-inference-key", "lan-admin-key"] {
                 #expect(!agent.process.stderr.contains(secret))
                 #expect(!env.contains(secret))
-                #expect(!String(decoding: try agent.client.request("GET", "/v1/status").body, as: UTF8.self).contains(secret))
+                #expect(
+                    !String(decoding: try agent.client.request("GET", "/v1/status").body, as: UTF8.self).contains(
+                        secret))
             }
         }
     }
 
-    @Test("the official openai SDK with a placeholder key, through the gateway to a server that requires its inference key: models, chat, stream, error shape")
+    @Test(
+        "the official openai SDK with a placeholder key, through the gateway to a server that requires its inference key: models, chat, stream, error shape"
+    )
     func openAISDK() async throws {
         try await withResources {
-            let port = freePort(), gatewayPort = freePort()
-            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "sdk-\(port)", apiKey: "the-real-key")
-            let endpoint = #"{"url": "http://10.254.0.11:\#(port)", "name": "Studio", "api_key": "the-real-key", "allow_insecure": true}"#
+            let port = freePort()
+            let gatewayPort = freePort()
+            let server = try await LMXServer.start(
+                bed, on: .h1, port: port, instance: "sdk-\(port)", apiKey: "the-real-key")
+            let endpoint =
+                #"{"url": "http://10.254.0.11:\#(port)", "name": "Studio", "api_key": "the-real-key", "allow_insecure": true}"#
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [endpoint]), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+                bed, config: config(endpoints: [endpoint]),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
             // Directly, the placeholder key is refused: the server really requires its key.
-            let direct = try await curl(["-H", "Authorization: Bearer sk-placeholder-not-a-real-key", server.baseURL + "/v1/models"])
+            let direct = try await curl([
+                "-H", "Authorization: Bearer sk-placeholder-not-a-real-key", server.baseURL + "/v1/models",
+            ])
             #expect(direct.status == 401)
             for base in ["http://127.0.0.1:\(gatewayPort)/v1", "http://localhost:\(gatewayPort)/v1"] {
-                let result = try await Command.run(bed["LMX_TESTBED_PYTHON"], ["\(TestBed.repo)/scripts/fixtures/openai-sdk-client.py", base], timeout: 60)
+                let result = try await Command.run(
+                    bed["LMX_TESTBED_PYTHON"], ["\(TestBed.repo)/scripts/fixtures/openai-sdk-client.py", base],
+                    timeout: 60)
                 #expect(result.status == 0, "\(result.stderr)")
                 let answer = json(result)
                 #expect((answer["models"] as? [String])?.contains("test/model") == true, "\(result.stdout)")
@@ -146,33 +181,49 @@ struct GatewayTests {
                 #expect(answer["stream_chunks"] as? Int == 20, "\(result.stdout)")
                 // The gateway's own refusal (no server has the model), read by the SDK as an error.
                 let error = answer["error"] as? [String: Any]
-                #expect(error?["status"] as? Int == 404 && error?["code"] as? String == "model_not_found", "\(result.stdout)")
-                print("figure: openai SDK \(answer["sdk"] ?? "?") through \(base): models, chat, \(answer["stream_chunks"] ?? 0) streamed chunks, error \(error?["code"] ?? "-")")
+                #expect(
+                    error?["status"] as? Int == 404 && error?["code"] as? String == "model_not_found",
+                    "\(result.stdout)")
+                print(
+                    "figure: openai SDK \(answer["sdk"] ?? "?") through \(base): models, chat, \(answer["stream_chunks"] ?? 0) streamed chunks, error \(error?["code"] ?? "-")"
+                )
             }
             // Every /v1 request reached the server with the route's key, never the placeholder.
             #expect(!server.requests.isEmpty)
         }
     }
 
-    @Test("a client loop through the gateway sees no error while the LAN server is killed; it goes on through the tunnel")
+    @Test(
+        "a client loop through the gateway sees no error while the LAN server is killed; it goes on through the tunnel")
     func failoverUnderLoad() async throws {
         try await withResources {
-            let wanPort = freePort(), lanPort = freePort(), gatewayPort = freePort()
+            let wanPort = freePort()
+            let lanPort = freePort()
+            let gatewayPort = freePort()
             let tunnel = try await LMXServer.start(
                 bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true,
                 requireAccess: ("id.access", "access-secret"), apiKey: "wan-inference-key")
-            let lan = try await LMXServer.start(bed, on: .h1, port: lanPort, instance: "lan-\(lanPort)", apiKey: "lan-inference-key")
-            let wan = #"{"url": "https://127.0.0.1:\#(wanPort)", "via": "wan", "name": "tunnel", "cf_access_client_id": "id.access", "cf_access_client_secret": "access-secret", "api_key": "wan-inference-key"}"#
-            let local = #"{"url": "http://10.254.0.11:\#(lanPort)", "name": "Studio", "api_key": "lan-inference-key", "allow_insecure": true}"#
+            let lan = try await LMXServer.start(
+                bed, on: .h1, port: lanPort, instance: "lan-\(lanPort)", apiKey: "lan-inference-key")
+            let wan =
+                #"{"url": "https://127.0.0.1:\#(wanPort)", "via": "wan", "name": "tunnel", "cf_access_client_id": "id.access", "cf_access_client_secret": "access-secret", "api_key": "wan-inference-key"}"#
+            let local =
+                #"{"url": "http://10.254.0.11:\#(lanPort)", "name": "Studio", "api_key": "lan-inference-key", "allow_insecure": true}"#
             let agent = try await AgentProcess.start(
                 bed, config: config(window: 3, endpoints: [wan, local], extraCA: caFile),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
             #expect(await agent.waitForActive(timeout: 8) { $0?.baseURL == lan.baseURL } != nil)
-            #expect(await agent.waitForRoute(timeout: 8) { $0.baseURL == "https://127.0.0.1:\(wanPort)" && $0.verdict == .ready } != nil)
+            #expect(
+                await agent.waitForRoute(timeout: 8) {
+                    $0.baseURL == "https://127.0.0.1:\(wanPort)" && $0.verdict == .ready
+                } != nil)
 
             async let loop = Command.run(
                 "/usr/bin/python3",
-                [client, "loop", "http://127.0.0.1:\(gatewayPort)/v1", "--seconds", "8", "--concurrency", "4", "--pause", "5"],
+                [
+                    client, "loop", "http://127.0.0.1:\(gatewayPort)/v1", "--seconds", "8", "--concurrency", "4",
+                    "--pause", "5",
+                ],
                 timeout: 40)
             try await Task.sleep(for: .seconds(3))
             await lan.set("dead")
@@ -180,25 +231,38 @@ struct GatewayTests {
             let ok = result["ok"] as? Int ?? 0
             let errors = (result["errors"] as? [String: Int] ?? [:]).values.reduce(0, +)
             let instances = result["instances"] as? [String] ?? []
-            print("figure: gateway failover under load: \(ok) requests answered, \(errors) failed (\(result["errors"] ?? [:])), answered by \(instances)")
+            print(
+                "figure: gateway failover under load: \(ok) requests answered, \(errors) failed (\(result["errors"] ?? [:])), answered by \(instances)"
+            )
             #expect(ok > 100)
             // Requests in flight at the kill may fail (at most one per client); none other may.
             #expect(errors <= 4)
-            for line in agent.process.stderr.split(separator: "\n") where line.contains("gateway:") { print("agent: \(line)") }
+            for line in agent.process.stderr.split(separator: "\n") where line.contains("gateway:") {
+                print("agent: \(line)")
+            }
             #expect(instances.first == "lan-\(lanPort)")
             #expect(instances.last == "tunnel-\(wanPort)")
             // Through the tunnel with its Access token and key.
-            #expect(tunnel.requests.contains { $0.hasPrefix("REQ POST /v1/chat/completions") && $0.contains("CF-Access-Client-Id") && $0.contains("Authorization") })
+            #expect(
+                tunnel.requests.contains {
+                    $0.hasPrefix("REQ POST /v1/chat/completions") && $0.contains("CF-Access-Client-Id")
+                        && $0.contains("Authorization")
+                })
             #expect(!agent.process.stderr.contains("access-secret"))
             #expect(!agent.process.stderr.contains("inference-key"))
         }
     }
 
-    @Test("model-aware: /v1/resolve, lmx-status --model and the gateway pick the server that has the model; prefer orders equals")
+    @Test(
+        "model-aware: /v1/resolve, lmx-status --model and the gateway pick the server that has the model; prefer orders equals"
+    )
     func modelRouting() async throws {
         try await withResources {
-            let portA = freePort(), portB = freePort(), gatewayPort = freePort()
-            let a = try await LMXServer.start(bed, on: .h1, port: portA, instance: "alpha-\(portA)", extra: ["--models", "alpha,shared"])
+            let portA = freePort()
+            let portB = freePort()
+            let gatewayPort = freePort()
+            let a = try await LMXServer.start(
+                bed, on: .h1, port: portA, instance: "alpha-\(portA)", extra: ["--models", "alpha,shared"])
             // B runs the cloud profile: its document lists no models, /v1/models does (with the key).
             let b = try await LMXServer.start(
                 bed, on: .h2, port: portB, instance: "beta-\(portB)", apiKey: "b-inference-key",
@@ -211,7 +275,10 @@ struct GatewayTests {
                 bed, config: config(endpoints: endpoints, top: #""prefer": ["beta-\#(portB)", "alpha-\#(portA)"]"#),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
             #expect(await agent.waitForRoute(timeout: 8) { $0.baseURL == a.baseURL && $0.verdict == .ready } != nil)
-            #expect(await agent.waitForRoute(timeout: 8) { $0.baseURL == b.baseURL && $0.loadedModels == ["beta", "shared"] } != nil)
+            #expect(
+                await agent.waitForRoute(timeout: 8) {
+                    $0.baseURL == b.baseURL && $0.loadedModels == ["beta", "shared"]
+                } != nil)
             // prefer: B first among equals.
             #expect(await agent.waitForActive(timeout: 8) { $0?.baseURL == b.baseURL } != nil)
             let routes = try agent.status().candidates.flatMap(\.routes)
@@ -258,7 +325,9 @@ struct GatewayTests {
         }
     }
 
-    @Test("gateway.group: no TCP listener; on the socket only root, the agent's user and the group's members, as membership changes")
+    @Test(
+        "gateway.group: no TCP listener; on the socket only root, the agent's user and the group's members, as membership changes"
+    )
     func groupGate() async throws {
         let group = "lmxgw\(getpid() % 100_000)"
         let added = try await Command.run("/usr/sbin/groupadd", ["-U", "nobody", group])
@@ -274,17 +343,24 @@ struct GatewayTests {
 
     private func checkGroupGate(_ group: String) async throws {
         try await withResources {
-            let port = freePort(), gatewayPort = freePort()
+            let port = freePort()
+            let gatewayPort = freePort()
             let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "grp-\(port)")
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [#"{"url": "http://10.254.0.11:\#(port)"}"#], top: #""gateway": {"group": "\#(group)"}"#),
+                bed,
+                config: config(
+                    endpoints: [#"{"url": "http://10.254.0.11:\#(port)"}"#], top: #""gateway": {"group": "\#(group)"}"#),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
             #expect(await agent.waitForActive(timeout: 8) { $0?.baseURL == server.baseURL } != nil)
             chmod(agent.directory, 0o755)  // let other users reach the sockets (the directory is the test's)
             let socket = agent.directory + "/gateway.sock"
             func curl(as user: [String]) async throws -> String {
                 let r = try await Command.run(
-                    "/usr/bin/setpriv", user + ["/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket, "http://localhost/v1/models"])
+                    "/usr/bin/setpriv",
+                    user + [
+                        "/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket,
+                        "http://localhost/v1/models",
+                    ])
                 return r.stdout
             }
             let nobody = ["--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -292,7 +368,9 @@ struct GatewayTests {
             #expect(try await curl(as: nobody) == "200")
             #expect(try await curl(as: ["--reuid=12345", "--regid=12345", "--clear-groups"]) == "403")
             #expect(try await curl(as: []) == "200")
-            let tcp = try await Command.run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(gatewayPort)/v1/models"])
+            let tcp = try await Command.run(
+                "/usr/bin/curl",
+                ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(gatewayPort)/v1/models"])
             #expect(tcp.stdout == "000")  // nothing listens: a TCP caller cannot be identified
             #expect(try agent.status().gateway?.openAIBaseURL == nil)
 
@@ -307,26 +385,38 @@ struct GatewayTests {
             }
             #expect(try await Command.run("/usr/bin/gpasswd", ["-d", "nobody", group]).status == 0)
             let revoked = try await settles(to: "403")
-            #expect(revoked != nil && revoked! <= 6, "nobody still served \(revoked.map { "\($0) s" } ?? "after 10 s") after gpasswd -d")
+            #expect(
+                revoked != nil && revoked! <= 6,
+                "nobody still served \(revoked.map { "\($0) s" } ?? "after 10 s") after gpasswd -d")
             #expect(try await Command.run("/usr/bin/gpasswd", ["-a", "nobody", group]).status == 0)
             let granted = try await settles(to: "200")
-            #expect(granted != nil && granted! <= 6, "nobody not served \(granted.map { "\($0) s" } ?? "after 10 s") after gpasswd -a")
-            print("figure: gateway.group change took effect after \(revoked ?? -1) s (removed) and \(granted ?? -1) s (added)")
+            #expect(
+                granted != nil && granted! <= 6,
+                "nobody not served \(granted.map { "\($0) s" } ?? "after 10 s") after gpasswd -a")
+            print(
+                "figure: gateway.group change took effect after \(revoked ?? -1) s (removed) and \(granted ?? -1) s (added)"
+            )
         }
     }
 
     @Test("request bodies past 1 MiB stream through (byte for byte), and the cap holds with or without Content-Length")
     func streamedUploads() async throws {
         try await withResources {
-            let port = freePort(), gatewayPort = freePort()
+            let port = freePort()
+            let gatewayPort = freePort()
             let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "up-\(port)")
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [#"{"url": "http://10.254.0.11:\#(port)"}"#], top: #""gateway": {"max_request_bytes": 2097152}"#),
+                bed,
+                config: config(
+                    endpoints: [#"{"url": "http://10.254.0.11:\#(port)"}"#],
+                    top: #""gateway": {"max_request_bytes": 2097152}"#),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
             let file = agent.directory + "/upload.bin"
             let big = agent.directory + "/big.bin"
-            _ = try await Command.run("/bin/sh", ["-c", "head -c 1800000 /dev/urandom > \"$0\"; head -c 3000000 /dev/urandom > \"$1\"", file, big])
+            _ = try await Command.run(
+                "/bin/sh",
+                ["-c", "head -c 1800000 /dev/urandom > \"$0\"; head -c 3000000 /dev/urandom > \"$1\"", file, big])
             let expected = try await Command.run("/usr/bin/sha256sum", [file])
             let url = "http://127.0.0.1:\(gatewayPort)/v1/upload"
             let sent = try await Command.run("/usr/bin/curl", ["-s", "--data-binary", "@" + file, url])
@@ -334,10 +424,15 @@ struct GatewayTests {
             #expect(answer["length"] as? Int == 1_800_000)
             #expect(answer["sha256"] as? String == String(expected.stdout.prefix(64)))
             // Over the cap: refused from Content-Length, and mid-stream without one.
-            let declared = try await Command.run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "--data-binary", "@" + big, url])
+            let declared = try await Command.run(
+                "/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "--data-binary", "@" + big, url])
             #expect(declared.stdout == "413")
             let chunked = try await Command.run(
-                "/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Transfer-Encoding: chunked", "--data-binary", "@" + big, url])
+                "/usr/bin/curl",
+                [
+                    "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Transfer-Encoding: chunked", "--data-binary",
+                    "@" + big, url,
+                ])
             #expect(chunked.stdout == "413")
             #expect(!server.requests.contains { $0 == "REQ POST /v1/upload 3000000" })
         }

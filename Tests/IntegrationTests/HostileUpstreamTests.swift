@@ -26,12 +26,16 @@ struct HostileUpstreamTests {
             let modes = try await Command.run("/usr/bin/python3", [Self.script, "--list"]).stdout
                 .split(separator: "\n").map(String.init)
             #expect(modes.count >= 40)
-            let port = freePort(), gatewayPort = freePort()
+            let port = freePort()
+            let gatewayPort = freePort()
             let address = bed.address(.h1)
             let server = LiveProcess(
                 "/usr/sbin/ip",
-                ["netns", "exec", bed["LMX_TESTBED_H1_NS"], "/usr/bin/python3", Self.script, "--bind", address, "--port", String(port),
-                 "--instance", "hostile-\(port)"])
+                [
+                    "netns", "exec", bed["LMX_TESTBED_H1_NS"], "/usr/bin/python3", Self.script, "--bind", address,
+                    "--port", String(port),
+                    "--instance", "hostile-\(port)",
+                ])
             try await server.start()
             #expect(await server.waitForLine(containing: "listening", timeout: 10))
             func set(_ mode: String) async {
@@ -39,7 +43,8 @@ struct HostileUpstreamTests {
                 server.send(mode)
                 _ = await server.waitFor(timeout: 5) { p in p.stdoutLines.filter { $0 == "ok \(mode)" }.count > before }
             }
-            let endpoint = #"{"url": "http://\#(address):\#(port)", "name": "Hostile", "api_key": "infer-key", "admin_key": "admin-key", "allow_insecure": true}"#
+            let endpoint =
+                #"{"url": "http://\#(address):\#(port)", "name": "Hostile", "api_key": "infer-key", "admin_key": "admin-key", "allow_insecure": true}"#
             let agent = try await AgentProcess.start(
                 bed, config: config(endpoints: [endpoint], top: #""gateway": {"hold_seconds": 0.3}"#),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
@@ -47,7 +52,9 @@ struct HostileUpstreamTests {
             #expect(await agent.waitForActive(timeout: 10) { $0 != nil } != nil)
             // 2 MiB of JSON: past the read-ahead, so it streams to the server while it is read.
             let bigBody = agent.directory + "/big-body.json"
-            try (#"{"model":"hostile/model","messages":[{"role":"user","content":""# + String(repeating: "x", count: 2 << 20) + #""}]}"#)
+            try
+                (#"{"model":"hostile/model","messages":[{"role":"user","content":""#
+                + String(repeating: "x", count: 2 << 20) + #""}]}"#)
                 .write(toFile: bigBody, atomically: true, encoding: .utf8)
 
             var survived = 0
@@ -65,11 +72,17 @@ struct HostileUpstreamTests {
                 // Through the gateway: a plain request and a streamed completion.
                 let plain = try await curl(["-m", "4", base + "/models"])
                 let streamed = try await curl(
-                    ["-m", "4", "-N", "-H", "Content-Type: application/json", "--data", #"{"model":"hostile/model","stream":true,"messages":[]}"#,
-                     base + "/chat/completions"])
+                    [
+                        "-m", "4", "-N", "-H", "Content-Type: application/json", "--data",
+                        #"{"model":"hostile/model","stream":true,"messages":[]}"#,
+                        base + "/chat/completions",
+                    ])
                 // A request body past the read-ahead (streamed to the server as it comes).
                 let upload = try await curl(
-                    ["-m", "4", "-H", "Content-Type: application/json", "--data-binary", "@" + bigBody, base + "/chat/completions"])
+                    [
+                        "-m", "4", "-H", "Content-Type: application/json", "--data-binary", "@" + bigBody,
+                        base + "/chat/completions",
+                    ])
                 // Through the probes (and, while the route stays active, its event stream).
                 let probesBefore = (try? agent.status())?.candidates.flatMap(\.routes).first?.probes ?? 0
                 _ = try? agent.client.request("POST", "/v1/refresh")
@@ -78,7 +91,8 @@ struct HostileUpstreamTests {
 
                 let alive = agent.process.isRunning
                 let statusCommand = try await Command.run(
-                    "\(TestBed.binDir)/lmx-status", ["--socket", agent.socket], environment: ["LMX_SOCKET": ""], timeout: 10)
+                    "\(TestBed.binDir)/lmx-status", ["--socket", agent.socket], environment: ["LMX_SOCKET": ""],
+                    timeout: 10)
                 let answers = statusCommand.status == 0 || statusCommand.status == 1
                 let rss = RobustnessTests.rss(agent)
                 peakRSS = max(peakRSS, rss)
@@ -87,9 +101,15 @@ struct HostileUpstreamTests {
                 #expect(rss < Self.rssBoundKiB, "RSS \(rss) KiB after \(mode)")
                 // The gateway answers every request with a status, never a hang past curl's limit
                 // on its side or a crash (curl's 28 is its own 4 s limit on an endless answer).
-                #expect(plain.status != 0 || plain.curlExit == 28 || plain.curlExit == 18, "\(mode): GET /v1/models: curl exit \(plain.curlExit)")
-                #expect(streamed.status != 0 || streamed.curlExit == 28 || streamed.curlExit == 18, "\(mode): stream: curl exit \(streamed.curlExit)")
-                #expect(upload.status != 0 || [18, 28, 52, 55, 56].contains(upload.curlExit), "\(mode): upload: curl exit \(upload.curlExit)")
+                #expect(
+                    plain.status != 0 || plain.curlExit == 28 || plain.curlExit == 18,
+                    "\(mode): GET /v1/models: curl exit \(plain.curlExit)")
+                #expect(
+                    streamed.status != 0 || streamed.curlExit == 28 || streamed.curlExit == 18,
+                    "\(mode): stream: curl exit \(streamed.curlExit)")
+                #expect(
+                    upload.status != 0 || [18, 28, 52, 55, 56].contains(upload.curlExit),
+                    "\(mode): upload: curl exit \(upload.curlExit)")
                 switch mode {
                 case "dup-connection-named":
                     // A header the upstream's Connection names is of its hop only.
@@ -111,7 +131,9 @@ struct HostileUpstreamTests {
                 if alive && answers && rss < Self.rssBoundKiB { survived += 1 }
             }
             #expect(survived == modes.count)
-            print("figure: hostile upstream: \(survived) of \(modes.count) misbehaviours survived; peak RSS \(peakRSS / 1024) MiB (bound \(Self.rssBoundKiB / 1024) MiB); \(refreshes) recoveries")
+            print(
+                "figure: hostile upstream: \(survived) of \(modes.count) misbehaviours survived; peak RSS \(peakRSS / 1024) MiB (bound \(Self.rssBoundKiB / 1024) MiB); \(refreshes) recoveries"
+            )
             // And it still works: back to good, the route is used again.
             await set("good")
             _ = try? agent.client.request("POST", "/v1/refresh")

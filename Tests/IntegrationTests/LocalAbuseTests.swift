@@ -36,8 +36,11 @@ extension RobustnessTests {
 
             let hostile = LiveProcess(
                 "/usr/bin/setpriv",
-                ["--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3",
-                 "\(TestBed.repo)/scripts/fixtures/hostile-clients.py", "--socket", agent.socket, "--count", "1100", "--seconds", "20"])
+                [
+                    "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3",
+                    "\(TestBed.repo)/scripts/fixtures/hostile-clients.py", "--socket", agent.socket, "--count", "1100",
+                    "--seconds", "20",
+                ])
             try await hostile.start()
             #expect(await hostile.waitForLine(containing: "open ", timeout: 30))
             let summary = hostile.stdoutLines.first { $0.hasPrefix("open ") } ?? ""
@@ -49,14 +52,19 @@ extension RobustnessTests {
             for _ in 0..<10 {
                 let result = try await Command.run(
                     "/usr/bin/setpriv",
-                    ["--reuid", "daemon", "--regid", "daemon", "--clear-groups", "--", "\(TestBed.binDir)/lmx-status", "--url",
-                     "--socket", agent.socket])
+                    [
+                        "--reuid", "daemon", "--regid", "daemon", "--clear-groups", "--",
+                        "\(TestBed.binDir)/lmx-status", "--url",
+                        "--socket", agent.socket,
+                    ])
                 #expect(result.status == 0, "\(result.stderr)")
                 #expect(result.stdout.hasPrefix(server.baseURL))
                 times.append(result.seconds)
             }
             times.sort()
-            print("figure: lmx-status --url beside 1,100 hostile connections: median \(times[5] * 1000) ms, max \(times[9] * 1000) ms; \(summary)")
+            print(
+                "figure: lmx-status --url beside 1,100 hostile connections: median \(times[5] * 1000) ms, max \(times[9] * 1000) ms; \(summary)"
+            )
             #expect(times[5] <= 0.03, "median \(times[5]) s")
 
             await server.set("dead")
@@ -71,8 +79,10 @@ extension RobustnessTests {
 
     /// `env` without the XDG and HOME variables, then `setpriv` to nobody.
     private var nobodyPrefix: [String] {
-        ["-u", "XDG_RUNTIME_DIR", "-u", "HOME", "-u", "LMX_SOCKET", "-u", "LMX_DB", "/usr/bin/setpriv",
-         "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--"]
+        [
+            "-u", "XDG_RUNTIME_DIR", "-u", "HOME", "-u", "LMX_SOCKET", "-u", "LMX_DB", "/usr/bin/setpriv",
+            "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--",
+        ]
     }
 
     private func runAsNobody(_ tool: String, _ arguments: [String]) async throws -> CommandResult {
@@ -81,7 +91,9 @@ extension RobustnessTests {
             environment: ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(.root)], timeout: 20)
     }
 
-    @Test("/tmp/lmx-<uid> made by another user is refused by the daemon (73) and clients (69); made by the agent, it is 0700")
+    @Test(
+        "/tmp/lmx-<uid> made by another user is refused by the daemon (73) and clients (69); made by the agent, it is 0700"
+    )
     func tmpFallback() async throws {
         try await withResources {
             let directory = "/tmp/lmx-65534"
@@ -102,11 +114,15 @@ extension RobustnessTests {
             // Gone, it is made afresh by the daemon: nobody's own, 0700, and the daemon serves.
             try FileManager.default.removeItem(atPath: directory)
             let agent = LiveProcess(
-                "/usr/bin/env", nobodyPrefix + ["\(TestBed.binDir)/lmx-agentd", "--no-discovery", "--config", "/dev/null"],
+                "/usr/bin/env",
+                nobodyPrefix + ["\(TestBed.binDir)/lmx-agentd", "--no-discovery", "--config", "/dev/null"],
                 environment: ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(.root)])
             Resources.current?.keep(agent)
             try await agent.start()
-            #expect(await agent.waitFor(timeout: 10) { _ in FileManager.default.fileExists(atPath: directory + "/lmx/agent.sock") })
+            #expect(
+                await agent.waitFor(timeout: 10) { _ in
+                    FileManager.default.fileExists(atPath: directory + "/lmx/agent.sock")
+                })
             var info = stat()
             #expect(lstat(directory, &info) == 0)
             #expect(info.st_uid == 65534)
@@ -179,20 +195,27 @@ extension RobustnessTests {
         let family = host.contains(":") ? "AF_INET6" : "AF_INET"
         let listener = LiveProcess(
             "/usr/bin/setpriv",
-            ["--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3", "-c",
-             "import socket, time; s = socket.socket(socket.\(family)); s.bind(('\(host)', \(port))); s.listen(); print('listening', flush=True); time.sleep(120)"])
+            [
+                "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3", "-c",
+                "import socket, time; s = socket.socket(socket.\(family)); s.bind(('\(host)', \(port))); s.listen(); print('listening', flush=True); time.sleep(120)",
+            ])
         try await listener.start()
         #expect(await listener.waitForLine(containing: "listening", timeout: 10))
         return listener
     }
 
-    @Test("the gateway holds 127.0.0.1 and ::1; a port another user holds is not advertised, named with its user, retried; localhost refused while ::1 is theirs")
+    @Test(
+        "the gateway holds 127.0.0.1 and ::1; a port another user holds is not advertised, named with its user, retried; localhost refused while ::1 is theirs"
+    )
     func gatewayAddressIsTheAgents() async throws {
         try await withResources {
             // 1. Both families free: both are the agent's, localhost is served.
             let free = freePort()
-            let agent = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(free)"])
-            let served = await agent.process.waitFor(timeout: 10) { _ in (try? agent.status().gateway?.openAIBaseURL) == "http://127.0.0.1:\(free)/v1" }
+            let agent = try await AgentProcess.start(
+                bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(free)"])
+            let served = await agent.process.waitFor(timeout: 10) { _ in
+                (try? agent.status().gateway?.openAIBaseURL) == "http://127.0.0.1:\(free)/v1"
+            }
             #expect(served)
             #expect(try await curl(["http://[::1]:\(free)/v1/models"]).status == 503)
             #expect(try await curl(["http://localhost:\(free)/v1/models"]).status == 503)
@@ -202,7 +225,8 @@ extension RobustnessTests {
             // Host: localhost is refused (it would reach them first), the status says who.
             let port6 = freePort()
             let squatter6 = try await listenAsNobody("::1", port6)
-            let second = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(port6)"])
+            let second = try await AgentProcess.start(
+                bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(port6)"])
             let named = await second.process.waitFor(timeout: 10) { _ in
                 (try? second.status().gateway?.problem)?.contains("held by nobody") == true
             }
@@ -214,7 +238,9 @@ extension RobustnessTests {
             #expect(second.process.stderr.contains("error") && second.process.stderr.contains("held by nobody"))
             // They leave: the agent takes ::1 within its retry interval and localhost works again.
             await squatter6.stop()
-            let taken6 = await second.process.waitFor(timeout: 15) { _ in (try? second.status().gateway?.problem) == .some(nil) }
+            let taken6 = await second.process.waitFor(timeout: 15) { _ in
+                (try? second.status().gateway?.problem) == .some(nil)
+            }
             #expect(taken6)
             #expect(try await curl(["http://localhost:\(port6)/v1/models"]).status == 503)
             await second.finish()
@@ -223,7 +249,8 @@ extension RobustnessTests {
             // lmx-status say why and who) until the agent has it.
             let port4 = freePort()
             let squatter4 = try await listenAsNobody("127.0.0.1", port4)
-            let third = try await AgentProcess.start(bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(port4)"])
+            let third = try await AgentProcess.start(
+                bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(port4)"])
             let refused = await third.process.waitFor(timeout: 10) { _ in
                 (try? third.status().gateway?.problem)?.contains("127.0.0.1:\(port4) is held by nobody") == true
             }
@@ -239,7 +266,8 @@ extension RobustnessTests {
             }
             #expect(advertised)
             let envAfter = await third.process.waitFor(timeout: 5) { _ in
-                ((try? String(contentsOfFile: third.directory + "/endpoint.env", encoding: .utf8)) ?? "").contains("LMX_GATEWAY_URL='http://127.0.0.1:\(port4)/v1'")
+                ((try? String(contentsOfFile: third.directory + "/endpoint.env", encoding: .utf8)) ?? "").contains(
+                    "LMX_GATEWAY_URL='http://127.0.0.1:\(port4)/v1'")
             }
             #expect(envAfter)
         }

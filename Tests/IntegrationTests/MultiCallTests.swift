@@ -5,7 +5,9 @@ import Testing
 /// named first; anything else is a usage error.
 @Suite("The multi-call binary")
 struct MultiCallTests {
-    @Test("links named lmx-agentd, lmx-status, lmx-discover, lmx-pair, lmx-notify run that command; `lmx-agent status …` too; bare --wait works through it")
+    @Test(
+        "links named lmx-agentd, lmx-status, lmx-discover, lmx-pair, lmx-notify run that command; `lmx-agent status …` too; bare --wait works through it"
+    )
     func dispatchByName() async throws {
         let binary = TestBed.binDir + "/lmx-agent"
         let dir = NSTemporaryDirectory() + "lmx-multicall-\(UUID().uuidString.prefix(8))"
@@ -19,9 +21,11 @@ struct MultiCallTests {
         }
         // lmx-status's own argument handling (a bare --wait) survives the dispatch.
         let missing = dir + "/no-agent.sock"
-        let viaLink = try await Command.run("\(dir)/lmx-status", ["--wait", "--url", "--socket", missing], environment: ["LMX_SOCKET": ""])
+        let viaLink = try await Command.run(
+            "\(dir)/lmx-status", ["--wait", "--url", "--socket", missing], environment: ["LMX_SOCKET": ""])
         #expect(viaLink.status == 69, "\(viaLink.stderr)")
-        let named = try await Command.run(binary, ["status", "--wait=0", "--url", "--socket", missing], environment: ["LMX_SOCKET": ""])
+        let named = try await Command.run(
+            binary, ["status", "--wait=0", "--url", "--socket", missing], environment: ["LMX_SOCKET": ""])
         #expect(named.status == 69, "\(named.stderr)")
         let unknown = try await Command.run(binary, ["frobnicate"])
         #expect(unknown.status == 64)

@@ -37,25 +37,37 @@ struct PackagingTests {
         }
         // The release uses the script only with the dependency versions it was made with.
         let recorded = try String(contentsOfFile: TestBed.repo + "/Packaging/lmx-agent-hot.versions", encoding: .utf8)
-        let resolved = try await run("/bin/bash", ["-c", "cd '\(TestBed.repo)' && . scripts/lib.sh && resolved_versions"])
-        #expect(resolved.status == 0 && resolved.stdout == recorded,
-                "the dependencies resolved are not those the hot-code script was made with (the release links without it): remake it with sudo python3 scripts/release/order-file.py and commit Packaging/lmx-agent-hot.ld and .versions")
+        let resolved = try await run(
+            "/bin/bash", ["-c", "cd '\(TestBed.repo)' && . scripts/lib.sh && resolved_versions"])
+        #expect(
+            resolved.status == 0 && resolved.stdout == recorded,
+            "the dependencies resolved are not those the hot-code script was made with (the release links without it): remake it with sudo python3 scripts/release/order-file.py and commit Packaging/lmx-agent-hot.ld and .versions"
+        )
         let script = try String(contentsOfFile: TestBed.repo + "/Packaging/lmx-agent-hot.ld", encoding: .utf8)
         // Section names `.text.<symbol>`; local labels (`.L…`) have no symbol to look for.
-        let named = Set(script.split(whereSeparator: { $0 == " " || $0 == "(" || $0 == ")" || $0 == "\n" })
-            .filter { $0.hasPrefix(".text.") && !$0.hasPrefix(".text..L") && $0 != ".text.lmx_hot" }
-            .map { String($0.dropFirst(6)) })
+        let named = Set(
+            script.split(whereSeparator: { $0 == " " || $0 == "(" || $0 == ")" || $0 == "\n" })
+                .filter { $0.hasPrefix(".text.") && !$0.hasPrefix(".text..L") && $0 != ".text.lmx_hot" }
+                .map { String($0.dropFirst(6)) })
         let nm = try await run("/usr/bin/nm", ["--defined-only", binary])
         #expect(nm.status == 0, "\(nm.stderr)")
-        let symbols = Set(nm.stdout.split(separator: "\n").compactMap { $0.split(separator: " ").last.map(String.init) })
+        let symbols = Set(
+            nm.stdout.split(separator: "\n").compactMap { $0.split(separator: " ").last.map(String.init) })
         let present = named.filter(symbols.contains).count
         let share = Double(present) / Double(max(named.count, 1))
-        print("figure: the hot-code script names \(named.count) functions; \(present) (\(Int(share * 100)) %) are in the release build")
+        print(
+            "figure: the hot-code script names \(named.count) functions; \(present) (\(Int(share * 100)) %) are in the release build"
+        )
         #expect(named.count > 1000)
-        #expect(share >= 0.9, "the hot-code linker script is stale: run `sudo scripts/testbed.sh up && make release && sudo python3 scripts/release/order-file.py` and commit Packaging/lmx-agent-hot.ld and .versions")
+        #expect(
+            share >= 0.9,
+            "the hot-code linker script is stale: run `sudo scripts/testbed.sh up && make release && sudo python3 scripts/release/order-file.py` and commit Packaging/lmx-agent-hot.ld and .versions"
+        )
     }
 
-    private func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) async throws -> CommandResult {
+    private func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) async throws
+        -> CommandResult
+    {
         try await Command.run(executable, arguments, environment: environment, timeout: 300)
     }
 
@@ -69,7 +81,8 @@ struct PackagingTests {
 
     private func lookup(_ database: String, _ key: String) async throws -> [String] {
         let result = try await run("/usr/bin/getent", [database, key])
-        return result.status == 0 ? result.stdout.trimmingCharacters(in: .newlines).split(separator: ":").map(String.init) : []
+        return result.status == 0
+            ? result.stdout.trimmingCharacters(in: .newlines).split(separator: ":").map(String.init) : []
     }
 
     @Test("lintian reports no errors and no warnings")
@@ -80,14 +93,21 @@ struct PackagingTests {
         #expect(tags.isEmpty, "\(tags)")
     }
 
-    @Test("the package's fields: version from the binaries, Depends from their libraries (dh_shlibdeps), the units, the sysusers file and docs inside")
+    @Test(
+        "the package's fields: version from the binaries, Depends from their libraries (dh_shlibdeps), the units, the sysusers file and docs inside"
+    )
     func contents() async throws {
         let fields = try await run("/usr/bin/dpkg-deb", ["--field", deb, "Package", "Version", "Depends"])
         #expect(fields.status == 0)
         #expect(fields.stdout.contains("Version: \(StatusAPI.version)"))
         let changelog = try String(contentsOfFile: TestBed.repo + "/Packaging/debian/changelog", encoding: .utf8)
-        #expect(changelog.hasPrefix("lmx-agent (\(StatusAPI.version))"), "Packaging/debian/changelog has no entry for \(StatusAPI.version)")
-        for dependency in ["libavahi-client3", "libzbar0", "libpng16-16", "libturbojpeg0", "libqrencode4", "libsqlite3-0", "avahi-daemon", "systemd-sysusers"] {
+        #expect(
+            changelog.hasPrefix("lmx-agent (\(StatusAPI.version))"),
+            "Packaging/debian/changelog has no entry for \(StatusAPI.version)")
+        for dependency in [
+            "libavahi-client3", "libzbar0", "libpng16-16", "libturbojpeg0", "libqrencode4", "libsqlite3-0",
+            "avahi-daemon", "systemd-sysusers",
+        ] {
             #expect(fields.stdout.contains(dependency), "Depends lacks \(dependency)")
         }
         let listing = try await run("/usr/bin/dpkg-deb", ["--contents", deb])
@@ -136,7 +156,9 @@ struct PackagingTests {
         #expect((score ?? 10) <= 2.0, "exposure \(score ?? -1)")
     }
 
-    @Test("dpkg -i, the commands from /usr/bin, systemd-analyze verify, the service as user lmx, remove keeps the state, purge deletes it")
+    @Test(
+        "dpkg -i, the commands from /usr/bin, systemd-analyze verify, the service as user lmx, remove keeps the state, purge deletes it"
+    )
     func installRunRemove() async throws {
         // A clean start, whatever an earlier run left.
         _ = try await run("/usr/bin/dpkg", ["--purge", "lmx-agent"])
@@ -162,7 +184,9 @@ struct PackagingTests {
             // The release layout: lmx-status a static PIE (no program interpreter, position
             // independent), the daemon's hot code gathered by Packaging/lmx-agent-hot.ld.
             let statusHeaders = try await run("/usr/bin/readelf", ["-hlW", "/usr/bin/lmx-status"])
-            #expect(statusHeaders.stdout.contains("DYN (Position-Independent Executable file)"), "\(statusHeaders.stdout.prefix(400))")
+            #expect(
+                statusHeaders.stdout.contains("DYN (Position-Independent Executable file)"),
+                "\(statusHeaders.stdout.prefix(400))")
             #expect(!statusHeaders.stdout.contains("INTERP"), "lmx-status is not static")
             let sections = try await run("/usr/bin/readelf", ["-SW", "/usr/bin/lmx-agentd"])
             #expect(sections.stdout.contains(".text.lmx_hot"), "lmx-agentd has no hot-code section")
@@ -176,13 +200,17 @@ struct PackagingTests {
             let name = "packaged \(TestBed.tag())"
             _ = try await Publish.avahi(bed, on: .h1, name: name, port: port)
             let discover = try await run(
-                "/usr/bin/lmx-discover", ["--json", "--timeout", "5"], environment: ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(.root)])
+                "/usr/bin/lmx-discover", ["--json", "--timeout", "5"],
+                environment: ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(.root)])
             #expect(discover.status == 0, "\(discover.stderr)")
             #expect(discover.stdout.contains(name))
             let scratch = AgentProcess.makeDirectory()
             let dryRun = try await run(
                 "/usr/bin/lmx-pair",
-                [TestBed.repo + "/examples/pairing/v1-token.png", "--dry-run", "--db", scratch + "/agent.db", "--socket", scratch + "/x.sock"])
+                [
+                    TestBed.repo + "/examples/pairing/v1-token.png", "--dry-run", "--db", scratch + "/agent.db",
+                    "--socket", scratch + "/x.sock",
+                ])
             #expect(dryRun.status == 0, "\(dryRun.stderr)")
             #expect(dryRun.stdout.contains("would import"))
 
@@ -194,20 +222,28 @@ struct PackagingTests {
             let config = mode("/etc/lmx/agent.json")
             #expect(config?.mode == 0o640)
             #expect(config?.uid == 0 && config?.gid == gid_t(group.count > 2 ? Int(group[2]) ?? -1 : -1))
-            #expect(exists("/etc/systemd/system/multi-user.target.wants/lmx-agentd.service"), "the service was not enabled")
-            #expect(!exists("/etc/systemd/user/default.target.wants/lmx-agentd.service"), "the per-user unit was enabled for every user")
-            #expect(!exists("/etc/systemd/user/graphical-session.target.wants/lmx-notify.service"), "lmx-notify was enabled for every user")
+            #expect(
+                exists("/etc/systemd/system/multi-user.target.wants/lmx-agentd.service"), "the service was not enabled")
+            #expect(
+                !exists("/etc/systemd/user/default.target.wants/lmx-agentd.service"),
+                "the per-user unit was enabled for every user")
+            #expect(
+                !exists("/etc/systemd/user/graphical-session.target.wants/lmx-notify.service"),
+                "lmx-notify was enabled for every user")
             #expect(try await run("/usr/bin/man", ["-w", "lmx-notify"]).status == 0)
             #expect(try await run("/usr/bin/man", ["-w", "lmx-pair"]).status == 0)
 
-            let verify = try await run("/usr/bin/systemd-analyze", ["verify", "/usr/lib/systemd/system/lmx-agentd.service"])
+            let verify = try await run(
+                "/usr/bin/systemd-analyze", ["verify", "/usr/lib/systemd/system/lmx-agentd.service"])
             #expect(verify.status == 0, "\(verify.stdout)\(verify.stderr)")
             // The user unit, as a user manager reads it (it wants a runtime directory of its own).
             let runtime = FileManager.default.temporaryDirectory.appendingPathComponent("lmx-verify-\(getpid())").path
-            try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            try FileManager.default.createDirectory(
+                atPath: runtime, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             defer { try? FileManager.default.removeItem(atPath: runtime) }
             let verifyUser = try await run(
-                "/usr/bin/systemd-analyze", ["--user", "verify", "/usr/lib/systemd/user/lmx-notify.service"], environment: ["XDG_RUNTIME_DIR": runtime])
+                "/usr/bin/systemd-analyze", ["--user", "verify", "/usr/lib/systemd/user/lmx-notify.service"],
+                environment: ["XDG_RUNTIME_DIR": runtime])
             #expect(verifyUser.status == 0, "\(verifyUser.stdout)\(verifyUser.stderr)")
 
             // The daemon as systemd starts it: user lmx, RuntimeDirectory=, StateDirectory=,
@@ -219,9 +255,13 @@ struct PackagingTests {
             }
             let daemon = LiveProcess(
                 "/usr/bin/setpriv",
-                ["--reuid", uid, "--regid", gid, "--init-groups", "--", "/bin/sh", "-c", "umask 077; exec /usr/bin/lmx-agentd"],
+                [
+                    "--reuid", uid, "--regid", gid, "--init-groups", "--", "/bin/sh", "-c",
+                    "umask 077; exec /usr/bin/lmx-agentd",
+                ],
                 environment: [
-                    "RUNTIME_DIRECTORY": "/run/lmx", "STATE_DIRECTORY": "/var/lib/lmx", "CONFIGURATION_DIRECTORY": "/etc/lmx",
+                    "RUNTIME_DIRECTORY": "/run/lmx", "STATE_DIRECTORY": "/var/lib/lmx",
+                    "CONFIGURATION_DIRECTORY": "/etc/lmx",
                     "HOME": "/var/lib/lmx", "DBUS_SYSTEM_BUS_ADDRESS": bed.bus(.root), "LMX_SOCKET": "", "LMX_DB": "",
                 ])
             try await daemon.start()
@@ -249,7 +289,9 @@ struct PackagingTests {
             let refused = try await run(
                 "/usr/bin/setpriv",
                 ["--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/lmx-pair", code],
-                environment: ["LMX_SOCKET": "", "LMX_DB": "", "XDG_RUNTIME_DIR": "/nonexistent", "HOME": "/nonexistent"])
+                environment: [
+                    "LMX_SOCKET": "", "LMX_DB": "", "XDG_RUNTIME_DIR": "/nonexistent", "HOME": "/nonexistent",
+                ])
             #expect(refused.status == 69)
             #expect(refused.stderr.contains("sudo"))
             let database = mode("/var/lib/lmx/agent.db")
@@ -265,10 +307,12 @@ struct PackagingTests {
             // With the service stopped, `sudo lmx-pair` writes the database directly, and leaves
             // it to the service's user, who must still open it at the next start.
             let offline = try await run(
-                "/usr/bin/lmx-pair", [TestBed.repo + "/examples/pairing/account-link.png"], environment: ["LMX_SOCKET": "", "LMX_DB": ""])
+                "/usr/bin/lmx-pair", [TestBed.repo + "/examples/pairing/account-link.png"],
+                environment: ["LMX_SOCKET": "", "LMX_DB": ""])
             #expect(offline.status == 0, "\(offline.stderr)")
             #expect(offline.stdout.contains("lmx-agentd is not running: saved to /var/lib/lmx/agent.db"))
-            for file in ["/var/lib/lmx/agent.db", "/var/lib/lmx/agent.db-wal", "/var/lib/lmx/agent.db-shm"] where exists(file) {
+            for file in ["/var/lib/lmx/agent.db", "/var/lib/lmx/agent.db-wal", "/var/lib/lmx/agent.db-shm"]
+            where exists(file) {
                 #expect(mode(file)?.uid == uid_t(Int(uid) ?? -1), "\(file) is not the service user's")
             }
 
@@ -301,51 +345,74 @@ struct PackagingTests {
         }
     }
 
-    @Test("make install (PREFIX, DESTDIR): commands, man pages, completions, the system and user units, the sysusers file; make uninstall removes them")
+    @Test(
+        "make install (PREFIX, DESTDIR): commands, man pages, completions, the system and user units, the sysusers file; make uninstall removes them"
+    )
     func makeInstall() async throws {
         let stage = FileManager.default.temporaryDirectory.appendingPathComponent("lmx-install-\(getpid())").path
         defer { try? FileManager.default.removeItem(atPath: stage) }
-        let install = try await Command.run("/usr/bin/make", ["-C", TestBed.repo, "install", "DESTDIR=\(stage)", "PREFIX=/opt/lmx"], timeout: 120)
+        let install = try await Command.run(
+            "/usr/bin/make", ["-C", TestBed.repo, "install", "DESTDIR=\(stage)", "PREFIX=/opt/lmx"], timeout: 120)
         #expect(install.status == 0, "\(install.stderr)")
-        var expected = ["/opt/lmx/lib/systemd/system/lmx-agentd.service", "/opt/lmx/lib/systemd/user/lmx-agentd.service",
-                        "/opt/lmx/share/doc/lmx-agent/agent.json", "/opt/lmx/lib/sysusers.d/lmx-agent.conf",
-                        "/opt/lmx/lib/systemd/user/lmx-notify.service"]
+        var expected = [
+            "/opt/lmx/lib/systemd/system/lmx-agentd.service", "/opt/lmx/lib/systemd/user/lmx-agentd.service",
+            "/opt/lmx/share/doc/lmx-agent/agent.json", "/opt/lmx/lib/sysusers.d/lmx-agent.conf",
+            "/opt/lmx/lib/systemd/user/lmx-notify.service",
+        ]
         for command in ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair", "lmx-notify"] {
-            expected += ["/opt/lmx/bin/\(command)", "/opt/lmx/share/man/man1/\(command).1",
-                         "/opt/lmx/share/bash-completion/completions/\(command)", "/opt/lmx/share/zsh/site-functions/_\(command)",
-                         "/opt/lmx/share/fish/vendor_completions.d/\(command).fish"]
+            expected += [
+                "/opt/lmx/bin/\(command)", "/opt/lmx/share/man/man1/\(command).1",
+                "/opt/lmx/share/bash-completion/completions/\(command)",
+                "/opt/lmx/share/zsh/site-functions/_\(command)",
+                "/opt/lmx/share/fish/vendor_completions.d/\(command).fish",
+            ]
         }
         for path in expected { #expect(FileManager.default.fileExists(atPath: stage + path), "\(path)") }
         for unit in ["system", "user"] {
-            let text = try String(contentsOfFile: stage + "/opt/lmx/lib/systemd/\(unit)/lmx-agentd.service", encoding: .utf8)
-            #expect(text.contains(unit == "system" ? "ExecStart=/opt/lmx/bin/lmx-agentd\n" : "ExecStart=/opt/lmx/bin/lmx-agentd --gateway off\n"), "\(unit) unit")
+            let text = try String(
+                contentsOfFile: stage + "/opt/lmx/lib/systemd/\(unit)/lmx-agentd.service", encoding: .utf8)
+            #expect(
+                text.contains(
+                    unit == "system"
+                        ? "ExecStart=/opt/lmx/bin/lmx-agentd\n" : "ExecStart=/opt/lmx/bin/lmx-agentd --gateway off\n"),
+                "\(unit) unit")
             #expect(!text.contains("@BINDIR@"))
         }
         // The service user, as `sudo systemd-sysusers PREFIX/lib/sysusers.d/lmx-agent.conf` makes it
         // (here in the staging root's /etc).
         try FileManager.default.createDirectory(atPath: stage + "/etc", withIntermediateDirectories: true)
-        let sysusers = try await Command.run("/usr/bin/systemd-sysusers", ["--root=\(stage)", stage + "/opt/lmx/lib/sysusers.d/lmx-agent.conf"])
+        let sysusers = try await Command.run(
+            "/usr/bin/systemd-sysusers", ["--root=\(stage)", stage + "/opt/lmx/lib/sysusers.d/lmx-agent.conf"])
         #expect(sysusers.status == 0, "\(sysusers.stderr)")
         let passwd = (try? String(contentsOfFile: stage + "/etc/passwd", encoding: .utf8)) ?? ""
-        #expect(passwd.split(separator: "\n").contains { $0.hasPrefix("lmx:") && $0.hasSuffix(":/var/lib/lmx:/usr/sbin/nologin") }, "\(passwd)")
+        #expect(
+            passwd.split(separator: "\n").contains {
+                $0.hasPrefix("lmx:") && $0.hasSuffix(":/var/lib/lmx:/usr/sbin/nologin")
+            }, "\(passwd)")
         let version = try await Command.run(stage + "/opt/lmx/bin/lmx-status", ["--version"])
         #expect(version.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == StatusAPI.version)
-        let uninstall = try await Command.run("/usr/bin/make", ["-C", TestBed.repo, "uninstall", "DESTDIR=\(stage)", "PREFIX=/opt/lmx"])
+        let uninstall = try await Command.run(
+            "/usr/bin/make", ["-C", TestBed.repo, "uninstall", "DESTDIR=\(stage)", "PREFIX=/opt/lmx"])
         #expect(uninstall.status == 0)
         for path in expected { #expect(!FileManager.default.fileExists(atPath: stage + path), "\(path) left behind") }
     }
 
-    @Test("under a real systemd (this OS booted with systemd-nspawn): started, notify, watchdog, sandboxed, finds a server, reload, upgrade, stop")
+    @Test(
+        "under a real systemd (this OS booted with systemd-nspawn): started, notify, watchdog, sandboxed, finds a server, reload, upgrade, stop"
+    )
     func underSystemd() async throws {
         let result = try await Command.run(TestBed.repo + "/scripts/checks/systemd-check.sh", [deb], timeout: 300)
         #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
         let lines = result.stdout.split(separator: "\n").map(String.init)
         for check in [
-            "started", "enabled", "status-text", "user", "seccomp", "no-new-privileges", "no-capabilities", "finds-server",
+            "started", "enabled", "status-text", "user", "seccomp", "no-new-privileges", "no-capabilities",
+            "finds-server",
             "watchdog", "nobody-reads-status", "database", "reload", "stop", "journal", "gateway", "gateway-socket",
             "endpoint-env", "journal-priorities", "upgrade",
         ] {
-            #expect(lines.contains("CHECK \(check) ok"), "\(check): \(lines.first { $0.hasPrefix("CHECK \(check) ") } ?? "not reported")")
+            #expect(
+                lines.contains("CHECK \(check) ok"),
+                "\(check): \(lines.first { $0.hasPrefix("CHECK \(check) ") } ?? "not reported")")
         }
     }
 }

@@ -9,7 +9,8 @@ private enum Payloads {
     static let tunnel = "https://quiet-river-1234.trycloudflare.com?key=ADMIN-S3CRET"
     static let connect =
         "https://lmx.optalocal.com/connect?host=192.168.188.11&port=1234&via=lan&tunnel=https%3A%2F%2Fx.trycloudflare.com"
-    static let pair = "https://lmx.optalocal.com/pair?session=0f9e6c1e-1111-4222-8333-944445555666&deviceId=ab12&host=10.1.2.3&port=1234"
+    static let pair =
+        "https://lmx.optalocal.com/pair?session=0f9e6c1e-1111-4222-8333-944445555666&deviceId=ab12&host=10.1.2.3&port=1234"
     static let book =
         #"{"entries":[{"id":"192.168.188.11:1234","label":"LMX @ Studio","host":"192.168.188.11","port":1234,"tunnelUrl":"https://example.trycloudflare.com","lastConnectedVia":"mdns"}]}"#
     static let all = [token, tunnel, connect, pair, book]
@@ -70,7 +71,9 @@ struct PairTests {
             for level in ["L", "M", "Q", "H"] {
                 for size in [2, 5, 12] {
                     let png = "\(dir)/code-\(index)-\(level)-\(size).png"
-                    try await shell("qrencode -l \(level) -s \(size) -o '\(png)' '\(payload.replacingOccurrences(of: "'", with: "'\\''"))'")
+                    try await shell(
+                        "qrencode -l \(level) -s \(size) -o '\(png)' '\(payload.replacingOccurrences(of: "'", with: "'\\''"))'"
+                    )
                     let result = try await pair([png, "--dry-run", "--json"])
                     #expect(try summaries(result) == expected, "\(png)")
                     assertNoSecrets(result.stdout, result.stderr)
@@ -80,7 +83,8 @@ struct PairTests {
         #expect(!FileManager.default.fileExists(atPath: db), "--dry-run writes nothing")
     }
 
-    @Test("PNG variants and JPEG 'photos of a screen' (scaled, rotated, blurred, compressed, progressive) decode exactly")
+    @Test(
+        "PNG variants and JPEG 'photos of a screen' (scaled, rotated, blurred, compressed, progressive) decode exactly")
     func imageVariants() async throws {
         let base = "\(dir)/base.png"
         try await shell("qrencode -l M -s 6 -o '\(base)' '\(Payloads.token)'")
@@ -98,7 +102,10 @@ struct PairTests {
             ("blurred.jpg", "-resize 300% -blur 0x2 -quality 70"),
             ("compressed.jpg", "-resize 200% -quality 25"),
             ("progressive.jpg", "-resize 250% -interlace JPEG -quality 75"),
-            ("photo.jpg", "-resize 350% -background white -rotate 4 -blur 0x1.5 -fill gray70 -colorize 15% -quality 55 -interlace JPEG"),
+            (
+                "photo.jpg",
+                "-resize 350% -background white -rotate 4 -blur 0x1.5 -fill gray70 -colorize 15% -quality 55 -interlace JPEG"
+            ),
         ]
         for (name, options) in variants {
             let out = "\(dir)/\(name)"
@@ -114,12 +121,19 @@ struct PairTests {
 
     @Test("bad inputs: each its own error and exit code, nothing written")
     func badInputs() async throws {
-        let blank = "\(dir)/blank.png", two = "\(dir)/two.png", truncated = "\(dir)/truncated.png"
+        let blank = "\(dir)/blank.png"
+        let two = "\(dir)/two.png"
+        let truncated = "\(dir)/truncated.png"
         try await shell("convert -size 300x300 xc:white '\(blank)'")
-        try await shell("qrencode -o '\(dir)/a.png' '\(Payloads.tunnel)' && qrencode -o '\(dir)/b.png' '\(Payloads.pair)' && convert '\(dir)/a.png' '\(dir)/b.png' +append '\(two)'")
-        try await shell("qrencode -s 8 -o '\(dir)/full.png' '\(Payloads.token)' && head -c $(( $(stat -c %s '\(dir)/full.png') / 2 )) '\(dir)/full.png' > '\(truncated)'")
+        try await shell(
+            "qrencode -o '\(dir)/a.png' '\(Payloads.tunnel)' && qrencode -o '\(dir)/b.png' '\(Payloads.pair)' && convert '\(dir)/a.png' '\(dir)/b.png' +append '\(two)'"
+        )
+        try await shell(
+            "qrencode -s 8 -o '\(dir)/full.png' '\(Payloads.token)' && head -c $(( $(stat -c %s '\(dir)/full.png') / 2 )) '\(dir)/full.png' > '\(truncated)'"
+        )
         let bomb = "\(dir)/bomb.png"
-        _ = FileManager.default.createFile(atPath: bomb, contents: Data(Self.pngHeader(width: 100_000, height: 100_000)))
+        _ = FileManager.default.createFile(
+            atPath: bomb, contents: Data(Self.pngHeader(width: 100_000, height: 100_000)))
         var random = [UInt8](repeating: 0, count: 4096)
         var rng = SystemRandomNumberGenerator()
         for i in random.indices { random[i] = UInt8.random(in: 0...255, using: &rng) }
@@ -151,9 +165,13 @@ struct PairTests {
             let result = try await pair([file])
             #expect(result.status == code, "\(file): \(result.stderr)")
             #expect(result.stderr.contains(message), "\(file): \(result.stderr)")
-            #expect(result.stderr.contains(file.split(separator: "/").last.map(String.init) ?? file), "the error names the input")
+            #expect(
+                result.stderr.contains(file.split(separator: "/").last.map(String.init) ?? file),
+                "the error names the input")
             assertNoSecrets(result.stdout, result.stderr)
-            if file == bomb { #expect(ContinuousClock.now - started < .seconds(2), "a decompression bomb costs nothing") }
+            if file == bomb {
+                #expect(ContinuousClock.now - started < .seconds(2), "a decompression bomb costs nothing")
+            }
         }
         // Several codes are listed, none imported; --code picks one.
         let listed = try await pair([two])
@@ -175,7 +193,9 @@ struct PairTests {
         #expect(try await pair([]).status == 64)
     }
 
-    @Test("without an agent: import into the database, update instead of duplicate, list, export round trip (0600), remove")
+    @Test(
+        "without an agent: import into the database, update instead of duplicate, list, export round trip (0600), remove"
+    )
     func offline() async throws {
         let token = try write(Payloads.token, "token.txt")
         let first = try await pair([token])
@@ -188,7 +208,8 @@ struct PairTests {
         #expect(mode == 0o600)
 
         // The same server again (a new tunnel URL for the same instance): updated, not duplicated.
-        let moved = try write(Payloads.token.replacingOccurrences(of: "quiet-river-1234", with: "new-river-9"), "moved.txt")
+        let moved = try write(
+            Payloads.token.replacingOccurrences(of: "quiet-river-1234", with: "new-river-9"), "moved.txt")
         let second = try await pair([moved])
         #expect(second.stdout.contains("updated"))
         let list = try await pair(["list", "--json"])
@@ -209,8 +230,11 @@ struct PairTests {
         let otherDB = dir + "/other/agent.db"
         let imported = try await pair([png, "--json"], db: otherDB)
         #expect(try summaries(imported).map(\.id) == [id])
-        let otherList = try JSONDecoder().decode([PairingSummary].self, from: Data(try await pair(["list", "--json"], db: otherDB).stdout.utf8))
-        #expect(otherList.map { [$0.url, $0.lan, $0.instance, $0.name] } == all.map { [$0.url, $0.lan, $0.instance, $0.name] })
+        let otherList = try JSONDecoder().decode(
+            [PairingSummary].self, from: Data(try await pair(["list", "--json"], db: otherDB).stdout.utf8))
+        #expect(
+            otherList.map { [$0.url, $0.lan, $0.instance, $0.name] }
+                == all.map { [$0.url, $0.lan, $0.instance, $0.name] })
         #expect(otherList.first?.secrets == ["admin_key", "api_key", "cf_access"])
 
         // The terminal drawing is a real QR code: turn its blocks back into pixels and scan them.
@@ -219,7 +243,9 @@ struct PairTests {
         let pgm = "\(dir)/terminal.pgm"
         _ = FileManager.default.createFile(atPath: pgm, contents: Data(Self.pgm(fromTerminal: drawn.stdout)))
         let scanned = try await Command.run("/usr/bin/zbarimg", ["--raw", "-q", pgm])
-        #expect(scanned.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == raw.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+        #expect(
+            scanned.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+                == raw.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
 
         // Remove by id; again is "no such pairing".
         #expect(try await pair(["remove", id]).status == 0)
@@ -227,20 +253,29 @@ struct PairTests {
         let emptied = try await pair(["list", "--json"])
         #expect(try JSONDecoder().decode([PairingSummary].self, from: Data(emptied.stdout.utf8)).isEmpty)
         // Standard input works too.
-        let stdin = try await Command.run("/bin/sh", ["-c", "echo '\(Payloads.pair)' | '\(TestBed.binDir)/lmx-pair' - --db '\(db)' --socket '\(noSocket)' --json"])
+        let stdin = try await Command.run(
+            "/bin/sh",
+            [
+                "-c",
+                "echo '\(Payloads.pair)' | '\(TestBed.binDir)/lmx-pair' - --db '\(db)' --socket '\(noSocket)' --json",
+            ])
         #expect(stdin.status == 0, "\(stdin.stderr)")
         #expect(stdin.stdout.contains("\"lan\" : \"10.1.2.3:1234\""))
     }
 
-    @Test("with the agent running: a paired tunnel becomes a standby, takes over when the LAN server stops, goes with remove")
+    @Test(
+        "with the agent running: a paired tunnel becomes a standby, takes over when the LAN server stops, goes with remove"
+    )
     func endToEnd() async throws {
         try await withResources {
-            let wanPort = Int.random(in: 20_000...39_999), lanPort = Int.random(in: 20_000...39_999)
+            let wanPort = Int.random(in: 20_000...39_999)
+            let lanPort = Int.random(in: 20_000...39_999)
             let tunnel = try await LMXServer.start(
                 bed, on: .root, port: wanPort, instance: "paired-\(wanPort)", bind: "127.0.0.1", tls: true,
                 requireAccess: ("svc.access", "CF-S3CRET"))
             let lan = try await LMXServer.start(bed, on: .h1, port: lanPort, instance: "lan-\(lanPort)")
-            let config = #"{"interfaces": ["lmxbr0"], "health": {"stability_window": 3}, "extra_ca_file": "\#(bed["LMX_TESTBED_TLS"])/ca.pem", "endpoints": [{"url": "http://10.254.0.11:\#(lanPort)"}]}"#
+            let config =
+                #"{"interfaces": ["lmxbr0"], "health": {"stability_window": 3}, "extra_ca_file": "\#(bed["LMX_TESTBED_TLS"])/ca.pem", "endpoints": [{"url": "http://10.254.0.11:\#(lanPort)"}]}"#
             let agent = try await AgentProcess.start(bed, config: config, arguments: ["--no-discovery"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == lan.baseURL } != nil)
 
@@ -296,7 +331,9 @@ struct PairTests {
 
     /// A PNG signature and IHDR chunk (valid CRC) claiming a size, and nothing else.
     static func pngHeader(width: UInt32, height: UInt32) -> [UInt8] {
-        func be(_ v: UInt32) -> [UInt8] { [UInt8(v >> 24), UInt8(v >> 16 & 0xFF), UInt8(v >> 8 & 0xFF), UInt8(v & 0xFF)] }
+        func be(_ v: UInt32) -> [UInt8] {
+            [UInt8(v >> 24), UInt8(v >> 16 & 0xFF), UInt8(v >> 8 & 0xFF), UInt8(v & 0xFF)]
+        }
         let body = Array("IHDR".utf8) + be(width) + be(height) + [8, 0, 0, 0, 0]
         var crc: UInt32 = 0xFFFF_FFFF
         for byte in body {
@@ -312,17 +349,23 @@ struct PairTests {
         let width = lines.map(\.count).max() ?? 0
         var rows: [[Bool]] = []  // true = light
         for line in lines {
-            var top: [Bool] = [], bottom: [Bool] = []
+            var top: [Bool] = []
+            var bottom: [Bool] = []
             for ch in line {
                 top.append(ch == "█" || ch == "▀")
                 bottom.append(ch == "█" || ch == "▄")
             }
-            while top.count < width { top.append(false); bottom.append(false) }
+            while top.count < width {
+                top.append(false)
+                bottom.append(false)
+            }
             rows.append(top)
             rows.append(bottom)
         }
-        let scale = 4, border = 4
-        let w = (width + 2 * border) * scale, h = (rows.count + 2 * border) * scale
+        let scale = 4
+        let border = 4
+        let w = (width + 2 * border) * scale
+        let h = (rows.count + 2 * border) * scale
         var pixels = [UInt8](repeating: 255, count: w * h)
         for (y, row) in rows.enumerated() {
             for (x, light) in row.enumerated() where !light {

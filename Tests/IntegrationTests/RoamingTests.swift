@@ -28,7 +28,8 @@ struct RoamingTests {
     /// The paired server on h1 and its tunnel on this machine's wan side; the agent in h4,
     /// paired by a QR-code text, active on the LAN, the tunnel probed and up.
     private func startHome(lanDelayMS: Int = 0) async throws -> Home {
-        let port = freePort(), tunnelPort = freePort()
+        let port = freePort()
+        let tunnelPort = freePort()
         let instance = "roam-\(port)"
         let lan = try await LMXServer.start(bed, on: .h1, port: port, instance: instance)
         let tunnelAddress = bed["LMX_TESTBED_H4_TUNNEL_ADDR"]
@@ -38,13 +39,17 @@ struct RoamingTests {
         _ = try await Publish.avahi(bed, on: .h1, name: "Roam \(TestBed.tag())", port: port)
         let config = #"{"interfaces": ["lan0"], "extra_ca_file": "\#(bed["LMX_TESTBED_TLS"])/ca.pem"}"#
         // The gateway on h4's own loopback, and on its socket (which the tests use from here).
-        let agent = try await AgentProcess.start(bed, config: config, arguments: ["--gateway", "127.0.0.1:\(freePort())"], host: .h4)
+        let agent = try await AgentProcess.start(
+            bed, config: config, arguments: ["--gateway", "127.0.0.1:\(freePort())"], host: .h4)
         let tunnelURL = "https://\(tunnelAddress):\(tunnelPort)"
         let paired = try await agent.pair(pairingLink(name: "Studio", url: tunnelURL, extra: "&key=ADMIN-S3CRET"))
         #expect(paired.status == 0, "\(paired.stderr)")
         let home = Home(lan: lan, tunnel: tunnel, agent: agent, tunnelURL: tunnelURL)
-        #expect(await agent.waitForActive(timeout: 15) { $0?.baseURL == home.lanURL } != nil, "active on the LAN: \(agent.process.stderr.suffix(2000))")
-        #expect(await agent.waitForRoute(timeout: 15) { $0.baseURL == tunnelURL && $0.health == .up } != nil, "tunnel up")
+        #expect(
+            await agent.waitForActive(timeout: 15) { $0?.baseURL == home.lanURL } != nil,
+            "active on the LAN: \(agent.process.stderr.suffix(2000))")
+        #expect(
+            await agent.waitForRoute(timeout: 15) { $0.baseURL == tunnelURL && $0.health == .up } != nil, "tunnel up")
         return home
     }
 
@@ -59,7 +64,9 @@ struct RoamingTests {
         try await bed.control("roam", "home")
     }
 
-    @Test("leave home: active via the tunnel within 500 ms (no probe timeouts); come home: on the LAN within 2 s (no stability window)")
+    @Test(
+        "leave home: active via the tunnel within 500 ms (no probe timeouts); come home: on the LAN within 2 s (no stability window)"
+    )
     func leaveAndComeHome() async throws {
         try await roaming {
             let home = try await startHome()
@@ -72,7 +79,8 @@ struct RoamingTests {
             #expect(away != nil)
             #expect(leave <= 0.5, "tunnel active \(leave) s after leaving")
             let lanRoute = await agent.waitForRoute(timeout: 2) { $0.baseURL == home.lanURL }
-            #expect(lanRoute?.reason.hasPrefix("not reachable from this machine now") == true, "\(lanRoute?.reason ?? "")")
+            #expect(
+                lanRoute?.reason.hasPrefix("not reachable from this machine now") == true, "\(lanRoute?.reason ?? "")")
             // Requests go through the tunnel.
             let models = try await curl(["-D", "-", "--unix-socket", home.gatewaySocket, "http://localhost/v1/models"])
             #expect(models.status == 200 && models.body.contains("X-LMX-Via: wan"), "\(models.body)")
@@ -96,34 +104,44 @@ struct RoamingTests {
             #expect(again.status == 200 && again.body.contains("X-LMX-Via: lan"), "\(again.body)")
             let events = try agent.client.request("GET", "/v1/events?limit=50")
             #expect(String(decoding: events.body, as: UTF8.self).contains(#""kind":"network""#))
-            print("roaming: leave → tunnel \(String(format: "%.3f", leave)) s, home → LAN \(String(format: "%.3f", homeTime)) s, announced again \(String(format: "%.3f", announced)) s")
+            print(
+                "roaming: leave → tunnel \(String(format: "%.3f", leave)) s, home → LAN \(String(format: "%.3f", homeTime)) s, announced again \(String(format: "%.3f", announced)) s"
+            )
         }
     }
 
-    @Test("PrepareForSleep(false) from logind (a stand-in owning org.freedesktop.login1): every route re-probed within 1 s; the gateway waits for a fresh verdict")
+    @Test(
+        "PrepareForSleep(false) from logind (a stand-in owning org.freedesktop.login1): every route re-probed within 1 s; the gateway waits for a fresh verdict"
+    )
     func wakeFromSleep() async throws {
         try await roaming {
             let home = try await startHome()
             let agent = home.agent
             // Let the tunnel settle into its 60 s standby schedule.
             try await Task.sleep(for: .seconds(2))
-            let before = try Dictionary(uniqueKeysWithValues: agent.status().candidates.flatMap(\.routes).map { ($0.id, $0.probes) })
+            let before = try Dictionary(
+                uniqueKeysWithValues: agent.status().candidates.flatMap(\.routes).map { ($0.id, $0.probes) })
             #expect(before.count >= 2)
 
             // Anyone on the bus may send a signal of that name; only logind's is heard.
-            let forged = try await Command.run("/usr/bin/dbus-send", [
-                "--bus=\(bed.bus(.h4))", "--type=signal", "/org/freedesktop/login1",
-                "org.freedesktop.login1.Manager.PrepareForSleep", "boolean:false",
-            ])
+            let forged = try await Command.run(
+                "/usr/bin/dbus-send",
+                [
+                    "--bus=\(bed.bus(.h4))", "--type=signal", "/org/freedesktop/login1",
+                    "org.freedesktop.login1.Manager.PrepareForSleep", "boolean:false",
+                ])
             #expect(forged.status == 0, "\(forged.stderr)")
             try await Task.sleep(for: .milliseconds(500))
-            #expect(!agent.process.stderr.contains("woke from sleep"), "a signal not from org.freedesktop.login1's owner")
+            #expect(
+                !agent.process.stderr.contains("woke from sleep"), "a signal not from org.freedesktop.login1's owner")
             // Another user sends it unicast to every connection on the bus (no match rule filters
             // those), 50 times each: not heard either, and said in the log.
-            let unicast = try await Command.run("/usr/bin/setpriv", [
-                "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3",
-                "\(TestBed.repo)/scripts/fixtures/forge-wake.py", "--bus", bed.bus(.h4), "--count", "50",
-            ])
+            let unicast = try await Command.run(
+                "/usr/bin/setpriv",
+                [
+                    "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3",
+                    "\(TestBed.repo)/scripts/fixtures/forge-wake.py", "--bus", bed.bus(.h4), "--count", "50",
+                ])
             #expect(unicast.status == 0 && unicast.stdout.hasPrefix("sent "), "\(unicast.stderr)")
             #expect(await agent.process.waitForLine(containing: "not sent by logind was ignored", timeout: 3))
             try await Task.sleep(for: .milliseconds(300))
@@ -131,7 +149,8 @@ struct RoamingTests {
 
             let sent = ContinuousClock.now
             let standin = try await Command.run(
-                "/usr/bin/python3", ["\(TestBed.repo)/scripts/fixtures/login1-standin.py", "--bus", bed.bus(.h4), "wake"])
+                "/usr/bin/python3",
+                ["\(TestBed.repo)/scripts/fixtures/login1-standin.py", "--bus", bed.bus(.h4), "wake"])
             #expect(standin.status == 0, "\(standin.stderr)")
             var reprobed: Double?
             while (ContinuousClock.now - sent).seconds < 5 {
@@ -142,7 +161,9 @@ struct RoamingTests {
                 }
                 try await Task.sleep(for: .milliseconds(20))
             }
-            #expect(reprobed != nil && reprobed! <= 1, "every route re-probed after \(reprobed.map { "\($0) s" } ?? "more than 5 s")")
+            #expect(
+                reprobed != nil && reprobed! <= 1,
+                "every route re-probed after \(reprobed.map { "\($0) s" } ?? "more than 5 s")")
             #expect(agent.process.stderr.contains("woke from sleep: logind: PrepareForSleep(false)"))
 
             // The gateway: a request right after the wake waits for a first probe since (every
@@ -152,14 +173,21 @@ struct RoamingTests {
             await home.tunnel.set("slow 800")
             try await Task.sleep(for: .seconds(2))
             let logged = agent.process.stderr.components(separatedBy: "woke from sleep").count
-            _ = try await Command.run("/usr/bin/python3", ["\(TestBed.repo)/scripts/fixtures/login1-standin.py", "--bus", bed.bus(.h4), "wake"])
-            #expect(await agent.process.waitFor(timeout: 5) { $0.stderr.components(separatedBy: "woke from sleep").count > logged })
+            _ = try await Command.run(
+                "/usr/bin/python3",
+                ["\(TestBed.repo)/scripts/fixtures/login1-standin.py", "--bus", bed.bus(.h4), "wake"])
+            #expect(
+                await agent.process.waitFor(timeout: 5) {
+                    $0.stderr.components(separatedBy: "woke from sleep").count > logged
+                })
             let start = ContinuousClock.now
             let models = try await curl(["-D", "-", "--unix-socket", home.gatewaySocket, "http://localhost/v1/models"])
             let took = (ContinuousClock.now - start).seconds
             #expect(models.status == 200, "\(models.body)")
             #expect(took >= 1.2, "held for a fresh probe, then answered: \(took) s")
-            print("wake: every route re-probed after \(reprobed.map { String(format: "%.3f", $0) } ?? "-") s; a gateway request after the wake took \(String(format: "%.3f", took)) s")
+            print(
+                "wake: every route re-probed after \(reprobed.map { String(format: "%.3f", $0) } ?? "-") s; a gateway request after the wake took \(String(format: "%.3f", took)) s"
+            )
         }
     }
 }

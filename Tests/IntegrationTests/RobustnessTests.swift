@@ -18,9 +18,13 @@ struct RobustnessTests {
     /// A TLS "tunnel" on this machine and an agent that has it as a configured WAN endpoint.
     func agentWithTunnel(window: Double = 3, extra: String = "") async throws -> AgentProcess {
         let wanPort = freePort()
-        let tunnel = try await LMXServer.start(bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true)
+        let tunnel = try await LMXServer.start(
+            bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true)
         let agent = try await AgentProcess.start(
-            bed, config: config(window: window, endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, extra: extra, trust: "lan"))
+            bed,
+            config: config(
+                window: window, endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile, extra: extra,
+                trust: "lan"))
         _ = tunnel  // stopped with the test's resources
         return agent
     }
@@ -47,7 +51,8 @@ struct RobustnessTests {
             #expect(route(agent, server.routeID)?.lastProbe?.detail == "timed out")
 
             // The probe of lmx-discover ends too, with the same verdict.
-            let result = try await Command.discover(["--json", "--probe", "-i", "lmxbr0"], bus: bed.bus(.root), timeout: 30)
+            let result = try await Command.discover(
+                ["--json", "--probe", "-i", "lmxbr0"], bus: bed.bus(.root), timeout: 30)
             #expect(result.status == 0 || result.status == 1, "\(result.stderr)")
             #expect(result.seconds <= 15, "lmx-discover --probe took \(result.seconds) s")
             #expect(result.stdout.contains("timed out"))
@@ -62,7 +67,9 @@ struct RobustnessTests {
             let tag = TestBed.tag()
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for i in 0..<8 {
-                    group.addTask { _ = try await Publish.avahi(self.bed, on: .h2, name: "stalled \(i) \(tag)", port: base + i) }
+                    group.addTask {
+                        _ = try await Publish.avahi(self.bed, on: .h2, name: "stalled \(i) \(tag)", port: base + i)
+                    }
                 }
                 try await group.waitForAll()
             }
@@ -85,7 +92,8 @@ struct RobustnessTests {
 
             // Before: the eight LAN probes hung for good in the eight probe slots, and the tunnel
             // was never probed again. Now each ends at its deadline and the tunnel is used.
-            _ = try await LMXServer.start(bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true)
+            _ = try await LMXServer.start(
+                bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true)
             let started = ContinuousClock.now
             _ = try agent.client.request("POST", "/v1/refresh")
             let active = await agent.waitForActive(timeout: 15) { $0?.via == .wan }
@@ -113,7 +121,9 @@ struct RobustnessTests {
             let lan = await agent.waitForActive(timeout: 8) { $0?.baseURL == server.baseURL }
             #expect(lan != nil)
             let routeID = server.routeID
-            let overloaded = await agent.waitForRoute(timeout: 5) { $0.id == routeID && $0.lastProbe?.verdict == .overloaded }
+            let overloaded = await agent.waitForRoute(timeout: 5) {
+                $0.id == routeID && $0.lastProbe?.verdict == .overloaded
+            }
             #expect(overloaded != nil)
 
             await server.set("dead")
@@ -124,7 +134,9 @@ struct RobustnessTests {
         }
     }
 
-    @Test("a server restarted without a new announcement is usable ≤ 3 s after it answers, active again after the window + ≤ 3 s")
+    @Test(
+        "a server restarted without a new announcement is usable ≤ 3 s after it answers, active again after the window + ≤ 3 s"
+    )
     func restartWithoutAnnouncement() async throws {
         try await withResources {
             let agent = try await agentWithTunnel(window: 3)
@@ -151,11 +163,14 @@ struct RobustnessTests {
             let returned = (ContinuousClock.now - answering).seconds
             #expect(back != nil)
             #expect(returned >= 3.0 && returned <= 6.0, "back on the LAN \(returned) s after it answered (window 3 s)")
-            print("figure: restart without announcement: usable after \(usable) s, active again after \(returned) s (window 3 s)")
+            print(
+                "figure: restart without announcement: usable after \(usable) s, active again after \(returned) s (window 3 s)"
+            )
         }
     }
 
-    @Test("a database held locked by another process: /v1/active answers from memory, failover goes on, nothing is lost")
+    @Test(
+        "a database held locked by another process: /v1/active answers from memory, failover goes on, nothing is lost")
     func lockedDatabase() async throws {
         try await withResources {
             let agent = try await agentWithTunnel()
@@ -166,15 +181,20 @@ struct RobustnessTests {
 
             // Another process takes the write lock and keeps it for 12 s (sqlite3 with BEGIN
             // IMMEDIATE left open does the same).
-            let locker = LiveProcess("/usr/bin/python3", ["-c", """
-                import sqlite3, sys, time
-                db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
-                db.execute("BEGIN IMMEDIATE")
-                print("locked", flush=True)
-                time.sleep(12)
-                db.execute("COMMIT")
-                print("released", flush=True)
-                """, agent.database])
+            let locker = LiveProcess(
+                "/usr/bin/python3",
+                [
+                    "-c",
+                    """
+                    import sqlite3, sys, time
+                    db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+                    db.execute("BEGIN IMMEDIATE")
+                    print("locked", flush=True)
+                    time.sleep(12)
+                    db.execute("COMMIT")
+                    print("released", flush=True)
+                    """, agent.database,
+                ])
             try await locker.start()
             #expect(await locker.waitForLine(containing: "locked", timeout: 10))
 
@@ -192,7 +212,8 @@ struct RobustnessTests {
                 times.append((ContinuousClock.now - start).seconds)
             }
             times.sort()
-            let p50 = times[100] * 1000, p99 = times[197] * 1000
+            let p50 = times[100] * 1000
+            let p99 = times[197] * 1000
             print("figure: /v1/active with the database locked: p50 \(p50) ms, p99 \(p99) ms")
             #expect(p99 <= 20, "p99 \(p99) ms while the database is locked")
             #expect(locker.stdout.contains("released") == false, "the lock ended before the measurement")
@@ -226,10 +247,14 @@ struct RobustnessTests {
                 var count = 0
                 let started = ContinuousClock.now
                 while count < 60, (ContinuousClock.now - started).seconds < 90 {
-                    count = ((try? agent.status())?.candidates.flatMap(\.routes) ?? []).filter { $0.name.hasPrefix(tag) }.count
+                    count =
+                        ((try? agent.status())?.candidates.flatMap(\.routes) ?? []).filter { $0.name.hasPrefix(tag) }
+                        .count
                     if count < 60 { try await Task.sleep(for: .milliseconds(250)) }
                 }
-                print("figure: \(count) of 60 servers resolved under objects-per-client-max=30 in \((ContinuousClock.now - started).seconds) s")
+                print(
+                    "figure: \(count) of 60 servers resolved under objects-per-client-max=30 in \((ContinuousClock.now - started).seconds) s"
+                )
                 #expect(count == 60, "only \(count) of 60 servers became routes")
                 try await bed.control("unpublish-bulk")
             }
@@ -241,26 +266,33 @@ struct RobustnessTests {
         try await bed.control("restart-avahi", "root")
     }
 
-    @Test("a flood of 1,000 announcements that turn into black holes: the WAN standby is probed on schedule, failover meets its bound")
+    @Test(
+        "a flood of 1,000 announcements that turn into black holes: the WAN standby is probed on schedule, failover meets its bound"
+    )
     func flood() async throws {
         try await withResources {
             let tag = "flood\(TestBed.tag())"
             try await bed.control("publish-bulk", "1000", tag)
             do {
                 let wanPort = freePort()
-                _ = try await LMXServer.start(bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true)
+                _ = try await LMXServer.start(
+                    bed, on: .root, port: wanPort, instance: "tunnel-\(wanPort)", bind: "127.0.0.1", tls: true)
                 let port = freePort()
                 let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "real-\(port)")
                 _ = try await Publish.avahi(bed, on: .h1, name: "real \(tag)", port: port)
                 let agent = try await AgentProcess.start(
-                    bed, config: config(endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile,
-                                        extra: #", "wan_standby_interval": 5"#, trust: "lan"))
+                    bed,
+                    config: config(
+                        endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile,
+                        extra: #", "wan_standby_interval": 5"#, trust: "lan"))
                 #expect(await agent.waitForActive(timeout: 10) { $0?.baseURL == server.baseURL } != nil)
                 let rssBefore = Self.rss(agent)
                 var junk = 0
                 let started = ContinuousClock.now
                 while junk < 990, (ContinuousClock.now - started).seconds < 90 {
-                    junk = ((try? agent.status())?.candidates.flatMap(\.routes) ?? []).filter { $0.name.hasPrefix(tag) }.count
+                    junk =
+                        ((try? agent.status())?.candidates.flatMap(\.routes) ?? []).filter { $0.name.hasPrefix(tag) }
+                        .count
                     if junk < 990 { try await Task.sleep(for: .milliseconds(500)) }
                 }
                 #expect(junk >= 990, "the agent knows \(junk) of the 1,000 announced servers")
@@ -280,7 +312,9 @@ struct RobustnessTests {
                 #expect(failover != nil)
                 #expect((failover ?? 99) <= 1.5, "failover took \(failover ?? -1) s")
                 let rssAfter = Self.rss(agent)
-                print("figure: flood of 1,000: WAN probed \(after - before) times in 16 s, failover \(failover ?? -1) s, RSS \(rssBefore) → \(rssAfter) KiB")
+                print(
+                    "figure: flood of 1,000: WAN probed \(after - before) times in 16 s, failover \(failover ?? -1) s, RSS \(rssBefore) → \(rssAfter) KiB"
+                )
                 try await bed.control("link", "h2", "up")
                 try await bed.control("unpublish-bulk")
             } catch {
@@ -304,13 +338,16 @@ struct RobustnessTests {
     func pairingExpires() async throws {
         try await withResources {
             let wanPort = freePort()
-            _ = try await LMXServer.start(bed, on: .root, port: wanPort, instance: "exp-\(wanPort)", bind: "127.0.0.1", tls: true)
-            let agent = try await AgentProcess.start(bed, config: config(extraCA: caFile), arguments: ["--no-discovery"])
+            _ = try await LMXServer.start(
+                bed, on: .root, port: wanPort, instance: "exp-\(wanPort)", bind: "127.0.0.1", tls: true)
+            let agent = try await AgentProcess.start(
+                bed, config: config(extraCA: caFile), arguments: ["--no-discovery"])
             let expires = Int(Date().timeIntervalSince1970) + 6
             let token = "opta-lmx://pair?v=1&name=Soon&url=https%3A%2F%2F127.0.0.1%3A\(wanPort)&exp=\(expires)"
             let file = agent.directory + "/soon.txt"
             try token.write(toFile: file, atomically: true, encoding: .utf8)
-            let paired = try await Command.run("\(TestBed.binDir)/lmx-pair", [file, "--socket", agent.socket, "--db", agent.database])
+            let paired = try await Command.run(
+                "\(TestBed.binDir)/lmx-pair", [file, "--socket", agent.socket, "--db", agent.database])
             #expect(paired.status == 0, "\(paired.stderr)")
             #expect(await agent.waitForActive(timeout: 5) { $0?.via == .wan } != nil)
             let gone = await agent.waitForActive(timeout: 12) { $0 == nil }
@@ -326,16 +363,22 @@ struct RobustnessTests {
 
     // MARK: - Hijacks
 
-    @Test("an announcer nobody vouches for never takes over from the paired tunnel; the paired server at the address its tunnel vouches for does")
+    @Test(
+        "an announcer nobody vouches for never takes over from the paired tunnel; the paired server at the address its tunnel vouches for does"
+    )
     func trustPolicy() async throws {
         try await withResources {
-            let wanPort = freePort(), lanPort = freePort()
+            let wanPort = freePort()
+            let lanPort = freePort()
             let home = "home-\(wanPort)"
             // The paired server's tunnel vouches for its LAN address on h2 (and, like the real
             // server, names localhost and its host name, which vouch for nothing).
             _ = try await LMXServer.start(
                 bed, on: .root, port: wanPort, instance: home, bind: "127.0.0.1", tls: true,
-                extra: ["--base-urls", "http://localhost:\(lanPort),http://home.local:\(lanPort),http://10.254.0.12:\(lanPort)"])
+                extra: [
+                    "--base-urls",
+                    "http://localhost:\(lanPort),http://home.local:\(lanPort),http://10.254.0.12:\(lanPort)",
+                ])
             let agent = try await AgentProcess.start(bed, config: config(window: 2, extraCA: caFile))
             let token = "opta-lmx://pair?v=1&name=Home&url=https%3A%2F%2F127.0.0.1%3A\(wanPort)&instance=\(home)"
             let file = agent.directory + "/pairing.txt"
@@ -370,13 +413,15 @@ struct RobustnessTests {
         try await withResources {
             // A server on this machine's loopback that a hostile announcer points the agent at.
             let port = freePort()
-            let local = try await LMXServer.start(bed, on: .root, port: port, instance: "local-\(port)", bind: "127.0.0.1")
+            let local = try await LMXServer.start(
+                bed, on: .root, port: port, instance: "local-\(port)", bind: "127.0.0.1")
             let agent = try await AgentProcess.start(bed, config: config())
             let tag = TestBed.tag()
             let hostile = ["127.0.0.1", "127.9.9.9", "0.0.0.0", "169.254.169.254", "224.0.0.1", "255.255.255.255"]
             for (i, address) in hostile.enumerated() {
                 _ = try await Publish.zeroconf(
-                    bed, name: "hostile \(i) \(tag)", ttl: 120, port: port, txt: ["path=/.well-known/opta-lmx"], announce: address)
+                    bed, name: "hostile \(i) \(tag)", ttl: 120, port: port, txt: ["path=/.well-known/opta-lmx"],
+                    announce: address)
             }
             // A real server announced in the same run shows that discovery works meanwhile.
             let goodPort = freePort()
@@ -392,7 +437,8 @@ struct RobustnessTests {
             }
             #expect(agent.process.stderr.contains("ignoring announced addresses"))
             // lmx-discover lists them (it reports what is announced) but never probes them.
-            let probed = try await Command.discover(["--json", "--probe", "-i", "lmxbr0"], bus: bed.bus(.root), timeout: 30)
+            let probed = try await Command.discover(
+                ["--json", "--probe", "-i", "lmxbr0"], bus: bed.bus(.root), timeout: 30)
             #expect(probed.stdout.contains("hostile 0 \(tag)"))
             #expect(local.requests.isEmpty, "lmx-discover --probe connected to loopback")
         }

@@ -15,7 +15,9 @@ private final class CannedServer: @unchecked Sendable {
         address.sun_family = sa_family_t(AF_UNIX)
         withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
         let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
         }
         guard bound == 0, listen(fd, 8) == 0 else { throw POSIXError(.EADDRINUSE) }
         let listener = fd
@@ -48,7 +50,9 @@ private final class CannedServer: @unchecked Sendable {
 
 @Suite("StatusClient against a hostile socket")
 struct StatusClientTests {
-    private func ask(_ answer: String, drip: Double? = nil, timeout: Double = 2) throws -> Result<StatusResponse, StatusClientError> {
+    private func ask(_ answer: String, drip: Double? = nil, timeout: Double = 2) throws -> Result<
+        StatusResponse, StatusClientError
+    > {
         let server = try CannedServer(answer: Array(answer.utf8), drip: drip)
         defer { server.stop() }
         let client = StatusClient(socketPath: server.path, timeout: timeout)
@@ -81,7 +85,9 @@ struct StatusClientTests {
     @Test("an answer dripped a byte at a time ends at the timeout, not when the peer pleases")
     func dripped() throws {
         let started = Date()
-        let result = try ask("HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n" + String(repeating: "x", count: 400), drip: 0.05, timeout: 1)
+        let result = try ask(
+            "HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n" + String(repeating: "x", count: 400), drip: 0.05,
+            timeout: 1)
         let elapsed = Date().timeIntervalSince(started)
         guard case .failure(.timedOut) = result else {
             Issue.record("expected a timeout, got \(result)")

@@ -14,7 +14,10 @@ struct TestBed: Sendable {
     static func load() throws -> TestBed {
         let dir = stateDir
         guard let text = try? String(contentsOfFile: "\(dir)/env", encoding: .utf8) else {
-            throw TestBedMissing(detail: "no test bed at \(dir): run `make test` (as root), or `sudo scripts/testbed.sh up` before `swift test`")
+            throw TestBedMissing(
+                detail:
+                    "no test bed at \(dir): run `make test` (as root), or `sudo scripts/testbed.sh up` before `swift test`"
+            )
         }
         var values: [String: String] = [:]
         for line in text.split(separator: "\n") {
@@ -55,7 +58,8 @@ struct TestBed: Sendable {
     /// tests run the multi-call binary through links named after its commands, as the package
     /// installs it (`make test` makes them; made here too when missing).
     static let binDir: String = {
-        let repo = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let repo = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
         let dir = ProcessInfo.processInfo.environment["LMX_BIN_DIR"] ?? repo.appendingPathComponent(".build/debug").path
         for command in ["lmx-agentd", "lmx-discover", "lmx-pair", "lmx-notify"]
         where (try? FileManager.default.destinationOfSymbolicLink(atPath: dir + "/" + command)) != "lmx-agent" {
@@ -66,7 +70,8 @@ struct TestBed: Sendable {
     }()
 
     static var repo: String {
-        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
+        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().path
     }
 
     /// Runs `scripts/testbed.sh ARGS` and fails on error.
@@ -99,18 +104,22 @@ struct CommandResult: Sendable {
 enum Command {
     /// Runs a command to completion, reading its output concurrently (large outputs would
     /// otherwise fill the pipe and deadlock).
-    static func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:],
-                    timeout seconds: Double = 60) async throws -> CommandResult {
+    static func run(
+        _ executable: String, _ arguments: [String], environment: [String: String] = [:],
+        timeout seconds: Double = 60
+    ) async throws -> CommandResult {
         let process = LiveProcess(executable, arguments, environment: environment)
         try await process.start()
         let started = ContinuousClock.now
         let status = try await process.waitForExit(timeout: seconds)
         let elapsed = ContinuousClock.now - started
-        return CommandResult(status: status, stdout: process.stdout, stderr: process.stderr,
-                             seconds: Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+        return CommandResult(
+            status: status, stdout: process.stdout, stderr: process.stderr,
+            seconds: Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
     }
 
-    static func discover(_ arguments: [String], bus: String? = nil, timeout: Double = 60) async throws -> CommandResult {
+    static func discover(_ arguments: [String], bus: String? = nil, timeout: Double = 60) async throws -> CommandResult
+    {
         var environment: [String: String] = [:]
         if let bus { environment["DBUS_SYSTEM_BUS_ADDRESS"] = bus }
         return try await run("\(TestBed.binDir)/lmx-discover", arguments, environment: environment, timeout: timeout)
@@ -157,7 +166,8 @@ final class LiveProcess: Sendable {
                 continuation = nil
             }
         }
-        let updates = Dictionary(uniqueKeysWithValues: environment.map { (Environment.Key(rawValue: $0.key)!, Optional($0.value)) })
+        let updates = Dictionary(
+            uniqueKeysWithValues: environment.map { (Environment.Key(rawValue: $0.key)!, Optional($0.value)) })
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             launched.withLock { $0 = continuation }
             Task.detached { [self] in
@@ -168,18 +178,29 @@ final class LiveProcess: Sendable {
                         input: .inputWriter, output: .sequence, error: .sequence
                     ) { execution in
                         let pid = execution.processIdentifier.value
-                        state.withLock { $0.pid = pid; $0.running = true }
+                        state.withLock {
+                            $0.pid = pid
+                            $0.running = true
+                        }
                         report(.success(()))
-                        await collect(execution.standardOutput, execution.standardError, writer: execution.standardInputWriter)
+                        await collect(
+                            execution.standardOutput, execution.standardError, writer: execution.standardInputWriter)
                     }
-                    let status: Int32 = switch result.terminationStatus {
-                    case .exited(let code): code
-                    case .signaled(let signal): signal
+                    let status: Int32 =
+                        switch result.terminationStatus {
+                        case .exited(let code): code
+                        case .signaled(let signal): signal
+                        }
+                    state.withLock {
+                        $0.running = false
+                        $0.status = status
                     }
-                    state.withLock { $0.running = false; $0.status = status }
                     report(.success(()))
                 } catch {
-                    state.withLock { $0.running = false; $0.status = $0.status ?? -1 }
+                    state.withLock {
+                        $0.running = false
+                        $0.status = $0.status ?? -1
+                    }
                     report(.failure(error))
                 }
             }
@@ -195,8 +216,10 @@ final class LiveProcess: Sendable {
 
     /// Reads both output streams to their end (swift-subprocess ends them when the child exits,
     /// even if a grandchild still holds the pipes) while passing `send`'s lines to standard input.
-    private func collect(_ stdout: SubprocessOutputSequence, _ stderr: SubprocessOutputSequence,
-                         writer: StandardInputWriter) async {
+    private func collect(
+        _ stdout: SubprocessOutputSequence, _ stderr: SubprocessOutputSequence,
+        writer: StandardInputWriter
+    ) async {
         await withTaskGroup(of: Bool.self) { group in
             group.addTask { [self] in
                 do { for try await chunk in stdout { append(chunk, to: \.stdout) } } catch {}
@@ -219,7 +242,8 @@ final class LiveProcess: Sendable {
         try? await writer.finish()
     }
 
-    private func append(_ chunk: SubprocessOutputSequence.Buffer, to field: WritableKeyPath<State, [UInt8]> & Sendable) {
+    private func append(_ chunk: SubprocessOutputSequence.Buffer, to field: WritableKeyPath<State, [UInt8]> & Sendable)
+    {
         chunk.withUnsafeBytes { bytes in
             state.withLock { $0[keyPath: field].append(contentsOf: bytes) }
         }
@@ -264,7 +288,8 @@ final class LiveProcess: Sendable {
             signal(SIGKILL)
             _ = await waitFor(timeout: 5) { !$0.isRunning }
             forget()
-            throw TestBedMissing(detail: "process \((executable as NSString).lastPathComponent) did not exit within \(seconds) s")
+            throw TestBedMissing(
+                detail: "process \((executable as NSString).lastPathComponent) did not exit within \(seconds) s")
         }
         forget()
         return state.withLock { $0.status ?? -1 }
@@ -272,7 +297,10 @@ final class LiveProcess: Sendable {
 
     /// Stops the process by its PID (SIGTERM, then SIGKILL) and waits for it.
     func stop(signal number: Int32 = SIGTERM) async {
-        guard isRunning else { forget(); return }
+        guard isRunning else {
+            forget()
+            return
+        }
         signal(number)
         if await !waitFor(timeout: 3, { !$0.isRunning }) {
             signal(SIGKILL)
@@ -293,10 +321,13 @@ final class LiveProcess: Sendable {
 /// Publishers of `_opta-lmx._tcp` services on the test LAN.
 enum Publish {
     /// `avahi-publish -s` through the avahi-daemon of `host`; returns once established.
-    static func avahi(_ bed: TestBed, on host: TestBed.Host, name: String, port: Int = 1234,
-                      type: String = "_opta-lmx._tcp", txt: [String] = ["path=/.well-known/opta-lmx", "service=opta-lmx"]) async throws -> LiveProcess {
-        let process = LiveProcess("/usr/bin/avahi-publish", ["-s", name, type, String(port)] + txt,
-                                  environment: ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(host)])
+    static func avahi(
+        _ bed: TestBed, on host: TestBed.Host, name: String, port: Int = 1234,
+        type: String = "_opta-lmx._tcp", txt: [String] = ["path=/.well-known/opta-lmx", "service=opta-lmx"]
+    ) async throws -> LiveProcess {
+        let process = LiveProcess(
+            "/usr/bin/avahi-publish", ["-s", name, type, String(port)] + txt,
+            environment: ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(host)])
         try await process.start()
         guard await process.waitForLine(containing: "Established under name", timeout: 10) else {
             await process.stop()
@@ -310,11 +341,13 @@ enum Publish {
     static func zeroconf(
         _ bed: TestBed, name: String, ttl: Int, port: Int = 1234, txt: [String], announce: String? = nil
     ) async throws -> LiveProcess {
-        let process = LiveProcess("/usr/sbin/ip", [
-            "netns", "exec", bed["LMX_TESTBED_H3_NS"], bed["LMX_TESTBED_PYTHON"],
-            "\(TestBed.repo)/scripts/fixtures/zeroconf-publish.py", "--address", bed["LMX_TESTBED_H3_ADDR"],
-            "--name", name, "--ttl", String(ttl), "--port", String(port),
-        ] + (announce.map { ["--announce", $0] } ?? []) + txt)
+        let process = LiveProcess(
+            "/usr/sbin/ip",
+            [
+                "netns", "exec", bed["LMX_TESTBED_H3_NS"], bed["LMX_TESTBED_PYTHON"],
+                "\(TestBed.repo)/scripts/fixtures/zeroconf-publish.py", "--address", bed["LMX_TESTBED_H3_ADDR"],
+                "--name", name, "--ttl", String(ttl), "--port", String(port),
+            ] + (announce.map { ["--announce", $0] } ?? []) + txt)
         try await process.start()
         guard await process.waitForLine(containing: "registered", timeout: 15) else {
             await process.stop()

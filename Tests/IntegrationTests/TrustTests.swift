@@ -26,14 +26,19 @@ struct TrustTests {
     }
 
     private func startHome(baseURLs: ((Int) -> [String])? = nil, models: String = "test/model") async throws -> Home {
-        let port = freePort(), tunnelPort = freePort()
+        let port = freePort()
+        let tunnelPort = freePort()
         let instance = "studio-\(port)"
-        let urls = baseURLs?(port) ?? ["http://localhost:\(port)", "http://127.0.0.1:\(port)", "http://studio:\(port)",
-                                       "http://studio.local:\(port)", "http://10.254.0.11:\(port)"]
+        let urls =
+            baseURLs?(port) ?? [
+                "http://localhost:\(port)", "http://127.0.0.1:\(port)", "http://studio:\(port)",
+                "http://studio.local:\(port)", "http://10.254.0.11:\(port)",
+            ]
         let lan = try await LMXServer.start(
             bed, on: .h1, port: port, instance: instance, apiKey: Self.inferenceKey, extra: ["--models", models])
         let tunnel = try await LMXServer.start(
-            bed, on: .root, port: tunnelPort, instance: instance, bind: "127.0.0.1", tls: true, apiKey: Self.inferenceKey,
+            bed, on: .root, port: tunnelPort, instance: instance, bind: "127.0.0.1", tls: true,
+            apiKey: Self.inferenceKey,
             extra: ["--models", models, "--base-urls", urls.joined(separator: ",")])
         return Home(lan: lan, tunnel: tunnel, instance: instance)
     }
@@ -45,7 +50,8 @@ struct TrustTests {
         #expect(result.status == 0, "\(result.stderr)")
     }
 
-    private func startAgent(gatewayPort: Int, top: String? = nil, directory: String? = nil) async throws -> AgentProcess {
+    private func startAgent(gatewayPort: Int, top: String? = nil, directory: String? = nil) async throws -> AgentProcess
+    {
         try await AgentProcess.start(
             bed, config: config(extraCA: caFile, top: top), arguments: ["--gateway", "127.0.0.1:\(gatewayPort)"],
             directory: directory)
@@ -59,7 +65,9 @@ struct TrustTests {
         ])
     }
 
-    @Test("(a) a key-requiring server paired through its tunnel only is used on the LAN at the address it vouches for: /v1/models 200, also after a restart with the tunnel down")
+    @Test(
+        "(a) a key-requiring server paired through its tunnel only is used on the LAN at the address it vouches for: /v1/models 200, also after a restart with the tunnel down"
+    )
     func pairedThroughTunnelWorksAtHome() async throws {
         try await withResources {
             let home = try await startHome()
@@ -81,9 +89,15 @@ struct TrustTests {
             #expect(route?.inferenceReady == true)
             // Loopback and host names in the document vouch for nothing.
             let ids = try agent.status().candidates.flatMap(\.routes).map(\.id)
-            #expect(!ids.contains { $0.contains("127.0.0.1:\(home.lan.port)") || $0.contains("localhost") || $0.contains("studio") })
+            #expect(
+                !ids.contains {
+                    $0.contains("127.0.0.1:\(home.lan.port)") || $0.contains("localhost") || $0.contains("studio")
+                })
             // The key never went to an open path, and the Access-less tunnel got none on /healthz either.
-            #expect(home.lan.requests.filter { $0.hasPrefix("REQ /healthz") || $0.hasPrefix("REQ /readyz") || $0.hasPrefix("REQ /.well-known") }
+            #expect(
+                home.lan.requests.filter {
+                    $0.hasPrefix("REQ /healthz") || $0.hasPrefix("REQ /readyz") || $0.hasPrefix("REQ /.well-known")
+                }
                 .allSatisfy { $0.hasSuffix(" -") })
 
             // Restarted while the tunnel is down: what it vouched for is remembered.
@@ -95,7 +109,9 @@ struct TrustTests {
         }
     }
 
-    @Test("(b) a LAN host repeating the paired instance_id from another address: never active, no key, no prompt, listed and logged once as an impostor")
+    @Test(
+        "(b) a LAN host repeating the paired instance_id from another address: never active, no key, no prompt, listed and logged once as an impostor"
+    )
     func impostorNeverUsed() async throws {
         try await withResources {
             let home = try await startHome()
@@ -105,9 +121,11 @@ struct TrustTests {
             let gatewayPort = freePort()
             let agent = try await startAgent(gatewayPort: gatewayPort)
             try await pair(agent, home)
-            #expect(await agent.waitForActive(timeout: 10) { $0?.baseURL == "http://10.254.0.11:\(home.lan.port)" } != nil)
+            #expect(
+                await agent.waitForActive(timeout: 10) { $0?.baseURL == "http://10.254.0.11:\(home.lan.port)" } != nil)
             let impostor = await agent.waitForRoute(timeout: 10) { $0.baseURL == evil.baseURL && $0.trust == .impostor }
-            #expect(impostor?.reason == "not used: claims Studio's instance_id from an address Studio does not vouch for")
+            #expect(
+                impostor?.reason == "not used: claims Studio's instance_id from an address Studio does not vouch for")
             #expect(impostor?.credentials == [])
 
             // The paired server goes away: the tunnel takes over, never the impostor.
@@ -121,14 +139,18 @@ struct TrustTests {
             #expect(!evil.requests.isEmpty, "it was probed")
             #expect(evil.requests.allSatisfy { $0.hasSuffix(" -") }, "no request with a key: \(evil.requests)")
             #expect(!evil.requests.contains { $0.contains("POST") }, "no prompt")
-            #expect(try agent.status().candidates.first { $0.routes.contains { $0.baseURL == evil.baseURL } }?.routes.count == 1,
-                    "never merged into the paired server")
+            #expect(
+                try agent.status().candidates.first { $0.routes.contains { $0.baseURL == evil.baseURL } }?.routes.count
+                    == 1,
+                "never merged into the paired server")
             let warnings = agent.process.stderr.components(separatedBy: "does not vouch for: never used").count - 1
             #expect(warnings == 1, "logged once: \(warnings)")
         }
     }
 
-    @Test("(c) a model only an unpaired announcer lists: the request never reaches it; the client gets an error naming the model and the untrusted server")
+    @Test(
+        "(c) a model only an unpaired announcer lists: the request never reaches it; the client gets an error naming the model and the untrusted server"
+    )
     func modelOnlyOnStranger() async throws {
         try await withResources {
             let home = try await startHome()
@@ -140,7 +162,8 @@ struct TrustTests {
             let agent = try await startAgent(gatewayPort: gatewayPort)
             try await pair(agent, home)
             #expect(await agent.waitForActive(timeout: 10) { $0?.via == .lan } != nil)
-            #expect(await agent.waitForRoute(timeout: 10) { $0.baseURL == stranger.baseURL && $0.verdict == .ready } != nil)
+            #expect(
+                await agent.waitForRoute(timeout: 10) { $0.baseURL == stranger.baseURL && $0.verdict == .ready } != nil)
 
             let answer = try await chat(gatewayPort, model: "secret-model")
             #expect(answer.status == 404)
@@ -149,7 +172,8 @@ struct TrustTests {
             let resolve = try agent.client.request("GET", "/v1/resolve?model=secret-model")
             #expect(resolve.status == 503)
             let status = try await Command.run(
-                "\(TestBed.binDir)/lmx-status", ["--model", "secret-model", "--url"], environment: ["LMX_SOCKET": agent.socket])
+                "\(TestBed.binDir)/lmx-status", ["--model", "secret-model", "--url"],
+                environment: ["LMX_SOCKET": agent.socket])
             #expect(status.status == 1)
             #expect(status.stderr.contains("does not trust"), "\(status.stderr)")
             // A model the paired server has still goes there.
@@ -157,23 +181,32 @@ struct TrustTests {
         }
     }
 
-    @Test("(d) an https:// LAN endpoint and an announcement of its ip:port with another path: keys never go over http://, the endpoint keeps its URL")
+    @Test(
+        "(d) an https:// LAN endpoint and an announcement of its ip:port with another path: keys never go over http://, the endpoint keeps its URL"
+    )
     func noDowngrade() async throws {
         try await withResources {
             let port = freePort()
             let server = try await LMXServer.start(
                 bed, on: .h1, port: port, instance: "secure-\(port)", tls: true, apiKey: Self.inferenceKey)
-            let endpoint = #"{"url": "https://10.254.0.11:\#(port)", "via": "lan", "name": "Secure", "api_key": "\#(Self.inferenceKey)", "admin_key": "ADMIN-S3CRET"}"#
-            _ = try await Publish.avahi(bed, on: .h1, name: "Secure \(TestBed.tag())", port: port, txt: ["path=/evil", "service=opta-lmx"])
+            let endpoint =
+                #"{"url": "https://10.254.0.11:\#(port)", "via": "lan", "name": "Secure", "api_key": "\#(Self.inferenceKey)", "admin_key": "ADMIN-S3CRET"}"#
+            _ = try await Publish.avahi(
+                bed, on: .h1, name: "Secure \(TestBed.tag())", port: port, txt: ["path=/evil", "service=opta-lmx"])
             let gatewayPort = freePort()
             let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [endpoint], extraCA: caFile), arguments: ["--gateway", "127.0.0.1:\(gatewayPort)"])
+                bed, config: config(endpoints: [endpoint], extraCA: caFile),
+                arguments: ["--gateway", "127.0.0.1:\(gatewayPort)"])
             #expect(await agent.waitForActive(timeout: 10) { $0?.baseURL == "https://10.254.0.11:\(port)" } != nil)
-            let plain = await agent.waitForRoute(timeout: 10) { $0.baseURL == "http://10.254.0.11:\(port)" && $0.lastProbe != nil }
+            let plain = await agent.waitForRoute(timeout: 10) {
+                $0.baseURL == "http://10.254.0.11:\(port)" && $0.lastProbe != nil
+            }
             #expect(plain?.credentials == [])
             #expect(plain?.active == false)
             for _ in 0..<3 { #expect(try await curl(["http://127.0.0.1:\(gatewayPort)/v1/models"]).status == 200) }
-            let secure = try agent.status().candidates.flatMap(\.routes).first { $0.id == "lan/https://10.254.0.11:\(port)" }
+            let secure = try agent.status().candidates.flatMap(\.routes).first {
+                $0.id == "lan/https://10.254.0.11:\(port)"
+            }
             #expect(secure?.baseURL == "https://10.254.0.11:\(port)")
             #expect(secure?.credentials == ["admin_key", "api_key"])
             #expect(agent.active()?.baseURL == "https://10.254.0.11:\(port)")
@@ -186,7 +219,9 @@ struct TrustTests {
         }
     }
 
-    @Test("(e) lan_keys never: the LAN route carries no key and is not ready for inference; the key-requiring server is used through its tunnel")
+    @Test(
+        "(e) lan_keys never: the LAN route carries no key and is not ready for inference; the key-requiring server is used through its tunnel"
+    )
     func lanKeysNever() async throws {
         try await withResources {
             let home = try await startHome()
@@ -202,32 +237,44 @@ struct TrustTests {
             let models = try await curl(["-D", "-", "http://127.0.0.1:\(gatewayPort)/v1/models"])
             #expect(models.status == 200, "\(models.body)")
             #expect(models.body.contains("X-LMX-Via: wan"))
-            #expect(home.lan.requests.allSatisfy { !$0.contains("Authorization") && !$0.contains("X-Admin-Key") }, "\(home.lan.requests)")
+            #expect(
+                home.lan.requests.allSatisfy { !$0.contains("Authorization") && !$0.contains("X-Admin-Key") },
+                "\(home.lan.requests)")
             #expect(agent.active()?.baseURL == home.tunnelURL)
         }
     }
 
-    @Test("(f) a tunnel whose document lists loopback and another host's address: only the server's own LAN address is vouched")
+    @Test(
+        "(f) a tunnel whose document lists loopback and another host's address: only the server's own LAN address is vouched"
+    )
     func onlyOwnAddresses() async throws {
         try await withResources {
-            let otherPort = freePort(), loopbackPort = freePort()
+            let otherPort = freePort()
+            let loopbackPort = freePort()
             let other = try await LMXServer.start(bed, on: .h2, port: otherPort, instance: "other-\(otherPort)")
             let home = try await startHome(baseURLs: { port in
-                ["http://127.0.0.1:\(loopbackPort)", "http://localhost:\(loopbackPort)", "http://10.254.0.12:\(otherPort)",
-                 "http://10.254.0.11:\(port)", "http://studio.local:\(port)"]
+                [
+                    "http://127.0.0.1:\(loopbackPort)", "http://localhost:\(loopbackPort)",
+                    "http://10.254.0.12:\(otherPort)",
+                    "http://10.254.0.11:\(port)", "http://studio.local:\(port)",
+                ]
             })
             // A local user's server on loopback, repeating the paired instance.
-            let local = try await LMXServer.start(bed, on: .root, port: loopbackPort, instance: home.instance, bind: "127.0.0.1")
+            let local = try await LMXServer.start(
+                bed, on: .root, port: loopbackPort, instance: home.instance, bind: "127.0.0.1")
             let gatewayPort = freePort()
             let agent = try await startAgent(gatewayPort: gatewayPort)
             try await pair(agent, home)
-            #expect(await agent.waitForActive(timeout: 10) { $0?.baseURL == "http://10.254.0.11:\(home.lan.port)" } != nil)
+            #expect(
+                await agent.waitForActive(timeout: 10) { $0?.baseURL == "http://10.254.0.11:\(home.lan.port)" } != nil)
             let wrong = await agent.waitForRoute(timeout: 10) { $0.baseURL == other.baseURL && $0.verdict != nil }
             #expect(wrong?.verdict == .wrongService, "another server answers there: \(wrong?.reason ?? "")")
             #expect(wrong?.active == false)
             for _ in 0..<5 { #expect(try await chat(gatewayPort).status == 200) }
             #expect(local.requests.isEmpty, "loopback names the server's machine, never this one")
-            #expect(other.requests.allSatisfy { $0.hasSuffix(" -") } && !other.requests.contains { $0.contains("POST") }, "\(other.requests)")
+            #expect(
+                other.requests.allSatisfy { $0.hasSuffix(" -") } && !other.requests.contains { $0.contains("POST") },
+                "\(other.requests)")
             let ids = try agent.status().candidates.flatMap(\.routes).map(\.id)
             #expect(!ids.contains { $0.contains(":\(loopbackPort)") })
         }

@@ -35,7 +35,8 @@ struct AgentFixture {
     }
 
     /// Publishes a state in which `routes` were probed ready (with `models`) and selected.
-    func publish(_ routes: [Route], models: [String] = ["alpha"], keyRequired: Bool = false, trust: TrustPolicy = .lan) {
+    func publish(_ routes: [Route], models: [String] = ["alpha"], keyRequired: Bool = false, trust: TrustPolicy = .lan)
+    {
         var policy = HealthPolicy()
         policy.trust = trust
         var planner = ConnectionPlanner(policy: policy)
@@ -43,14 +44,16 @@ struct AgentFixture {
             _ = planner.upsert(route, now: 0)
             for step in 1...4 {
                 var report = ProbeReport(
-                    verdict: .ready, latency: 0.001 * Double(index + 1), instanceID: "instance-\(index)", version: "1.0",
+                    verdict: .ready, latency: 0.001 * Double(index + 1), instanceID: "instance-\(index)",
+                    version: "1.0",
                     ready: true, modelCount: models.count, inferenceKeyRequired: keyRequired)
                 report.models = models
                 _ = planner.record(report, for: route.id, now: Double(step))
             }
         }
         _ = planner.tick(now: 100)
-        agent.board.publish(AgentSnapshot(planner: planner, discovery: .running, originWall: agent.board.clock.originWall))
+        agent.board.publish(
+            AgentSnapshot(planner: planner, discovery: .running, originWall: agent.board.clock.originWall))
     }
 
     static func lan(_ host: String, port: Int = 1234, source: RouteSource = .mdns) -> Route {

@@ -1,9 +1,9 @@
 import Foundation
 import Hummingbird
 import HummingbirdTesting
-import NIOCore
 import LMXCore
 import Logging
+import NIOCore
 import Testing
 
 @testable import LMXAgent
@@ -14,7 +14,9 @@ import Testing
 struct GatewayRefusalTests {
     /// Tests the gateway's application, then shuts its HTTP clients.
     func test(_ fixture: AgentFixture, _ body: @Sendable (any TestClientProtocol) async throws -> Void) async throws {
-        let gateway = try Gateway(agent: fixture.agent, configuration: GatewayConfiguration(), extraCAFile: nil, logger: Logger(label: "test"))
+        let gateway = try Gateway(
+            agent: fixture.agent, configuration: GatewayConfiguration(), extraCAFile: nil, logger: Logger(label: "test")
+        )
         do {
             try await Application(responder: GatewayResponder(gateway: gateway)).test(.router, body)
         } catch {
@@ -29,7 +31,8 @@ struct GatewayRefusalTests {
         try await AgentFixture.with { fixture in
             fixture.publish([AgentFixture.lan("10.9.0.2")])
             try await test(fixture) { client in
-                try await client.execute(uri: "/v1/models", method: .get, headers: [.origin: "https://evil.example"]) { response in
+                try await client.execute(uri: "/v1/models", method: .get, headers: [.origin: "https://evil.example"]) {
+                    response in
                     #expect(response.status == .forbidden)
                     #expect(String(buffer: response.body).contains("forbidden_origin"))
                 }
@@ -41,7 +44,9 @@ struct GatewayRefusalTests {
         }
     }
 
-    @Test("the dashboard at the root: its page and script with the strict headers, read endpoints, GET only; /v1/* still forwarded")
+    @Test(
+        "the dashboard at the root: its page and script with the strict headers, read endpoints, GET only; /v1/* still forwarded"
+    )
     func dashboard() async throws {
         try await AgentFixture.with { fixture in
             fixture.publish([AgentFixture.lan("10.9.0.2")])
@@ -55,7 +60,8 @@ struct GatewayRefusalTests {
                     #expect(!String(buffer: response.body).contains("<script>"), "no inline script")
                 }
                 try await client.execute(uri: "/dashboard/app.js", method: .get) { response in
-                    #expect(response.status == .ok && response.headers[.contentType] == "text/javascript; charset=utf-8")
+                    #expect(
+                        response.status == .ok && response.headers[.contentType] == "text/javascript; charset=utf-8")
                     #expect(!String(buffer: response.body).contains("innerHTML"), "server text is set as text only")
                 }
                 try await client.execute(uri: "/dashboard/api/status", method: .get) { response in
@@ -72,7 +78,8 @@ struct GatewayRefusalTests {
                 try await client.execute(uri: "/dashboard/nothing", method: .get) { response in
                     #expect(response.status == .notFound)
                 }
-                try await client.execute(uri: "/", method: .get, headers: [.origin: "http://evil.example"]) { response in
+                try await client.execute(uri: "/", method: .get, headers: [.origin: "http://evil.example"]) {
+                    response in
                     #expect(response.status == .forbidden)
                 }
             }
@@ -83,7 +90,8 @@ struct GatewayRefusalTests {
     func listenerReports() async throws {
         try await AgentFixture.with { fixture in
             await fixture.agent.manager.setGatewayListener(url: "http://127.0.0.1:1235", problem: nil, generation: 2)
-            await fixture.agent.manager.setGatewayListener(url: nil, problem: nil, generation: 1)  // made earlier, came later
+            // Made earlier, came later.
+            await fixture.agent.manager.setGatewayListener(url: nil, problem: nil, generation: 1)
             #expect(fixture.agent.board.snapshot.gateway?.openAIBaseURL == "http://127.0.0.1:1235/v1")
             await fixture.agent.manager.setGatewayListener(url: nil, problem: "held", generation: 3)
             #expect(fixture.agent.board.snapshot.gateway?.openAIBaseURL == nil)
@@ -114,7 +122,10 @@ struct GatewayRefusalTests {
                 }
             }
             let plan = fixture.agent.board.snapshot.gatewayPlan(limit: 3, clientHasKey: true)
-            guard case .forward(let targets) = plan else { Issue.record("expected a route for a client with its own key"); return }
+            guard case .forward(let targets) = plan else {
+                Issue.record("expected a route for a client with its own key")
+                return
+            }
             #expect(targets.map(\.baseURL) == ["http://10.9.0.2:1234"])
         }
     }
@@ -127,7 +138,8 @@ struct GatewayRefusalTests {
             var snapshot = fixture.agent.board.snapshot
             _ = snapshot.planner.upsert(AgentFixture.lan("10.9.0.7"), now: 101)
             for step in 102...105 {
-                var report = ProbeReport(verdict: .ready, latency: 0.001, instanceID: "stranger", ready: true, modelCount: 1)
+                var report = ProbeReport(
+                    verdict: .ready, latency: 0.001, instanceID: "stranger", ready: true, modelCount: 1)
                 report.models = ["secret-model"]
                 _ = snapshot.planner.record(report, for: "lan/10.9.0.7:1234", now: Double(step))
             }
@@ -150,22 +162,28 @@ struct GatewayRefusalTests {
 @Suite("The gateway's route load")
 struct RouteLoadTests {
     func target(_ id: String, rank: Int, server: Int = 0) -> GatewayTarget {
-        GatewayTarget(routeID: id, baseURL: "http://\(id)", via: .lan, credentials: Credentials(), rank: rank, serverInFlight: server)
+        GatewayTarget(
+            routeID: id, baseURL: "http://\(id)", via: .lan, credentials: Credentials(), rank: rank,
+            serverInFlight: server)
     }
 
     @Test("among equal ranks the least busy comes first; a cooling route goes last; rank still wins")
     func order() {
         let load = RouteLoad()
-        let a = target("a", rank: 1), b = target("b", rank: 1), c = target("c", rank: 2)
+        let a = target("a", rank: 1)
+        let b = target("b", rank: 1)
+        let c = target("c", rank: 2)
         #expect(load.order([a, b, c]).map(\.routeID) == ["a", "b", "c"])
         let token = load.started("a")
         #expect(load.order([a, b, c]).map(\.routeID) == ["b", "a", "c"])
         withExtendedLifetime(token) {}
-        #expect(load.order([target("a", rank: 1, server: 3), b]).map(\.routeID) == ["b", "a"], "the server's own count")
+        #expect(
+            load.order([target("a", rank: 1, server: 3), b]).map(\.routeID) == ["b", "a"], "the server's own count")
         // A server's count past any real one (a hostile document) is added to the gateway's
         // own without overflow.
         let busy = load.started("a")
-        #expect(load.order([target("a", rank: 1, server: Int.max), b]).map(\.routeID) == ["b", "a"], "Int.max in flight")
+        #expect(
+            load.order([target("a", rank: 1, server: Int.max), b]).map(\.routeID) == ["b", "a"], "Int.max in flight")
         withExtendedLifetime(busy) {}
         load.coolDown("b", seconds: 30)
         #expect(load.order([a, b, c]).map(\.routeID).last == "b")

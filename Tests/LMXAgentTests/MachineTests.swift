@@ -1,8 +1,5 @@
 import AsyncHTTPClient
 import Foundation
-#if canImport(Glibc)
-import Glibc
-#endif
 import LMXCore
 import LMXProbe
 import LMXSystem
@@ -10,6 +7,10 @@ import Synchronization
 import Testing
 
 @testable import LMXAgent
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// What the agent reads of this machine: route lookups, netlink, the clocks, and the renewal of
 /// pooled connections after a change.
@@ -50,7 +51,10 @@ struct MachineTests {
         // namespace for that one call, then come back (nothing else runs on this thread meanwhile).
         let original = open("/proc/self/ns/net", O_RDONLY)
         let target = open("/run/netns/\(namespace)", O_RDONLY)
-        defer { close(original); close(target) }
+        defer {
+            close(original)
+            close(target)
+        }
         let cloneNewNet: Int32 = 0x4000_0000
         // setns(2) is not in the Glibc module (it needs _GNU_SOURCE): found by name in libc.
         typealias SetNS = @convention(c) (Int32, Int32) -> Int32

@@ -22,7 +22,8 @@ struct ManagerTests {
         func probe(_ route: Route, timeout: Double, full: Bool) async -> ProbeReport {
             state.withLock { s in
                 s.calls[route.baseURL, default: 0] += 1
-                return s.verdicts[route.baseURL] ?? ProbeReport(verdict: .down, latency: 0.001, detail: "connection refused")
+                return s.verdicts[route.baseURL]
+                    ?? ProbeReport(verdict: .down, latency: 0.001, detail: "connection refused")
             }
         }
     }
@@ -39,7 +40,8 @@ struct ManagerTests {
 
         func path(to host: String, in network: MachineNetwork) -> Result<LocalPath, SystemError> {
             // The state handed over, not the table now: what the manager was told is what counts.
-            guard let path = table.withLock({ $0[host] }), network.usable.contains("\(path.interface) \(path.source)") else {
+            guard let path = table.withLock({ $0[host] }), network.usable.contains("\(path.interface) \(path.source)")
+            else {
                 return .failure(SystemError("no route to \(host)", code: 101))
             }
             return .success(path)
@@ -72,7 +74,8 @@ struct ManagerTests {
             prober = ScriptedProber()
             paths = TablePaths()
             manager = ConnectionManager(
-                configuration: configuration, prober: prober, paths: paths, store: StoreExecutor(store: store, logger: logger),
+                configuration: configuration, prober: prober, paths: paths,
+                store: StoreExecutor(store: store, logger: logger),
                 board: board, sinks: [], logger: logger)
             let manager = manager
             run = Task { await manager.run() }
@@ -100,7 +103,8 @@ struct ManagerTests {
     }
 
     static func pairing(_ extra: String = "", wall: Double) throws -> [Pairing] {
-        try PairingParser(now: Int64(wall)).parse("opta-lmx://pair?v=1&name=Studio&url=https%3A%2F%2Ftunnel.example&instance=studio-1" + extra)
+        try PairingParser(now: Int64(wall)).parse(
+            "opta-lmx://pair?v=1&name=Studio&url=https%3A%2F%2Ftunnel.example&instance=studio-1" + extra)
     }
 
     @Test("a pairing imported is probed and becomes the active endpoint, on the manual clock")
@@ -157,8 +161,10 @@ struct ManagerTests {
         _ = await rig.advance(until: { false }, step: 0.5, limit: 5)
         let before = rig.prober.calls("https://tunnel.example")
         await rig.manager.woke("test")
-        let reprobed = await rig.advance(until: { rig.prober.calls("https://tunnel.example") > before }, step: 0.01, limit: 2)
-        #expect(reprobed != nil && reprobed! < 0.5, "probed again \(reprobed.map { "\($0) s" } ?? "never") after the wake")
+        let reprobed = await rig.advance(
+            until: { rig.prober.calls("https://tunnel.example") > before }, step: 0.01, limit: 2)
+        #expect(
+            reprobed != nil && reprobed! < 0.5, "probed again \(reprobed.map { "\($0) s" } ?? "never") after the wake")
         #expect(rig.active != nil)
         await rig.finish()
     }
@@ -168,7 +174,11 @@ struct ManagerTests {
         let id = ServiceInstanceID(name: name, type: "_opta-lmx._tcp", domain: "local")
         let key = RecordKey(instance: id, interface: NetworkInterface(index: 2, name: "lan0"), ipProtocol: .ipv4)
         return DiscoveredServer(
-            id: id, records: [ResolvedRecord(key: key, hostName: "\(name).local", address: address, port: port, txt: TXTRecord(strings: []))])
+            id: id,
+            records: [
+                ResolvedRecord(
+                    key: key, hostName: "\(name).local", address: address, port: port, txt: TXTRecord(strings: []))
+            ])
     }
 
     @Test("a reload that changes lan_keys re-keys the pairings' LAN routes")
@@ -177,7 +187,9 @@ struct ManagerTests {
         let pairing = try Self.pairing("&key=admin-secret&lan=10.0.0.5:1234", wall: rig.time.wall)
         _ = try await rig.manager.importPairings(pairing)
         func lanKey() -> String?? {
-            rig.board.snapshot.planner.routes.values.first { $0.route.via == .lan }.map { $0.route.credentials.adminKey }
+            rig.board.snapshot.planner.routes.values.first { $0.route.via == .lan }.map {
+                $0.route.credentials.adminKey
+            }
         }
         #expect(lanKey() == .some("admin-secret"), "the paired LAN address gets the server's keys by default")
         var never = AgentConfiguration()
@@ -192,7 +204,9 @@ struct ManagerTests {
         await rig.finish()
     }
 
-    @Test("a network change handed over as a delta: a LAN route this machine left is out at once, and back when the path is")
+    @Test(
+        "a network change handed over as a delta: a LAN route this machine left is out at once, and back when the path is"
+    )
     func networkDelta() async throws {
         let rig = try Rig()
         let path = LocalPath(interface: "lan0", source: "10.0.0.2", onLink: true, running: true)
@@ -202,7 +216,8 @@ struct ManagerTests {
         #expect(await rig.advance { rig.active?.via == .lan } != nil, "the announced server never became active")
         let before = rig.paths.network()
         rig.paths.set("10.0.0.7", nil)
-        let relevant = await rig.manager.networkChanged(NetworkChange(old: before, new: rig.paths.network(), linkOrAddressUp: false))
+        let relevant = await rig.manager.networkChanged(
+            NetworkChange(old: before, new: rig.paths.network(), linkOrAddressUp: false))
         #expect(relevant)
         #expect(rig.active == nil, "the route stayed active after this machine left its network")
         // Back on the network: the first good probe brings it back.
@@ -217,7 +232,9 @@ struct ManagerTests {
         await rig.finish()
     }
 
-    @Test("churn is bounded: servers announced and withdrawn past the bound leave at most the bound's routes, the newest kept")
+    @Test(
+        "churn is bounded: servers announced and withdrawn past the bound leave at most the bound's routes, the newest kept"
+    )
     func churnBounded() async throws {
         // The bound lowered from 2,048 to 64: the same code, eight times past it, in milliseconds.
         let rig = try Rig { $0.policy.maxFoundRoutes = 64 }
@@ -230,7 +247,8 @@ struct ManagerTests {
         let routes = rig.board.snapshot.planner.routes.count
         #expect(routes <= 64, "\(routes) routes kept")
         #expect(routes >= 56, "the bound forgot more than it needed to: \(routes)")
-        #expect(rig.board.snapshot.planner.routes["lan/10.1.2.12:1234"] != nil, "the newest withdrawn server was forgotten")
+        #expect(
+            rig.board.snapshot.planner.routes["lan/10.1.2.12:1234"] != nil, "the newest withdrawn server was forgotten")
         #expect(rig.board.snapshot.planner.routes["lan/10.1.0.1:1234"] == nil, "the oldest withdrawn server was kept")
         await rig.finish()
     }

@@ -41,7 +41,9 @@ struct OutputsTests {
         let hub = WatchHub(board: StateBoard(), heartbeat: 15, logger: Logger(label: "test"))
         let slow = hub.watch(since: nil)
         for i in 0..<(hub.watcherBuffer + 10) {
-            hub.receive([.discoveryChanged(i.isMultiple(of: 2) ? .running : .reconnecting)], snapshot: snapshot(), now: Double(i))
+            hub.receive(
+                [.discoveryChanged(i.isMultiple(of: 2) ? .running : .reconnecting)], snapshot: snapshot(),
+                now: Double(i))
         }
         #expect(hub.watcherCount == 0)
         _ = slow
@@ -85,7 +87,8 @@ struct OutputsTests {
         let directory = NSTemporaryDirectory() + "lmx-env-\(UUID().uuidString.prefix(8))"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let writer = EndpointFileWriter(file: EndpointFile(path: directory + "/endpoint.env"), logger: Logger(label: "test"))
+        let writer = EndpointFileWriter(
+            file: EndpointFile(path: directory + "/endpoint.env"), logger: Logger(label: "test"))
         writer.receive([.configured], snapshot: snapshot(), now: 1)
         writer.flush()
         let text = try String(contentsOfFile: directory + "/endpoint.env", encoding: .utf8)

@@ -1,9 +1,9 @@
 import Foundation
 import Hummingbird
 import HummingbirdTesting
-import NIOCore
 import LMXCore
 import LMXSystem
+import NIOCore
 import Synchronization
 import Testing
 
@@ -68,11 +68,13 @@ struct StatusAPITests {
     @Test("changes answer root and the agent's user only: another user gets 403 and changes nothing")
     func changesNeedAdministrator() async throws {
         try await AgentFixture.with { fixture in
-            let token = "opta-lmx://pair?v=1&name=Studio&url=https%3A%2F%2Fquiet-river-1234.trycloudflare.com&key=ADMIN&instance=Mono512%3A1234"
+            let token =
+                "opta-lmx://pair?v=1&name=Studio&url=https%3A%2F%2Fquiet-river-1234.trycloudflare.com&key=ADMIN&instance=Mono512%3A1234"
             let upload = try JSONEncoder().encode(PairingUpload(payloads: [.init(text: token)], allowInsecure: false))
             try await app(fixture, peer: Self.stranger).test(.router) { client in
                 try await client.execute(uri: "/v1/refresh", method: .post) { #expect($0.status == .forbidden) }
-                try await client.execute(uri: "/v1/pairings", method: .post, body: ByteBuffer(data: upload)) { response in
+                try await client.execute(uri: "/v1/pairings", method: .post, body: ByteBuffer(data: upload)) {
+                    response in
                     #expect(response.status == .forbidden)
                     #expect(String(buffer: response.body).contains("only root or the agent's own user"))
                 }
@@ -88,13 +90,20 @@ struct StatusAPITests {
     @Test("POST /v1/pairings: 400 for a bad body, 422 naming the bad payload, 201 and listed without secrets")
     func pairings() async throws {
         try await AgentFixture.with { fixture in
-            let good = "opta-lmx://pair?v=1&name=Studio&url=https%3A%2F%2Fquiet-river-1234.trycloudflare.com&key=SECRET-ADMIN&instance=Mono512%3A1234"
+            let good =
+                "opta-lmx://pair?v=1&name=Studio&url=https%3A%2F%2Fquiet-river-1234.trycloudflare.com&key=SECRET-ADMIN&instance=Mono512%3A1234"
             @Sendable func upload(_ texts: [String]) throws -> ByteBuffer {
-                ByteBuffer(data: try JSONEncoder().encode(PairingUpload(payloads: texts.map { .init(text: $0) }, allowInsecure: false)))
+                ByteBuffer(
+                    data: try JSONEncoder().encode(
+                        PairingUpload(payloads: texts.map { .init(text: $0) }, allowInsecure: false)))
             }
             try await app(fixture, peer: 0).test(.router) { client in
-                try await client.execute(uri: "/v1/pairings", method: .post, body: ByteBuffer(string: "not json")) { #expect($0.status == .badRequest) }
-                try await client.execute(uri: "/v1/pairings", method: .post, body: try upload([good, "opta-lmx://pair?v=9"])) { response in
+                try await client.execute(uri: "/v1/pairings", method: .post, body: ByteBuffer(string: "not json")) {
+                    #expect($0.status == .badRequest)
+                }
+                try await client.execute(
+                    uri: "/v1/pairings", method: .post, body: try upload([good, "opta-lmx://pair?v=9"])
+                ) { response in
                     #expect(response.status == .unprocessableContent)
                     #expect(String(buffer: response.body).contains("payload 2"))
                 }

@@ -38,7 +38,11 @@ struct SystemTests {
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8)) }
-        _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) } }
+        _ = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
         listen(fd, 4)
         #expect(SocketFile.probe(path) == .live)
         close(fd)
@@ -59,7 +63,9 @@ struct SystemTests {
         let box = Handed(value: watch)
         let (changes, thread) = try PollingThread.start(label: "test.watch") { (poller, send: ([String]) -> Void) in
             // No time limit: only a change or the stop ends a wait.
-            while case .readable = poller.wait(for: [box.value.descriptor], milliseconds: -1) { send(box.value.drain()) }
+            while case .readable = poller.wait(for: [box.value.descriptor], milliseconds: -1) {
+                send(box.value.drain())
+            }
         }
         try "{}".write(toFile: directory + "/.book.tmp", atomically: false, encoding: .utf8)
         try FileManager.default.moveItem(atPath: directory + "/.book.tmp", toPath: directory + "/book.json")
@@ -115,17 +121,29 @@ extension SystemTests {
         address.sin_family = sa_family_t(AF_INET)
         address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
         address.sin_port = 0
-        _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        _ = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(listener, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
         listen(listener, 4)
         var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(listener, $0, &length) } }
+        _ = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(listener, $0, &length) }
+        }
         let serverPort = UInt16(bigEndian: address.sin_port)
         let client = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(client) }
-        _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(client, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
+        _ = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(client, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
         var mine = sockaddr_in()
         length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &mine) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(client, $0, &length) } }
+        _ = withUnsafeMutablePointer(to: &mine) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(client, $0, &length) }
+        }
         let clientPort = UInt16(bigEndian: mine.sin_port)
         let loopback: [UInt8] = [127, 0, 0, 1]
         #expect(SocketOwner.uid(peer: (loopback, clientPort), local: (loopback, serverPort)) == Users.effective)

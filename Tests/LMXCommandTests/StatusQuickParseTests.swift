@@ -29,7 +29,9 @@ struct StatusQuickParseTests {
 
     @Test("every form it accepts is what the argument parser makes of it")
     func sameAsParser() {
-        let pieces = [["--url"], ["--json"], ["--socket", "/run/user/1000/lmx/agent.sock"], ["--socket=/tmp/a b.sock"]]
+        let pieces = [
+            ["--url"], ["--json"], ["--socket", "/run/user/1000/lmx/agent.sock"], ["--socket=/tmp/a b.sock"],
+        ]
         var quick = 0
         for arguments in Self.arrangements(pieces) {
             guard let request = StatusRequest(quick: arguments) else { continue }
@@ -44,11 +46,14 @@ struct StatusQuickParseTests {
 
     @Test("the forms it accepts, and what it leaves to the parser")
     func accepted() {
-        #expect(StatusRequest(quick: ["--url"]) == StatusRequest(url: true, json: false, watch: false, wait: nil, model: nil, socket: nil))
+        #expect(
+            StatusRequest(quick: ["--url"])
+                == StatusRequest(url: true, json: false, watch: false, wait: nil, model: nil, socket: nil))
         #expect(StatusRequest(quick: ["--socket", "/s", "--url"])?.socket == "/s")
         #expect(StatusRequest(quick: ["--socket=-odd"])?.socket == "-odd")
         for arguments in [
-            ["--url", "--url"], ["--socket"], ["--socket", "--url"], ["--socket", ""], ["--socket="], ["--socket", "/a", "--socket", "/b"],
+            ["--url", "--url"], ["--socket"], ["--socket", "--url"], ["--socket", ""], ["--socket="],
+            ["--socket", "/a", "--socket", "/b"],
             ["-h"], ["--help"], ["--version"], ["--watch"], ["--wait"], ["--wait=3"], ["--model", "m"], ["url"], ["--"],
             ["--url", "extra"], ["--URL"], ["--socket=/a", "--socket=/b"],
         ] {

@@ -49,7 +49,10 @@ struct ConfigurationTests {
     @Test("a structured error: the file, the key's path and the reason, each on its own; one wording for every range")
     func structuredErrors() {
         func error(_ text: String) -> ConfigurationError? {
-            do { _ = try parse(text); return nil } catch { return error }
+            do {
+                _ = try parse(text)
+                return nil
+            } catch { return error }
         }
         let window = error(#"{"health": {"stability_window": 0}}"#)
         #expect(window?.file == "/etc/lmx/agent.json" && window?.key == "health.stability_window")
@@ -70,13 +73,16 @@ struct ConfigurationTests {
 
     @Test("endpoint URLs: https is WAN, http is LAN; paths, queries and user names are refused without echoing secrets")
     func endpoints() throws {
-        let config = try parse(#"{"endpoints": [{"url": "HTTPS://Tunnel.Example.com/"}, {"url": "http://10.0.0.5:1234"}]}"#)
+        let config = try parse(
+            #"{"endpoints": [{"url": "HTTPS://Tunnel.Example.com/"}, {"url": "http://10.0.0.5:1234"}]}"#)
         let routes = try config.endpoints.map { try $0.route() }
         #expect(routes[0].via == .wan)
         #expect(routes[0].baseURL == "https://tunnel.example.com")
         #expect(routes[1].via == .lan)
         #expect(routes[1].id == "lan/10.0.0.5:1234")
-        for bad in ["https://x.example.com?key=SECRET123", "https://user:SECRET123@x.example.com", "ftp://x", "https://x/v1"] {
+        for bad in [
+            "https://x.example.com?key=SECRET123", "https://user:SECRET123@x.example.com", "ftp://x", "https://x/v1",
+        ] {
             do {
                 _ = try parse(#"{"endpoints": [{"url": "\#(bad)"}]}"#)
                 Issue.record("accepted \(bad)")
@@ -95,7 +101,8 @@ struct ConfigurationTests {
         #expect(root.socket == "/run/lmx/agent.sock")
         #expect(root.database == "/var/lib/lmx/agent.db")
         #expect(root.config == "/etc/lmx/agent.json")
-        let user = AgentPaths.standard(uid: 1000, environment: ["HOME": "/home/a", "XDG_RUNTIME_DIR": "/run/user/1000"])
+        let user = AgentPaths.standard(
+            uid: 1000, environment: ["HOME": "/home/a", "XDG_RUNTIME_DIR": "/run/user/1000"])
         #expect(user.socket == "/run/user/1000/lmx/agent.sock")
         #expect(user.database == "/home/a/.local/state/lmx/agent.db")
         #expect(user.config == "/home/a/.config/lmx/agent.json")
@@ -109,23 +116,30 @@ struct ConfigurationTests {
         let unit = AgentPaths.daemon(
             uid: 998,
             environment: [
-                "HOME": "/var/lib/lmx", "RUNTIME_DIRECTORY": "/run/lmx", "STATE_DIRECTORY": "/var/lib/lmx:/var/lib/other",
+                "HOME": "/var/lib/lmx", "RUNTIME_DIRECTORY": "/run/lmx",
+                "STATE_DIRECTORY": "/var/lib/lmx:/var/lib/other",
                 "CONFIGURATION_DIRECTORY": "/etc/lmx",
             ])
         #expect(unit == AgentPaths.system)
-        let overridden = AgentPaths.daemon(uid: 998, environment: ["RUNTIME_DIRECTORY": "/run/lmx", "LMX_SOCKET": "/tmp/s"])
+        let overridden = AgentPaths.daemon(
+            uid: 998, environment: ["RUNTIME_DIRECTORY": "/run/lmx", "LMX_SOCKET": "/tmp/s"])
         #expect(overridden.socket == "/tmp/s")
-        #expect(AgentPaths.daemon(uid: 1000, environment: ["HOME": "/home/a"]) == AgentPaths.standard(uid: 1000, environment: ["HOME": "/home/a"]))
+        #expect(
+            AgentPaths.daemon(uid: 1000, environment: ["HOME": "/home/a"])
+                == AgentPaths.standard(uid: 1000, environment: ["HOME": "/home/a"]))
     }
 
     @Test("client paths: a user with no agent of their own reaches the system agent")
     func clientPaths() {
         let environment = ["HOME": "/home/a", "XDG_RUNTIME_DIR": "/run/user/1000"]
         let own = AgentPaths.standard(uid: 1000, environment: environment)
-        #expect(AgentPaths.client(uid: 1000, environment: environment) { $0 == "/run/lmx/agent.sock" } == AgentPaths.system)
+        #expect(
+            AgentPaths.client(uid: 1000, environment: environment) { $0 == "/run/lmx/agent.sock" } == AgentPaths.system)
         #expect(AgentPaths.client(uid: 1000, environment: environment) { _ in true } == own)
         #expect(AgentPaths.client(uid: 1000, environment: environment) { _ in false } == own)
-        let pinned = AgentPaths.client(uid: 1000, environment: environment.merging(["LMX_SOCKET": "/tmp/s"]) { $1 }) { _ in false }
+        let pinned = AgentPaths.client(uid: 1000, environment: environment.merging(["LMX_SOCKET": "/tmp/s"]) { $1 }) {
+            _ in false
+        }
         #expect(pinned.socket == "/tmp/s")
         #expect(AgentPaths.client(uid: 0, environment: [:]) { _ in false } == AgentPaths.system)
     }
@@ -143,30 +157,40 @@ struct ConfigurationTests {
         let configuration = try AgentConfiguration.parse(Array(text.utf8), file: "agent.json")
         #expect(configuration.endpoints.map(\.url) == ["https://x.example.com"])
         #expect(configuration.logLevel == "debug")
-        #expect(throws: ConfigurationError.self) { try AgentConfiguration.parse(Array("{ /* open".utf8), file: "agent.json") }
+        #expect(throws: ConfigurationError.self) {
+            try AgentConfiguration.parse(Array("{ /* open".utf8), file: "agent.json")
+        }
     }
 
     @Test("the shipped config (examples/agent.json, /etc/lmx/agent.json in the package) parses to the defaults")
     func shippedConfig() throws {
-        let file = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../examples/agent.json")
+        let file = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent(
+            "../../examples/agent.json")
         let bytes = try [UInt8](Data(contentsOf: file))
         #expect(try AgentConfiguration.parse(bytes, file: "agent.json") == AgentConfiguration())
     }
 
     @Test("the commented example config parses, with the gateway's limits; out-of-range limits name their key")
     func exampleAndGatewayLimits() throws {
-        let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
             .appendingPathComponent("examples/agent.json").path
         let example = try AgentConfiguration.parse(Array(try Data(contentsOf: URL(fileURLWithPath: path))), file: path)
         #expect(example.gateway.maxConnectionsPerRoute == 256)
         #expect(example.gateway.readAheadBudgetBytes == 64 << 20)
         #expect(example.gateway.holdSeconds == 5)
         let defaults = try parse("{}").gateway
-        #expect(defaults.maxConnectionsPerUser == 256 && defaults.readAheadBytes == 256 << 10 && defaults.busyCooldownMax == 30)
-        for (key, value) in [("max_connections_per_route", "0"), ("hold_seconds", "-1"), ("read_ahead_bytes", "10"),
-                             ("read_ahead_budget_bytes", "2048"), ("busy_cooldown_max", "99999"), ("max_connections_per_user", "0")] {
+        #expect(
+            defaults.maxConnectionsPerUser == 256 && defaults.readAheadBytes == 256 << 10
+                && defaults.busyCooldownMax == 30)
+        for (key, value) in [
+            ("max_connections_per_route", "0"), ("hold_seconds", "-1"), ("read_ahead_bytes", "10"),
+            ("read_ahead_budget_bytes", "2048"), ("busy_cooldown_max", "99999"), ("max_connections_per_user", "0"),
+        ] {
             #expect(throws: ConfigurationError.self) { try parse(#"{"gateway": {"\#(key)": \#(value)}}"#) }
-            do { _ = try parse(#"{"gateway": {"\#(key)": \#(value)}}"#) } catch { #expect(error.description.contains(key), "\(error)") }
+            do { _ = try parse(#"{"gateway": {"\#(key)": \#(value)}}"#) } catch {
+                #expect(error.description.contains(key), "\(error)")
+            }
         }
     }
 }
@@ -186,11 +210,18 @@ struct UnknownConfigurationKeyTests {
             }
             """
         let configuration = try AgentConfiguration.parse(Array(text.utf8), file: "/etc/lmx/agent.json")
-        #expect(configuration.unknownKeys == ["endpoints[1].api_kye", "gateway.max_reqest_bytes", "gatway", "health.stabilty_window"])
+        #expect(
+            configuration.unknownKeys == [
+                "endpoints[1].api_kye", "gateway.max_reqest_bytes", "gatway", "health.stabilty_window",
+            ])
         #expect(!configuration.unknownKeys.joined().contains("s3cret"))  // keys only, never values
-        #expect(try AgentConfiguration.parse(Array(#"{"health": {"stability_window": 3}}"#.utf8), file: "f").unknownKeys.isEmpty)
+        #expect(
+            try AgentConfiguration.parse(Array(#"{"health": {"stability_window": 3}}"#.utf8), file: "f").unknownKeys
+                .isEmpty)
         #expect(try AgentConfiguration.parse(Array("".utf8), file: "f").unknownKeys.isEmpty)
         let many = "{" + (0..<100).map { "\"k\($0)\": 1" }.joined(separator: ",") + "}"
-        #expect(try AgentConfiguration.parse(Array(many.utf8), file: "f").unknownKeys.count == ConfigurationKeys.maxReported)
+        #expect(
+            try AgentConfiguration.parse(Array(many.utf8), file: "f").unknownKeys.count == ConfigurationKeys.maxReported
+        )
     }
 }

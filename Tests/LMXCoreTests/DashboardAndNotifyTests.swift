@@ -9,7 +9,8 @@ struct DashboardPolicyTests {
         port: Int? = 1235, localhostIsOurs: Bool = true
     ) -> String? {
         DashboardPolicy.refusal(
-            method: method, authority: host, headers: headers.map { (name: $0.0, value: $0.1) }, overTCP: tcp, localPort: port,
+            method: method, authority: host, headers: headers.map { (name: $0.0, value: $0.1) }, overTCP: tcp,
+            localPort: port,
             localhostIsOurs: localhostIsOurs)?.code
     }
 
@@ -32,7 +33,10 @@ struct DashboardPolicyTests {
         #expect(refusal(host: "[::1]:1235") == nil)
         #expect(refusal(host: "127.0.0.1:1235", headers: [("Sec-Fetch-Site", "none")]) == nil)
         #expect(refusal(headers: [("Origin", "http://127.0.0.1:1235"), ("Sec-Fetch-Site", "same-origin")]) == nil)
-        for host in ["evil.example:1235", "evil.example", "127.0.0.1", "127.0.0.1:80", "localhost", "[::1]", "127.0.0.1:1235.evil", "10.0.0.1:1235", ""] {
+        for host in [
+            "evil.example:1235", "evil.example", "127.0.0.1", "127.0.0.1:80", "localhost", "[::1]",
+            "127.0.0.1:1235.evil", "10.0.0.1:1235", "",
+        ] {
             #expect(refusal(host: host) == "forbidden_host", "\(host)")
         }
         #expect(refusal(host: nil) == "forbidden_host")
@@ -50,12 +54,16 @@ struct DashboardPolicyTests {
         #expect(refusal(headers: [("Origin", "null")]) == "forbidden_origin")
         #expect(refusal(headers: [("Sec-Fetch-Site", "cross-site")]) == "forbidden_site")
         #expect(refusal(headers: [("Sec-Fetch-Site", "same-site")]) == "forbidden_site")
-        #expect(refusal(headers: [("Sec-Fetch-Dest", "iframe"), ("Sec-Fetch-Site", "same-origin")]) == "forbidden_frame")
+        #expect(
+            refusal(headers: [("Sec-Fetch-Dest", "iframe"), ("Sec-Fetch-Site", "same-origin")]) == "forbidden_frame")
         for method in ["POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"] {
             #expect(refusal(method: method) == "method_not_allowed", "\(method)")
         }
         let names = Set(DashboardPolicy.headers.map { $0.name.lowercased() })
-        #expect(names.isSuperset(of: ["content-security-policy", "x-frame-options", "x-content-type-options", "cache-control"]))
+        #expect(
+            names.isSuperset(of: [
+                "content-security-policy", "x-frame-options", "x-content-type-options", "cache-control",
+            ]))
         #expect(!names.contains { $0.hasPrefix("access-control-") || $0 == "set-cookie" })
         let csp = DashboardPolicy.headers.first { $0.name == "Content-Security-Policy" }?.value ?? ""
         #expect(csp.contains("frame-ancestors 'none'") && csp.contains("script-src 'self'") && !csp.contains("unsafe"))
@@ -83,7 +91,11 @@ struct TrafficStatsTests {
         // Past the bound, new models count under (other); names are bounded and printable.
         stats.answered(model: "bad\nname", via: .lan, status: 200, firstByte: 0.001, now: 4)
         #expect(stats.report(iso: { "\($0)" }).contains { $0.model == TrafficStats.unnamed })
-        for i in 0..<100 { stats.answered(model: "model-\(i)" + String(repeating: "x", count: i * 10), via: .lan, status: 200, firstByte: 0.001, now: 4) }
+        for i in 0..<100 {
+            stats.answered(
+                model: "model-\(i)" + String(repeating: "x", count: i * 10), via: .lan, status: 200, firstByte: 0.001,
+                now: 4)
+        }
         stats.answered(model: nil, via: .lan, status: 200, firstByte: 0.001, now: 4)
         let all = stats.report(iso: { "\($0)" })
         #expect(all.count <= 5)
@@ -96,7 +108,9 @@ struct TrafficStatsTests {
     @Test("event ends are counted across chunks, \\n\\n and \\n\\r\\n alike")
     func events() {
         var after = true
-        func count(_ text: String) -> Int { Array(text.utf8).withUnsafeBytes { EventBoundary.count(in: $0, afterNewline: &after) } }
+        func count(_ text: String) -> Int {
+            Array(text.utf8).withUnsafeBytes { EventBoundary.count(in: $0, afterNewline: &after) }
+        }
         #expect(count("data: a\n\ndata: b\n") == 1)
         #expect(count("\ndata: c\r\n\r\n") == 2)
         #expect(count("data: d\n") == 0)
@@ -108,7 +122,8 @@ struct TrafficStatsTests {
 struct NotificationPlannerTests {
     static func active(_ via: Via, _ name: String) -> StatusAPI.Active {
         StatusAPI.Active(
-            baseURL: "http://h:1", openAIBaseURL: "http://h:1/v1", via: via, instanceID: "i", name: name, verdict: .ready, since: "",
+            baseURL: "http://h:1", openAIBaseURL: "http://h:1/v1", via: via, instanceID: "i", name: name,
+            verdict: .ready, since: "",
             routeID: "\(via.rawValue)/h:1", source: .manual)
     }
 
@@ -116,8 +131,11 @@ struct NotificationPlannerTests {
         StatusAPI.WatchLine(
             type: .snapshot, seq: 1, at: "",
             status: StatusAPI.Status(
-                agentVersion: "t", seq: 1, avahi: "running", avahiDetail: nil, active: active, noActiveReason: active == nil ? "nothing answers" : nil,
-                candidates: [StatusAPI.Candidate(instanceID: "i", name: "n", active: false, verdict: nil, routes: routes)],
+                agentVersion: "t", seq: 1, avahi: "running", avahiDetail: nil, active: active,
+                noActiveReason: active == nil ? "nothing answers" : nil,
+                candidates: [
+                    StatusAPI.Candidate(instanceID: "i", name: "n", active: false, verdict: nil, routes: routes)
+                ],
                 gateway: StatusAPI.Gateway(openAIBaseURL: "http://127.0.0.1:1235/v1", socket: nil)))
     }
 
@@ -127,8 +145,10 @@ struct NotificationPlannerTests {
 
     static func impostor(_ id: String) -> StatusAPI.RouteStatus {
         StatusAPI.RouteStatus(
-            id: id, baseURL: "http://10.0.0.9:1234", via: .lan, source: .mdns, name: "Fake <b>Studio</b>", addresses: [], announced: true,
-            health: .up, verdict: .ready, active: false, reason: "", latencyMS: nil, lastProbe: nil, version: nil, models: nil, ready: nil,
+            id: id, baseURL: "http://10.0.0.9:1234", via: .lan, source: .mdns, name: "Fake <b>Studio</b>",
+            addresses: [], announced: true,
+            health: .up, verdict: .ready, active: false, reason: "", latencyMS: nil, lastProbe: nil, version: nil,
+            models: nil, ready: nil,
             probes: 1, failures: 0, credentials: [], pinnedInstance: nil, trust: .impostor)
     }
 
@@ -138,7 +158,9 @@ struct NotificationPlannerTests {
         planner.receive(Self.snapshot(Self.active(.lan, "Studio")), now: 0)
         #expect(planner.due(now: 0).isEmpty)
         #expect(planner.dashboardURL == "http://127.0.0.1:1235/")
-        planner.receive(Self.line(Self.active(.wan, "Studio"), reason: "lan/10.0.0.2:1234 failed: down: connection refused"), now: 1)
+        planner.receive(
+            Self.line(Self.active(.wan, "Studio"), reason: "lan/10.0.0.2:1234 failed: down: connection refused"), now: 1
+        )
         let away = planner.due(now: 1)
         #expect(away.count == 1)
         #expect(away.first?.summary == "Switched to the tunnel" && away.first?.topic == .route)
@@ -177,7 +199,9 @@ struct NotificationPlannerTests {
         #expect(held.due(now: 11).map(\.summary) == ["Back home on the LAN"])
     }
 
-    @Test("10,000 random histories: route notices are an interval apart, each tells a change from what was last told, and the last state is told")
+    @Test(
+        "10,000 random histories: route notices are an interval apart, each tells a change from what was last told, and the last state is told"
+    )
     func randomHistories() {
         var generator = SplitMix64(seed: 29)
         for _ in 0..<10_000 {
@@ -204,7 +228,9 @@ struct NotificationPlannerTests {
                 planner.receive(Self.line(current), now: t)
                 for notice in planner.due(now: t) where notice.topic == .route {
                     #expect(t - lastTold >= interval)
-                    let now = notice.summary == "Back home on the LAN" ? 0 : notice.summary == "Switched to the tunnel" ? 1 : 2
+                    let now =
+                        notice.summary == "Back home on the LAN"
+                        ? 0 : notice.summary == "Switched to the tunnel" ? 1 : 2
                     #expect(now != told, "a notice that changes nothing")
                     told = now
                     lastTold = t
@@ -270,4 +296,3 @@ struct NotificationPlannerTests {
         #expect(Timestamp.parse("tomorrow") == nil)
     }
 }
-

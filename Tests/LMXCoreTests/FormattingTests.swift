@@ -5,35 +5,45 @@ import Testing
 private func server(name: String = "Local One") -> DiscoveredServer {
     let id = ServiceInstanceID(name: name, type: "_opta-lmx._tcp", domain: "local")
     let txt = TXTRecord(strings: ["path=/.well-known/opta-lmx", "service=opta-lmx", "flag"])
-    return DiscoveredServer(id: id, records: [
-        ResolvedRecord(key: RecordKey(instance: id, interface: NetworkInterface(index: 1, name: "lo"), ipProtocol: .ipv4),
-                       hostName: "lmx-testbed-root.local", address: "127.0.0.1", port: 4321, txt: txt),
-        ResolvedRecord(key: RecordKey(instance: id, interface: NetworkInterface(index: 5, name: "lmxbr0"), ipProtocol: .ipv4),
-                       hostName: "lmx-testbed-root.local", address: "10.254.0.1", port: 4321, txt: txt),
-    ])
+    return DiscoveredServer(
+        id: id,
+        records: [
+            ResolvedRecord(
+                key: RecordKey(instance: id, interface: NetworkInterface(index: 1, name: "lo"), ipProtocol: .ipv4),
+                hostName: "lmx-testbed-root.local", address: "127.0.0.1", port: 4321, txt: txt),
+            ResolvedRecord(
+                key: RecordKey(instance: id, interface: NetworkInterface(index: 5, name: "lmxbr0"), ipProtocol: .ipv4),
+                hostName: "lmx-testbed-root.local", address: "10.254.0.1", port: 4321, txt: txt),
+        ])
 }
 
 @Suite("Output formats")
 struct FormattingTests {
     @Test("--parsable lines match avahi-browse -rtp byte for byte, one per interface and protocol")
     func parsable() {
-        #expect(ParsableFormat.lines(for: server()) == [
-            #"=;lmxbr0;IPv4;Local\032One;_opta-lmx._tcp;local;lmx-testbed-root.local;10.254.0.1;4321;"flag" "service=opta-lmx" "path=/.well-known/opta-lmx""#,
-            #"=;lo;IPv4;Local\032One;_opta-lmx._tcp;local;lmx-testbed-root.local;127.0.0.1;4321;"flag" "service=opta-lmx" "path=/.well-known/opta-lmx""#,
-        ])
+        #expect(
+            ParsableFormat.lines(for: server()) == [
+                #"=;lmxbr0;IPv4;Local\032One;_opta-lmx._tcp;local;lmx-testbed-root.local;10.254.0.1;4321;"flag" "service=opta-lmx" "path=/.well-known/opta-lmx""#,
+                #"=;lo;IPv4;Local\032One;_opta-lmx._tcp;local;lmx-testbed-root.local;127.0.0.1;4321;"flag" "service=opta-lmx" "path=/.well-known/opta-lmx""#,
+            ])
     }
 
     @Test("JSON has the documented fields; boolean TXT attributes are null; raw TXT is base64 in wire order")
     func json() throws {
         let data = try DiscoveryJSON.encoder().encode(ServerJSON(server()))
         let object = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
-        #expect(Set(object.keys) == ["name", "type", "domain", "host", "port", "addresses", "interfaces", "path", "txt", "txt_raw", "records"])
+        #expect(
+            Set(object.keys) == [
+                "name", "type", "domain", "host", "port", "addresses", "interfaces", "path", "txt", "txt_raw",
+                "records",
+            ])
         #expect(object["name"] as? String == "Local One")
         #expect(object["addresses"] as? [String] == ["10.254.0.1", "127.0.0.1"])
         let txt = try #require(object["txt"] as? [String: Any])
         #expect(txt["flag"] is NSNull)
         #expect(txt["service"] as? String == "opta-lmx")
-        #expect((object["txt_raw"] as? [String])?.first == Data("path=/.well-known/opta-lmx".utf8).base64EncodedString())
+        #expect(
+            (object["txt_raw"] as? [String])?.first == Data("path=/.well-known/opta-lmx".utf8).base64EncodedString())
         let decoded = try JSONDecoder().decode(ServerJSON.self, from: data)
         #expect(decoded == ServerJSON(server()))
     }
@@ -44,7 +54,9 @@ struct FormattingTests {
         let text = String(decoding: try DiscoveryJSON.encoder().encode(line), as: UTF8.self)
         #expect(!text.contains("\n"))
         #expect(text.hasPrefix(#"{"event":"removed","reason":"daemon-lost","server":{"#))
-        let daemon = String(decoding: try DiscoveryJSON.encoder().encode(DiscoveryEventJSON(.daemon(.waiting(reason: "x")))), as: UTF8.self)
+        let daemon = String(
+            decoding: try DiscoveryJSON.encoder().encode(DiscoveryEventJSON(.daemon(.waiting(reason: "x")))),
+            as: UTF8.self)
         #expect(daemon == #"{"event":"daemon","reason":"x","state":"waiting"}"#)
     }
 
@@ -63,7 +75,8 @@ struct FormattingTests {
 struct ExitStatusTests {
     @Test("docs/exit-codes.md has a row for every named exit code and none other")
     func documented() throws {
-        let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
         let table = try String(contentsOf: repository.appendingPathComponent("docs/exit-codes.md"), encoding: .utf8)
         let rows = table.split(separator: "\n").compactMap { line -> Int32? in
             let cells = line.split(separator: "|", omittingEmptySubsequences: true)

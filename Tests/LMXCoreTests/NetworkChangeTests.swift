@@ -30,7 +30,8 @@ struct NetworkChangeTests {
         #expect(h.switches.last?.at == 20)
         #expect(h.switches.last?.reason.contains("this machine's network changed") == true)
         let lan = h.planner.routes[Self.lanID]!
-        #expect(h.planner.explain(lan, now: h.now).hasPrefix("not reachable from this machine now: no longer on a network"))
+        #expect(
+            h.planner.explain(lan, now: h.now).hasPrefix("not reachable from this machine now: no longer on a network"))
         #expect(lan.nextProbeAt == h.now, "probed at once")
     }
 
@@ -39,7 +40,9 @@ struct NetworkChangeTests {
         var h = atHome()
         h.absorb(h.planner.applyPaths([Self.lanID: .unreachable("lan0 has no carrier")], now: h.now))
         #expect(h.planner.activeID == Self.wanID)
-        #expect(h.planner.explain(h.planner.routes[Self.lanID]!, now: h.now) == "not reachable from this machine now: lan0 has no carrier")
+        #expect(
+            h.planner.explain(h.planner.routes[Self.lanID]!, now: h.now)
+                == "not reachable from this machine now: lan0 has no carrier")
     }
 
     @Test("coming home: back on the LAN as soon as its probe answers, no stability window")
@@ -96,13 +99,18 @@ struct NetworkChangeTests {
         h.absorb(h.planner.woke(now: h.now))
         #expect(h.planner.routes.values.allSatisfy { $0.stale && $0.nextProbeAt == h.now })
         let snapshot = AgentSnapshot(planner: h.planner, originWall: 0)
-        guard case .forward(let held) = snapshot.gatewayPlan(limit: 3) else { Issue.record("refused"); return }
+        guard case .forward(let held) = snapshot.gatewayPlan(limit: 3) else {
+            Issue.record("refused")
+            return
+        }
         #expect(held.isEmpty, "the gateway holds")
         // The LAN server does not answer its first probe after the wake: down at once.
         h.run(until: 20.001)
         #expect(h.planner.routes[Self.lanID]!.health == .down)
         #expect(h.planner.activeID == Self.wanID)
-        guard case .forward(let targets) = AgentSnapshot(planner: h.planner, originWall: 0).gatewayPlan(limit: 3) else { return }
+        guard case .forward(let targets) = AgentSnapshot(planner: h.planner, originWall: 0).gatewayPlan(limit: 3) else {
+            return
+        }
         #expect(targets.map(\.routeID) == [Self.wanID])
         // It answers again at t=25: back without the window.
         h.run(until: 27)
@@ -117,7 +125,8 @@ struct NetworkChangeTests {
         let tasks = h.planner.takeDueProbes(now: h.now)
         #expect(tasks.contains { $0.route.id == Self.lanID })
         _ = h.planner.woke(now: h.now + 1)
-        let events = h.planner.record(ProbeReport(verdict: .down, latency: 0, detail: "timed out"), for: Self.lanID, now: h.now + 2)
+        let events = h.planner.record(
+            ProbeReport(verdict: .down, latency: 0, detail: "timed out"), for: Self.lanID, now: h.now + 2)
         #expect(events.isEmpty)
         let lan = h.planner.routes[Self.lanID]!
         #expect(lan.stale && lan.health == .up && lan.nextProbeAt == h.now + 2 && !lan.inFlight)

@@ -17,9 +17,11 @@ struct OutsideInputTests {
         #expect(OutsideInput.delaySeconds("0", cap: 60) == 0)
         #expect(OutsideInput.delaySeconds("99999999999999999999999999999999999", cap: 60) == 60)
         #expect(OutsideInput.delaySeconds(String(repeating: "9", count: 256), cap: 3600) == 3600)
-        for bad in ["nan", "NaN", "inf", "-inf", "infinity", "-1", "+5", "1e309", "1e3", "0x10", "5, 7", "", " ", ".", "5.", ".5",
-                    "Wed, 21 Oct 2015 07:28:00 GMT", "\u{661}\u{662}", "1_000", "5s", String(repeating: "9", count: 300)]
-        {
+        for bad in [
+            "nan", "NaN", "inf", "-inf", "infinity", "-1", "+5", "1e309", "1e3", "0x10", "5, 7", "", " ", ".", "5.",
+            ".5",
+            "Wed, 21 Oct 2015 07:28:00 GMT", "\u{661}\u{662}", "1_000", "5s", String(repeating: "9", count: 300),
+        ] {
             #expect(OutsideInput.delaySeconds(bad, cap: 60) == nil, "\(bad)")
         }
     }
@@ -29,7 +31,9 @@ struct OutsideInputTests {
         #expect(OutsideInput.contentLength("0") == 0)
         #expect(OutsideInput.contentLength("4096") == 4096)
         #expect(OutsideInput.contentLength("999999999999999999") == 999_999_999_999_999_999)
-        for bad in ["", "-1", "+1", " 5", "5 ", "5, 5", "0x10", "1e3", "9999999999999999999", "99999999999999999999999"] {
+        for bad in [
+            "", "-1", "+1", " 5", "5 ", "5, 5", "0x10", "1e3", "9999999999999999999", "99999999999999999999999",
+        ] {
             #expect(OutsideInput.contentLength(bad) == nil, "\(bad)")
         }
     }
@@ -69,7 +73,8 @@ struct OutsideInputTests {
     /// Drives a whole probe with `discovery` as the document (and a busy `readyz` when asked).
     static func probe(discovery: [UInt8], retryAfter: String? = nil) -> ProbeReport {
         var sequence = ProbeSequence(servicePath: TXTRecord.defaultServicePath, via: .lan)
-        var step = sequence.receive(.success(ProbeResponse(status: 200, body: Array(#"{"status":"ok","version":"0.1.0"}"#.utf8))))
+        var step = sequence.receive(
+            .success(ProbeResponse(status: 200, body: Array(#"{"status":"ok","version":"0.1.0"}"#.utf8))))
         for _ in 0..<6 {
             guard case .request(let path) = step else { break }
             let response: ProbeResponse
@@ -80,7 +85,8 @@ struct OutsideInputTests {
                         status: 503, headers: ["Retry-After": retryAfter],
                         body: Array(#"{"error":{"message":"x","type":"server_error","code":"overloaded"}}"#.utf8))
                 } else {
-                    response = ProbeResponse(status: 200, body: Array(#"{"status":"ready","models_loaded":1e999}"#.utf8))
+                    response = ProbeResponse(
+                        status: 200, body: Array(#"{"status":"ready","models_loaded":1e999}"#.utf8))
                 }
             case "/v1/models":
                 response = ProbeResponse(status: 200, body: discovery)
@@ -98,7 +104,8 @@ struct OutsideInputTests {
     /// Mutates `seed` a few times: replace, delete, insert, duplicate a run, cut, or splice in a
     /// hostile token (numbers past Int64, exponents, non-finite words, invalid UTF-8, NUL).
     static func mutate(_ seed: [UInt8], _ rng: inout SplitMix64) -> [UInt8] {
-        let alphabet = Array("{}[]\":,.-+eE0123456789 \t\r\nabcxyz=%&?/\\u".utf8) + [0x00, 0x7F, 0xC0, 0xFF, 0xED, 0xA0]
+        let alphabet =
+            Array("{}[]\":,.-+eE0123456789 \t\r\nabcxyz=%&?/\\u".utf8) + [0x00, 0x7F, 0xC0, 0xFF, 0xED, 0xA0]
         let tokens: [[UInt8]] = [
             "9223372036854775807", "-9223372036854775808", "18446744073709551616", "1e400", "-1e400", "1.5e308", "NaN",
             "Infinity", "-0", "0x7fffffff", "\"\\ud800\"", "null", "true", "[]", "{}", "\"\u{0}\"",
@@ -124,7 +131,8 @@ struct OutsideInputTests {
         return bytes
     }
 
-    static let documentSeed = Array("""
+    static let documentSeed = Array(
+        """
         {"schema_version":"2026-03-02","instance_id":"Mono512:1234","service":"opta-lmx","version":"0.1.0",\
         "security_profile":"lan","ready":true,"loaded_models":["mlx-community/MiniMax-M2.5-4bit"],"loaded_model_count":1,\
         "in_flight_requests":0,"auth":{"admin_key_required":true,"inference_key_required":true},\
@@ -150,7 +158,9 @@ struct OutsideInputTests {
     @Test("100,000 generated header values (Retry-After, Content-Length) through the probe and the gateway's readers")
     func fuzzHeaders() {
         var rng = SplitMix64(seed: 0x4EAD)
-        let seeds = ["30", "2.5", "0", "Wed, 21 Oct 2015 07:28:00 GMT", "120", "1e3", "9999999999999999999"].map { Array($0.utf8) }
+        let seeds = ["30", "2.5", "0", "Wed, 21 Oct 2015 07:28:00 GMT", "120", "1e3", "9999999999999999999"].map {
+            Array($0.utf8)
+        }
         var delays = 0
         for i in 0..<Self.iterations {
             let bytes = Self.mutate(seeds[i % seeds.count], &rng)
@@ -172,15 +182,19 @@ struct OutsideInputTests {
     @Test("100,000 mutated event streams in random pieces: no trap, events and held bytes bounded")
     func fuzzServerEvents() {
         var rng = SplitMix64(seed: 0x55E)
-        let seed = Array("event: model_loaded\ndata: {\"model_id\":\"qwen3-32b\"}\n\n: c\r\nevent: heartbeat\r\ndata: {}\r\n\r\ndata: x\n\n".utf8)
+        let seed = Array(
+            "event: model_loaded\ndata: {\"model_id\":\"qwen3-32b\"}\n\n: c\r\nevent: heartbeat\r\ndata: {}\r\n\r\ndata: x\n\n"
+                .utf8)
         var parser = ServerEventParser()
         var events = 0
         for _ in 0..<Self.iterations {
             let mutated = Self.mutate(seed, &rng)
             // The boundary search from the end finds what a plain search from the start finds last.
             var lastBlank: Int?
-            for i in mutated.indices.dropFirst() where mutated[i] == 0x0A
-                && (mutated[i - 1] == 0x0A || (i >= 2 && mutated[i - 1] == 0x0D && mutated[i - 2] == 0x0A)) { lastBlank = i + 1 }
+            for i in mutated.indices.dropFirst()
+            where mutated[i] == 0x0A
+                && (mutated[i - 1] == 0x0A || (i >= 2 && mutated[i - 1] == 0x0D && mutated[i - 2] == 0x0A))
+            { lastBlank = i + 1 }
             #expect(EventBoundary.end(in: mutated) == lastBlank)
             var bytes = mutated[...]
             while !bytes.isEmpty {
@@ -214,7 +228,9 @@ struct OutsideInputTests {
     @Test("100,000 mutated TXT records: no trap, the service path is always a path")
     func fuzzTXT() {
         var rng = SplitMix64(seed: 0x7A7)
-        let seeds = ["path=/.well-known/opta-lmx", "service=opta-lmx", "flag", "=x", "PATH=/v1/discovery", ""].map { Array($0.utf8) }
+        let seeds = ["path=/.well-known/opta-lmx", "service=opta-lmx", "flag", "=x", "PATH=/v1/discovery", ""].map {
+            Array($0.utf8)
+        }
         for _ in 0..<Self.iterations {
             let count = Int(rng.next() % 5)
             let entries = (0..<count).map { _ in Self.mutate(seeds[Int(rng.next() % UInt64(seeds.count))], &rng) }
@@ -252,7 +268,8 @@ struct OutsideInputTests {
     @Test("100,000 mutated request bodies: the model field reader never traps")
     func fuzzModelField() {
         var rng = SplitMix64(seed: 0x30DE1)
-        let seed = Array(#"{"messages":[{"role":"user","content":"hi \"there\""}],"stream":true,"model":"qwen3-32b","n":1}"#.utf8)
+        let seed = Array(
+            #"{"messages":[{"role":"user","content":"hi \"there\""}],"stream":true,"model":"qwen3-32b","n":1}"#.utf8)
         var found = 0
         for _ in 0..<Self.iterations {
             let bytes = Self.mutate(seed, &rng)

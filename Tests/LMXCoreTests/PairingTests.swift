@@ -31,7 +31,11 @@ struct PairingTests {
         #expect(p.format == .token)
         #expect(p.name == "Studio")
         #expect(p.wan?.url == "https://quiet-river-1234.trycloudflare.com")
-        #expect(p.wan?.credentials == Credentials(adminKey: "ADMIN", inferenceKey: "INFER", accessClientID: "ID.access", accessClientSecret: "SECRET"))
+        #expect(
+            p.wan?.credentials
+                == Credentials(
+                    adminKey: "ADMIN", inferenceKey: "INFER", accessClientID: "ID.access", accessClientSecret: "SECRET")
+        )
         #expect(p.instance == "Mono512:1234")
         #expect(p.lan == HostPort(host: "192.168.188.11", port: 1234))
         #expect(p.expiresAt == 1_767_225_600)
@@ -71,7 +75,9 @@ struct PairingTests {
         #expect(error("opta-lmx://other?v=1")?.kind == .malformed)
     }
 
-    @Test("URLs split by URLComponents: unencoded spaces and UTF-8 accepted, escapes kept; a broken escape names its field; no query in a message")
+    @Test(
+        "URLs split by URLComponents: unencoded spaces and UTF-8 accepted, escapes kept; a broken escape names its field; no query in a message"
+    )
     func urlSplitting() throws {
         // Some generators leave a label's spaces and UTF-8 unencoded: read as if encoded, and the
         // other fields' escapes are not encoded a second time.
@@ -96,11 +102,13 @@ struct PairingTests {
 
     @Test("unknown fields are ignored; http tunnels pass with --allow-insecure; + is a space only in the name")
     func tokenLenient() throws {
-        let p = try one("opta-lmx://pair?v=1&url=https%3A%2F%2FA.Example%3A8443%2Fsome%2Fpath&future=x&name=My+Box&key=a+b")
+        let p = try one(
+            "opta-lmx://pair?v=1&url=https%3A%2F%2FA.Example%3A8443%2Fsome%2Fpath&future=x&name=My+Box&key=a+b")
         #expect(p.wan?.url == "https://a.example:8443")
         #expect(p.name == "My Box")
         #expect(p.wan?.credentials.adminKey == "a+b")
-        let insecure = try one("opta-lmx://pair?v=1&url=http%3A%2F%2F10.0.0.1%3A1234", PairingParser(allowInsecure: true, now: Self.now))
+        let insecure = try one(
+            "opta-lmx://pair?v=1&url=http%3A%2F%2F10.0.0.1%3A1234", PairingParser(allowInsecure: true, now: Self.now))
         #expect(insecure.wan?.url == "http://10.0.0.1:1234")
     }
 
@@ -108,7 +116,10 @@ struct PairingTests {
     func tunnelURL() throws {
         let p = try one("https://quiet-river-1234.trycloudflare.com?key=ADMIN_KEY")
         #expect(p.format == .tunnelURL)
-        #expect(p.wan == WANEndpoint(url: "https://quiet-river-1234.trycloudflare.com", credentials: Credentials(adminKey: "ADMIN_KEY")))
+        #expect(
+            p.wan
+                == WANEndpoint(
+                    url: "https://quiet-river-1234.trycloudflare.com", credentials: Credentials(adminKey: "ADMIN_KEY")))
         #expect(p.lan == nil)
         let q = try one("  https://Tunnel.Example.com:8443/v1/models\n")
         #expect(q.wan?.url == "https://tunnel.example.com:8443")
@@ -121,7 +132,8 @@ struct PairingTests {
     @Test("the dashboard connect link: LAN host and port, optional https tunnel, via anything")
     func connectLink() throws {
         let p = try one(
-            "https://lmx.optalocal.com/connect?host=192.168.188.11&port=1234&via=lan&tunnel=https%3A%2F%2Fx.trycloudflare.com")
+            "https://lmx.optalocal.com/connect?host=192.168.188.11&port=1234&via=lan&tunnel=https%3A%2F%2Fx.trycloudflare.com"
+        )
         #expect(p.format == .connectLink)
         #expect(p.lan == HostPort(host: "192.168.188.11", port: 1234))
         #expect(p.wan?.url == "https://x.trycloudflare.com")
@@ -131,19 +143,24 @@ struct PairingTests {
         #expect(v6.wan == nil)
         let named = try one("https://lmx.optalocal.com/connect?host=Mono512.local&port=1234")
         #expect(named.lan?.host == "mono512.local")
-        #expect(error("https://lmx.optalocal.com/connect?host=192.168.188.11&port=1234&tunnel=http%3A%2F%2Fx.example")?.field == "tunnel")
+        #expect(
+            error("https://lmx.optalocal.com/connect?host=192.168.188.11&port=1234&tunnel=http%3A%2F%2Fx.example")?
+                .field == "tunnel")
         #expect(error("https://lmx.optalocal.com/connect?port=1234")?.field == "host")
         #expect(error("https://lmx.optalocal.com/connect?host=999.1.1.1&port=1234")?.field == "host")
         #expect(error("https://lmx.optalocal.com/connect?host=10.0.0.1&port=0")?.field == "port")
         #expect(error("https://lmx.optalocal.com/connect?host=10.0.0.1&port=12a")?.field == "port")
-        #expect(error("https://lmx.optalocal.com/connect?host=\(String(repeating: "a", count: 254))&port=1")?.field == "host")
+        #expect(
+            error("https://lmx.optalocal.com/connect?host=\(String(repeating: "a", count: 254))&port=1")?.field
+                == "host")
         #expect(error("https://lmx.optalocal.com/connect?host=fd00::1&port=1")?.field == "host")
     }
 
     @Test("the account pairing link: only host and port matter")
     func pairLink() throws {
         let p = try one(
-            "https://lmx.optalocal.com/pair?session=2b1f8e0a-1111-4222-8333-944445555666&deviceId=7c1d-aa&host=10.1.2.3&port=1234")
+            "https://lmx.optalocal.com/pair?session=2b1f8e0a-1111-4222-8333-944445555666&deviceId=7c1d-aa&host=10.1.2.3&port=1234"
+        )
         #expect(p.format == .pairLink)
         #expect(p.lan == HostPort(host: "10.1.2.3", port: 1234))
         #expect(p.wan == nil)
@@ -160,7 +177,9 @@ struct PairingTests {
         #expect(p.wan == nil)
         // A relative target is on the same site; a connect link inside keeps its tunnel.
         let connect = "/connect?host=10.1.2.3&port=1234&tunnel=https%3A%2F%2Fx.trycloudflare.com"
-        let c = try one("https://accounts.optalocal.com/sign-in?redirect_to=\(connect.addingPercentEncoding(withAllowedCharacters: .alphanumerics)!)")
+        let c = try one(
+            "https://accounts.optalocal.com/sign-in?redirect_to=\(connect.addingPercentEncoding(withAllowedCharacters: .alphanumerics)!)"
+        )
         #expect(c.format == .connectLink)
         #expect(c.wan?.url == "https://x.trycloudflare.com")
         #expect(c.lan == HostPort(host: "10.1.2.3", port: 1234))
@@ -172,11 +191,20 @@ struct PairingTests {
         #expect(error("https://accounts.optalocal.com/sign-in")?.kind == .unknownFormat)
         #expect(error("https://lmx.optalocal.com")?.kind == .unknownFormat)
         #expect(error("https://OPTALOCAL.com./?key=x")?.kind == .unknownFormat)
-        #expect(error("https://accounts.optalocal.com/sign-in?redirect_to=https%3A%2F%2Faccounts.optalocal.com%2Fsign-in")?.field == "redirect_to")
-        #expect(error("https://accounts.optalocal.com/sign-in?redirect_to=http%3A%2F%2Flmx.optalocal.com%2Fpair%3Fhost%3D10.0.0.1")?.field == "redirect_to")
+        #expect(
+            error("https://accounts.optalocal.com/sign-in?redirect_to=https%3A%2F%2Faccounts.optalocal.com%2Fsign-in")?
+                .field == "redirect_to")
+        #expect(
+            error(
+                "https://accounts.optalocal.com/sign-in?redirect_to=http%3A%2F%2Flmx.optalocal.com%2Fpair%3Fhost%3D10.0.0.1"
+            )?.field == "redirect_to")
         #expect(error("opta-lmx://pair?v=1&url=https%3A%2F%2Flmx.optalocal.com")?.field == "url")
-        #expect(error("https://lmx.optalocal.com/connect?host=10.0.0.1&tunnel=https%3A%2F%2Faccounts.optalocal.com")?.field == "tunnel")
-        #expect(error(#"{"entries":[{"host":"10.0.0.1","tunnelUrl":"https://lmx.optalocal.com"}]}"#)?.field == "entries[0].tunnelUrl")
+        #expect(
+            error("https://lmx.optalocal.com/connect?host=10.0.0.1&tunnel=https%3A%2F%2Faccounts.optalocal.com")?.field
+                == "tunnel")
+        #expect(
+            error(#"{"entries":[{"host":"10.0.0.1","tunnelUrl":"https://lmx.optalocal.com"}]}"#)?.field
+                == "entries[0].tunnelUrl")
         // Look-alikes are ordinary hosts.
         #expect(try one("https://optalocal.com.evil.example").wan?.url == "https://optalocal.com.evil.example")
         #expect(try one("https://notoptalocal.com").wan?.url == "https://notoptalocal.com")
@@ -198,10 +226,14 @@ struct PairingTests {
         #expect(all[0].wan?.url == "https://example.trycloudflare.com")
         #expect(all[1].lan == HostPort(host: "lab.local", port: 8080))
         #expect(all[1].wan == nil)
-        #expect(error(#"{"entries":[{"host":"10.0.0.1","port":1234},{"host":"10.0.0.2","port":99999}]}"#)?.field == "entries[1].port")
+        #expect(
+            error(#"{"entries":[{"host":"10.0.0.1","port":1234},{"host":"10.0.0.2","port":99999}]}"#)?.field
+                == "entries[1].port")
         #expect(error(#"{"entries":[{"label":"nothing"}]}"#)?.field == "entries[0]")
         #expect(error(#"{"entries":[]}"#)?.kind == .empty)
-        #expect(error(#"{"entries":[{"host":"10.0.0.1","tunnelUrl":"http://x.example"}]}"#)?.field == "entries[0].tunnelUrl")
+        #expect(
+            error(#"{"entries":[{"host":"10.0.0.1","tunnelUrl":"http://x.example"}]}"#)?.field == "entries[0].tunnelUrl"
+        )
         #expect(error(#"{"entries": 5}"#)?.kind == .malformed)
         #expect(error("{not json")?.kind == .malformed)
     }
@@ -229,7 +261,8 @@ struct PairingTests {
         #expect(a.id.count == 9 && a.id.hasPrefix("p"))
         #expect(a.isSameServer(as: b))
         let tunnel = try one("https://one.example?key=K")
-        let connect = try one("https://lmx.optalocal.com/connect?host=10.0.0.1&port=1234&tunnel=https%3A%2F%2Fone.example")
+        let connect = try one(
+            "https://lmx.optalocal.com/connect?host=10.0.0.1&port=1234&tunnel=https%3A%2F%2Fone.example")
         #expect(tunnel.isSameServer(as: connect))
         let updated = tunnel.updated(by: connect)
         #expect(updated.wan?.credentials.adminKey == "K", "a connect link carries no secrets: the old ones stay")
@@ -269,9 +302,12 @@ struct PairingTests {
         #expect(json.contains("\"url\":\"https://a.example\""))
     }
 
-    @Test("a LAN hint that is a host name gets no keys over plain HTTP (whoever answers for the name could claim it); an IP address does")
+    @Test(
+        "a LAN hint that is a host name gets no keys over plain HTTP (whoever answers for the name could claim it); an IP address does"
+    )
     func namedLANGetsNoKeys() throws {
-        let named = try one("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&api_key=INFER&key=ADMIN&lan=mono512.local%3A1234")
+        let named = try one(
+            "opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&api_key=INFER&key=ADMIN&lan=mono512.local%3A1234")
         #expect(named.lanIsName)
         let namedLAN = named.routes().first { $0.via == .lan }
         #expect(namedLAN?.credentials.isEmpty == true)
@@ -284,7 +320,8 @@ struct PairingTests {
         #expect(!literal.summary.describe(verb: "imported").contains("gets no keys"))
         let v6 = try one("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&api_key=INFER&lan=%5Bfd00%3A%3A1%5D%3A1234")
         #expect(!v6.lanIsName && !v6.summary.lanIsName)
-        let book = try parser.parse(#"{"entries":[{"host":"studio.local","port":1234,"tunnelUrl":"https://e.example"}]}"#)
+        let book = try parser.parse(
+            #"{"entries":[{"host":"studio.local","port":1234,"tunnelUrl":"https://e.example"}]}"#)
         #expect(book.first?.lanIsName == true)
         #expect(book.first?.routes().first { $0.via == .lan }?.credentials.isEmpty == true)
     }
@@ -319,8 +356,10 @@ struct PairingTests {
                 accepted += 1
                 let again = try parser.parse(pairing.token())
                 #expect(again.count == 1)
-                #expect(again.first?.wan == pairing.wan && again.first?.lan == pairing.lan && again.first?.id == pairing.id
-                    && again.first?.name == pairing.name && again.first?.instance == pairing.instance, "\(String(decoding: bytes, as: UTF8.self))")
+                #expect(
+                    again.first?.wan == pairing.wan && again.first?.lan == pairing.lan && again.first?.id == pairing.id
+                        && again.first?.name == pairing.name && again.first?.instance == pairing.instance,
+                    "\(String(decoding: bytes, as: UTF8.self))")
             }
         }
         #expect(accepted > 1000)

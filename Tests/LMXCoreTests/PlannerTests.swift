@@ -40,7 +40,9 @@ struct PlannerHarness {
         if route.via == .lan, !lanURLs.contains(route.baseURL) { lanURLs.append(route.baseURL) }
         // As after a restart: what the tunnels vouched for is known before any probe.
         for tunnel in planner.routes.values where tunnel.route.via == .wan && tunnel.route.source.isSetUp {
-            absorb(planner.applyVouches(for: tunnel.id, advertised: advertised(tunnel.id), instanceID: instance(tunnel.id), now: now))
+            absorb(
+                planner.applyVouches(
+                    for: tunnel.id, advertised: advertised(tunnel.id), instanceID: instance(tunnel.id), now: now))
         }
     }
 
@@ -315,7 +317,9 @@ struct PlannerTests {
         #expect(h.planner.activeID == "lan/10.0.0.1:1234")  // LAN alive beats WAN ready
         var state = h.planner.routes["lan/10.0.0.1:1234"]!
         _ = h.planner.takeDueProbes(now: 100)
-        h.absorb(h.planner.record(ProbeReport(verdict: .overloaded, latency: 0.01, retryAfter: 3600), for: state.id, now: 100))
+        h.absorb(
+            h.planner.record(
+                ProbeReport(verdict: .overloaded, latency: 0.01, retryAfter: 3600), for: state.id, now: 100))
         state = h.planner.routes[state.id]!
         // The active route keeps its liveness checks whatever Retry-After says.
         #expect(state.nextProbeAt <= 100 + HealthPolicy().activeInterval * 1.2)
@@ -325,7 +329,9 @@ struct PlannerTests {
         h.run(until: 102)
         #expect(h.planner.activeID == "lan/10.0.0.2:1234")
         _ = h.planner.takeDueProbes(now: 200)
-        h.absorb(h.planner.record(ProbeReport(verdict: .overloaded, latency: 0.01, retryAfter: 3600), for: state.id, now: 200))
+        h.absorb(
+            h.planner.record(
+                ProbeReport(verdict: .overloaded, latency: 0.01, retryAfter: 3600), for: state.id, now: 200))
         let standby = h.planner.routes[state.id]!
         #expect(standby.nextProbeAt >= 260)
         #expect(standby.nextProbeAt <= 260.001)
@@ -350,7 +356,12 @@ struct PlannerTests {
     @Test("dead routes back off up to the maximum")
     func backoff() {
         var h = PlannerHarness { _, _ in .down }
-        h.planner = ConnectionPlanner(policy: { var p = HealthPolicy(); p.jitter = 0; return p }())
+        h.planner = ConnectionPlanner(
+            policy: {
+                var p = HealthPolicy()
+                p.jitter = 0
+                return p
+            }())
         h.add(lan("10.0.0.9"))
         h.run(until: 600)
         let state = h.planner.routes["lan/10.0.0.9:1234"]!

@@ -5,11 +5,14 @@ import Testing
 private func json(_ s: String) -> [UInt8] { Array(s.utf8) }
 
 private let healthz = ProbeResponse(status: 200, body: json(#"{"status":"ok","version":"0.1.0"}"#))
-private let document = ProbeResponse(status: 200, body: json(#"""
-{"schema_version":"2026-03-02","instance_id":"Mono512:1234","service":"opta-lmx","version":"0.1.0",
- "security_profile":"lan","ready":true,"loaded_models":["m"],"loaded_model_count":1,
- "auth":{"admin_key_required":true,"inference_key_required":false},"future_field":{"x":1}}
-"""#))
+private let document = ProbeResponse(
+    status: 200,
+    body: json(
+        #"""
+        {"schema_version":"2026-03-02","instance_id":"Mono512:1234","service":"opta-lmx","version":"0.1.0",
+         "security_profile":"lan","ready":true,"loaded_models":["m"],"loaded_model_count":1,
+         "auth":{"admin_key_required":true,"inference_key_required":false},"future_field":{"x":1}}
+        """#))
 private let readyz = ProbeResponse(status: 200, body: json(#"{"status":"ready","version":"0.1.0","models_loaded":1}"#))
 
 /// Runs a sequence against answers keyed by path; returns the report and the paths asked.
@@ -55,16 +58,23 @@ struct ProbeSequenceTests {
 
     @Test("models: from the document, else /v1/models with the key (cloud profile); a failed list keeps the verdict")
     func models() {
-        let (lan, asked) = run(["/healthz": .success(healthz), "/.well-known/opta-lmx": .success(document), "/readyz": .success(readyz)])
+        let (lan, asked) = run([
+            "/healthz": .success(healthz), "/.well-known/opta-lmx": .success(document), "/readyz": .success(readyz),
+        ])
         #expect(lan.models == ["m"])
         #expect(!asked.contains("/v1/models"))
-        let cloud = ProbeResponse(status: 200, body: json(#"""
-            {"instance_id":"c:1","service":"opta-lmx","security_profile":"cloud","ready":true,"loaded_models":[],
-             "loaded_model_count":2,"auth":{"inference_key_required":true}}
-            """#))
-        let list = ProbeResponse(status: 200, body: json(#"{"object":"list","data":[{"id":"a"},{"id":"b"},{"id":"a"},{"id":"bad\u0001"}]}"#))
+        let cloud = ProbeResponse(
+            status: 200,
+            body: json(
+                #"""
+                {"instance_id":"c:1","service":"opta-lmx","security_profile":"cloud","ready":true,"loaded_models":[],
+                 "loaded_model_count":2,"auth":{"inference_key_required":true}}
+                """#))
+        let list = ProbeResponse(
+            status: 200, body: json(#"{"object":"list","data":[{"id":"a"},{"id":"b"},{"id":"a"},{"id":"bad\u0001"}]}"#))
         let answers: [String: Result<ProbeResponse, ProbeTransportFailure>] = [
-            "/healthz": .success(healthz), "/.well-known/opta-lmx": .success(cloud), "/readyz": .success(readyz), "/v1/models": .success(list),
+            "/healthz": .success(healthz), "/.well-known/opta-lmx": .success(cloud), "/readyz": .success(readyz),
+            "/v1/models": .success(list),
         ]
         let (withKey, askedWithKey) = run(answers, key: true)
         #expect(askedWithKey.last == "/v1/models")
@@ -85,28 +95,40 @@ struct ProbeSequenceTests {
 
     @Test("a WAN probe never takes the document's endpoints (LAN addresses) as the route's URL")
     func wanKeepsItsURL() {
-        let lanEndpoints = ProbeResponse(status: 200, body: json(#"""
-            {"instance_id":"Mono512:1234","service":"opta-lmx","ready":true,"loaded_models":["m"],"loaded_model_count":1,
-             "endpoints":{"preferred_base_url":"http://192.168.188.11:1234","base_urls":["http://192.168.188.11:1234","http://localhost:1234"],
-             "openai_base_url":"http://192.168.188.11:1234/v1"}}
-            """#))
+        let lanEndpoints = ProbeResponse(
+            status: 200,
+            body: json(
+                #"""
+                {"instance_id":"Mono512:1234","service":"opta-lmx","ready":true,"loaded_models":["m"],"loaded_model_count":1,
+                 "endpoints":{"preferred_base_url":"http://192.168.188.11:1234","base_urls":["http://192.168.188.11:1234","http://localhost:1234"],
+                 "openai_base_url":"http://192.168.188.11:1234/v1"}}
+                """#))
         let (report, asked) = run(
-            ["/healthz": .success(healthz), "/.well-known/opta-lmx": .success(lanEndpoints), "/readyz": .success(readyz)], via: .wan)
+            [
+                "/healthz": .success(healthz), "/.well-known/opta-lmx": .success(lanEndpoints),
+                "/readyz": .success(readyz),
+            ], via: .wan)
         #expect(report.verdict == .ready)
         #expect(asked == ["/healthz", "/.well-known/opta-lmx", "/readyz"])
         // The route the probe belongs to is unchanged whatever the document says.
         var planner = ConnectionPlanner(policy: HealthPolicy())
-        let tunnel = Route(baseURL: "https://quiet-river-1234.trycloudflare.com", via: .wan, source: .pairing, name: "t")
+        let tunnel = Route(
+            baseURL: "https://quiet-river-1234.trycloudflare.com", via: .wan, source: .pairing, name: "t")
         _ = planner.upsert(tunnel, now: 0)
         _ = planner.takeDueProbes(now: 0)
         _ = planner.record(report, for: tunnel.id, now: 0)
         _ = planner.takeDueProbes(now: 1)
         _ = planner.record(report, for: tunnel.id, now: 1)
-        #expect(planner.routes["wan/https://quiet-river-1234.trycloudflare.com"]?.route.baseURL == "https://quiet-river-1234.trycloudflare.com")
+        #expect(
+            planner.routes["wan/https://quiet-river-1234.trycloudflare.com"]?.route.baseURL
+                == "https://quiet-river-1234.trycloudflare.com")
         #expect(planner.active?.route.baseURL == "https://quiet-river-1234.trycloudflare.com")
         // The document's LAN address is another route of the same server (vouched for by the
         // tunnel), never a replacement of the tunnel's URL; localhost names the server's machine.
-        #expect(planner.routes.keys.sorted() == ["lan/192.168.188.11:1234", "wan/https://quiet-river-1234.trycloudflare.com"])
+        #expect(
+            planner.routes.keys.sorted() == [
+                "lan/192.168.188.11:1234", "wan/https://quiet-river-1234.trycloudflare.com",
+            ])
         #expect(planner.routes["lan/192.168.188.11:1234"]?.route.vouchedBy == tunnel.id)
     }
 
@@ -114,7 +136,8 @@ struct ProbeSequenceTests {
     func notReady() {
         let (report, _) = run([
             "/healthz": .success(healthz), "/.well-known/opta-lmx": .success(document),
-            "/readyz": .success(ProbeResponse(status: 503, body: json(#"{"status":"unavailable","reason":"no models loaded"}"#))),
+            "/readyz": .success(
+                ProbeResponse(status: 503, body: json(#"{"status":"unavailable","reason":"no models loaded"}"#))),
         ])
         #expect(report.verdict == .aliveNotReady)
         #expect(report.detail == "no models loaded")

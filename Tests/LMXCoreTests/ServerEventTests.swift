@@ -8,7 +8,8 @@ struct ServerEventTests {
     func parse() {
         var parser = ServerEventParser()
         var events: [ServerEvent] = []
-        let stream = "event: heartbeat\ndata: {}\n\n: a comment\r\nevent: model_loaded\r\ndata: {\"model_id\":\"qwen3-32b\"}\r\n\r\nevent: readiness_changed\ndata: {\"ready\":\ndata: false}\n\ndata: {\"id\":\"x\"}\n\n"
+        let stream =
+            "event: heartbeat\ndata: {}\n\n: a comment\r\nevent: model_loaded\r\ndata: {\"model_id\":\"qwen3-32b\"}\r\n\r\nevent: readiness_changed\ndata: {\"ready\":\ndata: false}\n\ndata: {\"id\":\"x\"}\n\n"
         // Fed in 7-byte pieces, as a network delivers them.
         var bytes = Array(stream.utf8)[...]
         while !bytes.isEmpty {

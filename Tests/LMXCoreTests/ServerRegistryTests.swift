@@ -6,14 +6,19 @@ private let bridge = NetworkInterface(index: 3, name: "lmxbr0")
 private let loopback = NetworkInterface(index: 1, name: "lo")
 private let wifi = NetworkInterface(index: 4, name: "wlan0")
 
-private func key(_ interface: NetworkInterface, _ proto: IPProtocol = .ipv4, _ id: ServiceInstanceID = instance) -> RecordKey {
+private func key(_ interface: NetworkInterface, _ proto: IPProtocol = .ipv4, _ id: ServiceInstanceID = instance)
+    -> RecordKey
+{
     RecordKey(instance: id, interface: interface, ipProtocol: proto)
 }
 
-private func record(_ interface: NetworkInterface, _ address: String, proto: IPProtocol = .ipv4, port: UInt16 = 1234,
-                    txt: [String] = ["path=/.well-known/opta-lmx", "service=opta-lmx"]) -> ResolvedRecord {
-    ResolvedRecord(key: key(interface, proto), hostName: "Mono512.local", address: address, port: port,
-                   txt: TXTRecord(strings: txt))
+private func record(
+    _ interface: NetworkInterface, _ address: String, proto: IPProtocol = .ipv4, port: UInt16 = 1234,
+    txt: [String] = ["path=/.well-known/opta-lmx", "service=opta-lmx"]
+) -> ResolvedRecord {
+    ResolvedRecord(
+        key: key(interface, proto), hostName: "Mono512.local", address: address, port: port,
+        txt: TXTRecord(strings: txt))
 }
 
 @Suite("ServerRegistry merges sightings into servers")
@@ -24,7 +29,8 @@ struct ServerRegistryTests {
         #expect(registry.apply(.found(key(bridge))).isEmpty)
         let events = registry.apply(.resolved(record(bridge, "10.0.0.5")))
         guard case .added(let server)? = events.first, events.count == 1 else {
-            Issue.record("expected one added event, got \(events)"); return
+            Issue.record("expected one added event, got \(events)")
+            return
         }
         #expect(server.addresses == ["10.0.0.5"])
         #expect(server.servicePath == "/.well-known/opta-lmx")
@@ -40,7 +46,10 @@ struct ServerRegistryTests {
         let server = registry.servers[0]
         #expect(server.addresses == ["10.0.0.5", "127.0.0.1", "fe80::1%wlan0"])
         #expect(server.interfaces == ["lmxbr0", "lo", "wlan0"])
-        guard case .updated(_, let changes)? = events.first else { Issue.record("expected updated"); return }
+        guard case .updated(_, let changes)? = events.first else {
+            Issue.record("expected updated")
+            return
+        }
         #expect(changes == [.addresses, .interfaces])
     }
 
@@ -56,7 +65,10 @@ struct ServerRegistryTests {
         var registry = ServerRegistry()
         _ = registry.apply(.resolved(record(bridge, "10.0.0.5")))
         let events = registry.apply(.resolved(record(bridge, "10.0.0.5", port: 8080, txt: ["path=/v1/discovery"])))
-        guard case .updated(let server, let changes)? = events.first else { Issue.record("expected updated"); return }
+        guard case .updated(let server, let changes)? = events.first else {
+            Issue.record("expected updated")
+            return
+        }
         #expect(changes == [.port, .txt])
         #expect(server.servicePath == "/v1/discovery")
     }
@@ -67,10 +79,16 @@ struct ServerRegistryTests {
         _ = registry.apply(.resolved(record(bridge, "10.0.0.5")))
         _ = registry.apply(.resolved(record(loopback, "127.0.0.1")))
         let first = registry.apply(.lost(key(loopback)))
-        guard case .updated(let server, _)? = first.first else { Issue.record("expected updated"); return }
+        guard case .updated(let server, _)? = first.first else {
+            Issue.record("expected updated")
+            return
+        }
         #expect(server.addresses == ["10.0.0.5"])
         let second = registry.apply(.lost(key(bridge)))
-        guard case .removed(_, let reason)? = second.first else { Issue.record("expected removed"); return }
+        guard case .removed(_, let reason)? = second.first else {
+            Issue.record("expected removed")
+            return
+        }
         #expect(reason == .withdrawn)
         #expect(registry.servers.isEmpty)
     }
@@ -106,13 +124,15 @@ struct ServerRegistryTests {
         let lost = registry.apply(.daemon(.reconnecting))
         #expect(lost.count == 2)
         guard case .removed(_, .daemonLost)? = lost.first, case .daemon(.reconnecting)? = lost.last else {
-            Issue.record("expected removed then reconnecting, got \(lost)"); return
+            Issue.record("expected removed then reconnecting, got \(lost)")
+            return
         }
         #expect(!registry.allForNow)
         #expect(registry.apply(.daemon(.waiting(reason: "avahi-daemon is not running"))).count == 1)
         #expect(registry.apply(.daemon(.running)) == [.daemon(.running)])
         guard case .added? = registry.apply(.resolved(record(bridge, "10.0.0.5"))).first else {
-            Issue.record("expected added after reconnect"); return
+            Issue.record("expected added after reconnect")
+            return
         }
     }
 
@@ -121,18 +141,24 @@ struct ServerRegistryTests {
         var registry = ServerRegistry()
         let other = ServiceInstanceID(name: "Another.box", type: "_opta-lmx._tcp", domain: "local")
         _ = registry.apply(.resolved(record(bridge, "10.0.0.5")))
-        _ = registry.apply(.resolved(ResolvedRecord(key: key(bridge, .ipv4, other), hostName: "a.local",
-                                                    address: "10.0.0.6", port: 1, txt: TXTRecord())))
+        _ = registry.apply(
+            .resolved(
+                ResolvedRecord(
+                    key: key(bridge, .ipv4, other), hostName: "a.local",
+                    address: "10.0.0.6", port: 1, txt: TXTRecord())))
         #expect(registry.servers.map(\.name) == ["Another.box", "Mono512"])
     }
 }
 
 @Suite("Addresses and interfaces")
 struct AddressAndFilterTests {
-    @Test("IPv6 link-local addresses carry the interface, others do not", arguments: [
-        ("fe80::1", "fe80::1%eth1"), ("FE80::abcd", "FE80::abcd%eth1"), ("febf::1", "febf::1%eth1"),
-        ("fec0::1", "fec0::1"), ("2001:db8::1", "2001:db8::1"), ("10.0.0.1", "10.0.0.1"), ("fe80::1%eth9", "fe80::1%eth9"),
-    ])
+    @Test(
+        "IPv6 link-local addresses carry the interface, others do not",
+        arguments: [
+            ("fe80::1", "fe80::1%eth1"), ("FE80::abcd", "FE80::abcd%eth1"), ("febf::1", "febf::1%eth1"),
+            ("fec0::1", "fec0::1"), ("2001:db8::1", "2001:db8::1"), ("10.0.0.1", "10.0.0.1"),
+            ("fe80::1%eth9", "fe80::1%eth9"),
+        ])
     func scoped(input: String, expected: String) {
         #expect(ServerAddress.scoped(input, interface: "eth1") == expected)
     }
@@ -170,10 +196,13 @@ struct AddressAndFilterTests {
         #expect(InterfaceFilter(exclude: ["wlan0"], excludesVirtualInterfaces: false).allows("docker0"))
     }
 
-    @Test("glob character classes", arguments: [
-        ("eth[0-2]", "eth1", true), ("eth[0-2]", "eth3", false), ("eth[!0]", "eth1", true), ("eth[!0]", "eth0", false),
-        ("*", "", true), ("?", "", false), ("a*b*c", "aXbYc", true), ("a*b*c", "aXbY", false), ("[", "[", true),
-    ])
+    @Test(
+        "glob character classes",
+        arguments: [
+            ("eth[0-2]", "eth1", true), ("eth[0-2]", "eth3", false), ("eth[!0]", "eth1", true),
+            ("eth[!0]", "eth0", false),
+            ("*", "", true), ("?", "", false), ("a*b*c", "aXbYc", true), ("a*b*c", "aXbY", false), ("[", "[", true),
+        ])
     func globs(pattern: String, text: String, expected: Bool) {
         #expect(Glob.matches(pattern, text) == expected)
     }

@@ -48,10 +48,12 @@ struct TXTRecordTests {
         #expect(TXTRecord(strings: ["path=custom"]).servicePath == "/custom")
     }
 
-    @Test("a TXT path that leaves the server's tree or names another server falls back to the default", arguments: [
-        "path=http://elsewhere/x", "path=//elsewhere/x", "path=/v1/../admin/events", "path=..", "path=/a/%2e%2e/b",
-        "path=/a%2Fb", "path=/x?admin_key=1", "path=/x#y", "path=/a\\b", "path=/u@evil", "path=/./x",
-    ])
+    @Test(
+        "a TXT path that leaves the server's tree or names another server falls back to the default",
+        arguments: [
+            "path=http://elsewhere/x", "path=//elsewhere/x", "path=/v1/../admin/events", "path=..", "path=/a/%2e%2e/b",
+            "path=/a%2Fb", "path=/x?admin_key=1", "path=/x#y", "path=/a\\b", "path=/u@evil", "path=/./x",
+        ])
     func pathRefused(entry: String) {
         #expect(TXTRecord(strings: [entry]).servicePath == TXTRecord.defaultServicePath)
     }
@@ -63,15 +65,18 @@ struct DNSSDTextTests {
     @Test("labels escape exactly like avahi_escape_label")
     func escapeLabel() {
         #expect(DNSSDText.escapeLabel("Local One") == "Local\\032One")
-        #expect(DNSSDText.escapeLabel("Mono512.local My \"Box\" ünï\\\\x")
-            == "Mono512\\.local\\032My\\032\\034Box\\034\\032\\195\\188n\\195\\175\\\\\\\\x")
+        #expect(
+            DNSSDText.escapeLabel("Mono512.local My \"Box\" ünï\\\\x")
+                == "Mono512\\.local\\032My\\032\\034Box\\034\\032\\195\\188n\\195\\175\\\\\\\\x")
         #expect(DNSSDText.escapeLabel("a-b_c09") == "a-b_c09")
     }
 
-    @Test("escaping round-trips any name", arguments: [
-        "Mono512", "Mono512.local", "with space", "ünïcödé 🚀", "back\\slash", "semi;colon", "tab\there",
-        String(repeating: "x", count: 63),
-    ])
+    @Test(
+        "escaping round-trips any name",
+        arguments: [
+            "Mono512", "Mono512.local", "with space", "ünïcödé 🚀", "back\\slash", "semi;colon", "tab\there",
+            String(repeating: "x", count: 63),
+        ])
     func roundTrip(name: String) {
         #expect(DNSSDText.unescapeLabel(DNSSDText.escapeLabel(name)) == name)
     }

@@ -71,7 +71,10 @@ struct RestartWatchTests {
         while h.now < 400 {
             h.run(until: h.now + 0.5)
             let count = h.planner.routes["lan/10.0.0.9:1234"]!.probeCount
-            if count != last { times.append(h.now); last = count }
+            if count != last {
+                times.append(h.now)
+                last = count
+            }
         }
         let gaps = zip(times.dropFirst(), times).map { ($0 - $1).rounded() }
         #expect(Array(gaps.prefix(6)) == [2, 4, 8, 16, 32, 60])
@@ -112,13 +115,17 @@ struct TrustPolicyTests {
         return h
     }
 
-    @Test("an announcer repeating the paired instance_id from an address nobody vouches for is an impostor: never active, no key")
+    @Test(
+        "an announcer repeating the paired instance_id from an address nobody vouches for is an impostor: never active, no key"
+    )
     func impostor() {
         let h = run(pairing: wan("https://t.example.com"), announcers: ["10.0.0.66": "home", "10.0.0.67": nil])
         #expect(h.planner.activeID == "wan/https://t.example.com")
         let evil = h.planner.routes["lan/10.0.0.66:1234"]!
         #expect(h.planner.trust(of: evil) == .impostor)
-        #expect(h.planner.explain(evil, now: 30) == "not used: claims tunnel's instance_id from an address tunnel does not vouch for")
+        #expect(
+            h.planner.explain(evil, now: 30)
+                == "not used: claims tunnel's instance_id from an address tunnel does not vouch for")
         #expect(evil.route.credentials.isEmpty)
         #expect(h.planner.requestOrder().map(\.id) == ["wan/https://t.example.com"])
         // Reported once, however often it is probed.
@@ -128,10 +135,13 @@ struct TrustPolicyTests {
         #expect(h.planner.explain(stranger, now: 30).contains("not vouched for"))
     }
 
-    @Test("the address the tunnel vouches for is the paired server on the LAN: active first, with the server's keys, never the Access token")
+    @Test(
+        "the address the tunnel vouches for is the paired server on the LAN: active first, with the server's keys, never the Access token"
+    )
     func tunnelVouchedAddress() {
         var tunnel = wan("https://t.example.com", pin: nil)
-        tunnel.credentials = Credentials(adminKey: "A", inferenceKey: "I", accessClientID: "id", accessClientSecret: "s")
+        tunnel.credentials = Credentials(
+            adminKey: "A", inferenceKey: "I", accessClientID: "id", accessClientSecret: "s")
         let h = run(pairing: tunnel, vouched: ["10.0.0.1"], announcers: ["10.0.0.1": "home", "10.0.0.66": "home"])
         #expect(h.planner.activeID == "lan/10.0.0.1:1234")
         let home = h.planner.routes["lan/10.0.0.1:1234"]!
@@ -174,7 +184,9 @@ struct TrustPolicyTests {
         let strict = run(trust: .pinned, pairing: nil, announcers: ["10.0.0.66": "whoever"])
         #expect(strict.planner.activeID == nil)
         #expect(strict.planner.explain(strict.planner.routes["lan/10.0.0.66:1234"]!, now: 30).contains("trust: pinned"))
-        let lan = run(trust: .lan, pairing: wan("https://t.example.com"), announcers: ["10.0.0.66": "whoever", "10.0.0.67": "home"])
+        let lan = run(
+            trust: .lan, pairing: wan("https://t.example.com"),
+            announcers: ["10.0.0.66": "whoever", "10.0.0.67": "home"])
         #expect(lan.planner.activeID == "lan/10.0.0.66:1234")
         #expect(lan.planner.trust(of: lan.planner.routes["lan/10.0.0.67:1234"]!) == .impostor)
         #expect(!lan.planner.requestOrder().contains { $0.id == "lan/10.0.0.67:1234" })
@@ -206,26 +218,36 @@ struct TrustPolicyTests {
         #expect(h.planner.resolve(model: "secret-model").state == nil)
         #expect(!h.planner.requestOrder(model: "secret-model").contains { $0.id == "lan/10.0.0.66:1234" })
         #expect(h.planner.untrustedOnly(model: "llama") == nil)
-        #expect(h.planner.untrustedOnly(model: "nobody-has-it") == nil, "nobody lists it: the server answers for itself")
+        #expect(
+            h.planner.untrustedOnly(model: "nobody-has-it") == nil, "nobody lists it: the server answers for itself")
     }
 
-    @Test("an announcement never changes a set-up route's URL, scheme, probe path or keys; an http:// announcement of an https:// address is another route")
+    @Test(
+        "an announcement never changes a set-up route's URL, scheme, probe path or keys; an http:// announcement of an https:// address is another route"
+    )
     func noDowngrade() {
         var planner = ConnectionPlanner()
         let configured = Route(
-            baseURL: "https://10.0.0.5:1234", via: .lan, source: .manual, name: "Studio", servicePath: "/.well-known/opta-lmx",
+            baseURL: "https://10.0.0.5:1234", via: .lan, source: .manual, name: "Studio",
+            servicePath: "/.well-known/opta-lmx",
             credentials: Credentials(inferenceKey: "K"))
         _ = planner.upsert(configured, now: 0)
-        var announcement = Route(baseURL: "http://10.0.0.5:1234", via: .lan, source: .mdns, name: "evil", servicePath: "/evil", announced: true)
+        var announcement = Route(
+            baseURL: "http://10.0.0.5:1234", via: .lan, source: .mdns, name: "evil", servicePath: "/evil",
+            announced: true)
         _ = planner.upsert(announcement, now: 0)
         #expect(configured.id == "lan/https://10.0.0.5:1234")
         #expect(announcement.id == "lan/10.0.0.5:1234")
         #expect(planner.routes[configured.id]?.route.baseURL == "https://10.0.0.5:1234")
         #expect(planner.routes[announcement.id]?.route.credentials.isEmpty == true)
         // The same address over http, written by the user: an announcement changes only the announcement.
-        let paired = Route(baseURL: "http://10.0.0.6:1234", via: .lan, source: .pairing, name: "Home", credentials: Credentials(inferenceKey: "K"))
+        let paired = Route(
+            baseURL: "http://10.0.0.6:1234", via: .lan, source: .pairing, name: "Home",
+            credentials: Credentials(inferenceKey: "K"))
         _ = planner.upsert(paired, now: 0)
-        announcement = Route(baseURL: "http://10.0.0.6:1234", via: .lan, source: .mdns, name: "evil", servicePath: "/evil", announced: true)
+        announcement = Route(
+            baseURL: "http://10.0.0.6:1234", via: .lan, source: .mdns, name: "evil", servicePath: "/evil",
+            announced: true)
         _ = planner.upsert(announcement, now: 1)
         let merged = planner.routes[paired.id]!.route
         #expect(merged.servicePath == TXTRecord.defaultServicePath)
@@ -257,22 +279,31 @@ struct TrustPolicyTests {
         // Back to vouched: the LAN route gets the server's keys and wins.
         policy.lanKeys = .vouched
         h.absorb(h.planner.updatePolicy(policy, now: 30))
-        #expect(h.planner.routes["lan/10.0.0.1:1234"]!.route.credentials == Credentials(adminKey: "A", inferenceKey: "I"))
+        #expect(
+            h.planner.routes["lan/10.0.0.1:1234"]!.route.credentials == Credentials(adminKey: "A", inferenceKey: "I"))
     }
 
     @Test("a tunnel vouches only for IP addresses a LAN server can have: no loopback, names, metadata or link-local")
     func vouchedAddresses() {
-        #expect(TunnelVouch.lanBaseURLs([
-            "http://localhost:1234", "http://127.0.0.1:1234", "http://opta-lmx-2:1234", "http://opta-lmx-2.local:1234",
-            "http://10.254.0.12:1234", "http://10.254.0.12:1234/", "HTTP://10.254.0.13:1234/v1", "http://0.0.0.0:1234",
-            "http://169.254.169.254:80", "http://[fe80::1]:1234", "http://[::1]:1234", "http://[fd00::5]:1234",
-            "ftp://10.0.0.9:21", "http://user@10.0.0.9:1234", "http://10.0.0.10", "https://10.0.0.11", "http://010.0.0.1:1234",
-        ]) == ["http://10.254.0.12:1234", "http://10.254.0.13:1234", "http://[fd00::5]:1234", "http://10.0.0.10:80", "https://10.0.0.11:443"])
+        #expect(
+            TunnelVouch.lanBaseURLs([
+                "http://localhost:1234", "http://127.0.0.1:1234", "http://opta-lmx-2:1234",
+                "http://opta-lmx-2.local:1234",
+                "http://10.254.0.12:1234", "http://10.254.0.12:1234/", "HTTP://10.254.0.13:1234/v1",
+                "http://0.0.0.0:1234",
+                "http://169.254.169.254:80", "http://[fe80::1]:1234", "http://[::1]:1234", "http://[fd00::5]:1234",
+                "ftp://10.0.0.9:21", "http://user@10.0.0.9:1234", "http://10.0.0.10", "https://10.0.0.11",
+                "http://010.0.0.1:1234",
+            ]) == [
+                "http://10.254.0.12:1234", "http://10.254.0.13:1234", "http://[fd00::5]:1234", "http://10.0.0.10:80",
+                "https://10.0.0.11:443",
+            ])
         // Only a tunnel over HTTPS vouches: a plain-http "tunnel" proves nothing.
         var planner = ConnectionPlanner()
         let plain = Route(baseURL: "http://t.example.com", via: .wan, source: .manual, name: "t")
         _ = planner.upsert(plain, now: 0)
-        #expect(planner.applyVouches(for: plain.id, advertised: ["http://10.0.0.1:1234"], instanceID: "x", now: 0).isEmpty)
+        #expect(
+            planner.applyVouches(for: plain.id, advertised: ["http://10.0.0.1:1234"], instanceID: "x", now: 0).isEmpty)
         #expect(planner.routes.count == 1)
     }
 
@@ -281,7 +312,9 @@ struct TrustPolicyTests {
         #expect(try AgentConfiguration.parse(Array("{}".utf8), file: "f").policy.trust == .paired)
         #expect(try AgentConfiguration.parse(Array(#"{"trust": "pinned"}"#.utf8), file: "f").policy.trust == .pinned)
         #expect(try AgentConfiguration.parse(Array(#"{"trust": "lan"}"#.utf8), file: "f").policy.trust == .lan)
-        #expect(throws: ConfigurationError.self) { try AgentConfiguration.parse(Array(#"{"trust": "all"}"#.utf8), file: "f") }
+        #expect(throws: ConfigurationError.self) {
+            try AgentConfiguration.parse(Array(#"{"trust": "all"}"#.utf8), file: "f")
+        }
         do {
             _ = try AgentConfiguration.parse(Array(#"{"trust": "all"}"#.utf8), file: "f")
         } catch {
@@ -337,7 +370,8 @@ struct InsecureEndpointTests {
         }
         let allowed = #"{"endpoints": [{"url": "http://10.0.0.5:1234", "api_key": "k", "allow_insecure": true}]}"#
         #expect(try AgentConfiguration.parse(Array(allowed.utf8), file: "f").endpoints.count == 1)
-        let plain = #"{"endpoints": [{"url": "http://10.0.0.5:1234"}, {"url": "https://t.example.com", "api_key": "k"}]}"#
+        let plain =
+            #"{"endpoints": [{"url": "http://10.0.0.5:1234"}, {"url": "https://t.example.com", "api_key": "k"}]}"#
         #expect(try AgentConfiguration.parse(Array(plain.utf8), file: "f").endpoints.count == 2)
     }
 }
@@ -351,7 +385,10 @@ struct FloodTests {
         var planner = ConnectionPlanner(policy: policy)
         _ = planner.upsert(wan("https://t.example.com"), now: 0)
         for i in 0..<1000 {
-            _ = planner.upsert(Route(baseURL: "http://10.9.\(i / 250).\(i % 250):1234", via: .lan, source: .mdns, name: "junk \(i)", announced: true), now: 0)
+            _ = planner.upsert(
+                Route(
+                    baseURL: "http://10.9.\(i / 250).\(i % 250):1234", via: .lan, source: .mdns, name: "junk \(i)",
+                    announced: true), now: 0)
         }
         // Probes complete after 1.5 s (a black hole) for junk, at once for the tunnel.
         var inFlight: [(done: Double, id: String)] = []
@@ -361,7 +398,9 @@ struct FloodTests {
             for finished in inFlight.filter({ $0.done <= now }) {
                 let good = finished.id.hasPrefix("wan")
                 _ = planner.record(
-                    ProbeReport(verdict: good ? .ready : .down, latency: 0.01, detail: good ? nil : "timed out", instanceID: good ? "home" : nil),
+                    ProbeReport(
+                        verdict: good ? .ready : .down, latency: 0.01, detail: good ? nil : "timed out",
+                        instanceID: good ? "home" : nil),
                     for: finished.id, now: now)
             }
             inFlight.removeAll { $0.done <= now }
@@ -380,7 +419,9 @@ struct FloodTests {
         #expect(wanProbes.count >= 10)
     }
 
-    @Test("announcer churn is bounded: withdrawn found routes past the bound go oldest first; withdrawn ones go after forget_after even if they answer")
+    @Test(
+        "announcer churn is bounded: withdrawn found routes past the bound go oldest first; withdrawn ones go after forget_after even if they answer"
+    )
     func churnBounded() {
         var policy = HealthPolicy()
         policy.forgetAfter = 600
@@ -390,7 +431,8 @@ struct FloodTests {
         for i in 0..<10_000 {
             now += 0.01
             let route = Route(
-                baseURL: "http://10.\(i / 65_536 % 256).\(i / 256 % 256).\(i % 256):\(1000 + i % 50_000)", via: .lan, source: .mdns,
+                baseURL: "http://10.\(i / 65_536 % 256).\(i / 256 % 256).\(i % 256):\(1000 + i % 50_000)", via: .lan,
+                source: .mdns,
                 name: "churn \(i)", announced: true)
             _ = planner.upsert(route, now: now)
             _ = planner.withdraw(route.id, now: now)
@@ -410,7 +452,8 @@ struct FloodTests {
         _ = small.upsert(gone, now: 0)
         _ = small.upsert(here, now: 0)
         for task in small.takeDueProbes(now: 0) {
-            _ = small.record(ProbeReport(verdict: .ready, latency: 0.01, instanceID: task.route.id), for: task.route.id, now: 0.01)
+            _ = small.record(
+                ProbeReport(verdict: .ready, latency: 0.01, instanceID: task.route.id), for: task.route.id, now: 0.01)
         }
         // The one withdrawn is not the active one (the active route is never forgotten).
         let (withdrawn, kept) = small.activeID == gone.id ? (here.id, gone.id) : (gone.id, here.id)

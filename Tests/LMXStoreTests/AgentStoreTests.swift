@@ -18,7 +18,8 @@ struct AgentStoreTests {
         let route = Route(
             baseURL: "https://quiet-river-1234.trycloudflare.com", via: .wan, source: .pairing, name: "Studio",
             pinnedInstance: "Mono512:1234",
-            credentials: Credentials(adminKey: "ADMIN", inferenceKey: "INFER", accessClientID: "id", accessClientSecret: "sec"))
+            credentials: Credentials(
+                adminKey: "ADMIN", inferenceKey: "INFER", accessClientID: "id", accessClientSecret: "sec"))
         do {
             let store = try AgentStore.open(path: path)
             try store.saveRoute(StoredRoute(route: route, instanceID: nil, createdAt: 1, lastSeen: nil, expiresAt: 99))
@@ -39,7 +40,9 @@ struct AgentStoreTests {
     func databaseOfEarlierVersionOpens() throws {
         let dir = temporaryDirectory()
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
-        let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("Fixtures/made-by-grdb-0.4.0.db").path
+        let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent(
+            "Fixtures/made-by-grdb-0.4.0.db"
+        ).path
         let path = dir + "/agent.db"
         try FileManager.default.copyItem(atPath: fixture, toPath: path)
         let store = try AgentStore.open(path: path)
@@ -86,26 +89,35 @@ struct AgentStoreTests {
     func statsRolling() throws {
         let store = try AgentStore.open(path: temporaryDirectory() + "/agent.db")
         for i in 1...50 {
-            try store.saveStats(ProbeStats(
-                routeID: "lan/a", probes: i, failures: 0, smoothedLatency: 0.01, lastVerdict: .ready,
-                lastDetail: nil, lastProbeAt: Double(i), lastGoodAt: Double(i), instanceID: "A:1"))
+            try store.saveStats(
+                ProbeStats(
+                    routeID: "lan/a", probes: i, failures: 0, smoothedLatency: 0.01, lastVerdict: .ready,
+                    lastDetail: nil, lastProbeAt: Double(i), lastGoodAt: Double(i), instanceID: "A:1"))
         }
         let stats = try store.stats()
         #expect(stats.count == 1)
         #expect(stats["lan/a"]?.probes == 50)
     }
 
-    @Test("text with NUL and non-finite numbers are refused, not truncated or trapped; a hand-edited huge real reads as no value")
+    @Test(
+        "text with NUL and non-finite numbers are refused, not truncated or trapped; a hand-edited huge real reads as no value"
+    )
     func refusesWhatItCannotKeep() throws {
         let dir = temporaryDirectory() + "/state"
         let path = dir + "/agent.db"
         let store = try AgentStore.open(path: path)
         let route = Route(baseURL: "http://10.0.0.1:1234", via: .lan, source: .manual, name: "a\u{0}b")
-        #expect(throws: (any Error).self) { try store.saveRoute(StoredRoute(route: route, instanceID: nil, createdAt: 1, lastSeen: nil, expiresAt: nil)) }
+        #expect(throws: (any Error).self) {
+            try store.saveRoute(StoredRoute(route: route, instanceID: nil, createdAt: 1, lastSeen: nil, expiresAt: nil))
+        }
         let nan = Route(baseURL: "http://10.0.0.2:1234", via: .lan, source: .manual, name: "fine")
-        #expect(throws: (any Error).self) { try store.saveRoute(StoredRoute(route: nan, instanceID: nil, createdAt: .nan, lastSeen: nil, expiresAt: nil)) }
+        #expect(throws: (any Error).self) {
+            try store.saveRoute(
+                StoredRoute(route: nan, instanceID: nil, createdAt: .nan, lastSeen: nil, expiresAt: nil))
+        }
         #expect(try store.routes().isEmpty, "nothing half-written")
-        let pairing = try PairingParser(now: 1_760_000_000).parse("opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&exp=1900000000")
+        let pairing = try PairingParser(now: 1_760_000_000).parse(
+            "opta-lmx://pair?v=1&url=https%3A%2F%2Fa.example&exp=1900000000")
         _ = try store.importPairings(pairing, at: 1)
         try store.close()
         // A hand edit puts a real far past Int64 where an integer (the expiry) is expected.
@@ -126,7 +138,9 @@ struct DamagedRowTests {
         let store = try AgentStore.open(path: path)
         let parser = PairingParser(now: 1_760_000_000)
         for name in ["Good", "Edited"] {
-            _ = try store.importPairings(try parser.parse("opta-lmx://pair?v=1&name=\(name)&url=https%3A%2F%2F\(name.lowercased()).example"), at: 1)
+            _ = try store.importPairings(
+                try parser.parse("opta-lmx://pair?v=1&name=\(name)&url=https%3A%2F%2F\(name.lowercased()).example"),
+                at: 1)
         }
         _ = try store.appendEvent(kind: "active", routeID: nil, from: nil, to: nil, reason: "x", at: 1)
         try store.close()
@@ -145,11 +159,16 @@ struct StoreLockTests {
         let path = temporaryDirectory() + "/state/agent.db"
         let store = try AgentStore.open(path: path)
         let parser = PairingParser(now: 1_760_000_000)
-        _ = try store.importPairings(try parser.parse("opta-lmx://pair?v=1&name=First&url=https%3A%2F%2Fa.example"), at: 1)
+        _ = try store.importPairings(
+            try parser.parse("opta-lmx://pair?v=1&name=First&url=https%3A%2F%2Fa.example"), at: 1)
         // Another process takes the write lock and keeps it for 3 s (a backup, sqlite3 by hand).
         let holder = Process()
         holder.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        holder.arguments = ["-c", "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); time.sleep(3); c.execute('COMMIT')", path]
+        holder.arguments = [
+            "-c",
+            "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); time.sleep(3); c.execute('COMMIT')",
+            path,
+        ]
         let out = Pipe()
         holder.standardOutput = out
         try holder.run()
@@ -172,7 +191,9 @@ struct StoreLockTests {
         #expect(pairings.map(\.pairing.name) == ["First"])
         holder.waitUntilExit()
         for _ in 0..<100 where !written.withLock({ $0 }) { Thread.sleep(forTimeInterval: 0.05) }
-        #expect(Set(try store.pairings().compactMap(\.pairing.name)) == ["First", "Second"], "the write went in once the lock was free")
+        #expect(
+            Set(try store.pairings().compactMap(\.pairing.name)) == ["First", "Second"],
+            "the write went in once the lock was free")
     }
 }
 
@@ -180,7 +201,10 @@ enum Command {
     static func sqlite(_ path: String, _ sql: String) throws -> Int32 {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        process.arguments = ["-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute(sys.argv[2]); c.commit()", path, sql]
+        process.arguments = [
+            "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute(sys.argv[2]); c.commit()", path,
+            sql,
+        ]
         try process.run()
         process.waitUntilExit()
         return process.terminationStatus

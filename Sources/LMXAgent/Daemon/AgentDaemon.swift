@@ -26,7 +26,8 @@ public struct AgentDaemon {
         if let socket = options.socket { paths.socket = socket }
         if let database = options.database { paths.database = database }
         let configPath = options.config ?? paths.config
-        let load: @Sendable () throws -> AgentConfiguration = { [options] in try options.configuration(path: configPath) }
+        let load: @Sendable () throws -> AgentConfiguration = { [options] in try options.configuration(path: configPath)
+        }
         let configuration: AgentConfiguration
         do { configuration = try load() } catch { throw .configuration("lmx-agentd: \(error)") }
         let logger = Self.bootstrapLogging(configuration, environment: environment)
@@ -35,9 +36,13 @@ public struct AgentDaemon {
         try claimSocket(paths, logger: logger)
         let store: AgentStore
         do {
-            store = try AgentStore.open(path: paths.database, eventRetention: configuration.eventRetention) { logger.warning("\($0)") }
+            store = try AgentStore.open(path: paths.database, eventRetention: configuration.eventRetention) {
+                logger.warning("\($0)")
+            }
         } catch {
-            throw .database("lmx-agentd: cannot open the database \(paths.database): \(error); check its directory's permissions or pass --db")
+            throw .database(
+                "lmx-agentd: cannot open the database \(paths.database): \(error); check its directory's permissions or pass --db"
+            )
         }
         let prober: Prober
         do { prober = try Prober(extraCAFile: configuration.extraCAFile) } catch {
@@ -53,7 +58,8 @@ public struct AgentDaemon {
         let endpointFile = EndpointFileWriter(file: EndpointFile.beside(socket: paths.socket), logger: logger)
         let manager = ConnectionManager(
             configuration: configuration, prober: prober, store: executor, board: board,
-            sinks: [EventLog(logger: logger), EventRecorder(store: executor), metrics, hub, endpointFile], logger: logger)
+            sinks: [EventLog(logger: logger), EventRecorder(store: executor), metrics, hub, endpointFile],
+            logger: logger)
         let follower = PassiveHealthFollower(manager: manager, prober: prober, board: board)
         let agent = Agent(manager: manager, board: board, watch: hub, store: executor, metrics: metrics)
 
@@ -69,42 +75,59 @@ public struct AgentDaemon {
         let requery = configuration.discovery ? AvahiRequery() : nil
         if configuration.discovery {
             let browse = BrowseConfiguration(
-                interfaces: InterfaceFilter(include: configuration.interfaces, exclude: configuration.excludeInterfaces), waitForDaemon: true)
-            services.append(.init(
-                service: DiscoveryService(manager: manager, configuration: browse, requery: requery, logger: logger), successTerminationBehavior: .ignore,
-                serviceName: "discovery"))
+                interfaces: InterfaceFilter(
+                    include: configuration.interfaces, exclude: configuration.excludeInterfaces), waitForDaemon: true)
+            services.append(
+                .init(
+                    service: DiscoveryService(
+                        manager: manager, configuration: browse, requery: requery, logger: logger),
+                    successTerminationBehavior: .ignore,
+                    serviceName: "discovery"))
         } else {
             await manager.discoveryEnded(.disabled)
         }
         if let address = configuration.metricsAddress {
             let app = StatusServer.metricsApplication(agent: agent, address: address, logger: logger)
-            services.append(.init(service: SoftFailService(base: app, name: "metrics listener", logger: logger), serviceName: "metrics"))
+            services.append(
+                .init(
+                    service: SoftFailService(base: app, name: "metrics listener", logger: logger),
+                    serviceName: "metrics"))
         }
-        services.append(.init(
-            service: AddressBookWatcher(paths: addressBooks(configuration, logger: logger), manager: manager, store: executor, logger: logger),
-            successTerminationBehavior: .ignore, serviceName: "address-books"))
-        services.append(.init(
-            service: ReloadService(logger: logger, load: load) { new in
-                Self.warnUnknownKeys(new, file: configPath, logger: logger)
-                await manager.reload(new)
-                hub.setHeartbeat(new.watchHeartbeat)
-            }, serviceName: "reload"))
+        services.append(
+            .init(
+                service: AddressBookWatcher(
+                    paths: addressBooks(configuration, logger: logger), manager: manager, store: executor,
+                    logger: logger),
+                successTerminationBehavior: .ignore, serviceName: "address-books"))
+        services.append(
+            .init(
+                service: ReloadService(logger: logger, load: load) { new in
+                    Self.warnUnknownKeys(new, file: configPath, logger: logger)
+                    await manager.reload(new)
+                    hub.setHeartbeat(new.watchHeartbeat)
+                }, serviceName: "reload"))
         services.append(.init(service: statusAPI, serviceName: "status-api"))
         var gateway: Gateway?
         if configuration.gateway.enabled {
-            let (service, entries) = try await startGateway(configuration, agent: agent, socket: paths.socket, logger: logger)
+            let (service, entries) = try await startGateway(
+                configuration, agent: agent, socket: paths.socket, logger: logger)
             gateway = service
             services += entries
         }
-        services.append(.init(
-            service: MachineWatcher(manager: manager, prober: prober, gateway: gateway, requery: requery, logger: logger),
-            serviceName: "machine"))
+        services.append(
+            .init(
+                service: MachineWatcher(
+                    manager: manager, prober: prober, gateway: gateway, requery: requery, logger: logger),
+                serviceName: "machine"))
         // After the status API: stops first, ending every watch stream so the HTTP server has no
         // endless answer to wait for.
         services.append(.init(service: hub, serviceName: "watch"))
-        services.append(.init(
-            service: SystemdNotifier(board: board, environment: environment) { for await _ in readyStream { break } },
-            successTerminationBehavior: .ignore, serviceName: "systemd"))
+        services.append(
+            .init(
+                service: SystemdNotifier(board: board, environment: environment) {
+                    for await _ in readyStream { break }
+                },
+                successTerminationBehavior: .ignore, serviceName: "systemd"))
 
         logger.info(
             "starting",
@@ -112,7 +135,8 @@ public struct AgentDaemon {
                 "version": "\(StatusAPI.version)", "socket": "\(paths.socket)", "db": "\(paths.database)",
                 "config": "\(FileSystem.exists(configPath) ? configPath : "none (defaults)")",
             ])
-        let group = ServiceGroup(configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+        let group = ServiceGroup(
+            configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         do {
             try await group.run()
         } catch {
@@ -131,7 +155,8 @@ public struct AgentDaemon {
         let level = Logger.Level(rawValue: configuration.logLevel) ?? .info
         let journal = JournalLogHandler.stderrIsJournal(environment: environment)
         LoggingSystem.bootstrap { label in
-            var handler: any LogHandler = journal ? JournalLogHandler(label: label) : StreamLogHandler.standardError(label: label)
+            var handler: any LogHandler =
+                journal ? JournalLogHandler(label: label) : StreamLogHandler.standardError(label: label)
             handler.logLevel = level
             return handler
         }
@@ -145,23 +170,29 @@ public struct AgentDaemon {
         // Without XDG_RUNTIME_DIR (and HOME) the files go under /tmp/lmx-<uid>: only ever a
         // directory of our own, 0700, never one another user made first.
         let uid = Users.effective
-        if RuntimeDirectory.fallbackContaining(paths.socket, uid: uid) != nil || RuntimeDirectory.fallbackContaining(paths.database, uid: uid) != nil,
+        if RuntimeDirectory.fallbackContaining(paths.socket, uid: uid) != nil
+            || RuntimeDirectory.fallbackContaining(paths.database, uid: uid) != nil,
             let problem = RuntimeDirectory.prepare(uid: uid)
         {
             throw .socket(
-                "lmx-agentd: refusing \(RuntimeDirectory.fallback(uid: uid)): \(problem); XDG_RUNTIME_DIR is not set and another user may have made it: set XDG_RUNTIME_DIR, or pass --socket and --db")
+                "lmx-agentd: refusing \(RuntimeDirectory.fallback(uid: uid)): \(problem); XDG_RUNTIME_DIR is not set and another user may have made it: set XDG_RUNTIME_DIR, or pass --socket and --db"
+            )
         }
         switch SocketFile.probe(paths.socket) {
         case .live:
-            throw .socket("lmx-agentd: another lmx-agentd is already serving \(paths.socket); stop it first, or pick another path with --socket")
+            throw .socket(
+                "lmx-agentd: another lmx-agentd is already serving \(paths.socket); stop it first, or pick another path with --socket"
+            )
         case .stale:
-            logger.notice("replacing a stale socket file left by a daemon that is gone", metadata: ["socket": "\(paths.socket)"])
+            logger.notice(
+                "replacing a stale socket file left by a daemon that is gone", metadata: ["socket": "\(paths.socket)"])
             FileSystem.remove(paths.socket)
         case .free:
             break
         case .unusable(let why):
             throw .socket(
-                "lmx-agentd: cannot use \(paths.socket): \(why); it is left as it is: remove it yourself if it is yours, or pick another path with --socket")
+                "lmx-agentd: cannot use \(paths.socket): \(why); it is left as it is: remove it yourself if it is yours, or pick another path with --socket"
+            )
         }
         do { try SocketFile.prepareDirectory(for: paths.socket) } catch { throw .socket("lmx-agentd: \(error)") }
     }
@@ -185,7 +216,9 @@ public struct AgentDaemon {
     ) async throws(StartupError) -> (Gateway, [ServiceGroupConfiguration.ServiceConfiguration]) {
         let gateway: Gateway
         do {
-            gateway = try Gateway(agent: agent, configuration: configuration.gateway, extraCAFile: configuration.extraCAFile, logger: logger)
+            gateway = try Gateway(
+                agent: agent, configuration: configuration.gateway, extraCAFile: configuration.extraCAFile,
+                logger: logger)
         } catch {
             throw .configuration("lmx-agentd: \(error)")
         }
@@ -195,19 +228,24 @@ public struct AgentDaemon {
         case .free: break
         case .stale: FileSystem.remove(socketPath)
         case .live:
-            logger.warning("gateway socket already served by another process: the gateway is on TCP only", metadata: ["socket": "\(socketPath)"])
+            logger.warning(
+                "gateway socket already served by another process: the gateway is on TCP only",
+                metadata: ["socket": "\(socketPath)"])
             usableSocket = nil
         case .unusable(let why):
-            logger.warning("gateway socket unusable (\(why)): the gateway is on TCP only", metadata: ["socket": "\(socketPath)"])
+            logger.warning(
+                "gateway socket unusable (\(why)): the gateway is on TCP only", metadata: ["socket": "\(socketPath)"])
             usableSocket = nil
         }
         if configuration.gateway.group != nil, configuration.gateway.listen != nil {
-            logger.notice("gateway.group is set: no TCP listener (a TCP caller cannot be identified); use the gateway socket")
+            logger.notice(
+                "gateway.group is set: no TCP listener (a TCP caller cannot be identified); use the gateway socket")
         }
         // A port in use (another user, another agent) costs the TCP listener, not the daemon: it
         // is retried, and advertised only once it is the agent's (`Gateway.listenerChanged`).
         let services = gateway.applications(socketPath: usableSocket).map { name, service in
-            ServiceGroupConfiguration.ServiceConfiguration(service: SoftFailService(base: service, name: name, logger: logger), serviceName: name)
+            ServiceGroupConfiguration.ServiceConfiguration(
+                service: SoftFailService(base: service, name: name, logger: logger), serviceName: name)
         }
         await agent.manager.setGateway(url: nil, socket: usableSocket)
         return (gateway, services)
@@ -216,7 +254,9 @@ public struct AgentDaemon {
     /// Keys of the config file that no setting has: each said once per load, with the file.
     static func warnUnknownKeys(_ configuration: AgentConfiguration, file: String, logger: Logger) {
         for key in configuration.unknownKeys {
-            logger.warning("config: unknown key \(key) in \(file), ignored: misspelt? Every key is in the commented example config (/etc/lmx/agent.json from the package, examples/agent.json in the source)")
+            logger.warning(
+                "config: unknown key \(key) in \(file), ignored: misspelt? Every key is in the commented example config (/etc/lmx/agent.json from the package, examples/agent.json in the source)"
+            )
         }
     }
 }

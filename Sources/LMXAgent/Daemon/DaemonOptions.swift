@@ -24,7 +24,9 @@ public struct DaemonOptions: Sendable {
     /// command line) with the command line applied over it.
     public func configuration(path: String) throws -> AgentConfiguration {
         var configuration = try Self.load(path, required: config != nil)
-        if let metricsAddress { configuration.metricsAddress = try AgentConfiguration.parseMetricsAddress(metricsAddress) }
+        if let metricsAddress {
+            configuration.metricsAddress = try AgentConfiguration.parseMetricsAddress(metricsAddress)
+        }
         configuration.addressBooks += addressBooks
         if let gateway { configuration.gateway.listen = try GatewayConfiguration.parseListen(gateway) }
         if let gatewaySocket { configuration.gateway.socket = gatewaySocket }
@@ -57,7 +59,13 @@ public struct StartupError: Error, CustomStringConvertible {
     public let exitCode: Int32
     public let description: String
 
-    static func configuration(_ message: String) -> StartupError { StartupError(exitCode: ExitStatus.configuration.rawValue, description: message) }
-    static func socket(_ message: String) -> StartupError { StartupError(exitCode: ExitStatus.cannotCreate.rawValue, description: message) }
-    static func database(_ message: String) -> StartupError { StartupError(exitCode: ExitStatus.ioError.rawValue, description: message) }
+    static func configuration(_ message: String) -> StartupError {
+        StartupError(exitCode: ExitStatus.configuration.rawValue, description: message)
+    }
+    static func socket(_ message: String) -> StartupError {
+        StartupError(exitCode: ExitStatus.cannotCreate.rawValue, description: message)
+    }
+    static func database(_ message: String) -> StartupError {
+        StartupError(exitCode: ExitStatus.ioError.rawValue, description: message)
+    }
 }

@@ -1,6 +1,5 @@
-import Logging
-
 import LMXSystem
+import Logging
 
 /// Log lines for the systemd journal: when standard error is the journal's stream
 /// (`JOURNAL_STREAM` names its device and inode), each line starts with the sd-daemon priority

@@ -16,11 +16,14 @@ struct Dashboard: Sendable {
     ) async -> Response {
         let headers = request.headers.map { (name: $0.name.canonicalName, value: $0.value) }
         if let refusal = DashboardPolicy.refusal(
-            method: request.method.rawValue, authority: request.head.authority, headers: headers, overTCP: context.isTCP,
+            method: request.method.rawValue, authority: request.head.authority, headers: headers,
+            overTCP: context.isTCP,
             localPort: context.channel.localAddress?.port, localhostIsOurs: localhostIsOurs)
         {
             agent.metrics.gatewayRefused.increment()
-            var response = Self.json(StatusAPI.ErrorBody(error: refusal.code, reason: refusal.message), status: HTTPResponse.Status(code: refusal.status))
+            var response = Self.json(
+                StatusAPI.ErrorBody(error: refusal.code, reason: refusal.message),
+                status: HTTPResponse.Status(code: refusal.status))
             if refusal.status == 405 { response.headers[.allow] = "GET" }
             return response
         }
@@ -31,7 +34,10 @@ struct Dashboard: Sendable {
         case .style: return Self.asset(PackageResources.app_css, type: "text/css; charset=utf-8")
         case .icon: return Self.asset(PackageResources.icon_svg, type: "image/svg+xml")
         case .missing:
-            return Self.json(StatusAPI.ErrorBody(error: "not-found", reason: "no such dashboard resource: \(request.uri.path.prefix(100))"), status: .notFound)
+            return Self.json(
+                StatusAPI.ErrorBody(
+                    error: "not-found", reason: "no such dashboard resource: \(request.uri.path.prefix(100))"),
+                status: .notFound)
         case .status:
             return await large(context) { Self.json(board.snapshot.status(seq: agent.watch.seq, now: board.now())) }
         case .events:
@@ -39,14 +45,19 @@ struct Dashboard: Sendable {
             return Self.json((try? await agent.store.read { try $0.recentEvents(limit: limit) }) ?? [])
         case .pairings:
             guard let pairings = try? await agent.pairingSummaries() else {
-                return Self.json(StatusAPI.ErrorBody(error: "store", reason: "could not read pairings"), status: .internalServerError)
+                return Self.json(
+                    StatusAPI.ErrorBody(error: "store", reason: "could not read pairings"), status: .internalServerError
+                )
             }
             return Self.json(pairings)
         case .traffic:
             return Self.json(agent.traffic.report())
         case .watch:
             let since = request.uri.queryParameters.get("since", as: UInt64.self)
-            guard let subscription = await agent.largeAnswers.run(for: await context.peerUID(), { agent.watch.watch(since: since) }) else {
+            guard
+                let subscription = await agent.largeAnswers.run(
+                    for: await context.peerUID(), { agent.watch.watch(since: since) })
+            else {
                 return Self.secured(LargeAnswerGate.busy())
             }
             return Self.secured(

@@ -51,13 +51,19 @@ extension Gateway {
                             var out = held
                             held.clear()
                             out.writeBytes(chunk.readableBytesView.prefix(boundary))
-                            writing = true; try await writer.write(out); writing = false
+                            writing = true
+                            try await writer.write(out)
+                            writing = false
                         } else if boundary == chunk.readableBytes {
-                            writing = true; try await writer.write(chunk); writing = false
+                            writing = true
+                            try await writer.write(chunk)
+                            writing = false
                             midEvent = false
                             continue
                         } else {
-                            writing = true; try await writer.write(chunk.getSlice(at: chunk.readerIndex, length: boundary)!); writing = false
+                            writing = true
+                            try await writer.write(chunk.getSlice(at: chunk.readerIndex, length: boundary)!)
+                            writing = false
                         }
                         midEvent = false
                         chunk.moveReaderIndex(forwardBy: boundary)
@@ -65,7 +71,9 @@ extension Gateway {
                     held.writeBuffer(&chunk)
                     if held.readableBytes > maxHeldEvent {
                         // An event larger than anyone sends: passed on as it is.
-                        writing = true; try await writer.write(held); writing = false
+                        writing = true
+                        try await writer.write(held)
+                        writing = false
                         held.clear()
                         midEvent = true
                     }
@@ -76,7 +84,9 @@ extension Gateway {
                 if held.readableBytes > 0 {
                     guard held.readableBytesView.last == 0x0A else { throw StreamEndedMidEvent() }
                     held.writeString("\n")
-                    writing = true; try await writer.write(held); writing = false
+                    writing = true
+                    try await writer.write(held)
+                    writing = false
                 }
             } catch {
                 // The client went away: nothing to tell it.
@@ -127,7 +137,8 @@ extension Gateway {
             var error: Detail
         }
         let detail = Body.Detail(
-            message: "the connection to the Opta LMX server was lost mid-answer; the agent is probing it again", route: target.routeID)
+            message: "the connection to the Opta LMX server was lost mid-answer; the agent is probing it again",
+            route: target.routeID)
         let json = (try? StatusAPI.encoder.encode(Body(error: detail))).map { Array($0) } ?? Array("{}".utf8)
         return Array("event: error\ndata: ".utf8) + json + Array("\n\n".utf8)
     }
@@ -175,8 +186,16 @@ final class RouteLoad: Sendable {
         let now = ContinuousClock.now
         let (cooling, counts): ([String: Bool], [String: Int]) = state.withLock { s in
             s.coolUntil = s.coolUntil.filter { $0.value > now }
-            return (Dictionary(uniqueKeysWithValues: targets.map { ($0.routeID, s.coolUntil[$0.routeID] != nil) }),
-                    Dictionary(uniqueKeysWithValues: targets.map { ($0.routeID, (s.inFlight[$0.routeID] ?? 0) &+ min(max($0.serverInFlight, 0), OutsideInput.maxCount)) }))
+            return (
+                Dictionary(uniqueKeysWithValues: targets.map { ($0.routeID, s.coolUntil[$0.routeID] != nil) }),
+                Dictionary(
+                    uniqueKeysWithValues: targets.map {
+                        (
+                            $0.routeID,
+                            (s.inFlight[$0.routeID] ?? 0) &+ min(max($0.serverInFlight, 0), OutsideInput.maxCount)
+                        )
+                    })
+            )
         }
         return targets.enumerated().sorted { a, b in
             let ka = (cooling[a.element.routeID]! ? 1 : 0, a.element.rank, counts[a.element.routeID]!, a.offset)

@@ -15,7 +15,8 @@ import Foundation
 extension Gateway {
     func forward(_ request: Request, context: AgentRequestContext) async -> Response {
         if let resource = DashboardPolicy.resource(path: request.uri.path) {
-            return await dashboard.respond(resource, request: request, context: context, localhostIsOurs: listeners.localhostIsOurs)
+            return await dashboard.respond(
+                resource, request: request, context: context, localhostIsOurs: listeners.localhostIsOurs)
         }
         let method = request.method.rawValue
         let clientHeaders = request.headers.map { (name: $0.name.canonicalName, value: $0.value) }
@@ -33,16 +34,23 @@ extension Gateway {
         if let groupGate {
             let allowed = uid.flatMap(groupGate.allows)
             if uid != nil, allowed == nil {
-                logger.warning("gateway.group: no group named \(groupGate.group) any more; only root and the agent's user are served")
+                logger.warning(
+                    "gateway.group: no group named \(groupGate.group) any more; only root and the agent's user are served"
+                )
             }
             guard allowed == true else {
                 metrics.gatewayRefused.increment()
-                return Self.error(403, code: "forbidden", message: "only members of the group \(configuration.group ?? "") may use this gateway")
+                return Self.error(
+                    403, code: "forbidden",
+                    message: "only members of the group \(configuration.group ?? "") may use this gateway")
             }
         }
         let tooLarge = Self.error(
-            413, code: "request_too_large", message: "request bodies are limited to \(configuration.maxRequestBytes) bytes (gateway.max_request_bytes)")
-        if let declared = request.headers[.contentLength].flatMap(OutsideInput.contentLength), declared > configuration.maxRequestBytes {
+            413, code: "request_too_large",
+            message: "request bodies are limited to \(configuration.maxRequestBytes) bytes (gateway.max_request_bytes)")
+        if let declared = request.headers[.contentLength].flatMap(OutsideInput.contentLength),
+            declared > configuration.maxRequestBytes
+        {
             metrics.gatewayRefused.increment()
             return tooLarge
         }
@@ -77,7 +85,8 @@ extension Gateway {
         if ended {
             for var chunk in prefix { body.writeBuffer(&chunk) }
         } else {
-            streamed = StreamedBody(prefix: prefix, rest: UnsafeSendableIterator(iterator), limit: configuration.maxRequestBytes)
+            streamed = StreamedBody(
+                prefix: prefix, rest: UnsafeSendableIterator(iterator), limit: configuration.maxRequestBytes)
         }
         // Routed by the JSON `model` field, like the server itself: to a server that has it.
         // One contiguous copy of what was read ahead (memcpy per chunk), scanned once.
@@ -108,7 +117,8 @@ extension Gateway {
         var lastBusy: (status: HTTPResponseStatus, headers: HTTPHeaders, body: ByteBuffer, target: GatewayTarget)?
         for (index, target) in targets.enumerated() {
             if index > 0 { metrics.gatewayRetries.increment() }
-            var outgoing = Self.upstreamRequest(target: target, method: method, uri: request.uri, headers: clientHeaders, body: body)
+            var outgoing = Self.upstreamRequest(
+                target: target, method: method, uri: request.uri, headers: clientHeaders, body: body)
             if let streamed {
                 let length = request.headers[.contentLength].flatMap(OutsideInput.contentLength)
                 outgoing.body = .stream(streamed, length: length.map { .known(Int64($0)) } ?? .unknown)
@@ -125,7 +135,9 @@ extension Gateway {
                 if let cooldown = RouteLoad.busyCooldown(upstream, cap: configuration.busyCooldownMax) {
                     load.coolDown(target.routeID, seconds: cooldown)
                     if index + 1 < targets.count, streamed == nil {
-                        logger.info("gateway: server busy, trying the next", metadata: ["route": "\(target.routeID)", "status": "\(upstream.status.code)"])
+                        logger.info(
+                            "gateway: server busy, trying the next",
+                            metadata: ["route": "\(target.routeID)", "status": "\(upstream.status.code)"])
                         let answer = (try? await upstream.body.collect(upTo: 1 << 20)) ?? ByteBuffer()
                         lastBusy = (upstream.status, upstream.headers, answer, target)
                         continue
@@ -154,7 +166,10 @@ extension Gateway {
                 let canRetry = GatewayPolicy.isIdempotent(method) || Self.certainlyNotSent(error, failure)
                 logger.notice(
                     "gateway: route failed before answering",
-                    metadata: ["route": "\(target.routeID)", "reason": "\(failure.detail)", "retry": "\(canRetry && index + 1 < targets.count)"])
+                    metadata: [
+                        "route": "\(target.routeID)", "reason": "\(failure.detail)",
+                        "retry": "\(canRetry && index + 1 < targets.count)",
+                    ])
                 if !canRetry { break }
             }
         }
@@ -162,11 +177,17 @@ extension Gateway {
             // Every other candidate failed too: the client sees the busy server's own answer.
             var headers = Self.secured(Self.fields(busy.headers))
             if let via = HTTPFields.Element.Name("X-LMX-Via") { headers[via] = busy.target.via.rawValue }
-            return Response(status: HTTPResponse.Status(code: Int(busy.status.code)), headers: headers, body: .init(byteBuffer: busy.body))
+            return Response(
+                status: HTTPResponse.Status(code: Int(busy.status.code)), headers: headers,
+                body: .init(byteBuffer: busy.body))
         }
         metrics.gatewayFailures.increment()
-        if let last = targets.last { agent.traffic.answered(model: model, via: last.via, status: 502, firstByte: nil, answered: false) }
-        return Self.error(502, code: "upstream_unreachable", message: "the Opta LMX server could not be reached (\(lastFailure)); the agent is probing it again")
+        if let last = targets.last {
+            agent.traffic.answered(model: model, via: last.via, status: 502, firstByte: nil, answered: false)
+        }
+        return Self.error(
+            502, code: "upstream_unreachable",
+            message: "the Opta LMX server could not be reached (\(lastFailure)); the agent is probing it again")
     }
 
     /// The routes for a request; while none is usable (mid-failover, just after resume), waits
@@ -190,7 +211,9 @@ extension Gateway {
                 }
                 return .refuse(
                     status: 503, code: "no_endpoint",
-                    message: "no Opta LMX endpoint is usable now (waited \(configuration.holdSeconds) s): \(snapshot.noActiveReason)")
+                    message:
+                        "no Opta LMX endpoint is usable now (waited \(configuration.holdSeconds) s): \(snapshot.noActiveReason)"
+                )
             }
             return plan
         }
@@ -219,7 +242,8 @@ extension Gateway {
         var outgoing = HTTPClientRequest(url: target.baseURL + uri.path + (uri.query.map { "?" + $0 } ?? ""))
         outgoing.method = HTTPMethod(rawValue: method)
         for header in GatewayPolicy.upstreamHeaders(
-            client: headers, credentials: target.credentials, path: uri.path, userAgent: "lmx-agent/\(StatusAPI.version)")
+            client: headers, credentials: target.credentials, path: uri.path,
+            userAgent: "lmx-agent/\(StatusAPI.version)")
         {
             outgoing.headers.add(name: header.name, value: header.value)
         }

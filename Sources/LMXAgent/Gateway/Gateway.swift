@@ -3,13 +3,14 @@ import Hummingbird
 import HummingbirdCore
 import LMXCore
 import LMXProbe
+import LMXSystem
 import Logging
-import ServiceLifecycle
 import NIOCore
 import NIOHTTP1
 import NIOPosix
 import NIOSSL
 import Prometheus
+import ServiceLifecycle
 import Synchronization
 
 #if canImport(FoundationEssentials)
@@ -17,7 +18,6 @@ import FoundationEssentials
 #else
 import Foundation
 #endif
-import LMXSystem
 
 /// The local OpenAI-compatible gateway: forwards `/v1/*` (and `/admin/*` when enabled) to the
 /// active endpoint with that route's credentials, streams answers through as they come, and
@@ -47,14 +47,20 @@ public final class Gateway: Sendable {
         self.logger = logger
         self.dashboard = Dashboard(agent: agent)
         self.readAhead = ReadAheadBudget(bytes: configuration.readAheadBudgetBytes)
-        self.listeners = GatewayListeners(pairsFamilies: configuration.listen.map { Self.listenAddresses($0).count == 2 } ?? false)
+        self.listeners = GatewayListeners(
+            pairsFamilies: configuration.listen.map { Self.listenAddresses($0).count == 2 } ?? false)
         let tls = try HTTPClients.tls(extraCAFile: extraCAFile)
         // As many connections to a route as streams at once (up to the configured bound): a
         // request never waits behind a pool of our own smaller than what the server takes.
         let perRoute = configuration.maxConnectionsPerRoute
         let connectTimeout = configuration.connectTimeout
-        lanClient = RenewableHTTPClient { HTTPClients.make(tls: tls, connectTimeout: connectTimeout, idleTimeout: 60, connectionsPerHost: perRoute) }
-        wanClient = RenewableHTTPClient { HTTPClients.make(tls: tls, connectTimeout: max(connectTimeout, 8), idleTimeout: 60, connectionsPerHost: perRoute) }
+        lanClient = RenewableHTTPClient {
+            HTTPClients.make(tls: tls, connectTimeout: connectTimeout, idleTimeout: 60, connectionsPerHost: perRoute)
+        }
+        wanClient = RenewableHTTPClient {
+            HTTPClients.make(
+                tls: tls, connectTimeout: max(connectTimeout, 8), idleTimeout: 60, connectionsPerHost: perRoute)
+        }
         if let group = configuration.group {
             guard Users.groupID(named: group) != nil else {
                 throw ConfigurationError("gateway.group: no group named \(group) on this machine")
@@ -85,7 +91,9 @@ public final class Gateway: Sendable {
         // TCP peer too): one user's connections cannot crowd out another's.
         let limiter = ConnectionLimiter(perUser: configuration.maxConnectionsPerUser)
         let server = HTTPServerBuilder { responder in
-            PerUserLimitedChannel(base: HTTP1Channel(responder: responder, configuration: .init(idleTimeout: .seconds(60))), limiter: limiter)
+            PerUserLimitedChannel(
+                base: HTTP1Channel(responder: responder, configuration: .init(idleTimeout: .seconds(60))),
+                limiter: limiter)
         }
         if let socketPath {
             let app = Application(
@@ -98,7 +106,9 @@ public final class Gateway: Sendable {
                     // With a group gate the check is per request (SO_PEERCRED); the file itself
                     // stays connectable, as the status socket is.
                     FileSystem.setMode(socketPath, 0o666)
-                    logger.info("gateway serving", metadata: ["socket": "\(socketPath)", "group": "\(group ?? "any local user")"])
+                    logger.info(
+                        "gateway serving",
+                        metadata: ["socket": "\(socketPath)", "group": "\(group ?? "any local user")"])
                 },
                 logger: logger)
             apps.append(("gateway-socket", app))
@@ -118,7 +128,9 @@ public final class Gateway: Sendable {
                             onServerRunning: { _ in await onRunning() },
                             logger: logger)
                     },
-                    report: { [self] outcome in await self.listenerChanged(family: family, address: address, outcome: outcome) })
+                    report: { [self] outcome in
+                        await self.listenerChanged(family: family, address: address, outcome: outcome)
+                    })
                 apps.append((family == .v4 ? "gateway-tcp" : "gateway-tcp6", service))
             }
         }
@@ -146,14 +158,21 @@ public final class Gateway: Sendable {
             if family == .v6, RetryingListener.noIPv6Loopback(error) {
                 // No IPv6 loopback on this machine: nobody can listen there either.
                 state = .unavailable
-                logger.notice("gateway: no IPv6 loopback here; serving 127.0.0.1 only", metadata: ["address": "\(address.description)"])
+                logger.notice(
+                    "gateway: no IPv6 loopback here; serving 127.0.0.1 only",
+                    metadata: ["address": "\(address.description)"])
             } else {
-                let holder = (error as? IOError)?.errnoCode == EADDRINUSE
-                    ? ListeningSockets.owner(port: address.port, ipv6: family == .v6).map { "held by \(Users.describe($0))" } ?? "in use"
+                let holder =
+                    (error as? IOError)?.errnoCode == EADDRINUSE
+                    ? ListeningSockets.owner(port: address.port, ipv6: family == .v6).map {
+                        "held by \(Users.describe($0))"
+                    } ?? "in use"
                     : "cannot be bound: \(error)"
                 let why = "\(address.description) is \(holder); retrying"
                 state = .failed(why)
-                logger.error("gateway: \(why); the gateway's TCP address is not advertised until it is the agent's", metadata: ["address": "\(address.description)"])
+                logger.error(
+                    "gateway: \(why); the gateway's TCP address is not advertised until it is the agent's",
+                    metadata: ["address": "\(address.description)"])
             }
         }
         let (v4, v6, generation) = listeners.set(family, state)
@@ -161,9 +180,14 @@ public final class Gateway: Sendable {
         let primary = primaryIsV4 ? v4 : v6
         var problems: [String] = []
         if case .failed(let why) = v4 { problems.append(why) }
-        if case .failed(let why) = v6 { problems.append(why + (primaryIsV4 ? " (Host: localhost refused meanwhile)" : "")) }
+        if case .failed(let why) = v6 {
+            problems.append(why + (primaryIsV4 ? " (Host: localhost refused meanwhile)" : ""))
+        }
         await agent.manager.setGatewayListener(
-            url: primary == .serving ? configuration.listen.map { "http://\(primaryIsV4 && $0.host.lowercased() == "localhost" ? "127.0.0.1:\($0.port)" : $0.description)" } : nil,
+            url: primary == .serving
+                ? configuration.listen.map {
+                    "http://\(primaryIsV4 && $0.host.lowercased() == "localhost" ? "127.0.0.1:\($0.port)" : $0.description)"
+                } : nil,
             problem: problems.isEmpty ? nil : problems.joined(separator: "; "), generation: generation)
     }
 }
@@ -171,7 +195,10 @@ public final class Gateway: Sendable {
 /// What each TCP listener of the gateway could bind.
 final class GatewayListeners: Sendable {
     enum Family: Sendable { case v4, v6 }
-    enum Bind: Sendable, Equatable { case pending, serving, unavailable, failed(String) }
+    enum Bind: Sendable, Equatable {
+        case pending, serving, unavailable
+        case failed(String)
+    }
     private let state = Mutex<(v4: Bind, v6: Bind, generation: UInt64)>((.pending, .unavailable, 0))
 
     init(pairsFamilies: Bool) {

@@ -12,12 +12,16 @@ public final class GatewayTraffic: Sendable {
 
     func answered(model: String?, via: Via, status: Int, firstByte: Double?, answered: Bool) {
         let now = SystemClock.realtime()
-        stats.withLock { $0.answered(model: model, via: via, status: status, firstByte: firstByte, answered: answered, now: now) }
+        stats.withLock {
+            $0.answered(model: model, via: via, status: status, firstByte: firstByte, answered: answered, now: now)
+        }
     }
 
     func streamed(model: String?, via: Via, firstEvent: Double?, events: Int, seconds: Double) {
         let now = SystemClock.realtime()
-        stats.withLock { $0.streamed(model: model, via: via, firstEvent: firstEvent, events: events, seconds: seconds, now: now) }
+        stats.withLock {
+            $0.streamed(model: model, via: via, firstEvent: firstEvent, events: events, seconds: seconds, now: now)
+        }
     }
 
     public func report() -> StatusAPI.Traffic {

@@ -34,7 +34,9 @@ public struct AddressBookWatcher: Service {
             do {
                 try watch.add(directory)
             } catch {
-                logger.warning("address book directory not followed (it is read again on SIGHUP): \(error)", metadata: ["directory": "\(directory)"])
+                logger.warning(
+                    "address book directory not followed (it is read again on SIGHUP): \(error)",
+                    metadata: ["directory": "\(directory)"])
             }
         }
         var lastSeen: [String: [UInt8]] = [:]
@@ -43,9 +45,11 @@ public struct AddressBookWatcher: Service {
         // A thread of its own blocks on inotify until a change or the stop.
         let watched = Set(paths)
         let box = UncheckedBox(watch)
-        let changes: AsyncStream<Set<String>>, thread: PollingThread
+        let changes: AsyncStream<Set<String>>
+        let thread: PollingThread
         do {
-            (changes, thread) = try PollingThread.start(label: "lmx.address-book-watch", buffering: 16) { poller, send in
+            (changes, thread) = try PollingThread.start(label: "lmx.address-book-watch", buffering: 16) {
+                poller, send in
                 while case .readable = poller.wait(for: [box.value.descriptor], milliseconds: -1) {
                     let changed = Set(box.value.drain()).intersection(watched)
                     if !changed.isEmpty { send(changed) }
@@ -71,26 +75,35 @@ public struct AddressBookWatcher: Service {
     /// them. A broken file is logged (once per content) and changes nothing.
     private func load(_ path: String, lastSeen: inout [String: [UInt8]]) async {
         // Regular files only, never blocking on a FIFO planted in its place.
-        guard let bytes = try? FileSystem.read(path, limit: PairingParser.maxAddressBookBytes, nonBlocking: true) else { return }
+        guard let bytes = try? FileSystem.read(path, limit: PairingParser.maxAddressBookBytes, nonBlocking: true) else {
+            return
+        }
         guard lastSeen[path] != bytes else { return }
         lastSeen[path] = bytes
         let pairings: [Pairing]
         do {
             pairings = try PairingParser(now: SystemClock.unixTime()).parse(bytes)
         } catch {
-            logger.warning("address book not imported: \(error.description); fix the file or remove it from address_books", metadata: ["file": "\(path)"])
+            logger.warning(
+                "address book not imported: \(error.description); fix the file or remove it from address_books",
+                metadata: ["file": "\(path)"])
             return
         }
         let stored = (try? await store.read { try $0.pairings() }.map(\.pairing)) ?? []
         let changed = pairings.filter { pairing in
-            !stored.contains { $0.isSameServer(as: pairing) && $0.wan?.url == pairing.wan?.url && $0.lan == pairing.lan }
+            !stored.contains {
+                $0.isSameServer(as: pairing) && $0.wan?.url == pairing.wan?.url && $0.lan == pairing.lan
+            }
         }
         guard !changed.isEmpty else { return }
         do {
             let results = try await manager.importPairings(changed)
             logger.notice(
                 "address book changed: pairings updated",
-                metadata: ["file": "\(path)", "updated": "\(results.filter(\.isUpdate).count)", "added": "\(results.filter { !$0.isUpdate }.count)"])
+                metadata: [
+                    "file": "\(path)", "updated": "\(results.filter(\.isUpdate).count)",
+                    "added": "\(results.filter { !$0.isUpdate }.count)",
+                ])
         } catch {
             logger.warning("address book not imported: \(error)", metadata: ["file": "\(path)"])
         }

@@ -12,7 +12,9 @@ public struct DiscoveryService: Service {
     let requery: AvahiRequery?
     let logger: Logger
 
-    public init(manager: ConnectionManager, configuration: BrowseConfiguration, requery: AvahiRequery? = nil, logger: Logger) {
+    public init(
+        manager: ConnectionManager, configuration: BrowseConfiguration, requery: AvahiRequery? = nil, logger: Logger
+    ) {
         self.manager = manager
         self.configuration = configuration
         self.requery = requery

@@ -42,12 +42,14 @@ public struct MachineWatcher: Service {
         do {
             monitor = try NetworkMonitor()
         } catch {
-            logger.warning("network changes are not followed (\(error)): a move between networks is noticed by probes only")
+            logger.warning(
+                "network changes are not followed (\(error)): a move between networks is noticed by probes only")
         }
         let box = UncheckedBox(monitor)
         let logger = logger
         let paths = manager.paths
-        let seen: AsyncStream<Seen>, thread: PollingThread
+        let seen: AsyncStream<Seen>
+        let thread: PollingThread
         do {
             (seen, thread) = try PollingThread.start(label: "lmx.machine-watch") { poller, send in
                 Self.watch(box.value, paths: paths, poller: poller, logger: logger, send: send)
@@ -78,7 +80,9 @@ public struct MachineWatcher: Service {
     static let minimumWakeGap = 2.0
 
     /// The thread: polls netlink and the system bus, checks the clocks, until it is stopped.
-    static func watch(_ monitor: NetworkMonitor?, paths: any PathLookup, poller: PollingThread, logger: Logger, send: (Seen) -> Void) {
+    static func watch(
+        _ monitor: NetworkMonitor?, paths: any PathLookup, poller: PollingThread, logger: Logger, send: (Seen) -> Void
+    ) {
         // The network as last read: each change is handed over as the state before and after.
         var network = paths.network()
         var bus: SleepSignal?
@@ -104,7 +108,9 @@ public struct MachineWatcher: Service {
                     bus = try SleepSignal()
                 } catch {
                     if !loggedNoBus {
-                        logger.notice("logind's sleep signal is not followed (\(error)): a wake is noticed from the clocks instead")
+                        logger.notice(
+                            "logind's sleep signal is not followed (\(error)): a wake is noticed from the clocks instead"
+                        )
                         loggedNoBus = true
                     }
                     nextBusAttempt = now + 30
@@ -128,7 +134,8 @@ public struct MachineWatcher: Service {
             if let current = bus {
                 let (signals, connected) = current.drain()
                 if signals.contains(false) { wake("logind: PrepareForSleep(false)", fromLogind: true) }
-                if current.refused > refusedSignals, current.refused >= 2 * refusedSignals {  // 1, 2, 4, 8…: a flood logs a few lines
+                // At 1, 2, 4, 8… refusals: a flood logs a few lines.
+                if current.refused > refusedSignals, current.refused >= 2 * refusedSignals {
                     logger.warning(
                         "a PrepareForSleep signal not sent by logind was ignored",
                         metadata: ["refused": "\(current.refused)", "login1_owner": "\(current.login1Owner ?? "none")"])

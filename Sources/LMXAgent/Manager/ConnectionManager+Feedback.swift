@@ -8,7 +8,8 @@ extension ConnectionManager {
     /// than at its next turn, so the active endpoint moves on quickly.
     public func gatewayFailed(_ routeID: String, reason: String) {
         guard planner.routes[routeID] != nil, !probing.contains(routeID) else { return }
-        logger.info("gateway could not reach a route: probing it now", metadata: ["route": "\(routeID)", "reason": "\(reason)"])
+        logger.info(
+            "gateway could not reach a route: probing it now", metadata: ["route": "\(routeID)", "reason": "\(reason)"])
         planner.probeNow(routeID, now: clock.now())
         pump(reselect: false)
     }
@@ -42,7 +43,9 @@ extension ConnectionManager {
             pump(events, reselect: false)
             return 0.5
         case .refused(let status):
-            logger.notice("the server refused its event stream (HTTP \(status)): relying on probes", metadata: ["route": "\(routeID)"])
+            logger.notice(
+                "the server refused its event stream (HTTP \(status)): relying on probes",
+                metadata: ["route": "\(routeID)"])
             return 300
         case .closed(let why):
             logger.info("event stream closed (\(why)); reconnecting", metadata: ["route": "\(routeID)"])

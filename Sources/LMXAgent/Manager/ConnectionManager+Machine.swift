@@ -25,7 +25,8 @@ extension ConnectionManager {
         planner.probeUnpathed(now: t)
         var events = planned(planner.applyPaths(paths, now: t))
         if !moved.isEmpty {
-            let detail = moved.sorted { $0.key < $1.key }.prefix(3).map { "\($0.key): \($0.value)" }.joined(separator: "; ")
+            let detail =
+                moved.sorted { $0.key < $1.key }.prefix(3).map { "\($0.key): \($0.value)" }.joined(separator: "; ")
                 + (moved.count > 3 ? " and \(moved.count - 3) more" : "")
             events.insert(.machine(.network, detail: detail), at: 0)
         } else {
@@ -57,7 +58,8 @@ extension ConnectionManager {
         var paths: [String: RoutePath] = [:]
         for id in ids {
             guard let state = planner.routes[id], state.route.via == .lan,
-                  let host = state.route.base.ipLiteral else { continue }
+                let host = state.route.base.ipLiteral
+            else { continue }
             switch self.paths.path(to: host, in: network) {
             case .failure(let error):
                 paths[id] = .unreachable("no route from this machine (\(error.reason))")

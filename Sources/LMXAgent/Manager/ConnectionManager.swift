@@ -42,12 +42,14 @@ public actor ConnectionManager {
     var lastWaitingRefresh = -Double.infinity
 
     public init(
-        configuration: AgentConfiguration, prober: any RouteProber, paths: any PathLookup = KernelPaths(), store: StoreExecutor,
+        configuration: AgentConfiguration, prober: any RouteProber, paths: any PathLookup = KernelPaths(),
+        store: StoreExecutor,
         board: StateBoard, sinks: [any AgentEventSink], logger: Logger
     ) {
         self.paths = paths
         self.configuration = configuration
-        self.planner = ConnectionPlanner(policy: configuration.policy, seed: UInt64(truncatingIfNeeded: ProcessLimits.processID))
+        self.planner = ConnectionPlanner(
+            policy: configuration.policy, seed: UInt64(truncatingIfNeeded: ProcessLimits.processID))
         self.prober = prober
         self.store = store
         self.board = board
@@ -116,7 +118,8 @@ public actor ConnectionManager {
         // once, also while its tunnel is down.
         for vouch in remembered.vouches {
             events += planned(
-                planner.applyVouches(for: vouch.tunnelRouteID, advertised: vouch.baseURLs, instanceID: vouch.instanceID, now: t),
+                planner.applyVouches(
+                    for: vouch.tunnelRouteID, advertised: vouch.baseURLs, instanceID: vouch.instanceID, now: t),
                 quiet: true)
         }
         pump(events)
@@ -148,7 +151,8 @@ public actor ConnectionManager {
         var events: [AgentEvent] = []
         var ids = Set<String>()
         for endpoint in endpoints {
-            guard let route = try? endpoint.route(lanKeys: planner.policy.lanKeys) else { continue }  // validated when read
+            // Validated when the configuration was read.
+            guard let route = try? endpoint.route(lanKeys: planner.policy.lanKeys) else { continue }
             ids.insert(route.id)
             events += planned(planner.upsert(route, now: t))
         }
@@ -170,7 +174,8 @@ public actor ConnectionManager {
                     "ignoring announced addresses the agent never connects to",
                     metadata: [
                         "server": "\(ServerTable.printable(server.name))",
-                        "refused": "\(seen.newlyRefused.map { "\(ServerTable.printable($0.address)) (\($0.reason))" }.joined(separator: ", "))",
+                        "refused":
+                            "\(seen.newlyRefused.map { "\(ServerTable.printable($0.address)) (\($0.reason))" }.joined(separator: ", "))",
                     ])
             }
             if seen.floodStarted {
@@ -250,7 +255,9 @@ public actor ConnectionManager {
             events += addPairing(pairing, now: t, quiet: false)
             for id in newIDs { planner.probeNow(id, now: t) }
             events.append(
-                .pairing(result.isUpdate ? .updated : .added, id: pairing.id, detail: "\(pairing.format.rawValue): \(pairing.label)", routes: newIDs))
+                .pairing(
+                    result.isUpdate ? .updated : .added, id: pairing.id,
+                    detail: "\(pairing.format.rawValue): \(pairing.label)", routes: newIDs))
         }
         pump(events)
         return results
@@ -259,7 +266,8 @@ public actor ConnectionManager {
     /// Removes a pairing (by id, or by a name only one pairing has) and drops its routes at once.
     public func removePairing(_ idOrName: String) async throws -> StoredPairing? {
         guard let removed = try await store.perform({ try $0.removePairing(idOrName) }) else { return nil }
-        let t = clock.now(), id = removed.pairing.id
+        let t = clock.now()
+        let id = removed.pairing.id
         expiry.remove(id)
         var events: [AgentEvent] = []
         for routeID in sources.removePairing(id) ?? removed.pairing.routes(lanKeys: planner.policy.lanKeys).map(\.id) {
@@ -312,7 +320,9 @@ public actor ConnectionManager {
             jobInput.yield(.probe(task, timeout: planner.policy.timeout(for: task.route.via)))
         }
         var next = planner.nextWakeup()
-        if let expires = expiry.nextDeadline(now: t, wallNow: WallTime(clock.realtime())) { next = min(next ?? expires, expires) }
+        if let expires = expiry.nextDeadline(now: t, wallNow: WallTime(clock.realtime())) {
+            next = min(next ?? expires, expires)
+        }
         if let next, wakeAt.map({ next < $0 }) ?? true {
             wakeAt = next
             wakeGeneration += 1
@@ -349,7 +359,8 @@ public actor ConnectionManager {
     /// Hands the new snapshot and the events to every output, then to readers: whoever reads the
     /// board sees a state every output (`endpoint.env`, the watch hub) already has.
     func publish(_ events: [AgentEvent], now t: Double) {
-        let snapshot = AgentSnapshot(planner: planner, discovery: discovery, gateway: gateway, originWall: clock.originWall)
+        let snapshot = AgentSnapshot(
+            planner: planner, discovery: discovery, gateway: gateway, originWall: clock.originWall)
         for sink in sinks { sink.receive(events, snapshot: snapshot, now: t) }
         board.publish(snapshot, events: events)
     }

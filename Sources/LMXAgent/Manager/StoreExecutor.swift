@@ -1,7 +1,7 @@
 import Dispatch
 import LMXStore
-import Logging
 import LMXSystem
+import Logging
 import Synchronization
 
 /// Runs the store's work off the connection manager: every write is queued and performed, in
@@ -42,7 +42,8 @@ public final class StoreExecutor: Sendable {
 
     /// Queues a write. `droppable`: may be skipped when the queue is full (statistics that the
     /// next probe rewrites anyway).
-    public func write(_ what: String, droppable: Bool = false, _ body: @escaping @Sendable (AgentStore) throws -> Void) {
+    public func write(_ what: String, droppable: Bool = false, _ body: @escaping @Sendable (AgentStore) throws -> Void)
+    {
         let skip: Bool = state.withLock { s in
             if droppable && s.pending >= limit {
                 s.dropped += 1
@@ -61,7 +62,7 @@ public final class StoreExecutor: Sendable {
                     do {
                         try body(store)
                         break
-                    } catch where AgentStore.isLocked(error) && attempt < retries {
+                    } catch  where AgentStore.isLocked(error) && attempt < retries {
                         // Held by another process: the next writes wait behind this one (order
                         // is kept), unless it is a statistic and others are waiting.
                         if droppable && state.withLock({ $0.pending > 1 }) { throw error }
@@ -91,7 +92,9 @@ public final class StoreExecutor: Sendable {
         }
         guard first else { return }
         if AgentStore.isLocked(error) {
-            logger.warning("the database is locked by another process: writes wait and are tried again (probe statistics may be skipped meanwhile)")
+            logger.warning(
+                "the database is locked by another process: writes wait and are tried again (probe statistics may be skipped meanwhile)"
+            )
         } else {
             logger.warning("could not \(what); carrying on from memory: \(error)")
         }
@@ -166,5 +169,7 @@ extension StoreExecutor {
 private final class Box<Value: Sendable>: Sendable {
     private let value: Mutex<Value>
     init(_ initial: Value) { value = Mutex(initial) }
-    func withLock<R>(_ body: (inout sending Value) throws -> sending R) rethrows -> sending R { try value.withLock(body) }
+    func withLock<R>(_ body: (inout sending Value) throws -> sending R) rethrows -> sending R {
+        try value.withLock(body)
+    }
 }

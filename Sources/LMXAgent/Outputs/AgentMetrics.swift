@@ -30,37 +30,67 @@ public final class AgentMetrics: Sendable {
     /// Dropped store writes already added to the counter.
     private let droppedCounted = Mutex(0)
 
-    public static let latencyBuckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
+    public static let latencyBuckets: [Double] = [
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+    ]
 
     public init(version: String = StatusAPI.version) {
         let r = registry
-        r.makeGauge(descriptor: .lmx("lmx_build_info", "The running lmx-agentd's version (always 1)."), labels: [("version", version)]).set(to: 1.0)
+        r.makeGauge(
+            descriptor: .lmx("lmx_build_info", "The running lmx-agentd's version (always 1)."),
+            labels: [("version", version)]
+        ).set(to: 1.0)
         probes = r.makeCounter(descriptor: .lmx("lmx_probes_total", "Probes completed, whatever their verdict."))
-        probeDuration = r.makeValueHistogram(descriptor: .lmx("lmx_probe_duration_seconds", "Duration of probes that found the server alive."), buckets: Self.latencyBuckets)
+        probeDuration = r.makeValueHistogram(
+            descriptor: .lmx("lmx_probe_duration_seconds", "Duration of probes that found the server alive."),
+            buckets: Self.latencyBuckets)
         switches = r.makeCounter(descriptor: .lmx("lmx_active_switches_total", "Changes of the active endpoint."))
-        serverEvents = r.makeCounter(descriptor: .lmx("lmx_server_events_total", "Events received on the active server's /admin/events stream."))
-        ignoredAnnouncements = r.makeCounter(descriptor: .lmx("lmx_ignored_announcements_total", "Servers announced past the limit of followed ones, ignored."))
-        networkChanges = r.makeCounter(descriptor: .lmx("lmx_network_changes_total", "Changes of this machine's links, addresses or routes that moved a LAN route."))
-        wakes = r.makeCounter(descriptor: .lmx("lmx_wakes_total", "Wakes from sleep (logind's PrepareForSleep, or the clocks)."))
-        storeDroppedWrites = r.makeCounter(descriptor: .lmx("lmx_store_dropped_writes_total", "Statistics writes skipped while the database write queue was full."))
-        storePendingWrites = r.makeGauge(descriptor: .lmx("lmx_store_pending_writes", "Database writes waiting (the database may be locked)."))
+        serverEvents = r.makeCounter(
+            descriptor: .lmx("lmx_server_events_total", "Events received on the active server's /admin/events stream."))
+        ignoredAnnouncements = r.makeCounter(
+            descriptor: .lmx(
+                "lmx_ignored_announcements_total", "Servers announced past the limit of followed ones, ignored."))
+        networkChanges = r.makeCounter(
+            descriptor: .lmx(
+                "lmx_network_changes_total",
+                "Changes of this machine's links, addresses or routes that moved a LAN route."))
+        wakes = r.makeCounter(
+            descriptor: .lmx("lmx_wakes_total", "Wakes from sleep (logind's PrepareForSleep, or the clocks)."))
+        storeDroppedWrites = r.makeCounter(
+            descriptor: .lmx(
+                "lmx_store_dropped_writes_total", "Statistics writes skipped while the database write queue was full."))
+        storePendingWrites = r.makeGauge(
+            descriptor: .lmx("lmx_store_pending_writes", "Database writes waiting (the database may be locked)."))
         watchClients = r.makeGauge(descriptor: .lmx("lmx_watch_clients", "Connected /v1/watch clients."))
         candidates = r.makeGauge(descriptor: .lmx("lmx_candidates", "Servers known (routes merged by instance_id)."))
         var routes: [String: Gauge] = [:]
         for verdict in HealthVerdict.allCases.map(\.rawValue) + ["unknown"] {
-            routes[verdict] = r.makeGauge(descriptor: .lmx("lmx_routes", "Routes (ways to reach a server) by established verdict."), labels: [("verdict", verdict)])
+            routes[verdict] = r.makeGauge(
+                descriptor: .lmx("lmx_routes", "Routes (ways to reach a server) by established verdict."),
+                labels: [("verdict", verdict)])
         }
         self.routes = routes
         var via: [String: Gauge] = [:]
         for v in ["lan", "wan", "none"] {
-            via[v] = r.makeGauge(descriptor: .lmx("lmx_active_via", "How the active endpoint is reached (1 for the current one)."), labels: [("via", v)])
+            via[v] = r.makeGauge(
+                descriptor: .lmx("lmx_active_via", "How the active endpoint is reached (1 for the current one)."),
+                labels: [("via", v)])
         }
         activeVia = via
-        gatewayRequests = r.makeCounter(descriptor: .lmx("lmx_gateway_requests_total", "Requests the local gateway forwarded."))
-        gatewayRetries = r.makeCounter(descriptor: .lmx("lmx_gateway_retries_total", "Requests sent to a fallback route before any byte of an answer."))
-        gatewayFailures = r.makeCounter(descriptor: .lmx("lmx_gateway_upstream_failures_total", "Requests the gateway answered 502 or 503 itself (no route reachable)."))
-        gatewayRefused = r.makeCounter(descriptor: .lmx("lmx_gateway_refused_total", "Requests the gateway refused (path, origin, host, group, size)."))
-        gatewayInFlight = r.makeGauge(descriptor: .lmx("lmx_gateway_in_flight", "Gateway requests being forwarded now."))
+        gatewayRequests = r.makeCounter(
+            descriptor: .lmx("lmx_gateway_requests_total", "Requests the local gateway forwarded."))
+        gatewayRetries = r.makeCounter(
+            descriptor: .lmx(
+                "lmx_gateway_retries_total", "Requests sent to a fallback route before any byte of an answer."))
+        gatewayFailures = r.makeCounter(
+            descriptor: .lmx(
+                "lmx_gateway_upstream_failures_total",
+                "Requests the gateway answered 502 or 503 itself (no route reachable)."))
+        gatewayRefused = r.makeCounter(
+            descriptor: .lmx(
+                "lmx_gateway_refused_total", "Requests the gateway refused (path, origin, host, group, size)."))
+        gatewayInFlight = r.makeGauge(
+            descriptor: .lmx("lmx_gateway_in_flight", "Gateway requests being forwarded now."))
     }
 
     /// The Prometheus text exposition.

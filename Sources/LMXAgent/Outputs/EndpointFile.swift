@@ -24,7 +24,9 @@ public struct EndpointFile: Sendable {
     }
 
     /// The file's text for an active endpoint, or for none.
-    public static func render(_ active: StatusAPI.Active?, reason: String?, gateway: String? = nil, updated: String) -> String {
+    public static func render(_ active: StatusAPI.Active?, reason: String?, gateway: String? = nil, updated: String)
+        -> String
+    {
         var lines = ["# lmx-agentd's active endpoint; rewritten on every change. No secrets."]
         func add(_ key: String, _ value: String?) {
             // Values come partly from the network (an instance id): anything that could end the
@@ -107,10 +109,12 @@ public final class EndpointFileWriter: AgentEventSink {
     }
 
     private func writePending() {
-        guard let text = pending.withLock({ pending in
-            defer { pending = nil }
-            return pending
-        }) else { return }
+        guard
+            let text = pending.withLock({ pending in
+                defer { pending = nil }
+                return pending
+            })
+        else { return }
         let problem = file.write(text)
         let first = failing.withLock { failing in
             defer { failing = problem != nil }

@@ -12,7 +12,9 @@ public struct EventLog: AgentEventSink {
             switch event {
             case .routeAdded(let state, let quiet):
                 if !quiet {
-                    logger.info("endpoint added", metadata: ["route": "\(state.id)", "source": "\(state.route.source.rawValue)"])
+                    logger.info(
+                        "endpoint added",
+                        metadata: ["route": "\(state.id)", "source": "\(state.route.source.rawValue)"])
                 }
             case .routeRemoved(let state, let reason):
                 logger.info("endpoint removed: \(reason)", metadata: ["route": "\(state.id)"])
@@ -26,7 +28,8 @@ public struct EventLog: AgentEventSink {
                         "active endpoint: \(to.route.baseURL) via \(to.route.via.rawValue)",
                         metadata: ["route": "\(to.id)", "reason": "\(reason)", "previous": "\(from?.id ?? "none")"])
                 } else {
-                    logger.warning("no usable endpoint", metadata: ["reason": "\(reason)", "previous": "\(from?.id ?? "none")"])
+                    logger.warning(
+                        "no usable endpoint", metadata: ["reason": "\(reason)", "previous": "\(from?.id ?? "none")"])
                 }
             case .impostor(let state, let owner, let why):
                 logger.warning(
@@ -35,7 +38,9 @@ public struct EventLog: AgentEventSink {
             case .vouchesChanged(let tunnelID, let urls, _):
                 logger.info(
                     "the tunnel vouches for LAN addresses",
-                    metadata: ["route": "\(tunnelID)", "addresses": "\(urls.isEmpty ? "none" : urls.joined(separator: " "))"])
+                    metadata: [
+                        "route": "\(tunnelID)", "addresses": "\(urls.isEmpty ? "none" : urls.joined(separator: " "))",
+                    ])
             case .pairing(let change, let id, _, let routes):
                 let text: String =
                     switch change {

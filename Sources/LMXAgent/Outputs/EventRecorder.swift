@@ -14,23 +14,28 @@ public struct EventRecorder: AgentEventSink {
         for event in events {
             if let row = event.record {
                 store.write("record an event") {
-                    _ = try $0.appendEvent(kind: row.kind, routeID: row.routeID, from: row.from, to: row.to, reason: row.reason, at: at)
+                    _ = try $0.appendEvent(
+                        kind: row.kind, routeID: row.routeID, from: row.from, to: row.to, reason: row.reason, at: at)
                 }
             }
             switch event {
             case .routeRemoved(let state, _):
                 // Every removal is final (deleted from the config, or forgotten after long silence).
-                let id = state.id, tunnel = state.route.via == .wan
+                let id = state.id
+                let tunnel = state.route.via == .wan
                 store.write("forget a route") { store in
                     try store.deleteRoute(id)
                     if tunnel { try store.deleteVouch(tunnelRouteID: id) }
                 }
             case .vouchesChanged(let tunnelID, let urls, let instance):
                 store.write("keep a tunnel's vouched addresses") {
-                    try $0.saveVouch(StoredVouch(tunnelRouteID: tunnelID, baseURLs: urls, instanceID: instance, updatedAt: at))
+                    try $0.saveVouch(
+                        StoredVouch(tunnelRouteID: tunnelID, baseURLs: urls, instanceID: instance, updatedAt: at))
                 }
             case .activeChanged(_, let to, _):
-                if let id = to?.id { store.write("remember the active endpoint") { try $0.setMeta("last_good_route", id) } }
+                if let id = to?.id {
+                    store.write("remember the active endpoint") { try $0.setMeta("last_good_route", id) }
+                }
             case .serverSeen(let route, let instance):
                 var stored = route
                 stored.source = .mdns

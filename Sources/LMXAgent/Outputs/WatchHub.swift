@@ -94,7 +94,10 @@ public final class WatchHub: AgentEventSink, Service {
         if let missed { return (missed, stream, id) }
         let snapshot = latest ?? board.snapshot
         let status = snapshot.status(seq: seq, now: now)
-        return ([Self.encode(StatusAPI.WatchLine(type: .snapshot, seq: seq, at: snapshot.iso(now), status: status))], stream, id)
+        return (
+            [Self.encode(StatusAPI.WatchLine(type: .snapshot, seq: seq, at: snapshot.iso(now), status: status))],
+            stream, id
+        )
     }
 
     public func unwatch(_ id: UInt64) {
@@ -116,7 +119,8 @@ public final class WatchHub: AgentEventSink, Service {
                 try await Task.sleep(for: .milliseconds(Int64(self.heartbeat.withLock { $0 } * 1000)))
                 let at = self.board.snapshot.iso(self.board.now())
                 self.state.withLock { s in
-                    _ = Self.send(Self.encode(StatusAPI.WatchLine(type: .heartbeat, seq: s.seq, at: at)), to: &s.watchers)
+                    _ = Self.send(
+                        Self.encode(StatusAPI.WatchLine(type: .heartbeat, seq: s.seq, at: at)), to: &s.watchers)
                 }
             }
         }

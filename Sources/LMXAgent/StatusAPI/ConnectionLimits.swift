@@ -1,10 +1,9 @@
 import HummingbirdCore
 import LMXCore
+import LMXSystem
 import Logging
 import NIOCore
 import Synchronization
-
-import LMXSystem
 
 /// Connections per local user on the agent's socket. Any local user may connect (reading the
 /// status is for everyone), so one user must not be able to take every connection, descriptor
@@ -61,7 +60,8 @@ public final class LargeAnswerGate: Sendable {
     /// The answer past the limit: 429, try again in a second.
     static func busy() -> Response {
         var busy = StatusServer.json(
-            StatusAPI.ErrorBody(error: "busy", reason: "too many large answers at once for this user; retry in a moment"),
+            StatusAPI.ErrorBody(
+                error: "busy", reason: "too many large answers at once for this user; retry in a moment"),
             status: .tooManyRequests)
         busy.headers[.retryAfter] = "1"
         return busy
@@ -104,7 +104,8 @@ extension Channel {
             guard let credentials = peerCredentialsFuture() else { return eventLoop.makeSucceededFuture(nil) }
             return credentials.map { Optional($0.uid) }.recover { _ in nil }
         case (let local?, let remote?):
-            guard let localIP = local.ipAddress, let remoteIP = remote.ipAddress, let localPort = local.port, let remotePort = remote.port,
+            guard let localIP = local.ipAddress, let remoteIP = remote.ipAddress, let localPort = local.port,
+                let remotePort = remote.port,
                 let localBytes = IPAddress.bytes(localIP), let remoteBytes = IPAddress.bytes(remoteIP)
             else { return eventLoop.makeSucceededFuture(nil) }
             return eventLoop.makeSucceededFuture(

@@ -1,6 +1,7 @@
 import Hummingbird
 import HummingbirdCore
 import LMXCore
+import LMXSystem
 import Logging
 import NIOCore
 import NIOPosix
@@ -10,7 +11,6 @@ import FoundationEssentials
 #else
 import Foundation
 #endif
-import LMXSystem
 
 /// The status API over the agent's Unix socket: JSON under `/v1`, NDJSON for `/v1/watch`,
 /// Prometheus text at `/metrics`. Read endpoints answer any local user; `POST /v1/refresh`
@@ -24,7 +24,9 @@ public enum StatusServer {
     /// Who is asking: the peer's user id (the kernel's `SO_PEERCRED` on the socket).
     public typealias PeerIdentity = @Sendable (AgentRequestContext) async -> UInt32?
 
-    public static func router(agent: Agent, peer: @escaping PeerIdentity = { await $0.peerUID() }) -> Router<AgentRequestContext> {
+    public static func router(agent: Agent, peer: @escaping PeerIdentity = { await $0.peerUID() }) -> Router<
+        AgentRequestContext
+    > {
         let router = Router(context: AgentRequestContext.self)
         router.addMiddleware { ErrorShapeMiddleware() }
         let board = agent.board
@@ -33,13 +35,16 @@ public enum StatusServer {
         @Sendable func forbidden(_ context: AgentRequestContext, _ what: String) async -> Response? {
             if let uid = await peer(context), Users.isAdministrator(uid) { return nil }
             return json(
-                StatusAPI.ErrorBody(error: "forbidden", reason: "only root or the agent's own user may \(what)"), status: .forbidden)
+                StatusAPI.ErrorBody(error: "forbidden", reason: "only root or the agent's own user may \(what)"),
+                status: .forbidden)
         }
 
         router.get("/v1/active") { _, _ -> Response in
             let snapshot = board.snapshot
             if let active = snapshot.activeEndpoint(now: board.now()) { return json(active) }
-            return json(StatusAPI.ErrorBody(error: "no-active-endpoint", reason: snapshot.noActiveReason), status: .serviceUnavailable)
+            return json(
+                StatusAPI.ErrorBody(error: "no-active-endpoint", reason: snapshot.noActiveReason),
+                status: .serviceUnavailable)
         }
         // Large answers: a few at a time per user (the rest get 429 and retry), here and on the
         // dashboard together.
@@ -53,12 +58,15 @@ public enum StatusServer {
         router.get("/v1/resolve") { request, _ -> Response in
             guard let model = request.uri.queryParameters.get("model"), !model.isEmpty, model.utf8.count <= 256 else {
                 return json(
-                    StatusAPI.ErrorBody(error: "bad-request", reason: "give the model: /v1/resolve?model=NAME"), status: .badRequest)
+                    StatusAPI.ErrorBody(error: "bad-request", reason: "give the model: /v1/resolve?model=NAME"),
+                    status: .badRequest)
             }
             let resolved = board.snapshot.resolve(model: model, now: board.now())
             return json(resolved, status: resolved.endpoint == nil ? .serviceUnavailable : .ok)
         }
-        router.get("/v1/servers") { _, context in await large(context) { json(board.snapshot.candidates(now: board.now())) } }
+        router.get("/v1/servers") { _, context in
+            await large(context) { json(board.snapshot.candidates(now: board.now())) }
+        }
         router.get("/v1/events") { request, _ -> Response in
             let limit = request.uri.queryParameters.get("limit", as: Int.self).map { min(max($0, 1), 1000) } ?? 100
             return json((try? await agent.store.read { try $0.recentEvents(limit: limit) }) ?? [])
@@ -72,7 +80,9 @@ public enum StatusServer {
             do {
                 return json(try await agent.pairingSummaries())
             } catch {
-                return json(StatusAPI.ErrorBody(error: "store", reason: "could not read pairings: \(error)"), status: .internalServerError)
+                return json(
+                    StatusAPI.ErrorBody(error: "store", reason: "could not read pairings: \(error)"),
+                    status: .internalServerError)
             }
         }
         router.post("/v1/pairings") { request, context -> Response in
@@ -80,20 +90,26 @@ public enum StatusServer {
             let body = try await request.body.collect(upTo: PairingUpload.maxBytes)
             guard let upload = try? JSONDecoder().decode(PairingUpload.self, from: Data(buffer: body)) else {
                 return json(
-                    StatusAPI.ErrorBody(error: "bad-request", reason: "expected {\"payloads\": [\"opta-lmx://pair?…\", …]}"),
+                    StatusAPI.ErrorBody(
+                        error: "bad-request", reason: "expected {\"payloads\": [\"opta-lmx://pair?…\", …]}"),
                     status: .badRequest)
             }
             let pairings: [Pairing]
             do {
                 pairings = try upload.pairings(now: SystemClock.unixTime())
             } catch {
-                return json(StatusAPI.ErrorBody(error: "invalid-pairing", reason: "\(error)"), status: .unprocessableContent)
+                return json(
+                    StatusAPI.ErrorBody(error: "invalid-pairing", reason: "\(error)"), status: .unprocessableContent)
             }
             do {
                 let results = try await agent.manager.importPairings(pairings)
-                return json(results.map { PairingImportResult(pairing: $0.stored.summary, updated: $0.isUpdate) }, status: .created)
+                return json(
+                    results.map { PairingImportResult(pairing: $0.stored.summary, updated: $0.isUpdate) },
+                    status: .created)
             } catch {
-                return json(StatusAPI.ErrorBody(error: "store", reason: "could not save the pairing: \(error)"), status: .internalServerError)
+                return json(
+                    StatusAPI.ErrorBody(error: "store", reason: "could not save the pairing: \(error)"),
+                    status: .internalServerError)
             }
         }
         router.delete("/v1/pairings/:id") { _, context -> Response in
@@ -102,16 +118,20 @@ public enum StatusServer {
             do {
                 guard let removed = try await agent.manager.removePairing(id) else {
                     return json(
-                        StatusAPI.ErrorBody(error: "not-found", reason: "no pairing \(id); see lmx-pair list"), status: .notFound)
+                        StatusAPI.ErrorBody(error: "not-found", reason: "no pairing \(id); see lmx-pair list"),
+                        status: .notFound)
                 }
                 return json(removed.summary)
             } catch {
-                return json(StatusAPI.ErrorBody(error: "store", reason: "could not remove the pairing: \(error)"), status: .internalServerError)
+                return json(
+                    StatusAPI.ErrorBody(error: "store", reason: "could not remove the pairing: \(error)"),
+                    status: .internalServerError)
             }
         }
         router.get("/v1/watch") { request, context -> Response in
             let since = request.uri.queryParameters.get("since", as: UInt64.self)
-            guard let subscription = await gate.run(for: await peer(context), { agent.watch.watch(since: since) }) else {
+            guard let subscription = await gate.run(for: await peer(context), { agent.watch.watch(since: since) })
+            else {
                 return LargeAnswerGate.busy()
             }
             return Response(
@@ -131,7 +151,8 @@ public enum StatusServer {
     /// watcher that stops reading is cut off once a write has waited `watchWriteTimeout`, so it
     /// never holds a connection, its buffers and a descriptor for good.
     static func watchBody(
-        _ subscription: (first: [[UInt8]], stream: AsyncStream<[UInt8]>, id: UInt64), hub: WatchHub, channel: any Channel
+        _ subscription: (first: [[UInt8]], stream: AsyncStream<[UInt8]>, id: UInt64), hub: WatchHub,
+        channel: any Channel
     ) -> ResponseBody {
         ResponseBody { writer in
             defer { hub.unwatch(subscription.id) }
@@ -195,7 +216,9 @@ extension StatusServer {
             router: router,
             server: .http1(configuration: .init(idleTimeout: .seconds(60))),
             configuration: .init(address: .hostname(address.host, port: address.port), serverName: nil),
-            onServerRunning: { _ in logger.info("metrics served", metadata: ["url": "http://\(address.description)/metrics"]) },
+            onServerRunning: { _ in
+                logger.info("metrics served", metadata: ["url": "http://\(address.description)/metrics"])
+            },
             logger: logger)
     }
 }
@@ -204,12 +227,15 @@ extension StatusServer {
 struct ErrorShapeMiddleware: RouterMiddleware {
     typealias Context = AgentRequestContext
 
-    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws
+        -> Response
+    {
         do {
             return try await next(request, context)
         } catch let error as HTTPError {
             let code = error.status
-            let name = code == .notFound ? "not-found" : code == .methodNotAllowed ? "method-not-allowed" : "bad-request"
+            let name =
+                code == .notFound ? "not-found" : code == .methodNotAllowed ? "method-not-allowed" : "bad-request"
             let reason =
                 code == .notFound
                 ? "no such endpoint: \(request.method.rawValue) \(request.uri.path); see /v1/status"

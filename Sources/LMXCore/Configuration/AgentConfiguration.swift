@@ -40,7 +40,8 @@ public struct AgentPaths: Sendable, Hashable {
     public static func fallbackRuntimeDirectory(uid: UInt32) -> String { "/tmp/lmx-\(uid)" }
 
     /// The system agent's paths: root's, and the packaged service's.
-    public static let system = AgentPaths(socket: "/run/lmx/agent.sock", database: "/var/lib/lmx/agent.db", config: "/etc/lmx/agent.json")
+    public static let system = AgentPaths(
+        socket: "/run/lmx/agent.sock", database: "/var/lib/lmx/agent.db", config: "/etc/lmx/agent.json")
 
     /// The daemon's paths: `standard`, except that under systemd the unit's `RuntimeDirectory=`,
     /// `StateDirectory=` and `ConfigurationDirectory=` (their first entries) place the socket,
@@ -66,7 +67,8 @@ public struct AgentPaths: Sendable, Hashable {
     /// - Parameter exists: whether a file exists (injected for tests).
     public static func client(uid: UInt32, environment: [String: String], exists: (String) -> Bool) -> AgentPaths {
         let own = standard(uid: uid, environment: environment)
-        guard uid != 0, environment["LMX_SOCKET"].map(\.isEmpty) ?? true, !exists(own.socket), exists(system.socket) else {
+        guard uid != 0, environment["LMX_SOCKET"].map(\.isEmpty) ?? true, !exists(own.socket), exists(system.socket)
+        else {
             return own
         }
         var paths = system
@@ -90,9 +92,12 @@ public struct ManualEndpoint: Sendable, Hashable, Codable {
     public var allowInsecure: Bool?
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case url, via, name, path, instance, allowInsecure = "allow_insecure"
-        case adminKey = "admin_key", apiKey = "api_key"
-        case accessClientID = "cf_access_client_id", accessClientSecret = "cf_access_client_secret"
+        case url, via, name, path, instance
+        case allowInsecure = "allow_insecure"
+        case adminKey = "admin_key"
+        case apiKey = "api_key"
+        case accessClientID = "cf_access_client_id"
+        case accessClientSecret = "cf_access_client_secret"
     }
 
     public init(url: String, via: Via? = nil, name: String? = nil) {
@@ -119,7 +124,8 @@ public struct ManualEndpoint: Sendable, Hashable, Codable {
         var route = try route()
         if lanKeys == .never, route.baseURL.hasPrefix("http://") {
             route.credentials = Credentials(
-                accessClientID: route.credentials.accessClientID, accessClientSecret: route.credentials.accessClientSecret)
+                accessClientID: route.credentials.accessClientID,
+                accessClientSecret: route.credentials.accessClientSecret)
         }
         return route
     }
@@ -131,7 +137,8 @@ public struct ManualEndpoint: Sendable, Hashable, Codable {
             throw ConfigurationError("endpoint url \"\(shown)\" must start with http:// or https://")
         }
         guard base.isWellFormed else {
-            throw ConfigurationError("endpoint url \"\(shown)\" must be scheme://host[:port], with no path, query or user name")
+            throw ConfigurationError(
+                "endpoint url \"\(shown)\" must be scheme://host[:port], with no path, query or user name")
         }
         if (accessClientID == nil) != (accessClientSecret == nil) {
             throw ConfigurationError("endpoint \(shown): cf_access_client_id and cf_access_client_secret go together")
@@ -139,14 +146,16 @@ public struct ManualEndpoint: Sendable, Hashable, Codable {
         let hasKeys = [adminKey, apiKey, accessClientID, accessClientSecret].contains { !($0 ?? "").isEmpty }
         if base.isPlainHTTP, hasKeys, allowInsecure != true {
             throw ConfigurationError(
-                "endpoint \(shown): keys over plain http:// can be read by anyone on the network; use https://, or set \"allow_insecure\": true on this endpoint")
+                "endpoint \(shown): keys over plain http:// can be read by anyone on the network; use https://, or set \"allow_insecure\": true on this endpoint"
+            )
         }
         let via = self.via ?? (base.scheme == "https" ? .wan : .lan)
         return Route(
             baseURL: base.text, via: via, source: .manual, name: name ?? base.hostPort,
             servicePath: path ?? TXTRecord.defaultServicePath, pinnedInstance: instance,
             credentials: Credentials(
-                adminKey: adminKey, inferenceKey: apiKey, accessClientID: accessClientID, accessClientSecret: accessClientSecret))
+                adminKey: adminKey, inferenceKey: apiKey, accessClientID: accessClientID,
+                accessClientSecret: accessClientSecret))
     }
 }
 
@@ -210,9 +219,19 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
     public init() {}
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case policy = "health", endpoints, interfaces, excludeInterfaces = "exclude_interfaces", discovery
-        case extraCAFile = "extra_ca_file", watchHeartbeat = "watch_heartbeat", eventRetention = "event_retention"
-        case logLevel = "log_level", trust, lanKeys = "lan_keys", gateway, prefer, addressBooks = "address_books", metricsAddress = "metrics_address"
+        case policy = "health"
+        case endpoints, interfaces
+        case excludeInterfaces = "exclude_interfaces"
+        case discovery
+        case extraCAFile = "extra_ca_file"
+        case watchHeartbeat = "watch_heartbeat"
+        case eventRetention = "event_retention"
+        case logLevel = "log_level"
+        case trust
+        case lanKeys = "lan_keys"
+        case gateway, prefer
+        case addressBooks = "address_books"
+        case metricsAddress = "metrics_address"
     }
 
     public init(from decoder: any Decoder) throws {
@@ -286,7 +305,8 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
     /// What the decoder found wrong, with the key's path.
     static func describe(_ error: DecodingError) -> ConfigurationError {
         func path(_ keys: [any CodingKey]) -> String? {
-            let text = keys.map { $0.intValue.map { "[\($0)]" } ?? ".\($0.stringValue)" }.joined().drop { $0 == "." }.description
+            let text = keys.map { $0.intValue.map { "[\($0)]" } ?? ".\($0.stringValue)" }.joined().drop { $0 == "." }
+                .description
             return text.isEmpty ? nil : text
         }
         switch error {

@@ -50,7 +50,9 @@ public enum ConfigurationKeys {
             }
             if let inner = shape.nested[key] { check(value, against: inner, path: here, into: &found) }
             if let inner = shape.items[key], case .array(let elements) = value {
-                for (index, element) in elements.enumerated() { check(element, against: inner, path: "\(here)[\(index)]", into: &found) }
+                for (index, element) in elements.enumerated() {
+                    check(element, against: inner, path: "\(here)[\(index)]", into: &found)
+                }
             }
         }
     }
@@ -71,7 +73,9 @@ public enum ConfigurationKeys {
         init(from decoder: any Decoder) throws {
             if let object = try? decoder.container(keyedBy: Key.self) {
                 var members: [String: Tree] = [:]
-                for key in object.allKeys { members[key.stringValue] = (try? object.decode(Tree.self, forKey: key)) ?? .other }
+                for key in object.allKeys {
+                    members[key.stringValue] = (try? object.decode(Tree.self, forKey: key)) ?? .other
+                }
                 self = .object(members)
             } else if var array = try? decoder.unkeyedContainer() {
                 var elements: [Tree] = []

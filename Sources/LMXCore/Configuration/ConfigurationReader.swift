@@ -24,7 +24,8 @@ struct ConfigurationReader<Key: CodingKey> {
     ) throws -> T {
         let value = try container.decodeIfPresent(T.self, forKey: key) ?? current
         guard range.contains(value) else {
-            throw invalid(key, "must be between \(range.lowerBound) and \(range.upperBound)\(unit.isEmpty ? "" : " \(unit)")")
+            throw invalid(
+                key, "must be between \(range.lowerBound) and \(range.upperBound)\(unit.isEmpty ? "" : " \(unit)")")
         }
         return value
     }

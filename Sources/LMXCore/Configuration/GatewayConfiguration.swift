@@ -47,10 +47,15 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
     public init() {}
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case enabled, listen, socket, admin, group, maxRequestBytes = "max_request_bytes", attempts
-        case connectTimeout = "connect_timeout", maxConnectionsPerRoute = "max_connections_per_route"
-        case holdSeconds = "hold_seconds", busyCooldownMax = "busy_cooldown_max"
-        case maxConnectionsPerUser = "max_connections_per_user", readAheadBytes = "read_ahead_bytes"
+        case enabled, listen, socket, admin, group
+        case maxRequestBytes = "max_request_bytes"
+        case attempts
+        case connectTimeout = "connect_timeout"
+        case maxConnectionsPerRoute = "max_connections_per_route"
+        case holdSeconds = "hold_seconds"
+        case busyCooldownMax = "busy_cooldown_max"
+        case maxConnectionsPerUser = "max_connections_per_user"
+        case readAheadBytes = "read_ahead_bytes"
         case readAheadBudgetBytes = "read_ahead_budget_bytes"
     }
 
@@ -76,7 +81,8 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
         maxConnectionsPerRoute = try c.number(.maxConnectionsPerRoute, or: d.maxConnectionsPerRoute, in: 1...10_000)
         maxConnectionsPerUser = try c.number(.maxConnectionsPerUser, or: d.maxConnectionsPerUser, in: 1...100_000)
         readAheadBytes = try c.number(.readAheadBytes, or: d.readAheadBytes, in: 1024...(64 << 20))
-        readAheadBudgetBytes = try c.number(.readAheadBudgetBytes, or: d.readAheadBudgetBytes, in: readAheadBytes...(1 << 32))
+        readAheadBudgetBytes = try c.number(
+            .readAheadBudgetBytes, or: d.readAheadBudgetBytes, in: readAheadBytes...(1 << 32))
         holdSeconds = try c.number(.holdSeconds, or: d.holdSeconds, in: 0...120, unit: "seconds")
         busyCooldownMax = try c.number(.busyCooldownMax, or: d.busyCooldownMax, in: 0...3600, unit: "seconds")
     }
@@ -92,13 +98,17 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
         } catch {
             throw ConfigurationError(key: "gateway.listen", "\(text) is not host:port (127.0.0.1:1235)")
         }
-        guard let port = parsed.port else { throw ConfigurationError(key: "gateway.listen", "\(text) needs a port (127.0.0.1:1235)") }
+        guard let port = parsed.port else {
+            throw ConfigurationError(key: "gateway.listen", "\(text) needs a port (127.0.0.1:1235)")
+        }
         let hostPort = HostPort(host: parsed.host, port: port)
         let host = hostPort.host.lowercased()
         let loopback = host == "localhost" || host == "::1" || host.hasPrefix("127.")
         guard loopback else {
             throw ConfigurationError(
-                key: "gateway.listen", "\(text) is not a loopback address: the gateway lends its routes' keys to every caller, so it listens on 127.0.0.1 or ::1 only")
+                key: "gateway.listen",
+                "\(text) is not a loopback address: the gateway lends its routes' keys to every caller, so it listens on 127.0.0.1 or ::1 only"
+            )
         }
         return HostPort(host: host == "localhost" ? "127.0.0.1" : host, port: hostPort.port)
     }

@@ -84,14 +84,25 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
     public init() {}
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case upAfter = "up_after", downAfter = "down_after", failoverAfter = "failover_after"
-        case pendingInterval = "pending_interval", confirmInterval = "confirm_interval"
-        case activeInterval = "active_interval", stableInterval = "stable_interval"
-        case wanStandbyInterval = "wan_standby_interval", jitter, maxBackoff = "max_backoff"
-        case restartWatch = "restart_watch", restartInterval = "restart_interval", maxRetryAfter = "max_retry_after"
+        case upAfter = "up_after"
+        case downAfter = "down_after"
+        case failoverAfter = "failover_after"
+        case pendingInterval = "pending_interval"
+        case confirmInterval = "confirm_interval"
+        case activeInterval = "active_interval"
+        case stableInterval = "stable_interval"
+        case wanStandbyInterval = "wan_standby_interval"
+        case jitter
+        case maxBackoff = "max_backoff"
+        case restartWatch = "restart_watch"
+        case restartInterval = "restart_interval"
+        case maxRetryAfter = "max_retry_after"
         case eventHeartbeatTimeout = "event_heartbeat_timeout"
-        case stabilityWindow = "stability_window", maxConcurrentProbes = "max_concurrent_probes"
-        case lanTimeout = "lan_timeout", wanTimeout = "wan_timeout", forgetAfter = "forget_after"
+        case stabilityWindow = "stability_window"
+        case maxConcurrentProbes = "max_concurrent_probes"
+        case lanTimeout = "lan_timeout"
+        case wanTimeout = "wan_timeout"
+        case forgetAfter = "forget_after"
         case preferredInstances = "preferred_instances"
     }
 

@@ -37,7 +37,9 @@ public enum AddressPolicy {
         if a == 127 { return onLoopbackInterface ? nil : "a loopback address announced from another host" }
         if a == 0 { return "the unspecified address" }
         if a >= 224 && a <= 239 { return "a multicast address" }
-        if a >= 240 { return a == 255 && b == 255 && c == 255 && d == 255 ? "the broadcast address" : "a reserved address" }
+        if a >= 240 {
+            return a == 255 && b == 255 && c == 255 && d == 255 ? "the broadcast address" : "a reserved address"
+        }
         if a == 169 && b == 254 && (c == 169 && d == 254 || c == 170 && d == 2) { return "a cloud metadata address" }
         return nil
     }

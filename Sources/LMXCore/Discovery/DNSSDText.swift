@@ -12,7 +12,7 @@ public enum DNSSDText {
                 out.append("\\")
                 out.unicodeScalars.append(Unicode.Scalar(byte))
             case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
-                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "_"):
+                UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "_"):
                 out.unicodeScalars.append(Unicode.Scalar(byte))
             default:
                 out.append(decimalEscape(byte))
@@ -32,7 +32,8 @@ public enum DNSSDText {
             }
             let digits = input.prefix(3)
             if digits.count == 3, digits.allSatisfy({ (48...57).contains($0) }),
-               let value = UInt8(String(decoding: digits, as: UTF8.self)) {
+                let value = UInt8(String(decoding: digits, as: UTF8.self))
+            {
                 bytes.append(value)
                 input = input.dropFirst(3)
             } else {

@@ -57,7 +57,9 @@ public enum Glob {
                 guard let ch = t.first, let (matched, rest) = matchClass(p.dropFirst(), ch) else {
                     // An unterminated class matches a literal "[".
                     if t.first == "[" && !p.dropFirst().contains("]") {
-                        p = p.dropFirst(); t = t.dropFirst(); continue
+                        p = p.dropFirst()
+                        t = t.dropFirst()
+                        continue
                     }
                     return false
                 }
@@ -75,7 +77,8 @@ public enum Glob {
 
     /// Matches `ch` against the class after `[`; returns the pattern after `]`.
     private static func matchClass(_ body: ArraySlice<Unicode.Scalar>, _ ch: Unicode.Scalar)
-        -> (Bool, ArraySlice<Unicode.Scalar>)? {
+        -> (Bool, ArraySlice<Unicode.Scalar>)?
+    {
         var rest = body
         var negate = false
         if let first = rest.first, first == "!" || first == "^" {

@@ -59,9 +59,9 @@ public struct TXTRecord: Sendable, Hashable {
     /// added so the value can only name a path on the advertising server.
     public var servicePath: String {
         guard let raw = attribute("path")?.value, !raw.isEmpty,
-              let text = String(validating: raw, as: UTF8.self),
-              !text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F || $0 == " " }),
-              Self.isPathUnderServer(text)
+            let text = String(validating: raw, as: UTF8.self),
+            !text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F || $0 == " " }),
+            Self.isPathUnderServer(text)
         else { return Self.defaultServicePath }
         return text.hasPrefix("/") ? text : "/" + text
     }

@@ -19,19 +19,26 @@ public enum OutsideInput {
     public static func delaySeconds(_ text: some StringProtocol, cap: Double) -> Double? {
         let bytes = Array(text.utf8.prefix(256))
         guard text.utf8.count <= 256 else { return nil }
-        var start = 0, end = bytes.count
+        var start = 0
+        var end = bytes.count
         while start < end, bytes[start] == 0x20 || bytes[start] == 0x09 { start += 1 }
         while end > start, bytes[end - 1] == 0x20 || bytes[end - 1] == 0x09 { end -= 1 }
         guard start < end else { return nil }
-        var whole = 0.0, fraction = 0.0, scale = 1.0
-        var seenDot = false, digits = 0
+        var whole = 0.0
+        var fraction = 0.0
+        var scale = 1.0
+        var seenDot = false
+        var digits = 0
         for byte in bytes[start..<end] {
             switch byte {
             case UInt8(ascii: "0")...UInt8(ascii: "9"):
                 digits += 1
                 let digit = Double(byte - UInt8(ascii: "0"))
                 if seenDot {
-                    if scale > 1e-9 { scale /= 10; fraction += digit * scale }
+                    if scale > 1e-9 {
+                        scale /= 10
+                        fraction += digit * scale
+                    }
                 } else if whole <= cap {
                     whole = whole * 10 + digit  // stops growing once past the cap
                 }
@@ -50,7 +57,8 @@ public enum OutsideInput {
     /// A `Content-Length` value: `1*DIGIT`, at most 18 digits (below `Int64.max`); nil for
     /// anything else, including lists (`5, 5`), signs and blanks inside.
     public static func contentLength(_ text: some StringProtocol) -> Int? {
-        var value = 0, digits = 0
+        var value = 0
+        var digits = 0
         for byte in text.utf8 {
             guard byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9"), digits < 18 else { return nil }
             value = value * 10 + Int(byte - UInt8(ascii: "0"))

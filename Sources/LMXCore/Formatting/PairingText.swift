@@ -2,18 +2,23 @@
 extension PairingSummary {
     public func describe(verb: String?) -> String {
         var lines: [String] = []
-        lines.append([verb, id, name.map { "\"\($0)\"" }, "(\(format.rawValue))"].compactMap { $0 }.joined(separator: " "))
+        lines.append(
+            [verb, id, name.map { "\"\($0)\"" }, "(\(format.rawValue))"].compactMap { $0 }.joined(separator: " "))
         if let url {
             let route = routes?.first { $0.via == .wan }
             lines.append("  tunnel    \(url)\(route.map { "  \($0.verdictText)" } ?? "")")
             let names = [("admin_key", "admin key"), ("api_key", "api key"), ("cf_access", "access token")]
-            lines.append("  secrets   " + names.map { "\($0.1): \(secrets.contains($0.0) ? "set" : "not set")" }.joined(separator: ", "))
+            lines.append(
+                "  secrets   "
+                    + names.map { "\($0.1): \(secrets.contains($0.0) ? "set" : "not set")" }.joined(separator: ", "))
         }
         if let lan {
             let route = routes?.first { $0.via == .lan }
             lines.append("  lan       http://\(lan)\(route.map { "  \($0.verdictText)" } ?? "")")
             if lanIsName, url != nil, !secrets.filter({ $0 != "cf_access" }).isEmpty {
-                lines.append("            a host name: whoever answers for it on the LAN could claim it, so it gets no keys over")
+                lines.append(
+                    "            a host name: whoever answers for it on the LAN could claim it, so it gets no keys over"
+                )
                 lines.append("            plain HTTP; the server's addresses its tunnel vouches for get them")
             }
         }

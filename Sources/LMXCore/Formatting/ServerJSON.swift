@@ -40,7 +40,10 @@ public struct ServerJSON: Codable, Sendable, Hashable {
         public var latencyMS: Double
 
         enum CodingKeys: String, CodingKey {
-            case url, verdict, detail, instanceID = "instance_id", version, models, latencyMS = "latency_ms"
+            case url, verdict, detail
+            case instanceID = "instance_id"
+            case version, models
+            case latencyMS = "latency_ms"
         }
 
         public init(url: String, report: ProbeReport) {
@@ -82,8 +85,9 @@ public struct ServerJSON: Codable, Sendable, Hashable {
         self.txt = txt
         txtRaw = server.txt.entries.map { Data($0).base64EncodedString() }
         records = server.records.map {
-            Record(interface: $0.key.interface.name, protocol: $0.key.ipProtocol,
-                   address: $0.address, host: $0.hostName, port: $0.port)
+            Record(
+                interface: $0.key.interface.name, protocol: $0.key.ipProtocol,
+                address: $0.address, host: $0.hostName, port: $0.port)
         }
     }
 
@@ -100,8 +104,11 @@ public struct ServerJSON: Codable, Sendable, Hashable {
         // Encode optionals explicitly so boolean attributes appear as null, not vanish.
         var txtContainer = container.nestedContainer(keyedBy: AnyKey.self, forKey: .txt)
         for (key, value) in txt.sorted(by: { $0.key < $1.key }) {
-            if let value { try txtContainer.encode(value, forKey: AnyKey(key)) }
-            else { try txtContainer.encodeNil(forKey: AnyKey(key)) }
+            if let value {
+                try txtContainer.encode(value, forKey: AnyKey(key))
+            } else {
+                try txtContainer.encodeNil(forKey: AnyKey(key))
+            }
         }
         try container.encode(txtRaw, forKey: .txtRaw)
         try container.encode(records, forKey: .records)
@@ -154,7 +161,8 @@ public enum DiscoveryJSON {
     /// Compact, one object per line, stable key order.
     public static func encoder(pretty: Bool = false) -> JSONEncoder {
         let encoder = JSONEncoder()
-        encoder.outputFormatting = pretty ? [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes] : [.sortedKeys, .withoutEscapingSlashes]
+        encoder.outputFormatting =
+            pretty ? [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes] : [.sortedKeys, .withoutEscapingSlashes]
         return encoder
     }
 }

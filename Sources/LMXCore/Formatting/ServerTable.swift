@@ -2,7 +2,8 @@
 public enum ServerTable {
     public static let headers = ["NAME", "ADDRESS:PORT", "HOST", "INTERFACES", "PATH"]
 
-    public static func render(_ servers: [DiscoveredServer], probes: [ServiceInstanceID: ProbeReport]? = nil) -> String {
+    public static func render(_ servers: [DiscoveredServer], probes: [ServiceInstanceID: ProbeReport]? = nil) -> String
+    {
         let rows = servers.map { server in
             var row = [
                 printable(server.name),
@@ -27,8 +28,10 @@ public enum ServerTable {
         return TextTable.render(headers: columns, rows: rows)
     }
 
-    private static let invisible: Set<UInt32> = [0x200E, 0x200F, 0x2028, 0x2029, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E,
-        0x2066, 0x2067, 0x2068, 0x2069, 0xFEFF]
+    private static let invisible: Set<UInt32> = [
+        0x200E, 0x200F, 0x2028, 0x2029, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E,
+        0x2066, 0x2067, 0x2068, 0x2069, 0xFEFF,
+    ]
 
     /// Control characters in names from the network must not reach a terminal or a log as-is:
     /// C0 and C1 controls become `\xNN`, bidirectional controls and line separators `\u{NNNN}`.

@@ -54,28 +54,40 @@ public enum DashboardPolicy {
         }
         let host = (authority ?? header("host"))?.lowercased()
         if overTCP {
-            guard let host, GatewayPolicy.isLoopbackAuthority(host), let localPort, Self.port(of: host) == localPort else {
+            guard let host, GatewayPolicy.isLoopbackAuthority(host), let localPort, Self.port(of: host) == localPort
+            else {
                 return .init(
                     status: 403, code: "forbidden_host",
-                    message: "the dashboard answers only requests addressed to 127.0.0.1, [::1] or localhost with the gateway's port (DNS rebinding)")
+                    message:
+                        "the dashboard answers only requests addressed to 127.0.0.1, [::1] or localhost with the gateway's port (DNS rebinding)"
+                )
             }
             if !localhostIsOurs, host.hasPrefix("localhost:") {
                 return .init(
                     status: 403, code: "localhost_not_ours",
-                    message: "another local user holds the gateway's port on ::1, which `localhost` reaches first: open http://127.0.0.1:\(localPort)/ instead")
+                    message:
+                        "another local user holds the gateway's port on ::1, which `localhost` reaches first: open http://127.0.0.1:\(localPort)/ instead"
+                )
             }
         }
         // Only the dashboard's own pages may read it: an Origin, if any, must be its own.
         if let origin = header("origin")?.lowercased() {
             guard let host, origin == "http://" + host else {
-                return .init(status: 403, code: "forbidden_origin", message: "the dashboard is not served to pages of other origins (Origin \(origin.prefix(80)))")
+                return .init(
+                    status: 403, code: "forbidden_origin",
+                    message: "the dashboard is not served to pages of other origins (Origin \(origin.prefix(80)))")
             }
         }
         // What the browser says of the request: typed in or from the dashboard itself only.
         if let site = header("sec-fetch-site")?.lowercased(), site != "same-origin", site != "none" {
-            return .init(status: 403, code: "forbidden_site", message: "the dashboard is not served to requests other sites make (Sec-Fetch-Site: \(site.prefix(20)))")
+            return .init(
+                status: 403, code: "forbidden_site",
+                message: "the dashboard is not served to requests other sites make (Sec-Fetch-Site: \(site.prefix(20)))"
+            )
         }
-        if let destination = header("sec-fetch-dest")?.lowercased(), ["iframe", "frame", "embed", "object", "fencedframe"].contains(destination) {
+        if let destination = header("sec-fetch-dest")?.lowercased(),
+            ["iframe", "frame", "embed", "object", "fencedframe"].contains(destination)
+        {
             return .init(status: 403, code: "forbidden_frame", message: "the dashboard is not shown inside other pages")
         }
         return nil

@@ -30,28 +30,41 @@ public enum GatewayPolicy {
         // cross-site form: the Host must name loopback, and an Origin, if any, must be local.
         if overTCP {
             guard let host = authority ?? header("host"), isLoopbackAuthority(host) else {
-                return Refusal(status: 403, code: "forbidden_host", message: "the gateway answers only requests addressed to 127.0.0.1, [::1] or localhost")
+                return Refusal(
+                    status: 403, code: "forbidden_host",
+                    message: "the gateway answers only requests addressed to 127.0.0.1, [::1] or localhost")
             }
             // Clients try ::1 first for `localhost`: while another user holds the port there,
             // a client configured with `localhost` would send its prompts and keys to them.
             if !localhostIsOurs, host.lowercased() == "localhost" || host.lowercased().hasPrefix("localhost:") {
                 return Refusal(
                     status: 403, code: "localhost_not_ours",
-                    message: "another local user holds the gateway's port on ::1, which `localhost` reaches first: use http://127.0.0.1 instead of localhost")
+                    message:
+                        "another local user holds the gateway's port on ::1, which `localhost` reaches first: use http://127.0.0.1 instead of localhost"
+                )
             }
         }
         let origin = header("origin")
         if let origin, !isLocalOrigin(origin) {
-            return Refusal(status: 403, code: "forbidden_origin", message: "the gateway does not serve web pages from other sites (Origin \(origin.prefix(80)))")
+            return Refusal(
+                status: 403, code: "forbidden_origin",
+                message: "the gateway does not serve web pages from other sites (Origin \(origin.prefix(80)))")
         }
         // What a browser says of any request a page makes, including navigations and <img>
         // loads that carry no Origin: from another site, it is refused like a foreign Origin (a
         // page of this machine's own, with its local Origin, keeps working).
         if header("sec-fetch-site")?.lowercased() == "cross-site", origin == nil {
-            return Refusal(status: 403, code: "forbidden_site", message: "the gateway does not serve requests a browser makes for another site (Sec-Fetch-Site: cross-site)")
+            return Refusal(
+                status: 403, code: "forbidden_site",
+                message:
+                    "the gateway does not serve requests a browser makes for another site (Sec-Fetch-Site: cross-site)")
         }
         if header("upgrade") != nil {
-            return Refusal(status: 403, code: "upgrade_refused", message: "the gateway does not forward WebSocket or other protocol upgrades; use the HTTP streaming API (\"stream\": true)")
+            return Refusal(
+                status: 403, code: "upgrade_refused",
+                message:
+                    "the gateway does not forward WebSocket or other protocol upgrades; use the HTTP streaming API (\"stream\": true)"
+            )
         }
         // Only plain paths: no dot segments, doubled slashes or encoded separators that a server
         // might read differently from this check.
@@ -60,21 +73,31 @@ public enum GatewayPolicy {
             !lower.hasSuffix("/.."), !lower.hasSuffix("/."), !lower.contains("%2f"), !lower.contains("%2e"),
             !lower.contains("%5c"), !lower.contains("\\")
         else {
-            return Refusal(status: 400, code: "bad_path", message: "the path has dot segments, doubled slashes or encoded separators")
+            return Refusal(
+                status: 400, code: "bad_path",
+                message: "the path has dot segments, doubled slashes or encoded separators")
         }
         var trimmed = lower
         while trimmed.count > 1 && trimmed.hasSuffix("/") { trimmed.removeLast() }
         if trimmed == "/v1/chat/stream" {
             return Refusal(
                 status: 403, code: "websocket_refused",
-                message: "/v1/chat/stream is the server's WebSocket path, which checks no credentials: the gateway never forwards it; use /v1/chat/completions with \"stream\": true")
+                message:
+                    "/v1/chat/stream is the server's WebSocket path, which checks no credentials: the gateway never forwards it; use /v1/chat/completions with \"stream\": true"
+            )
         }
         if trimmed == "/v1" || trimmed.hasPrefix("/v1/") { return nil }
         if trimmed == "/admin" || trimmed.hasPrefix("/admin/") {
             if adminEnabled { return nil }
-            return Refusal(status: 403, code: "admin_disabled", message: "the gateway forwards /admin/* only when gateway.admin is true in the agent's config")
+            return Refusal(
+                status: 403, code: "admin_disabled",
+                message: "the gateway forwards /admin/* only when gateway.admin is true in the agent's config")
         }
-        return Refusal(status: 404, code: "not_found", message: "the gateway forwards /v1/* (the OpenAI-compatible API) only; \(method) \(path.prefix(100)) is not one of them")
+        return Refusal(
+            status: 404, code: "not_found",
+            message:
+                "the gateway forwards /v1/* (the OpenAI-compatible API) only; \(method) \(path.prefix(100)) is not one of them"
+        )
     }
 
     /// The headers sent upstream: the client's, minus hop-by-hop ones, plus the route's
@@ -115,9 +138,12 @@ public enum GatewayPolicy {
     /// The headers sent back to the client: the server's, minus hop-by-hop ones and cookies
     /// (cookies are not scoped by port: they would reach every local app), and minus whatever
     /// the gateway sets itself (`securityHeaders`).
-    public static func downstreamHeaders(_ upstream: [(name: String, value: String)]) -> [(name: String, value: String)] {
+    public static func downstreamHeaders(_ upstream: [(name: String, value: String)]) -> [(name: String, value: String)]
+    {
         let connectionListed = connectionListed(upstream)
-        return upstream.filter { !droppedDownstream.contains($0.name.lowercased()) && !connectionListed.contains($0.name.lowercased()) }
+        return upstream.filter {
+            !droppedDownstream.contains($0.name.lowercased()) && !connectionListed.contains($0.name.lowercased())
+        }
     }
 
     /// The header names a message's `Connection` lists: they belong to its hop (RFC 9110 §7.6.1).
@@ -155,7 +181,9 @@ public enum GatewayPolicy {
             guard let close = host.firstIndex(of: "]") else { return false }
             let inner = host[host.index(after: host.startIndex)..<close]
             let rest = host[host.index(after: close)...]
-            guard rest.isEmpty || (rest.first == ":" && rest.dropFirst().allSatisfy(\.isASCIIDigit)) else { return false }
+            guard rest.isEmpty || (rest.first == ":" && rest.dropFirst().allSatisfy(\.isASCIIDigit)) else {
+                return false
+            }
             return inner == "::1"
         }
         if let colon = host.firstIndex(of: ":") {
@@ -164,7 +192,8 @@ public enum GatewayPolicy {
         }
         if host == "localhost" { return true }
         let parts = host.split(separator: ".", omittingEmptySubsequences: false)
-        return parts.count == 4 && parts[0] == "127" && parts.allSatisfy { !$0.isEmpty && $0.count <= 3 && $0.allSatisfy(\.isASCIIDigit) && Int($0)! <= 255 }
+        return parts.count == 4 && parts[0] == "127"
+            && parts.allSatisfy { !$0.isEmpty && $0.count <= 3 && $0.allSatisfy(\.isASCIIDigit) && Int($0)! <= 255 }
     }
 
     /// An `Origin` of a page served from this machine (`http://localhost:3000`).

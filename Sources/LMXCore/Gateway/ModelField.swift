@@ -24,8 +24,14 @@ public enum ModelField {
             let start = i
             i += 1
             while i < data.count {
-                if data[i] == 0x5C { i += 2; continue }
-                if data[i] == 0x22 { i += 1; return start..<i }
+                if data[i] == 0x5C {
+                    i += 2
+                    continue
+                }
+                if data[i] == 0x22 {
+                    i += 1
+                    return start..<i
+                }
                 i += 1
             }
             return nil
@@ -41,11 +47,16 @@ public enum ModelField {
                 var depth = 0
                 while i < data.count {
                     switch data[i] {
-                    case 0x22: guard skipString() != nil else { return false }; continue
+                    case 0x22:
+                        guard skipString() != nil else { return false }
+                        continue
                     case 0x7B, 0x5B: depth += 1
                     case 0x7D, 0x5D:
                         depth -= 1
-                        if depth == 0 { i += 1; return true }
+                        if depth == 0 {
+                            i += 1
+                            return true
+                        }
                     default: break
                     }
                     i += 1

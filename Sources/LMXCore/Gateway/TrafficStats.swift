@@ -59,7 +59,8 @@ public struct TrafficStats: Sendable {
     /// The key a request is counted under: its model (bounded, printable), `(other)` past the
     /// bound.
     func key(model: String?, via: Via) -> Key {
-        let name = model.flatMap { OutsideInput.label($0, maxBytes: 128) }.flatMap { $0.isEmpty ? nil : $0 } ?? Self.unnamed
+        let name =
+            model.flatMap { OutsideInput.label($0, maxBytes: 128) }.flatMap { $0.isEmpty ? nil : $0 } ?? Self.unnamed
         let key = Key(model: name, via: via)
         if entries[key] != nil || entries.count < maxKeys - 1 { return key }
         return Key(model: Self.other, via: via)
@@ -68,7 +69,9 @@ public struct TrafficStats: Sendable {
     /// A request answered with `status` (`answered` false: no server answered it; the gateway
     /// did), its first byte `firstByte` seconds after it came (nil: not taken, as for streams,
     /// whose first event is the figure).
-    public mutating func answered(model: String?, via: Via, status: Int, firstByte: Double?, answered: Bool = true, now: Double) {
+    public mutating func answered(
+        model: String?, via: Via, status: Int, firstByte: Double?, answered: Bool = true, now: Double
+    ) {
         let key = key(model: model, via: via)
         var entry = entries[key] ?? Entry()
         entry.requests &+= 1
@@ -80,7 +83,9 @@ public struct TrafficStats: Sendable {
 
     /// A streamed answer ended: `events` events over `seconds` from the first to the last, the
     /// first `firstEvent` seconds after the request.
-    public mutating func streamed(model: String?, via: Via, firstEvent: Double?, events: Int, seconds: Double, now: Double) {
+    public mutating func streamed(
+        model: String?, via: Via, firstEvent: Double?, events: Int, seconds: Double, now: Double
+    ) {
         let key = key(model: model, via: via)
         var entry = entries[key] ?? Entry()
         entry.streams &+= 1

@@ -51,7 +51,8 @@ public struct BaseURL: Sendable, Hashable, CustomStringConvertible {
             let afterClose = authority[authority.index(after: close)...]
             let port = afterClose.hasPrefix(":") ? Self.port(afterClose.dropFirst()) : nil
             guard afterClose.isEmpty || port != nil else { return (.name(authority), nil) }  // a broken port
-            let parts = inner.replacing("%25", with: "%").split(separator: "%", maxSplits: 1, omittingEmptySubsequences: false)
+            let parts = inner.replacing("%25", with: "%").split(
+                separator: "%", maxSplits: 1, omittingEmptySubsequences: false)
             let address = String(parts.first ?? "")
             guard IPAddress.v6(address) != nil else { return (.name(authority), port) }
             return (.ipv6(address, zone: parts.count == 2 ? String(parts[1]) : nil), port)
@@ -65,7 +66,8 @@ public struct BaseURL: Sendable, Hashable, CustomStringConvertible {
     }
 
     private static func port(_ text: Substring) -> Int? {
-        guard !text.isEmpty, text.count <= 5, text.allSatisfy(\.isASCIIDigit), let value = Int(text), (1...65535).contains(value)
+        guard !text.isEmpty, text.count <= 5, text.allSatisfy(\.isASCIIDigit), let value = Int(text),
+            (1...65535).contains(value)
         else { return nil }
         return value
     }

@@ -34,10 +34,14 @@ extension HostPort {
     }
 
     /// `host[:port]` or `[v6][:port]`.
-    static func parseAuthority(_ text: String, field: String) throws(PairingError) -> (host: String, port: Int?, isIPv6: Bool) {
+    static func parseAuthority(_ text: String, field: String) throws(PairingError) -> (
+        host: String, port: Int?, isIPv6: Bool
+    ) {
         if text.hasPrefix("[") {
             guard let close = text.firstIndex(of: "]") else {
-                throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)): an IPv6 address in brackets needs its closing ]")
+                throw PairingError(
+                    .invalidField, field: field,
+                    "\(PairingError.quote(text)): an IPv6 address in brackets needs its closing ]")
             }
             let host = try parseHost(String(text[...close]), field: field)
             let rest = text[text.index(after: close)...]
@@ -49,14 +53,18 @@ extension HostPort {
         }
         let parts = text.split(separator: ":", omittingEmptySubsequences: false)
         guard parts.count <= 2 else {
-            throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)): an IPv6 address must be written in brackets, [addr]:port")
+            throw PairingError(
+                .invalidField, field: field,
+                "\(PairingError.quote(text)): an IPv6 address must be written in brackets, [addr]:port")
         }
         let host = try parseHost(String(parts[0]), field: field)
         return (host, parts.count == 2 ? try parsePort(String(parts[1]), field: field) : nil, false)
     }
 
     static func parsePort(_ text: String, field: String) throws(PairingError) -> Int {
-        guard !text.isEmpty, text.count <= 5, text.allSatisfy(\.isASCIIDigit), let port = Int(text), (1...65535).contains(port) else {
+        guard !text.isEmpty, text.count <= 5, text.allSatisfy(\.isASCIIDigit), let port = Int(text),
+            (1...65535).contains(port)
+        else {
             throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)) is not a port (1–65535)")
         }
         return port
@@ -67,7 +75,8 @@ extension HostPort {
     public static func parseHost(_ text: String, field: String) throws(PairingError) -> String {
         if text.hasPrefix("[") {
             guard text.hasSuffix("]"), text.count > 2 else {
-                throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)) is not an IPv6 address in brackets")
+                throw PairingError(
+                    .invalidField, field: field, "\(PairingError.quote(text)) is not an IPv6 address in brackets")
             }
             let inner = String(text.dropFirst().dropLast()).lowercased()
             guard isIPv6(inner) else {
@@ -76,7 +85,8 @@ extension HostPort {
             return inner
         }
         if text.contains(":") {
-            throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)): an IPv6 address must be written in brackets")
+            throw PairingError(
+                .invalidField, field: field, "\(PairingError.quote(text)): an IPv6 address must be written in brackets")
         }
         var name = text.lowercased()
         if name.hasSuffix(".") { name.removeLast() }

@@ -34,14 +34,18 @@ public enum IPAddress {
                     out += [UInt16(v4.0) << 8 | UInt16(v4.1), UInt16(v4.2) << 8 | UInt16(v4.3)]
                     continue
                 }
-                guard (1...4).contains(part.count), part.allSatisfy(\.isHexDigit), let value = UInt16(part, radix: 16) else { return nil }
+                guard (1...4).contains(part.count), part.allSatisfy(\.isHexDigit), let value = UInt16(part, radix: 16)
+                else { return nil }
                 out.append(value)
             }
             return out
         }
-        let head: [UInt16], tail: [UInt16]
+        let head: [UInt16]
+        let tail: [UInt16]
         if pieces.count == 2 {
-            guard let h = groups(pieces[0], allowV4: false), let t = groups(pieces[1], allowV4: true) else { return nil }
+            guard let h = groups(pieces[0], allowV4: false), let t = groups(pieces[1], allowV4: true) else {
+                return nil
+            }
             (head, tail) = (h, t)
         } else {
             guard let h = groups(pieces[0], allowV4: true) else { return nil }

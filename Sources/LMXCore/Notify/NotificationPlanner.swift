@@ -10,7 +10,9 @@ public struct DesktopNotice: Sendable, Hashable {
 
     /// The `urgency` hint of the Desktop Notifications specification.
     public enum Urgency: UInt8, Sendable, Hashable {
-        case low = 0, normal = 1, critical = 2
+        case low = 0
+        case normal = 1
+        case critical = 2
     }
 
     public var topic: Topic
@@ -169,7 +171,8 @@ public struct NotificationPlanner: Sendable {
                 DesktopNotice(
                     topic: .pairing,
                     summary: soon.count == 1 ? "Pairing “\(first.name)” \(when)" : "\(soon.count) pairings expire soon",
-                    body: "Pair again with a fresh code from the server (lmx-pair pairing.png); without it, the tunnel is not used once it expires.",
+                    body:
+                        "Pair again with a fresh code from the server (lmx-pair pairing.png); without it, the tunnel is not used once it expires.",
                     urgency: first.expiresAt <= 0 ? .critical : .normal, category: "network"))
         }
         return out
@@ -221,10 +224,13 @@ public struct NotificationPlanner: Sendable {
                 from.kind == 0
                 ? "The LAN route is not usable\(why). Requests go to \(name) through the tunnel."
                 : "Requests go to \(name) through the tunnel\(why)."
-            return DesktopNotice(topic: .route, summary: "Switched to the tunnel", body: body, urgency: .normal, category: "network.disconnected")
+            return DesktopNotice(
+                topic: .route, summary: "Switched to the tunnel", body: body, urgency: .normal,
+                category: "network.disconnected")
         case .lan(let name):
             return DesktopNotice(
-                topic: .route, summary: "Back home on the LAN", body: "Requests go to \(name) on the local network again.",
+                topic: .route, summary: "Back home on the LAN",
+                body: "Requests go to \(name) on the local network again.",
                 urgency: .low, category: "network.connected")
         case .none:
             return DesktopNotice(
@@ -243,7 +249,10 @@ public struct NotificationPlanner: Sendable {
             case "<": out += "‹"
             case ">": out += "›"
             case "&": out += "+"
-            default: out.append(character.isNewline || (character.asciiValue.map { $0 < 0x20 || $0 == 0x7F } ?? false) ? " " : character)
+            default:
+                out.append(
+                    character.isNewline || (character.asciiValue.map { $0 < 0x20 || $0 == 0x7F } ?? false)
+                        ? " " : character)
             }
         }
         return out

@@ -32,11 +32,11 @@ struct AddressBook: Decodable {
             } else if c.contains(.port), try !c.decodeNil(forKey: .port) {
                 throw DecodingError.dataCorruptedError(forKey: .port, in: c, debugDescription: "not a port number")
             }
-            tunnel = try c.decodeIfPresent(String.self, forKey: .tunnelUrl) ?? c.decodeIfPresent(String.self, forKey: .tunnel_url)
+            tunnel =
+                try c.decodeIfPresent(String.self, forKey: .tunnelUrl)
+                ?? c.decodeIfPresent(String.self, forKey: .tunnel_url)
         }
     }
 
     var entries: [Entry]
-
-    init(entries: [Entry]) { self.entries = entries }
 }

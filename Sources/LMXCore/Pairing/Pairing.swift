@@ -32,7 +32,9 @@ public struct Pairing: Sendable, Hashable {
     /// `p` + the first 8 hex digits of the FNV-1a hash of the identity key.
     public static func identifier(instance: String?, wanURL: String?, lan: HostPort?) -> String {
         let key =
-            if let instance { "instance:\(instance)" } else if let wanURL { "url:\(wanURL)" } else { "lan:\(lan?.description ?? "")" }
+            if let instance { "instance:\(instance)" } else if let wanURL { "url:\(wanURL)" } else {
+                "lan:\(lan?.description ?? "")"
+            }
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
         for byte in key.utf8 {
             hash ^= UInt64(byte)
@@ -90,19 +92,21 @@ public struct Pairing: Sendable, Hashable {
     public func routes(lanKeys: LANKeys = .vouched) -> [Route] {
         var routes: [Route] = []
         if let wan {
-            routes.append(Route(
-                baseURL: wan.url, via: .wan, source: .pairing, name: label, pinnedInstance: instance,
-                credentials: wan.credentials))
+            routes.append(
+                Route(
+                    baseURL: wan.url, via: .wan, source: .pairing, name: label, pinnedInstance: instance,
+                    credentials: wan.credentials))
         }
         if let lan {
             // A host *name* is resolved by whoever answers on the LAN (mDNS): like the names a
             // tunnel lists, it never gets the keys over plain HTTP. The server's IP addresses that
             // its tunnel vouches for become keyed routes of their own.
             let keyed = lanKeys == .vouched && !lanIsName
-            routes.append(Route(
-                baseURL: "http://\(lan)", via: .lan, source: .pairing, name: label, pinnedInstance: instance,
-                credentials: keyed ? (wan?.credentials.serverKeys ?? Credentials()) : Credentials(),
-                addresses: [lan.host]))
+            routes.append(
+                Route(
+                    baseURL: "http://\(lan)", via: .lan, source: .pairing, name: label, pinnedInstance: instance,
+                    credentials: keyed ? (wan?.credentials.serverKeys ?? Credentials()) : Credentials(),
+                    addresses: [lan.host]))
         }
         return routes
     }

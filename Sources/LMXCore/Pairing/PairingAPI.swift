@@ -14,7 +14,10 @@ public struct PairingUpload: Codable, Sendable {
     public var payloads: [Payload]
     public var allowInsecure: Bool?
 
-    enum CodingKeys: String, CodingKey { case payloads, allowInsecure = "allow_insecure" }
+    enum CodingKeys: String, CodingKey {
+        case payloads
+        case allowInsecure = "allow_insecure"
+    }
 
     public init(payloads: [Payload], allowInsecure: Bool) {
         self.payloads = payloads
@@ -32,7 +35,6 @@ public struct PairingImportResult: Codable, Sendable {
         self.updated = updated
     }
 }
-
 
 extension PairingUpload {
     /// The largest upload accepted: an address book and some room.

@@ -64,7 +64,9 @@ public final class FallbackPairingBook: PairingBook {
         }
     }
 
-    public func list() throws(PairingBookError) -> [PairingSummary] { try run { book throws(PairingBookError) in try book.list() } }
+    public func list() throws(PairingBookError) -> [PairingSummary] {
+        try run { book throws(PairingBookError) in try book.list() }
+    }
 
     public func add(_ upload: PairingUpload, parsed: [Pairing]) throws(PairingBookError) -> [PairingImportResult] {
         try run { book throws(PairingBookError) in try book.add(upload, parsed: parsed) }

@@ -29,7 +29,10 @@ public struct PairingParser: Sendable {
         var bytes = bytes[...]
         if bytes.starts(with: [0xEF, 0xBB, 0xBF]) { bytes = bytes.dropFirst(3) }  // UTF-8 BOM
         guard let text = String(validating: bytes, as: UTF8.self) else {
-            throw PairingError(.notText, "not a pairing: the data is not UTF-8 text (a QR image, a text file with a code or link, or an lmx-connections.json file was expected)")
+            throw PairingError(
+                .notText,
+                "not a pairing: the data is not UTF-8 text (a QR image, a text file with a code or link, or an lmx-connections.json file was expected)"
+            )
         }
         return try parse(text)
     }
@@ -46,7 +49,8 @@ public struct PairingParser: Sendable {
             throw PairingError(.tooLong, "longer than \(Self.maxLinkBytes) bytes: not a pairing code or link")
         }
         if trimmed.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
-            throw PairingError(.controlCharacter, "contains a control character (a pairing code or link is a single line of text)")
+            throw PairingError(
+                .controlCharacter, "contains a control character (a pairing code or link is a single line of text)")
         }
         let lower = trimmed.lowercased()
         if lower.hasPrefix("opta-lmx:") {
@@ -57,7 +61,8 @@ public struct PairingParser: Sendable {
         }
         throw PairingError(
             .unknownFormat,
-            "not a pairing code or link: expected opta-lmx://pair?v=1&…, an https:// tunnel URL, a /connect or /pair link, or an lmx-connections.json address book")
+            "not a pairing code or link: expected opta-lmx://pair?v=1&…, an https:// tunnel URL, a /connect or /pair link, or an lmx-connections.json address book"
+        )
     }
 
     // MARK: - The v1 token
@@ -76,13 +81,15 @@ public struct PairingParser: Sendable {
         guard version == "1" else {
             throw PairingError(
                 .unsupportedVersion, field: "v",
-                "pairing format version \(PairingError.quote(version)) is not supported (this lmx-pair reads v=1): update lmx-agent or make a v1 code")
+                "pairing format version \(PairingError.quote(version)) is not supported (this lmx-pair reads v=1): update lmx-agent or make a v1 code"
+            )
         }
         guard let urlText = query["url"], !urlText.isEmpty else {
             throw PairingError(.missingField, field: "url", "missing: a v1 code must carry the tunnel URL")
         }
         var wan = try tunnel(urlText, field: "url")
-        let cfID = query["cf_id"].nonBlank, cfSecret = query["cf_secret"].nonBlank
+        let cfID = query["cf_id"].nonBlank
+        let cfSecret = query["cf_secret"].nonBlank
         if (cfID == nil) != (cfSecret == nil) {
             throw PairingError(
                 .invalidField, field: cfID == nil ? "cf_id" : "cf_secret",
@@ -93,7 +100,8 @@ public struct PairingParser: Sendable {
         var expires: Int64?
         if let exp = query["exp"] {
             guard !exp.isEmpty, exp.count <= 12, exp.allSatisfy(\.isASCIIDigit), let value = Int64(exp) else {
-                throw PairingError(.invalidField, field: "exp", "\(PairingError.quote(exp)) is not a time in Unix seconds")
+                throw PairingError(
+                    .invalidField, field: "exp", "\(PairingError.quote(exp)) is not a time in Unix seconds")
             }
             guard value > now else {
                 throw PairingError(
@@ -104,7 +112,9 @@ public struct PairingParser: Sendable {
         }
         let lan = try query["lan"].nonBlank.map { text throws(PairingError) in try HostPort.parse(text, field: "lan") }
         let instance = query["instance"].nonBlank
-        return Pairing(name: query["name", plusIsSpace: true].nonBlank, format: .token, wan: wan, lan: lan, instance: instance, expiresAt: expires)
+        return Pairing(
+            name: query["name", plusIsSpace: true].nonBlank, format: .token, wan: wan, lan: lan, instance: instance,
+            expiresAt: expires)
     }
 
     // MARK: - Links
@@ -116,10 +126,12 @@ public struct PairingParser: Sendable {
         if Self.isOptaWebApp(host: url.host) && last != "connect" && last != "pair" {
             // The desktop manager's and dashboard's pairing link: the /pair (or /connect) link
             // wrapped in a sign-in redirect. An Opta web-app page is never a tunnel.
-            guard let target = query["redirect_to"].nonBlank ?? query["redirect"].nonBlank ?? query["next"].nonBlank else {
+            guard let target = query["redirect_to"].nonBlank ?? query["redirect"].nonBlank ?? query["next"].nonBlank
+            else {
                 throw PairingError(
                     .unknownFormat,
-                    "\(url.scheme)://\(url.authority) is an Opta web-app page, not a server or tunnel: use the pairing link or QR code the desktop manager or dashboard shows")
+                    "\(url.scheme)://\(url.authority) is an Opta web-app page, not a server or tunnel: use the pairing link or QR code the desktop manager or dashboard shows"
+                )
             }
             guard unwrapped < 2 else {
                 throw PairingError(.malformed, field: "redirect_to", "redirects more than twice: not a pairing link")
@@ -148,7 +160,10 @@ public struct PairingParser: Sendable {
             let lan = try lanEndpoint(query)
             var wan: WANEndpoint?
             if let tunnelText = query["tunnel"].nonBlank {
-                guard tunnelText.lowercased().hasPrefix("https://") || (allowInsecure && tunnelText.lowercased().hasPrefix("http://")) else {
+                guard
+                    tunnelText.lowercased().hasPrefix("https://")
+                        || (allowInsecure && tunnelText.lowercased().hasPrefix("http://"))
+                else {
                     throw PairingError(.insecure, field: "tunnel", "a connect link's tunnel must be an https:// URL")
                 }
                 wan = try tunnel(tunnelText, field: "tunnel")
@@ -187,7 +202,8 @@ public struct PairingParser: Sendable {
             guard allowInsecure else {
                 throw PairingError(
                     .insecure, field: field,
-                    "a plain http:// tunnel would send its keys unencrypted: refused (pass --allow-insecure for a private test setup)")
+                    "a plain http:// tunnel would send its keys unencrypted: refused (pass --allow-insecure for a private test setup)"
+                )
             }
         default:
             throw PairingError(.invalidField, field: field, "must be an https:// URL")
@@ -198,7 +214,8 @@ public struct PairingParser: Sendable {
         if Self.isOptaWebApp(host: url.host) {
             throw PairingError(
                 .invalidField, field: field,
-                "\(url.authority) is an Opta web-app address (optalocal.com), never a tunnel: use the server's trycloudflare.com or own tunnel URL")
+                "\(url.authority) is an Opta web-app address (optalocal.com), never a tunnel: use the server's trycloudflare.com or own tunnel URL"
+            )
         }
         guard !url.host.isEmpty else {
             throw PairingError(.invalidField, field: field, "names no host (https://host…)")
@@ -231,7 +248,8 @@ public struct PairingParser: Sendable {
         } catch let error as PairingError {
             throw error
         } catch let error as DecodingError {
-            throw PairingError(.malformed, "not a valid lmx-connections.json address book: \(AgentConfiguration.describe(error))")
+            throw PairingError(
+                .malformed, "not a valid lmx-connections.json address book: \(AgentConfiguration.describe(error))")
         } catch {
             throw PairingError(.malformed, "not a valid lmx-connections.json address book")
         }
@@ -244,7 +262,9 @@ public struct PairingParser: Sendable {
         var pairings: [Pairing] = []
         for (index, entry) in book.entries.enumerated() {
             let at = "entries[\(index)]"
-            for (key, value) in [("label", entry.label), ("host", entry.host), ("tunnelUrl", entry.tunnel), ("id", entry.id)] {
+            for (key, value) in [
+                ("label", entry.label), ("host", entry.host), ("tunnelUrl", entry.tunnel), ("id", entry.id),
+            ] {
                 if let value { try Self.checkValue(value, field: "\(at).\(key)") }
             }
             var lan: HostPort?

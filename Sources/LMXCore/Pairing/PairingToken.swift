@@ -10,7 +10,8 @@ extension Pairing {
         if let wan {
             let c = wan.credentials
             let fields: [String?] = [
-                "v=1", field("name", name), field("url", wan.url), field("key", c.adminKey), field("api_key", c.inferenceKey),
+                "v=1", field("name", name), field("url", wan.url), field("key", c.adminKey),
+                field("api_key", c.inferenceKey),
                 field("cf_id", c.accessClientID), field("cf_secret", c.accessClientSecret), field("instance", instance),
                 field("lan", lan?.description), expiresAt.map { "exp=\($0)" },
             ]
@@ -31,7 +32,8 @@ extension Pairing {
         var out = ""
         for byte in value.utf8 {
             switch byte {
-            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"),
+                UInt8(ascii: "0")...UInt8(ascii: "9"),
                 UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"):
                 out.unicodeScalars.append(Unicode.Scalar(byte))
             default:
@@ -72,7 +74,9 @@ public struct PairingSummary: Sendable, Hashable, Codable {
 
     enum CodingKeys: String, CodingKey {
         case id, name, format, url, lan, instance, secrets, routes
-        case expiresAt = "expires_at", createdAt = "created_at", updatedAt = "updated_at"
+        case expiresAt = "expires_at"
+        case createdAt = "created_at"
+        case updatedAt = "updated_at"
     }
 
     public init(
@@ -104,7 +108,11 @@ public struct PairingRouteState: Sendable, Hashable, Codable {
     public var detail: String?
     public var active: Bool
 
-    enum CodingKeys: String, CodingKey { case id, baseURL = "base_url", via, verdict, detail, active }
+    enum CodingKeys: String, CodingKey {
+        case id
+        case baseURL = "base_url"
+        case via, verdict, detail, active
+    }
 
     public init(id: String, baseURL: String, via: Via, verdict: HealthVerdict?, detail: String?, active: Bool) {
         self.id = id

@@ -22,15 +22,20 @@ struct SplitURL {
         }
         if let broken = Self.brokenEscape(in: text) {
             // Named by its query field when it is in one (a key, say), never quoted: it may be secret.
-            throw PairingError(.malformed, field: broken.field ?? field, "broken percent-encoding (% must be followed by two hex digits)")
+            throw PairingError(
+                .malformed, field: broken.field ?? field,
+                "broken percent-encoding (% must be followed by two hex digits)")
         }
-        guard let components = URLComponents(string: text, encodingInvalidCharacters: false)
+        guard
+            let components = URLComponents(string: text, encodingInvalidCharacters: false)
                 ?? URLComponents(string: Self.encodingStrays(text), encodingInvalidCharacters: false),
             let scheme = components.scheme, let host = components.percentEncodedHost
         else {
             // Only what comes before the query is shown: the query may carry keys.
             let shown = text.prefix { $0 != "?" && $0 != "#" }
-            throw PairingError(.malformed, field: field, "\(PairingError.quote(shown)) is not a valid URL (is the port a number, and the host well formed?)")
+            throw PairingError(
+                .malformed, field: field,
+                "\(PairingError.quote(shown)) is not a valid URL (is the port a number, and the host well formed?)")
         }
         self.scheme = scheme.lowercased()
         self.host = host
@@ -58,8 +63,12 @@ struct SplitURL {
             guard let query = bytes.firstIndex(of: UInt8(ascii: "?")), query < index,
                 bytes[query..<index].firstIndex(of: UInt8(ascii: "#")) == nil
             else { return BrokenEscape(field: nil) }
-            let start = bytes[..<index].lastIndex { $0 == UInt8(ascii: "&") || $0 == UInt8(ascii: "?") }.map { $0 + 1 } ?? query + 1
-            guard let equals = bytes[start..<index].firstIndex(of: UInt8(ascii: "=")) else { return BrokenEscape(field: "query") }
+            let start =
+                bytes[..<index].lastIndex { $0 == UInt8(ascii: "&") || $0 == UInt8(ascii: "?") }.map { $0 + 1 } ?? query
+                + 1
+            guard let equals = bytes[start..<index].firstIndex(of: UInt8(ascii: "=")) else {
+                return BrokenEscape(field: "query")
+            }
             return BrokenEscape(field: String(String(decoding: bytes[start..<equals], as: UTF8.self).prefix(64)))
         }
         return nil
@@ -103,7 +112,8 @@ struct Query {
             let rawValue = item.value ?? ""
             let value = try Query.decode(rawValue, field: name)
             guard values[name] == nil else {
-                throw PairingError(.duplicateField, field: name, "appears more than once: refused (which one would be meant?)")
+                throw PairingError(
+                    .duplicateField, field: name, "appears more than once: refused (which one would be meant?)")
             }
             try PairingParser.checkValue(value, field: name)
             values[name] = value
@@ -117,7 +127,8 @@ struct Query {
     /// a `+` is kept as it is.
     subscript(_ name: String, plusIsSpace plusIsSpace: Bool) -> String? {
         guard plusIsSpace, let raw = raw[name] else { return values[name] }
-        return try? Query.decode(String(raw.split(separator: "+", omittingEmptySubsequences: false).joined(separator: "%20")), field: name)
+        return try? Query.decode(
+            String(raw.split(separator: "+", omittingEmptySubsequences: false).joined(separator: "%20")), field: name)
     }
 
     /// Percent-decodes one name or value that `URLComponents` has split off a query (so its `%XX`
@@ -125,7 +136,9 @@ struct Query {
     static func decode(_ encoded: String, field: String) throws(PairingError) -> String {
         guard encoded.contains("%") else { return encoded }
         // Parsed, not assigned: URLComponents' setters trap on what they refuse, its parser returns nil.
-        guard let decoded = URLComponents(string: "lmx:?v=" + encoded, encodingInvalidCharacters: false)?.queryItems?.first?.value
+        guard
+            let decoded = URLComponents(string: "lmx:?v=" + encoded, encodingInvalidCharacters: false)?.queryItems?
+                .first?.value
         else {
             throw PairingError(.malformed, field: field, "percent-encoding does not decode to UTF-8 text")
         }

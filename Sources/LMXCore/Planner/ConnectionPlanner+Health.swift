@@ -2,7 +2,9 @@
 
 extension ConnectionPlanner {
     /// Records the result of one probe and decides what follows.
-    public mutating func record(_ report: ProbeReport, for routeID: String, full: Bool = true, now: Double) -> [PlannerEvent] {
+    public mutating func record(_ report: ProbeReport, for routeID: String, full: Bool = true, now: Double)
+        -> [PlannerEvent]
+    {
         guard var state = routes[routeID] else { return [] }
         let started = state.probe
         state.probe = .idle
@@ -88,7 +90,8 @@ extension ConnectionPlanner {
         if learned { events += flagImpostors() }
         if full, state.route.via == .wan, let advertised = report.advertisedBaseURLs, report.verdict != .wrongService {
             // Re-read on every full probe of the tunnel: the server's own word on where it is.
-            events += applyVouches(for: routeID, advertised: advertised, instanceID: report.instanceID ?? state.instanceID, now: now)
+            events += applyVouches(
+                for: routeID, advertised: advertised, instanceID: report.instanceID ?? state.instanceID, now: now)
         }
         let lost = routeID == activeID && !isUsable(state) ? "\(state.route.name) failed: \(describe(report))" : nil
         return events + select(now: now, lostReason: lost)
@@ -109,7 +112,9 @@ extension ConnectionPlanner {
             delay = policy.pendingInterval
         } else if good {
             state.backoff = 0
-            let base = isActive ? policy.activeInterval
+            let base =
+                isActive
+                ? policy.activeInterval
                 : state.route.via == .wan ? policy.wanStandbyInterval : policy.stableInterval
             delay = jittered(base)
         } else if let lastGood = state.lastGoodAt, now - lastGood <= policy.restartWatch {

@@ -21,12 +21,13 @@ extension ConnectionPlanner {
                 state.condition = state.condition.replacingBase(with: .offNetwork(why))
             case .reachable(let detail, let onLink):
                 if case .reachable(_, true) = old, !onLink {
-                    state.condition = state.condition.replacingBase(with: .offNetwork("no longer on a network of this machine's (now \(detail))"))
+                    state.condition = state.condition.replacingBase(
+                        with: .offNetwork("no longer on a network of this machine's (now \(detail))"))
                 } else if state.condition == .normal || state.condition == .returning {
                     state.condition = .suspect
                 }
-                // A route this machine had left stays out until a probe gets through (now); one
-                // lost or stale already has its next probe decide alone.
+            // A route this machine had left stays out until a probe gets through (now); one
+            // lost or stale already has its next probe decide alone.
             }
             if let why = state.offNetwork, id == activeID { lost.append("\(state.route.name): \(why)") }
             if !state.inFlight {

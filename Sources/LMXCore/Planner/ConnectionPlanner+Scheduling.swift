@@ -6,7 +6,9 @@ extension ConnectionPlanner {
     public mutating func takeDueProbes(now: Double) -> [ProbeTask] {
         // Lazy everywhere on the hot paths: RouteState copies (strings, arrays) dominate otherwise.
         // One pass for the counts: probes in flight, those of LAN-found routes, and the others.
-        var inFlight = 0, bulkInFlight = 0, others = 0
+        var inFlight = 0
+        var bulkInFlight = 0
+        var others = 0
         for state in routes.values {
             let bulk = isBulk(state)
             if state.inFlight {
@@ -19,7 +21,8 @@ extension ConnectionPlanner {
         guard room > 0 else { return [] }
         let sorted = routes.values.lazy.filter { !$0.inFlight && $0.nextProbeAt <= now }
             .sorted { a, b in
-                let pa = priority(a), pb = priority(b)
+                let pa = priority(a)
+                let pb = priority(b)
                 if pa != pb { return pa < pb }
                 if a.nextProbeAt != b.nextProbeAt { return a.nextProbeAt < b.nextProbeAt }
                 return a.id < b.id
@@ -42,7 +45,8 @@ extension ConnectionPlanner {
         }
         return due.map { state in
             // The active route is checked often and cheaply; every stable interval, in full.
-            let quick = state.id == activeID && state.health == .up && state.badStreak == 0
+            let quick =
+                state.id == activeID && state.health == .up && state.badStreak == 0
                 && state.lastFullProbeAt.map { now - $0 < policy.stableInterval } == true
             return ProbeTask(route: state.route, full: !quick)
         }
@@ -68,7 +72,9 @@ extension ConnectionPlanner {
         if let active = activeID.flatMap({ routes[$0] }), let activeRank = rank(active) {
             let windowEnd = routes.values.lazy
                 .filter { state in
-                    self.rank(state).map { $0 < activeRank || ($0 == activeRank && self.isPreferredOver(state, active)) } ?? false
+                    self.rank(state).map {
+                        $0 < activeRank || ($0 == activeRank && self.isPreferredOver(state, active))
+                    } ?? false
                 }
                 .compactMap { $0.healthySince.map { $0 + self.policy.stabilityWindow } }
                 .min()
@@ -83,7 +89,8 @@ extension ConnectionPlanner {
         // Forgetting is not urgent: sweep at most every 30 s, not on every wakeup.
         guard now >= nextSweep else { return select(now: now) }
         nextSweep = now + 30
-        let activeID = self.activeID, forgetAfter = policy.forgetAfter
+        let activeID = self.activeID
+        let forgetAfter = policy.forgetAfter
         // Withdrawn (or only remembered) for `forget_after`: forgotten, even if it still answers
         // (an announcer that comes and goes must not leave routes behind for ever).
         let forgotten = routes.values.lazy.filter { state in
@@ -117,7 +124,10 @@ extension ConnectionPlanner {
         var events: [PlannerEvent] = []
         for state in candidates.prefix(found - bound + bound / 16) {
             routes.removeValue(forKey: state.id)
-            events.append(.routeRemoved(state, reason: "more than \(bound) servers seen on the LAN: the one withdrawn longest ago is forgotten"))
+            events.append(
+                .routeRemoved(
+                    state,
+                    reason: "more than \(bound) servers seen on the LAN: the one withdrawn longest ago is forgotten"))
         }
         return events
     }

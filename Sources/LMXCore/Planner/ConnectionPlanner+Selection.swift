@@ -7,7 +7,9 @@ extension ConnectionPlanner {
     /// inference key their server requires. `nil`: not selectable (down, or not allowed by the
     /// trust policy).
     public func rank(_ state: RouteState) -> Int? {
-        guard state.health == .up, let verdict = state.verdict, verdict.isAlive, state.offNetwork == nil, isAllowed(state) else { return nil }
+        guard state.health == .up, let verdict = state.verdict, verdict.isAlive, state.offNetwork == nil,
+            isAllowed(state)
+        else { return nil }
         let base = state.route.via == .lan ? 0 : 2
         if lacksRequiredKey(state) { return 4 + base / 2 }
         return base + (verdict == .ready ? 0 : 1)
@@ -56,11 +58,15 @@ extension ConnectionPlanner {
     public func untrustedOnly(model: String?) -> String? {
         guard let model, !model.isEmpty, !Self.isServerRoutedModel(model) else { return nil }
         let usable = routes.values.filter(isUsable)
-        if usable.contains(where: { $0.lastReport?.models == nil || $0.lastReport?.models?.contains(model) == true }) { return nil }
+        if usable.contains(where: { $0.lastReport?.models == nil || $0.lastReport?.models?.contains(model) == true }) {
+            return nil
+        }
         let strangers = routes.values.filter { !isAllowed($0) && $0.lastReport?.models?.contains(model) == true }
             .sorted { $0.id < $1.id }
         guard !strangers.isEmpty else { return nil }
-        let named = strangers.prefix(3).map { "\($0.route.name) at \($0.route.base.hostPort) (untrusted: \(untrustedWhy($0)))" }
+        let named = strangers.prefix(3).map {
+            "\($0.route.name) at \($0.route.base.hostPort) (untrusted: \(untrustedWhy($0)))"
+        }
         return "model \(ServerTable.printable(model)) is loaded only on servers this agent does not trust: "
             + named.joined(separator: ", ") + (strangers.count > 3 ? " and \(strangers.count - 3) more" : "")
     }
@@ -73,11 +79,17 @@ extension ConnectionPlanner {
         if let refusal = untrustedOnly(model: model) { return (nil, refusal) }
         let order = requestOrder()
         if let best = order.first(where: { $0.lastReport?.models?.contains(model) == true && isUsable($0) }) {
-            let note = best.id == activeID ? "the active endpoint has it loaded" : "\(best.route.name) has it loaded (the active endpoint does not)"
+            let note =
+                best.id == activeID
+                ? "the active endpoint has it loaded"
+                : "\(best.route.name) has it loaded (the active endpoint does not)"
             return (best, note)
         }
         if let unknown = order.first(where: { $0.lastReport?.models == nil && isUsable($0) }) {
-            return (unknown, "no server reports \(model); \(unknown.route.name) does not list its models (no inference key?)")
+            return (
+                unknown,
+                "no server reports \(model); \(unknown.route.name) does not list its models (no inference key?)"
+            )
         }
         return (nil, order.isEmpty ? "no usable endpoint" : "no usable server has \(model) loaded")
     }
@@ -92,16 +104,21 @@ extension ConnectionPlanner {
                 $0.route.source.isSetUp && $0.id != state.id && $0.route.base.hostPort == state.route.base.hostPort
             }
             if sameAddress {
-                return "announced over plain http:// at an address \(ServerTable.printable(owner)) is set up for with https://"
+                return
+                    "announced over plain http:// at an address \(ServerTable.printable(owner)) is set up for with https://"
             }
-            return "claims \(ServerTable.printable(owner))'s instance_id from an address \(ServerTable.printable(owner)) does not vouch for"
+            return
+                "claims \(ServerTable.printable(owner))'s instance_id from an address \(ServerTable.printable(owner)) does not vouch for"
         }
-        return "announced over mDNS, not vouched for by a pairing, a configured endpoint or a tunnel (trust: \(policy.trust.rawValue))"
+        return
+            "announced over mDNS, not vouched for by a pairing, a configured endpoint or a tunnel (trust: \(policy.trust.rawValue))"
     }
 
     /// Ranks better than the active route, so it will replace it once it has proved itself.
     func isPendingUpgrade(_ state: RouteState) -> Bool {
-        guard let active, active.id != state.id, let activeRank = rank(active), let r = rank(state) else { return false }
+        guard let active, active.id != state.id, let activeRank = rank(active), let r = rank(state) else {
+            return false
+        }
         return r < activeRank
     }
 
@@ -121,11 +138,14 @@ extension ConnectionPlanner {
 
     /// Orders equals: preferred or pinned instance first, then lowest smoothed latency.
     func better(_ a: RouteState, _ b: RouteState) -> Bool {
-        let ra = rank(a) ?? 9, rb = rank(b) ?? 9
+        let ra = rank(a) ?? 9
+        let rb = rank(b) ?? 9
         if ra != rb { return ra < rb }
-        let pa = preference(a), pb = preference(b)
+        let pa = preference(a)
+        let pb = preference(b)
         if pa != pb { return pa < pb }
-        let la = a.smoothedLatency ?? .infinity, lb = b.smoothedLatency ?? .infinity
+        let la = a.smoothedLatency ?? .infinity
+        let lb = b.smoothedLatency ?? .infinity
         if la != lb { return la < lb }
         return a.id < b.id
     }
@@ -151,12 +171,13 @@ extension ConnectionPlanner {
             return switchActive(
                 to: best, now: now,
                 reason: planner.rank(best) == currentRank
-                ? "\(describe(best)) comes before \(describe(current)) in prefer"
-                : best.failureCount == 0
-                ? "\(describe(best)) is better than \(describe(current))"
-                : best.returnAtOnce
-                ? "\(describe(best)) reachable again from this machine, better than \(describe(current))"
-                : "\(describe(best)) healthy for \(Int(policy.stabilityWindow)) s, better than \(describe(current))")
+                    ? "\(describe(best)) comes before \(describe(current)) in prefer"
+                    : best.failureCount == 0
+                        ? "\(describe(best)) is better than \(describe(current))"
+                        : best.returnAtOnce
+                            ? "\(describe(best)) reachable again from this machine, better than \(describe(current))"
+                            : "\(describe(best)) healthy for \(Int(policy.stabilityWindow)) s, better than \(describe(current))"
+            )
         }
         guard let best = usable.min(by: planner.better) else {
             // A failing active route with nothing better is kept until hysteresis says down.

@@ -24,7 +24,8 @@ extension ConnectionPlanner {
         }
         guard !instanceOwners.isEmpty else { return [] }
         for state in routes.values where !state.route.source.isSetUp {
-            guard let instance = state.instanceID, let owner = instanceOwners[instance], !flaggedImpostors.contains(state.id)
+            guard let instance = state.instanceID, let owner = instanceOwners[instance],
+                !flaggedImpostors.contains(state.id)
             else { continue }
             flaggedImpostors.insert(state.id)
             events.append(.impostor(state, owner: owner))
@@ -52,16 +53,19 @@ extension ConnectionPlanner {
         let wanted = TunnelVouch.lanBaseURLs(advertised)
         let instance = tunnel.pinnedInstance ?? instanceID
         let previous = vouches[tunnelID]
-        let changed = previous.map { TunnelVouch.lanBaseURLs($0.baseURLs) != wanted || $0.instanceID != instance } ?? true
+        let changed =
+            previous.map { TunnelVouch.lanBaseURLs($0.baseURLs) != wanted || $0.instanceID != instance } ?? true
         guard changed || force else { return [] }
         vouches[tunnelID] = (wanted, instance)
-        var events: [PlannerEvent] = changed ? [.vouchesChanged(tunnelID: tunnelID, baseURLs: wanted, instanceID: instance)] : []
+        var events: [PlannerEvent] =
+            changed ? [.vouchesChanged(tunnelID: tunnelID, baseURLs: wanted, instanceID: instance)] : []
         let wantedIDs = Set(wanted.map { Route.identifier(baseURL: $0, via: .lan) })
         for state in routes.values where state.route.vouchedBy == tunnelID && !wantedIDs.contains(state.id) {
             events += unvouch(state.id, reason: "no longer listed by \(tunnel.name)'s tunnel", now: now)
         }
         for url in wanted {
-            let keys = policy.lanKeys == .vouched || url.hasPrefix("https://") ? tunnel.credentials.serverKeys : Credentials()
+            let keys =
+                policy.lanKeys == .vouched || url.hasPrefix("https://") ? tunnel.credentials.serverKeys : Credentials()
             let route = Route(
                 baseURL: url, via: .lan, source: tunnel.source, name: tunnel.name, pinnedInstance: instance,
                 credentials: keys, addresses: [url], vouchedBy: tunnelID)

@@ -43,7 +43,8 @@ public struct ConnectionPlanner: Sendable {
         var events: [PlannerEvent] = []
         if keysChanged {
             for (tunnelID, vouch) in vouches {
-                events += applyVouches(for: tunnelID, advertised: vouch.baseURLs, instanceID: vouch.instanceID, now: now, force: true)
+                events += applyVouches(
+                    for: tunnelID, advertised: vouch.baseURLs, instanceID: vouch.instanceID, now: now, force: true)
             }
         }
         return events + select(now: now)
@@ -73,7 +74,8 @@ public struct ConnectionPlanner: Sendable {
                 // or set up while the store was read): it keeps its source and announcement.
                 merged = state.route
             }
-            let sourceChanged = merged.source != state.route.source || merged.pinnedInstance != state.route.pinnedInstance
+            let sourceChanged =
+                merged.source != state.route.source || merged.pinnedInstance != state.route.pinnedInstance
                 || merged.vouchedBy != state.route.vouchedBy || merged.credentials != state.route.credentials
             state.route = merged
             if state.instanceID == nil { state.instanceID = instanceID }

@@ -117,7 +117,11 @@ public indirect enum RouteCondition: Sendable, Hashable {
 
     /// `new` in place of the base condition, under the same staleness.
     func replacingBase(with new: RouteCondition) -> RouteCondition {
-        if case .stale(let since, let was) = self { .stale(since: since, was: was.replacingBase(with: new)) } else { new }
+        if case .stale(let since, let was) = self {
+            .stale(since: since, was: was.replacingBase(with: new))
+        } else {
+            new
+        }
     }
 
     public var offNetwork: String? { if case .offNetwork(let why) = base { why } else { nil } }

@@ -104,7 +104,9 @@ public struct DiscoveryDocument: Sendable, Hashable, Decodable {
         /// Every URL named, preferred first, at most 64 (a real server lists a handful), each at
         /// most 512 bytes (longer ones are skipped).
         public var all: [String] {
-            Array(([preferredBaseURL].compactMap { $0 } + (baseURLs ?? []).prefix(256)).filter { $0.utf8.count <= 512 }.prefix(64))
+            Array(
+                ([preferredBaseURL].compactMap { $0 } + (baseURLs ?? []).prefix(256)).filter { $0.utf8.count <= 512 }
+                    .prefix(64))
         }
     }
 

@@ -59,7 +59,11 @@ public struct ProbeSequence: Sendable {
     private var report = ProbeReport(verdict: .down, latency: 0)
     private let discoveryPaths: [String]
 
-    private enum Stage: Sendable { case healthz, discovery(Int), readyz, models, done }
+    private enum Stage: Sendable {
+        case healthz
+        case discovery(Int)
+        case readyz, models, done
+    }
     /// The route carries an inference key (for `/v1/models` under the `cloud` profile).
     private let hasInferenceKey: Bool
 
@@ -72,7 +76,9 @@ public struct ProbeSequence: Sendable {
     /// - Parameters:
     ///   - quick: a liveness check of a route already known to be this server: `/readyz` alone.
     ///   - hasInferenceKey: the route can list models on a server that requires a key.
-    public init(servicePath: String, via: Via, pinnedInstance: String? = nil, quick: Bool = false, hasInferenceKey: Bool = false) {
+    public init(
+        servicePath: String, via: Via, pinnedInstance: String? = nil, quick: Bool = false, hasInferenceKey: Bool = false
+    ) {
         self.via = via
         self.pinnedInstance = pinnedInstance
         self.hasInferenceKey = hasInferenceKey
@@ -117,7 +123,8 @@ public struct ProbeSequence: Sendable {
         case .healthz:
             guard response.status == 200 else {
                 // A web server without /healthz is something else than an LMX server.
-                return finish(response.status == 404 ? .wrongService : .down, detail: "/healthz answered HTTP \(response.status)")
+                return finish(
+                    response.status == 404 ? .wrongService : .down, detail: "/healthz answered HTTP \(response.status)")
             }
             let body = ContractBody.decode(response.body)
             guard let body, body.status != nil || body.version != nil else {
@@ -135,7 +142,8 @@ public struct ProbeSequence: Sendable {
                 if let pinned = pinnedInstance, let instance = document.instanceID, instance != pinned {
                     return finish(
                         .wrongService,
-                        detail: "instance_id is \"\(Self.printable(instance))\", expected \"\(Self.printable(pinned))\"")
+                        detail: "instance_id is \"\(Self.printable(instance))\", expected \"\(Self.printable(pinned))\""
+                    )
                 }
                 // Kept whole or not at all: a pinned identity compares the server's own text.
                 report.instanceID = OutsideInput.identifier(document.instanceID)
@@ -169,10 +177,15 @@ public struct ProbeSequence: Sendable {
             case 200:
                 report.ready = true
                 if let count = body?.modelsLoaded { report.modelCount = count }
-                if let version = OutsideInput.label(body?.version, maxBytes: Self.maxVersionBytes), report.version == nil { report.version = version }
+                if let version = OutsideInput.label(body?.version, maxBytes: Self.maxVersionBytes),
+                    report.version == nil
+                {
+                    report.version = version
+                }
                 // Under the `cloud` profile the document lists no models; /v1/models does, with
                 // the inference key when one is required.
-                if report.models == nil, (report.modelCount ?? 1) > 0, report.instanceID != nil || report.securityProfile != nil,
+                if report.models == nil, (report.modelCount ?? 1) > 0,
+                    report.instanceID != nil || report.securityProfile != nil,
                     hasInferenceKey || report.inferenceKeyRequired == false
                 {
                     report.verdict = .ready
@@ -208,7 +221,9 @@ public struct ProbeSequence: Sendable {
             struct Model: Decodable { var id: String? }
             var data: [Model]?
         }
-        guard let list = try? JSONDecoder().decode(List.self, from: Data(body)), let data = list.data else { return nil }
+        guard let list = try? JSONDecoder().decode(List.self, from: Data(body)), let data = list.data else {
+            return nil
+        }
         return cleanModels(data.compactMap(\.id))
     }
 

@@ -71,7 +71,11 @@ public struct ServerEventParser: Sendable {
                 if hasData { data.append(0x0A) }
                 data += value
                 hasData = true
-                if data.count > Self.maxEventBytes { data = []; hasData = false; type = nil }
+                if data.count > Self.maxEventBytes {
+                    data = []
+                    hasData = false
+                    type = nil
+                }
             default:
                 break
             }

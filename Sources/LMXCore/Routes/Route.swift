@@ -172,7 +172,9 @@ extension Route {
             AddressPolicy.refusal($0.address, onLoopbackInterface: $0.key.interface.isLoopback) == nil
         }
         let record =
-            records.first { $0.key.ipProtocol == .ipv4 && !$0.key.interface.isLoopback && !$0.address.hasPrefix("127.") }
+            records.first {
+                $0.key.ipProtocol == .ipv4 && !$0.key.interface.isLoopback && !$0.address.hasPrefix("127.")
+            }
             ?? records.first {
                 $0.key.ipProtocol == .ipv6 && !$0.address.lowercased().hasPrefix("fe80") && !$0.key.interface.isLoopback
             }

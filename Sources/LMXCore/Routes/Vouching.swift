@@ -45,7 +45,8 @@ public enum TunnelVouch {
     static func lanBaseURL(_ text: String) -> String? {
         guard text.utf8.count <= 512 else { return nil }
         let url = BaseURL(text)
-        let scheme = url.scheme, authority = url.hostPort
+        let scheme = url.scheme
+        let authority = url.hostPort
         guard scheme == "http" || scheme == "https", !authority.contains("@"),
             let parsed = try? HostPort.parseAuthority(authority, field: "endpoints.base_urls"),
             parsed.isIPv6 || HostPort.isIPv4(parsed.host)

@@ -30,7 +30,8 @@ public enum AgentEvent: Sendable {
     }
 
     public enum PairingChange: String, Sendable {
-        case added = "pairing-added", updated = "pairing-updated", removed = "pairing-removed", expired = "pairing-expired"
+        case added = "pairing-added", updated = "pairing-updated", removed = "pairing-removed", expired =
+            "pairing-expired"
     }
 
     /// The row this event adds to the event history (`/v1/events`), if any: its kind, route,
@@ -54,7 +55,8 @@ public enum AgentEvent: Sendable {
             }
         case .machine(let change, let detail):
             (change.rawValue, nil, nil, nil, detail)
-        case .vouchesChanged, .discoveryChanged, .serverSeen, .probed, .announcementIgnored, .serverEventReceived, .configured:
+        case .vouchesChanged, .discoveryChanged, .serverSeen, .probed, .announcementIgnored, .serverEventReceived,
+            .configured:
             nil
         }
     }
@@ -66,7 +68,8 @@ public enum AgentEvent: Sendable {
         case .routeAdded(let state, _):
             return .init(type: .candidateAdded, seq: 0, at: at, route: snapshot.routeStatus(state, now: now))
         case .routeRemoved(let state, let reason):
-            return .init(type: .candidateRemoved, seq: 0, at: at, route: snapshot.routeStatus(state, now: now), reason: reason)
+            return .init(
+                type: .candidateRemoved, seq: 0, at: at, route: snapshot.routeStatus(state, now: now), reason: reason)
         case .healthChanged(let state, _, let reason):
             return .init(type: .health, seq: 0, at: at, route: snapshot.routeStatus(state, now: now), reason: reason)
         case .activeChanged(_, _, let reason):
@@ -82,7 +85,9 @@ public enum AgentEvent: Sendable {
 extension AgentEvent {
     /// What the planner decided, as the outputs read it (`quiet`: restored at start, not logged
     /// as new).
-    public static func from(_ events: [PlannerEvent], of planner: ConnectionPlanner, quiet: Bool = false) -> [AgentEvent] {
+    public static func from(_ events: [PlannerEvent], of planner: ConnectionPlanner, quiet: Bool = false)
+        -> [AgentEvent]
+    {
         events.compactMap { event in
             switch event {
             case .routeAdded(let state): .routeAdded(state, quiet: quiet)
@@ -91,7 +96,8 @@ extension AgentEvent {
             case .routeUpdated: nil
             case .activeChanged(let from, let to, let reason): .activeChanged(from: from, to: to, reason: reason)
             case .impostor(let state, let owner): .impostor(state, owner: owner, why: planner.untrustedWhy(state))
-            case .vouchesChanged(let id, let urls, let instance): .vouchesChanged(tunnelID: id, baseURLs: urls, instanceID: instance)
+            case .vouchesChanged(let id, let urls, let instance):
+                .vouchesChanged(tunnelID: id, baseURLs: urls, instanceID: instance)
             }
         }
     }

@@ -8,7 +8,10 @@ public struct AgentSnapshot: Sendable {
     /// Real time (seconds since 1970) at monotonic instant 0.
     public var originWall: Double
 
-    public init(planner: ConnectionPlanner, discovery: DiscoveryState = .stopped, gateway: StatusAPI.Gateway? = nil, originWall: Double) {
+    public init(
+        planner: ConnectionPlanner, discovery: DiscoveryState = .stopped, gateway: StatusAPI.Gateway? = nil,
+        originWall: Double
+    ) {
         self.planner = planner
         self.discovery = discovery
         self.gateway = gateway
@@ -43,7 +46,9 @@ extension AgentSnapshot {
                 : "no endpoint known and mDNS discovery is \(discovery.name)\(discovery.detail.map { " (\($0))" } ?? "")"
         }
         if routes.allSatisfy({ $0.health == .unknown }) { return "probing \(routes.count) endpoint(s)" }
-        let summary = routes.prefix(5).map { "\($0.route.name): \($0.lastReport.map { r in r.detail ?? r.verdict.rawValue } ?? "not probed")" }
+        let summary = routes.prefix(5).map {
+            "\($0.route.name): \($0.lastReport.map { r in r.detail ?? r.verdict.rawValue } ?? "not probed")"
+        }
         return "no usable endpoint among \(routes.count): " + summary.joined(separator: "; ")
     }
 
@@ -67,7 +72,9 @@ extension AgentSnapshot {
             pinnedInstance: state.route.pinnedInstance, loadedModels: allowed ? state.lastReport?.models : nil,
             trust: planner.trust(of: state), vouchedBy: state.route.vouchedBy,
             keyRequired: state.lastReport?.inferenceKeyRequired,
-            inferenceReady: state.verdict.map { $0 == .ready && state.health == .up && !planner.lacksRequiredKey(state) },
+            inferenceReady: state.verdict.map {
+                $0 == .ready && state.health == .up && !planner.lacksRequiredKey(state)
+            },
             inFlightRequests: state.lastReport?.inFlightRequests)
     }
 
@@ -120,7 +127,8 @@ extension AgentSnapshot {
     /// One line for systemd's `STATUS=`.
     public var statusLine: String {
         if let active = planner.active {
-            return "active: \(active.route.baseURL) via \(active.route.via.rawValue) (\(active.verdict?.rawValue ?? "?")); \(planner.routes.count) endpoint(s)"
+            return
+                "active: \(active.route.baseURL) via \(active.route.via.rawValue) (\(active.verdict?.rawValue ?? "?")); \(planner.routes.count) endpoint(s)"
         }
         return "no active endpoint; \(planner.routes.count) endpoint(s) known"
     }
@@ -158,14 +166,17 @@ extension AgentSnapshot {
             return .refuse(
                 status: 401, code: "inference_key_required",
                 message: "\(keyless.route.name) requires an inference key and no usable route to it carries one"
-                    + (planner.policy.lanKeys == .never ? " (lan_keys: never keeps keys off the LAN; its tunnel is not usable now)" : "")
+                    + (planner.policy.lanKeys == .never
+                        ? " (lan_keys: never keeps keys off the LAN; its tunnel is not usable now)" : "")
                     + ": send your own Authorization header, or pair again with the server's api_key")
         }
-        return .forward(keyed.prefix(limit).map { state in
-            GatewayTarget(
-                routeID: state.id, baseURL: state.route.baseURL, via: state.route.via, credentials: state.route.credentials,
-                rank: planner.rank(state) ?? 9, serverInFlight: state.lastReport?.inFlightRequests ?? 0)
-        })
+        return .forward(
+            keyed.prefix(limit).map { state in
+                GatewayTarget(
+                    routeID: state.id, baseURL: state.route.baseURL, via: state.route.via,
+                    credentials: state.route.credentials,
+                    rank: planner.rank(state) ?? 9, serverInFlight: state.lastReport?.inFlightRequests ?? 0)
+            })
     }
 }
 
@@ -180,7 +191,9 @@ public struct GatewayTarget: Sendable {
     /// Requests the server said it was working on at its last full probe.
     public var serverInFlight: Int
 
-    public init(routeID: String, baseURL: String, via: Via, credentials: Credentials, rank: Int = 0, serverInFlight: Int = 0) {
+    public init(
+        routeID: String, baseURL: String, via: Via, credentials: Credentials, rank: Int = 0, serverInFlight: Int = 0
+    ) {
         self.routeID = routeID
         self.baseURL = baseURL
         self.via = via

@@ -99,7 +99,14 @@ public enum StatusAPI {
         /// document at the last probe), when it says.
         public var inFlightRequests: Int?
 
-        public init(id: String, baseURL: String, via: Via, source: RouteSource, name: String, addresses: [String], announced: Bool, health: RouteHealth, verdict: HealthVerdict?, active: Bool, reason: String, latencyMS: Double?, lastProbe: Probe?, version: String?, models: Int?, ready: Bool?, probes: Int, failures: Int, credentials: [String], pinnedInstance: String?, loadedModels: [String]? = nil, trust: RouteTrust? = nil, vouchedBy: String? = nil, keyRequired: Bool? = nil, inferenceReady: Bool? = nil, inFlightRequests: Int? = nil) {
+        public init(
+            id: String, baseURL: String, via: Via, source: RouteSource, name: String, addresses: [String],
+            announced: Bool, health: RouteHealth, verdict: HealthVerdict?, active: Bool, reason: String,
+            latencyMS: Double?, lastProbe: Probe?, version: String?, models: Int?, ready: Bool?, probes: Int,
+            failures: Int, credentials: [String], pinnedInstance: String?, loadedModels: [String]? = nil,
+            trust: RouteTrust? = nil, vouchedBy: String? = nil, keyRequired: Bool? = nil, inferenceReady: Bool? = nil,
+            inFlightRequests: Int? = nil
+        ) {
             self.inFlightRequests = inFlightRequests
             self.trust = trust
             self.vouchedBy = vouchedBy
@@ -174,7 +181,8 @@ public enum StatusAPI {
         public var prefer: [String]?
 
         public init(
-            agentVersion: String, seq: UInt64, avahi: String, avahiDetail: String?, active: Active?, noActiveReason: String?,
+            agentVersion: String, seq: UInt64, avahi: String, avahiDetail: String?, active: Active?,
+            noActiveReason: String?,
             candidates: [Candidate], trust: String? = nil, gateway: Gateway? = nil, prefer: [String]? = nil
         ) {
             self.prefer = prefer
@@ -316,7 +324,8 @@ public enum StatusAPI {
         public var lastAt: String
 
         public init(
-            model: String, via: Via, requests: Int, errors: Int, streams: Int, firstByteP50MS: Double?, firstByteP95MS: Double?,
+            model: String, via: Via, requests: Int, errors: Int, streams: Int, firstByteP50MS: Double?,
+            firstByteP95MS: Double?,
             eventsPerSecondP50: Double?, lastAt: String
         ) {
             self.model = model
@@ -331,7 +340,8 @@ public enum StatusAPI {
         }
 
         enum CodingKeys: String, CodingKey {
-            case model, via, requests, errors, streams, firstByteP50MS = "first_byte_p50_ms", firstByteP95MS = "first_byte_p95_ms"
+            case model, via, requests, errors, streams, firstByteP50MS = "first_byte_p50_ms", firstByteP95MS =
+                "first_byte_p95_ms"
             case eventsPerSecondP50 = "events_per_second_p50", lastAt = "last_at"
         }
     }
