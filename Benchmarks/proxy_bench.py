@@ -6,7 +6,11 @@ document, /v1/models) on 127.0.0.1: a fast stand-in for a server, so that what i
 the proxy. In front of it, on loopback: nginx as a reverse proxy (keepalive upstream
 connections, as a tuned nginx would be) and lmx-agentd's gateway (the upstream configured as an
 endpoint). wrk asks each of the three at 1, 8 and 64 connections: requests/s, and the latency
-each proxy adds to the direct one at p50 and p99. Streaming: the LMX test server's streamed
+each proxy adds to the direct one at p50 and p99, on GET /v1/models and on POST
+/v1/chat/completions with request bodies of 1 KB, 64 KB, 512 KB and 4 MB (nginx with request
+buffering off, as the gateway streams a body past its read-ahead); the gateway's CPU time per
+request and per MB of body (utime + stime from /proc, over the run) and its RSS after the 64-client
+runs. Streaming: the LMX test server's streamed
 completions (20 events, 50 ms apart) directly, through nginx (proxy_buffering off) and through
 the gateway: first event and server-write → client-read delay per event.
 Run through `make bench` (BENCH=proxy).
@@ -78,11 +82,13 @@ http {
         %(readyz)s
         %(discovery)s
         %(models)s
+        location = /v1/chat/completions { client_max_body_size 64m; default_type application/json; return 200 '%(completion)s'; }
     }
     upstream lmx { server 127.0.0.1:%(upstream)d; keepalive 128; }
     server {
         listen 127.0.0.1:%(proxy)d;
-        location / { proxy_pass http://lmx; proxy_http_version 1.1; proxy_set_header Connection ""; }
+        client_max_body_size 64m;
+        location / { proxy_pass http://lmx; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_request_buffering off; }
     }
     upstream streamer { server 127.0.0.1:%(streamer)d; keepalive 16; }
     server {
@@ -93,20 +99,53 @@ http {
 """ % {"d": directory, "upstream": UPSTREAM, "proxy": NGINX, "streamer": STREAMER, "proxy_stream": NGINX_STREAM,
        "healthz": answer("/healthz", '{"status":"ok","version":"0.1.0"}'),
        "readyz": answer("/readyz", '{"status":"ready","version":"0.1.0","models_loaded":1}'),
-       "discovery": answer("/.well-known/opta-lmx", DISCOVERY), "models": answer("/v1/models", MODELS)}
+       "discovery": answer("/.well-known/opta-lmx", DISCOVERY), "models": answer("/v1/models", MODELS),
+       "completion": COMPLETION}
+
+
+COMPLETION = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "test/model",
+                         "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
+                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+BODIES = [("1 KB", 1024), ("64 KB", 64 * 1024), ("512 KB", 512 * 1024), ("4 MB", 4 * 1024 * 1024)]
+
+
+def post_script(directory, size):
+    """A wrk script that POSTs a chat completion whose body is `size` bytes (a long conversation)."""
+    head = '{"model": "test/model", "messages": [{"role": "user", "content": "'
+    tail = '"}]}'
+    body = head + "x" * max(0, size - len(head) - len(tail)) + tail
+    path = "%s/post-%d.lua" % (directory, size)
+    with open("%s/body-%d.json" % (directory, size), "w") as f:
+        f.write(body)
+    with open(path, "w") as f:
+        f.write('local f = io.open("%s/body-%d.json", "rb")\nwrk.body = f:read("*a")\nf:close()\n'
+                'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n' % (directory, size))
+    return path
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process so far, seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 
 
-def wrk(url, connections):
-    out = subprocess.run(["wrk", "-t", str(min(connections, 2)), "-c", str(connections), "-d", "%gs" % SECONDS, "--latency", url],
+def wrk(url, connections, script=None, pid=None):
+    before = cpu_seconds(pid) if pid else 0
+    out = subprocess.run(["wrk", "-t", str(min(connections, 2)), "-c", str(connections), "-d", "%gs" % SECONDS, "--latency",
+                          *(["-s", script] if script else []), url],
                          capture_output=True, text=True, check=True).stdout
+    cpu = cpu_seconds(pid) - before if pid else None
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 
     def pct(p):
         value, unit = re.search(r"\s%s%%\s+([\d.]+)(us|ms|s)" % p, out).groups()
         return float(value) * {"us": 0.001, "ms": 1, "s": 1000}[unit]
-    return {"rps": rps, "p50": pct(50), "p99": pct(99)}
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    return {"rps": rps, "p50": pct(50), "p99": pct(99), "requests": requests,
+            "cpu_us_per_request": cpu / max(requests, 1) * 1e6 if cpu is not None else None}
 
 
 def stream(url, runs=10):
@@ -121,6 +160,7 @@ def stream(url, runs=10):
 def main():
     directory = tempfile.mkdtemp(prefix="lmx-proxy-bench-")
     results = {}
+    agents = {}
     try:
         with open(directory + "/nginx.conf", "w") as f:
             f.write(nginx_config(directory))
@@ -130,16 +170,26 @@ def main():
         for name, upstream, gateway in (("static", UPSTREAM, GATEWAY), ("stream", STREAMER, GATEWAY_STREAM)):
             with open("%s/%s.json" % (directory, name), "w") as f:
                 json.dump({"discovery": False, "endpoints": [{"url": "http://127.0.0.1:%d" % upstream, "name": name}]}, f)
-            start([BIN + "/lmx-agentd", "--socket", "%s/%s.sock" % (directory, name), "--db", "%s/%s.db" % (directory, name),
+            agents[name] = start([BIN + "/lmx-agentd", "--socket", "%s/%s.sock" % (directory, name), "--db", "%s/%s.db" % (directory, name),
                    "--config", "%s/%s.json" % (directory, name), "--no-discovery", "--gateway", "127.0.0.1:%d" % gateway,
                    "--gateway-socket", "%s/%s-gateway.sock" % (directory, name), "--log-level", "warning"])
         for url in ("http://127.0.0.1:%d/healthz" % UPSTREAM, "http://127.0.0.1:%d/healthz" % NGINX,
                     "http://127.0.0.1:%d/v1/models" % GATEWAY, "http://127.0.0.1:%d/v1/models" % GATEWAY_STREAM):
             assert lmxtools.wait_http(url), "not answering: " + url
         time.sleep(1)
+        gateway_pid = agents["static"].pid
         for c in CLIENTS:
             for name, port in (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY)):
-                results["%s_%d" % (name, c)] = wrk("http://127.0.0.1:%d/v1/models" % port, c)
+                results["%s_%d" % (name, c)] = wrk("http://127.0.0.1:%d/v1/models" % port, c,
+                                                   pid=gateway_pid if name == "gateway" else None)
+        for label, size in BODIES:
+            script = post_script(directory, size)
+            for c in CLIENTS:
+                for name, port in (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY)):
+                    results["post_%d_%s_%d" % (size, name, c)] = wrk(
+                        "http://127.0.0.1:%d/v1/chat/completions" % port, c, script=script,
+                        pid=gateway_pid if name == "gateway" else None)
+        results["gateway_rss_mib"] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
         results["stream_direct"] = stream("http://127.0.0.1:%d/v1" % STREAMER)
         results["stream_nginx"] = stream("http://127.0.0.1:%d/v1" % NGINX_STREAM)
         results["stream_gateway"] = stream("http://127.0.0.1:%d/v1" % GATEWAY_STREAM)
@@ -155,6 +205,19 @@ def main():
         d, n, g = results["direct_%d" % c], results["nginx_%d" % c], results["gateway_%d" % c]
         rows.append("| %d | %.0f | %.0f | %.0f | %.3f / %.3f ms | %.3f / %.3f ms |" % (
             c, d["rps"], n["rps"], g["rps"], n["p50"] - d["p50"], n["p99"] - d["p99"], g["p50"] - d["p50"], g["p99"] - d["p99"]))
+    rows.append("")
+    rows.append("| POST chat completion body | clients | direct req/s | nginx req/s | gateway req/s (× nginx) | gateway added p50 | gateway CPU per request / per MB |")
+    rows.append("|---|---|---|---|---|---|---|")
+    for label, size in BODIES:
+        for c in CLIENTS:
+            d, n, g = (results["post_%d_%s_%d" % (size, name, c)] for name in ("direct", "nginx", "gateway"))
+            cpu = g["cpu_us_per_request"]
+            rows.append("| %s | %d | %.0f | %.0f | %.0f (%.2f×) | %.3f ms | %.0f µs / %.0f µs |" % (
+                label, c, d["rps"], n["rps"], g["rps"], g["rps"] / max(n["rps"], 1), g["p50"] - d["p50"],
+                cpu, cpu / (size / 1e6)))
+    rows.append("")
+    rows.append("Gateway RSS after the runs: %.1f MiB; CPU per GET /v1/models at 1 / 8 / 64 clients: %s µs." % (
+        results["gateway_rss_mib"], " / ".join("%.0f" % results["gateway_%d" % c]["cpu_us_per_request"] for c in CLIENTS)))
     rows.append("")
     rows.append("| streamed completion (20 events, 50 ms apart) | direct | nginx | gateway |")
     rows.append("|---|---|---|---|")

@@ -301,10 +301,12 @@ down() {
         stop_pidfile "$STATE/dbus-system.pid"
         rm -f /run/dbus/pid /run/dbus/system_bus_socket
     fi
-    ip link show lmxw4 >/dev/null 2>&1 && ip link delete lmxw4
+    # A namespace deleted takes its veth pairs with it, in the kernel's own time: a link seen a
+    # moment ago may be gone when it is deleted (not an error).
+    ip link show lmxw4 >/dev/null 2>&1 && { ip link delete lmxw4 2>/dev/null || ! ip link show lmxw4 >/dev/null 2>&1; }
     for i in 1 2 3 4; do
         [ -e "/run/netns/lmxh$i" ] && ip netns delete "lmxh$i"
-        ip link show "lmxv$i" >/dev/null 2>&1 && ip link delete "lmxv$i"
+        ip link show "lmxv$i" >/dev/null 2>&1 && { ip link delete "lmxv$i" 2>/dev/null || ! ip link show "lmxv$i" >/dev/null 2>&1; }
     done
     ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
     rm -rf "$STATE"

@@ -12,6 +12,36 @@ struct OutputsTests {
         AgentSnapshot(planner: ConnectionPlanner(), discovery: .running, originWall: 1_800_000_000)
     }
 
+    @Test(
+        "gateway latency per model and path: Prometheus histograms under the traffic table's bounded keys, p95 reported"
+    )
+    func gatewayLatencyMetrics() {
+        let metrics = AgentMetrics()
+        let traffic = GatewayTraffic(metrics: metrics)
+        traffic.streamed(model: "m1", via: .lan, firstEvent: 0.2, events: 21, seconds: 1.0)
+        traffic.answered(model: "m1", via: .wan, status: 200, firstByte: 0.05, answered: true)
+        traffic.answered(model: "m1", via: .wan, status: 503, firstByte: 0.01, answered: true)  // not a latency
+        var bytes: [UInt8] = []
+        metrics.registry.emit(into: &bytes)
+        let text = String(decoding: bytes, as: UTF8.self)
+        #expect(text.contains(#"lmx_gateway_first_token_seconds_count{model="m1",via="lan"} 1"#), "\(text)")
+        #expect(text.contains(#"lmx_gateway_first_token_seconds_bucket{model="m1",via="lan",le="0.25"} 1"#))
+        #expect(text.contains(#"lmx_gateway_first_token_seconds_count{model="m1",via="wan"} 1"#))
+        #expect(text.contains(#"lmx_gateway_stream_tokens_per_second_bucket{model="m1",via="lan",le="20.0"} 1"#))
+        let lan = traffic.report().models.first { $0.via == .lan }
+        #expect(lan?.eventsPerSecondP95 == 20 && lan?.firstByteP95MS == 200)
+        // Past the bound, the labels are the table's `(other)`, not every name a client sends.
+        for n in 0..<200 {
+            traffic.answered(model: "flood-\(n)", via: .lan, status: 200, firstByte: 0.01, answered: true)
+        }
+        bytes = []
+        metrics.registry.emit(into: &bytes)
+        let series = String(decoding: bytes, as: UTF8.self).split(separator: "\n")
+            .filter { $0.hasPrefix("lmx_gateway_first_token_seconds_count{") }
+        #expect(series.count <= 65, "\(series.count) series")
+        #expect(series.contains { $0.contains(#"model="(other)""#) })
+    }
+
     @Test("the watch hub numbers lines, replays what a watcher missed, and starts a late one with a snapshot")
     func watchHub() async throws {
         let board = StateBoard()

@@ -3,8 +3,10 @@ import Hummingbird
 import HummingbirdCore
 import LMXCore
 import LMXProbe
+import LMXSystem
 import NIOCore
 import NIOHTTP1
+import Synchronization
 
 #if canImport(FoundationEssentials)
 import FoundationEssentials
@@ -91,15 +93,22 @@ extension Gateway {
         // Routed by the JSON `model` field, like the server itself: to a server that has it.
         // One contiguous copy of what was read ahead (memcpy per chunk), scanned once.
         var model: String?
+        var bytes: [UInt8] = []
         if method == "POST" {
-            var bytes: [UInt8] = []
             bytes.reserveCapacity(prefixBytes)
             for chunk in prefix { bytes.append(contentsOf: chunk.readableBytesView) }
             model = ModelField.find(in: bytes)
         }
+        // An object that lives on one server (an agent run, a RAG collection, a stored response)
+        // is asked of that server only, by whichever route reaches it now.
+        let path = request.uri.path
+        let named = ServerAffinity.named(method: method, path: path, body: bytes)
+        let owner = named.flatMap { object in affinity.owner(of: object).map { (instance: $0, object: object) } }
+        let madeByRequest = ServerAffinity.madeByRequest(method: method, path: path, body: bytes)
+        let answerMakes = ServerAffinity.answerMakes(method: method, path: path)
         let clientHasKey = GatewayPolicy.clientHasKey(clientHeaders)
         var targets: [GatewayTarget]
-        switch await plan(model: model, clientHasKey: clientHasKey) {
+        switch await plan(model: model, clientHasKey: clientHasKey, server: owner) {
         case .forward(let routes):
             targets = load.order(routes)
         case .refuse(let status, let code, let message):
@@ -129,7 +138,11 @@ extension Gateway {
             do {
                 // No overall deadline: a long generation is normal; the client decides when to
                 // give up (closing its connection cancels the upstream request).
-                let upstream = try await lease.client.execute(outgoing, timeout: .hours(24))
+                var upstream = try await lease.client.execute(outgoing, timeout: .hours(24))
+                if (200..<300).contains(upstream.status.code), let instance = target.instanceID {
+                    if let madeByRequest { affinity.record(madeByRequest, on: instance) }
+                    if answerMakes { upstream = await learnMade(from: upstream, path: path, instance: instance) }
+                }
                 // All slots busy (429) or overloaded (503): before any byte reached the client,
                 // another server with the model may take it; the busy one cools down meanwhile.
                 if let cooldown = RouteLoad.busyCooldown(upstream, cap: configuration.busyCooldownMax) {
@@ -192,12 +205,16 @@ extension Gateway {
 
     /// The routes for a request; while none is usable (mid-failover, just after resume), waits
     /// up to `gateway.hold_seconds` for one before answering 503 with why.
-    func plan(model: String?, clientHasKey: Bool) async -> GatewayPlan {
+    /// `server`: the server the request must reach, and the object of its that the request names.
+    func plan(model: String?, clientHasKey: Bool, server: (instance: String, object: ServerObject)? = nil) async
+        -> GatewayPlan
+    {
         let deadline = ContinuousClock.now + .milliseconds(Int64(configuration.holdSeconds * 1000))
         var nextNudge = ContinuousClock.now
         while true {
             let snapshot = agent.board.snapshot
-            let plan = snapshot.gatewayPlan(limit: configuration.attempts, model: model, clientHasKey: clientHasKey)
+            let plan = snapshot.gatewayPlan(
+                limit: configuration.attempts, model: model, clientHasKey: clientHasKey, server: server?.instance)
             if case .forward(let routes) = plan, routes.isEmpty {
                 if ContinuousClock.now < deadline, !Task.isCancelled {
                     // The agent probes everything at once when a request starts waiting, and
@@ -208,6 +225,15 @@ extension Gateway {
                     }
                     try? await Task.sleep(for: .milliseconds(25))
                     continue
+                }
+                if let server {
+                    // Never another server: it does not have the object, and would say so with a
+                    // 404 that reads as if the object did not exist.
+                    return .refuse(
+                        status: 503, code: "server_unreachable",
+                        message:
+                            "\(server.object) is on \(ServerTable.printable(snapshot.serverName(server.instance))), which no route reaches now (waited \(configuration.holdSeconds) s); it is not sent to another server, which does not have it"
+                    )
                 }
                 return .refuse(
                     status: 503, code: "no_endpoint",
@@ -280,4 +306,45 @@ extension Gateway {
             headers: secured([.contentType: "application/json", .cacheControl: "no-store"]),
             body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
     }
+}
+
+extension Gateway {
+    /// The largest answer read whole to learn the object it made (an agent run, a response):
+    /// these are small JSON objects; a larger or unsized answer streams through unread.
+    static let madeAnswerLimit = 1 << 20
+
+    /// Reads a small JSON answer that made an object, records the object against `instance`, and
+    /// gives the answer back whole, unchanged.
+    func learnMade(from upstream: HTTPClientResponse, path: String, instance: String) async -> HTTPClientResponse {
+        let json = upstream.headers.first(name: "content-type")?.lowercased().hasPrefix("application/json") == true
+        guard json, let length = upstream.headers.first(name: "content-length").flatMap(OutsideInput.contentLength),
+            length <= Self.madeAnswerLimit
+        else { return upstream }
+        guard let answer = try? await upstream.body.collect(upTo: Self.madeAnswerLimit) else {
+            // Cut while read: the client gets the same cut answer.
+            return HTTPClientResponse(status: .badGateway, headers: [:], body: .bytes(ByteBuffer()))
+        }
+        if let made = ServerAffinity.madeByAnswer(Array(answer.readableBytesView), path: path) {
+            affinity.record(made, on: instance)
+        }
+        return HTTPClientResponse(
+            version: upstream.version, status: upstream.status, headers: upstream.headers, body: .bytes(answer))
+    }
+}
+
+/// The gateway's ``AffinityTable``, shared by its requests, on the monotonic clock.
+final class ServerAffinityBook: Sendable {
+    private let table = Mutex(AffinityTable())
+
+    func record(_ object: ServerObject, on instance: String) {
+        let now = SystemClock.monotonic()
+        table.withLock { $0.record(object, on: instance, now: now) }
+    }
+
+    func owner(of object: ServerObject) -> String? {
+        let now = SystemClock.monotonic()
+        return table.withLock { $0.owner(of: object, now: now) }
+    }
+
+    var count: Int { table.withLock { $0.count } }
 }

@@ -39,6 +39,8 @@ public final class Gateway: Sendable {
     let listeners: GatewayListeners
     /// The read-only dashboard at `/`.
     let dashboard: Dashboard
+    /// Which server holds which agent run, RAG collection or stored response.
+    let affinity = ServerAffinityBook()
 
     public init(agent: Agent, configuration: GatewayConfiguration, extraCAFile: String?, logger: Logger) throws {
         self.agent = agent

@@ -7,21 +7,30 @@ import Synchronization
 public final class GatewayTraffic: Sendable {
     private let stats = Mutex(TrafficStats())
     private let started = SystemClock.realtime()
+    /// Where the same figures go as Prometheus histograms (nil in tests that do not look).
+    private let metrics: AgentMetrics?
 
-    public init() {}
+    public init(metrics: AgentMetrics? = nil) {
+        self.metrics = metrics
+    }
 
     func answered(model: String?, via: Via, status: Int, firstByte: Double?, answered: Bool) {
         let now = SystemClock.realtime()
-        stats.withLock {
+        let key = stats.withLock {
             $0.answered(model: model, via: via, status: status, firstByte: firstByte, answered: answered, now: now)
+            return $0.key(model: model, via: via)
         }
+        if let firstByte, status < 400 { metrics?.gatewayFirstByte(key, seconds: firstByte) }
     }
 
     func streamed(model: String?, via: Via, firstEvent: Double?, events: Int, seconds: Double) {
         let now = SystemClock.realtime()
-        stats.withLock {
+        let key = stats.withLock {
             $0.streamed(model: model, via: via, firstEvent: firstEvent, events: events, seconds: seconds, now: now)
+            return $0.key(model: model, via: via)
         }
+        if let firstEvent { metrics?.gatewayFirstByte(key, seconds: firstEvent) }
+        if events >= 2, seconds > 0 { metrics?.gatewayTokensPerSecond(key, Double(events - 1) / seconds) }
     }
 
     public func report() -> StatusAPI.Traffic {

@@ -133,6 +133,37 @@ extension AgentMetrics: AgentEventSink {
     }
 }
 
+extension AgentMetrics {
+    /// Buckets for the time to a first token, seconds.
+    static let firstTokenBuckets: [Double] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
+    /// Buckets for streamed tokens (events) per second.
+    static let rateBuckets: [Double] = [1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 500]
+
+    /// The time from a gateway request to its answer's first byte (for streams, the first event:
+    /// the first token), per model and path. The labels are the traffic table's bounded keys.
+    func gatewayFirstByte(_ key: TrafficStats.Key, seconds: Double) {
+        guard seconds.isFinite, seconds >= 0 else { return }
+        registry.makeValueHistogram(
+            descriptor: .lmx(
+                "lmx_gateway_first_token_seconds",
+                "Gateway requests: seconds to the answer's first byte; for streams, to the first event (the first token)."
+            ),
+            labels: [("model", key.model), ("via", key.via.rawValue)], buckets: Self.firstTokenBuckets
+        ).record(seconds)
+    }
+
+    /// A streamed answer's events (tokens) per second, per model and path.
+    func gatewayTokensPerSecond(_ key: TrafficStats.Key, _ rate: Double) {
+        guard rate.isFinite, rate >= 0 else { return }
+        registry.makeValueHistogram(
+            descriptor: .lmx(
+                "lmx_gateway_stream_tokens_per_second",
+                "Streamed gateway answers: events (one token each, as servers send them) per second."),
+            labels: [("model", key.model), ("via", key.via.rawValue)], buckets: Self.rateBuckets
+        ).record(rate)
+    }
+}
+
 extension MetricNameDescriptor {
     /// A series named in full (units are already in the names), with its help text.
     static func lmx(_ name: String, _ help: String) -> MetricNameDescriptor {

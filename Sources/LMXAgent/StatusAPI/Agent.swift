@@ -15,9 +15,9 @@ public struct Agent: Sendable {
 
     public init(
         manager: ConnectionManager, board: StateBoard, watch: WatchHub, store: StoreExecutor, metrics: AgentMetrics,
-        traffic: GatewayTraffic = GatewayTraffic()
+        traffic: GatewayTraffic? = nil
     ) {
-        self.traffic = traffic
+        self.traffic = traffic ?? GatewayTraffic(metrics: metrics)
         self.manager = manager
         self.board = board
         self.watch = watch

@@ -53,7 +53,11 @@ public enum StatusServer {
             await gate.run(for: await peer(context)) { build() } ?? LargeAnswerGate.busy()
         }
         router.get("/v1/status") { _, context in
-            await large(context) { json(board.snapshot.status(seq: agent.watch.seq, now: board.now())) }
+            await large(context) {
+                var status = board.snapshot.status(seq: agent.watch.seq, now: board.now())
+                if status.gateway != nil { status.traffic = agent.traffic.report().models }
+                return json(status)
+            }
         }
         router.get("/v1/resolve") { request, _ -> Response in
             guard let model = request.uri.queryParameters.get("model"), !model.isEmpty, model.utf8.count <= 256 else {

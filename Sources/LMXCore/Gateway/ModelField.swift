@@ -15,7 +15,12 @@ public enum ModelField {
     }
 
     /// The same over contiguous bytes: one pass, no copy, no generic collection in the loop.
-    public static func find(in data: [UInt8]) -> String? {
+    public static func find(in data: [UInt8]) -> String? { string(named: "model", in: data) }
+
+    /// The top-level string field `name` of the JSON object in `data` (a prefix is enough when
+    /// the field comes early); nil when it is not there (yet) or is not a string.
+    public static func string(named name: String, in data: [UInt8]) -> String? {
+        let wanted = Array("\"\(name)\"".utf8)
         var i = 0
         @inline(__always) func isSpace(_ b: UInt8) -> Bool { b == 0x20 || b == 0x09 || b == 0x0A || b == 0x0D }
         func skipSpace() { while i < data.count, isSpace(data[i]) { i += 1 } }
@@ -77,7 +82,7 @@ public enum ModelField {
             guard i < data.count, data[i] == 0x3A else { return nil }
             i += 1
             skipSpace()
-            if data[key].elementsEqual(#""model""#.utf8) {
+            if data[key].elementsEqual(wanted) {
                 guard i < data.count, data[i] == 0x22, let value = skipString() else { return nil }
                 return try? JSONDecoder().decode(String.self, from: Data(data[value]))
             }

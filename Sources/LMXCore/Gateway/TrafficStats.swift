@@ -57,8 +57,8 @@ public struct TrafficStats: Sendable {
     }
 
     /// The key a request is counted under: its model (bounded, printable), `(other)` past the
-    /// bound.
-    func key(model: String?, via: Via) -> Key {
+    /// bound. The same key labels the Prometheus series, so they are bounded alike.
+    public func key(model: String?, via: Via) -> Key {
         let name =
             model.flatMap { OutsideInput.label($0, maxBytes: 128) }.flatMap { $0.isEmpty ? nil : $0 } ?? Self.unnamed
         let key = Key(model: name, via: via)
@@ -101,7 +101,8 @@ public struct TrafficStats: Sendable {
             StatusAPI.ModelTraffic(
                 model: key.model, via: key.via, requests: entry.requests, errors: entry.errors, streams: entry.streams,
                 firstByteP50MS: entry.firstByte.quantile(0.5), firstByteP95MS: entry.firstByte.quantile(0.95),
-                eventsPerSecondP50: entry.rate.quantile(0.5), lastAt: iso(entry.last))
+                eventsPerSecondP50: entry.rate.quantile(0.5), lastAt: iso(entry.last),
+                eventsPerSecondP95: entry.rate.quantile(0.95))
         }
         .sorted { ($0.requests, $1.model, $1.via.rawValue) > ($1.requests, $0.model, $0.via.rawValue) }
     }

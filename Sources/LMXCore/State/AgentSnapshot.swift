@@ -150,13 +150,18 @@ extension AgentSnapshot {
     /// - Parameters:
     ///   - model: the request's JSON `model`, to route by.
     ///   - clientHasKey: the request carries its own `Authorization` or `X-Api-Key`.
-    public func gatewayPlan(limit: Int, model: String? = nil, clientHasKey: Bool = false) -> GatewayPlan {
-        if let refusal = planner.untrustedOnly(model: model) {
+    ///   - server: the `instance_id` of the one server the request must reach (it names an object
+    ///     that lives there): only its routes, LAN or tunnel; none usable is an empty plan.
+    public func gatewayPlan(limit: Int, model: String? = nil, clientHasKey: Bool = false, server: String? = nil)
+        -> GatewayPlan
+    {
+        if server == nil, let refusal = planner.untrustedOnly(model: model) {
             return .refuse(status: 404, code: "model_not_trusted", message: refusal)
         }
         // Nothing goes to a route whose verdict predates a sleep: the request waits for its
         // first probe since the wake (the gateway holds it while the plan is empty).
-        let order = planner.requestOrder(model: model).filter { !$0.stale }
+        var order = planner.requestOrder(model: server == nil ? model : nil).filter { !$0.stale }
+        if let server { order = order.filter { $0.instanceID == server } }
         // A route without the key its server requires would answer a certain 401.
         // A client that brings its own key (maybe a placeholder: the OpenAI SDKs always send one)
         // may also use routes without the key, but only after every route that carries it.
@@ -175,8 +180,14 @@ extension AgentSnapshot {
                 GatewayTarget(
                     routeID: state.id, baseURL: state.route.baseURL, via: state.route.via,
                     credentials: state.route.credentials,
-                    rank: planner.rank(state) ?? 9, serverInFlight: state.lastReport?.inFlightRequests ?? 0)
+                    rank: planner.rank(state) ?? 9, serverInFlight: state.lastReport?.inFlightRequests ?? 0,
+                    instanceID: state.instanceID)
             })
+    }
+
+    /// The name people know the server `instance` by (a route's name), else the id itself.
+    public func serverName(_ instance: String) -> String {
+        planner.routes.values.first { $0.instanceID == instance }.map(\.route.name) ?? instance
     }
 }
 
@@ -190,10 +201,14 @@ public struct GatewayTarget: Sendable {
     public var rank: Int
     /// Requests the server said it was working on at its last full probe.
     public var serverInFlight: Int
+    /// The server's `instance_id` (what objects made there are kept against).
+    public var instanceID: String?
 
     public init(
-        routeID: String, baseURL: String, via: Via, credentials: Credentials, rank: Int = 0, serverInFlight: Int = 0
+        routeID: String, baseURL: String, via: Via, credentials: Credentials, rank: Int = 0, serverInFlight: Int = 0,
+        instanceID: String? = nil
     ) {
+        self.instanceID = instanceID
         self.routeID = routeID
         self.baseURL = baseURL
         self.via = via

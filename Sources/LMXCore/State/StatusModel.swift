@@ -179,6 +179,8 @@ public enum StatusAPI {
         public var gateway: Gateway?
         /// Instances preferred among equals (`prefer` in the config), in order.
         public var prefer: [String]?
+        /// The gateway's recent figures per model and path (as `/v1/traffic`), when it runs.
+        public var traffic: [ModelTraffic]?
 
         public init(
             agentVersion: String, seq: UInt64, avahi: String, avahiDetail: String?, active: Active?,
@@ -321,13 +323,16 @@ public enum StatusAPI {
         public var firstByteP95MS: Double?
         /// Streamed events per second (one token per event, as servers send them), median.
         public var eventsPerSecondP50: Double?
+        /// …and the 95th percentile.
+        public var eventsPerSecondP95: Double?
         public var lastAt: String
 
         public init(
             model: String, via: Via, requests: Int, errors: Int, streams: Int, firstByteP50MS: Double?,
             firstByteP95MS: Double?,
-            eventsPerSecondP50: Double?, lastAt: String
+            eventsPerSecondP50: Double?, lastAt: String, eventsPerSecondP95: Double? = nil
         ) {
+            self.eventsPerSecondP95 = eventsPerSecondP95
             self.model = model
             self.via = via
             self.requests = requests

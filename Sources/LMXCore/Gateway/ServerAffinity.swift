@@ -1,0 +1,127 @@
+/// Objects that live on one server only (`../shared/CONTRACT.md` §8): an agent run, a RAG
+/// collection, a stored response. A request naming one must reach the server that made it, by
+/// whichever route reaches that server now (LAN or tunnel); another server would answer a 404
+/// that looks like "no such run". The gateway learns each object's server from the request or the
+/// answer that made it (``ServerAffinity``) and keeps it in a bounded table (``AffinityTable``).
+public enum ServerObject: Sendable, Hashable, CustomStringConvertible {
+    case agentRun(String)
+    case ragCollection(String)
+    case response(String)
+
+    public var description: String {
+        switch self {
+        case .agentRun(let id): "agent run \(id)"
+        case .ragCollection(let name): "RAG collection \(name)"
+        case .response(let id): "response \(id)"
+        }
+    }
+}
+
+/// Which requests name or make an object that lives on one server.
+public enum ServerAffinity {
+    /// Ids and names longer than this, or with other characters than these, are not objects the
+    /// gateway follows (the request goes where any other would).
+    public static let maxIdentifierLength = 256
+
+    /// The object a request names, which only the server that made it has: from the path (runs,
+    /// collections) or the start of the JSON body (`collection`, `previous_response_id`).
+    public static func named(method: String, path: String, body: [UInt8]) -> ServerObject? {
+        let parts = segments(path)
+        // /v1/agents/runs/{id}, …/events, …/cancel
+        if parts.count >= 4, parts[0] == "v1", parts[1] == "agents", parts[2] == "runs" {
+            return identifier(parts[3]).map(ServerObject.agentRun)
+        }
+        // /v1/rag/collections/{name}[/…]
+        if parts.count >= 4, parts[0] == "v1", parts[1] == "rag", parts[2] == "collections" {
+            return identifier(parts[3]).map(ServerObject.ragCollection)
+        }
+        guard method == "POST" else { return nil }
+        if parts == ["v1", "rag", "query"] || parts == ["v1", "rag", "context"] {
+            return ModelField.string(named: "collection", in: body).flatMap(identifier).map(ServerObject.ragCollection)
+        }
+        if parts == ["v1", "responses"] {
+            return ModelField.string(named: "previous_response_id", in: body).flatMap(identifier)
+                .map(ServerObject.response)
+        }
+        return nil
+    }
+
+    /// The object a request makes that the request itself names (a RAG ingest's collection): it
+    /// belongs to the server that answers it with success.
+    public static func madeByRequest(method: String, path: String, body: [UInt8]) -> ServerObject? {
+        guard method == "POST", segments(path) == ["v1", "rag", "ingest"] else { return nil }
+        return ModelField.string(named: "collection", in: body).flatMap(identifier).map(ServerObject.ragCollection)
+    }
+
+    /// Whether the answer to this request names an object it made (a new agent run, a stored
+    /// response): its `id` is read from the answer (``madeByAnswer(_:path:)``).
+    public static func answerMakes(method: String, path: String) -> Bool {
+        guard method == "POST" else { return false }
+        let parts = segments(path)
+        return parts == ["v1", "agents", "runs"] || parts == ["v1", "responses"]
+    }
+
+    /// The object a successful JSON answer made: its top-level `id` (or `run_id`).
+    public static func madeByAnswer(_ answer: [UInt8], path: String) -> ServerObject? {
+        let parts = segments(path)
+        let id = (ModelField.string(named: "id", in: answer) ?? ModelField.string(named: "run_id", in: answer))
+            .flatMap(identifier)
+        guard let id else { return nil }
+        return parts == ["v1", "responses"] ? .response(id) : .agentRun(id)
+    }
+
+    private static func segments(_ path: String) -> [Substring] {
+        path.split(separator: "?", maxSplits: 1).first?.split(separator: "/") ?? []
+    }
+
+    /// An id or a name as it may be followed: 1…256 characters of letters, digits and `-_.:`.
+    private static func identifier(_ text: some StringProtocol) -> String? {
+        guard !text.isEmpty, text.utf8.count <= maxIdentifierLength,
+            text.utf8.allSatisfy({ b in
+                (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A) || b == 0x2D
+                    || b == 0x5F
+                    || b == 0x2E || b == 0x3A
+            })
+        else { return nil }
+        return String(text)
+    }
+}
+
+/// Which server (by `instance_id`) holds which object: at most `capacity` entries, each kept for
+/// `lifetime` seconds after it was last used; past the capacity the least recently used goes.
+public struct AffinityTable: Sendable {
+    public let capacity: Int
+    public let lifetime: Double
+    private var entries: [ServerObject: (instance: String, used: Double)] = [:]
+
+    public init(capacity: Int = 4096, lifetime: Double = 86_400) {
+        self.capacity = capacity
+        self.lifetime = lifetime
+    }
+
+    public var count: Int { entries.count }
+
+    /// Records that `instance` holds `object`.
+    public mutating func record(_ object: ServerObject, on instance: String, now: Double) {
+        entries[object] = (instance, now)
+        guard entries.count > capacity else { return }
+        // Over the bound: drop what expired, then the least recently used down to 15/16 (so a
+        // steady stream of new objects sorts once per many, not on each).
+        entries = entries.filter { now - $0.value.used < lifetime }
+        guard entries.count > capacity else { return }
+        let keep = capacity - capacity / 16
+        let newest = entries.sorted { $0.value.used > $1.value.used }.prefix(keep)
+        entries = Dictionary(uniqueKeysWithValues: newest.map { ($0.key, $0.value) })
+    }
+
+    /// The server holding `object`, if known and not expired (its use renews it).
+    public mutating func owner(of object: ServerObject, now: Double) -> String? {
+        guard let entry = entries[object] else { return nil }
+        guard now - entry.used < lifetime else {
+            entries[object] = nil
+            return nil
+        }
+        entries[object] = (entry.instance, now)
+        return entry.instance
+    }
+}
