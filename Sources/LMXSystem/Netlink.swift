@@ -1,4 +1,5 @@
 import CLinux
+import SystemPackage
 
 #if canImport(Glibc)
 import Glibc
@@ -53,7 +54,7 @@ public final class NetworkMonitor {
             }
             guard case .success(let n) = received else {
                 // ENOBUFS: the kernel dropped messages; the state is read afresh anyway.
-                if case .failure(let error) = received, error.code == ENOBUFS {
+                if case .failure(let error) = received, error == .noBufferSpace {
                     change = Change(linkOrAddressUp: true, any: true)
                     continue
                 }

@@ -1,3 +1,5 @@
+import SystemPackage
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -8,18 +10,12 @@ import Glibc
 enum SystemCall {
     /// `body`'s result when it is not negative, else the `errno` it set.
     @inline(__always)
-    static func retrying<Value: SignedInteger>(_ body: () -> Value) -> Result<Value, Errno32> {
+    static func retrying<Value: SignedInteger>(_ body: () -> Value) -> Result<Value, Errno> {
         while true {
             let value = body()
             if value >= 0 { return .success(value) }
             let code = errno
-            if code != EINTR { return .failure(Errno32(code)) }
+            if code != EINTR { return .failure(Errno(rawValue: code)) }
         }
     }
-}
-
-/// An `errno` value as an error.
-struct Errno32: Error, Equatable {
-    let code: Int32
-    init(_ code: Int32) { self.code = code }
 }

@@ -1,4 +1,5 @@
 import CLinux
+import SystemPackage
 
 #if canImport(Glibc)
 import Glibc
@@ -105,8 +106,9 @@ public final class UnixStream {
         switch SystemCall.retrying({ chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) } }) {
         case .success(0): return .end
         case .success(let n): return .data(Array(chunk[0..<n]))
-        case .failure(let error) where error.code == EAGAIN || error.code == EWOULDBLOCK: return .timedOut
-        case .failure(let error): return .failed(SystemError.describe(error.code))
+        case .failure(let error) where error == .resourceTemporarilyUnavailable || error == .wouldBlock:
+            return .timedOut
+        case .failure(let error): return .failed(SystemError.describe(error.rawValue))
         }
     }
 }

@@ -34,11 +34,11 @@ struct MachineTests {
 
     @Test("a LAN route's host as the lookup takes it: IPv4 and IPv6 literals (zone kept), never a name")
     func literalHosts() {
-        #expect(ConnectionManager.literalHost("http://10.0.0.5:1234") == "10.0.0.5")
-        #expect(ConnectionManager.literalHost("http://[fe80::1%25lan0]:1234") == "fe80::1%lan0")
-        #expect(ConnectionManager.literalHost("https://[2001:db8::1]/x") == "2001:db8::1")
-        #expect(ConnectionManager.literalHost("http://studio.local:1234") == nil)
-        #expect(ConnectionManager.literalHost("http://010.0.0.1:1234") == nil)
+        #expect(BaseURL("http://10.0.0.5:1234").ipLiteral == "10.0.0.5")
+        #expect(BaseURL("http://[fe80::1%25lan0]:1234").ipLiteral == "fe80::1%lan0")
+        #expect(BaseURL("https://[2001:db8::1]/x").ipLiteral == "2001:db8::1")
+        #expect(BaseURL("http://studio.local:1234").ipLiteral == nil)
+        #expect(BaseURL("http://010.0.0.1:1234").ipLiteral == nil)
     }
 
     @Test("netlink: a link and an address added are reported (in a network namespace of the test's own)")

@@ -346,5 +346,4 @@ final class ServerAffinityBook: Sendable {
         return table.withLock { $0.owner(of: object, now: now) }
     }
 
-    var count: Int { table.withLock { $0.count } }
 }

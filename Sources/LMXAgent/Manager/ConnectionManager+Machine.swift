@@ -72,6 +72,4 @@ extension ConnectionManager {
         return paths
     }
 
-    /// The IP literal of `http://10.0.0.5:1234` or `http://[fe80::1%25eth0]:1234`; nil for a name.
-    static func literalHost(_ baseURL: String) -> String? { BaseURL(baseURL).ipLiteral }
 }

@@ -142,25 +142,26 @@ extension AgentMetrics {
     /// The time from a gateway request to its answer's first byte (for streams, the first event:
     /// the first token), per model and path. The labels are the traffic table's bounded keys.
     func gatewayFirstByte(_ key: TrafficStats.Key, seconds: Double) {
-        guard seconds.isFinite, seconds >= 0 else { return }
-        registry.makeValueHistogram(
-            descriptor: .lmx(
-                "lmx_gateway_first_token_seconds",
-                "Gateway requests: seconds to the answer's first byte; for streams, to the first event (the first token)."
-            ),
-            labels: [("model", key.model), ("via", key.via.rawValue)], buckets: Self.firstTokenBuckets
-        ).record(seconds)
+        record(
+            seconds, in: "lmx_gateway_first_token_seconds",
+            "Gateway requests: seconds to the answer's first byte; for streams, to the first event (the first token).",
+            key: key, buckets: Self.firstTokenBuckets)
     }
 
     /// A streamed answer's events (tokens) per second, per model and path.
     func gatewayTokensPerSecond(_ key: TrafficStats.Key, _ rate: Double) {
-        guard rate.isFinite, rate >= 0 else { return }
+        record(
+            rate, in: "lmx_gateway_stream_tokens_per_second",
+            "Streamed gateway answers: events (one token each, as servers send them) per second.",
+            key: key, buckets: Self.rateBuckets)
+    }
+
+    /// One value into the histogram `name` of the model and path `key` (made on first use).
+    private func record(_ value: Double, in name: String, _ help: String, key: TrafficStats.Key, buckets: [Double]) {
+        guard value.isFinite, value >= 0 else { return }
         registry.makeValueHistogram(
-            descriptor: .lmx(
-                "lmx_gateway_stream_tokens_per_second",
-                "Streamed gateway answers: events (one token each, as servers send them) per second."),
-            labels: [("model", key.model), ("via", key.via.rawValue)], buckets: Self.rateBuckets
-        ).record(rate)
+            descriptor: .lmx(name, help), labels: [("model", key.model), ("via", key.via.rawValue)], buckets: buckets
+        ).record(value)
     }
 }
 

@@ -102,11 +102,4 @@ public struct BaseURL: Sendable, Hashable, CustomStringConvertible {
         case .name: nil
         }
     }
-
-    /// The host without brackets or zone: an address, or the name.
-    public var hostText: String {
-        switch host {
-        case .ipv4(let address), .ipv6(let address, _), .name(let address): address
-        }
-    }
 }

@@ -94,9 +94,6 @@ extension ConnectionPlanner {
         return (nil, order.isEmpty ? "no usable endpoint" : "no usable server has \(model) loaded")
     }
 
-    /// `http://10.0.0.5:1234` → `10.0.0.5:1234`.
-    static func hostPort(_ baseURL: String) -> String { BaseURL(baseURL).hostPort }
-
     /// Why a route the trust policy does not allow is not used, for people.
     public func untrustedWhy(_ state: RouteState) -> String {
         if trust(of: state) == .impostor, let instance = state.instanceID, let owner = instanceOwners[instance] {

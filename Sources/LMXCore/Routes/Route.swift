@@ -155,9 +155,6 @@ public struct Route: Sendable, Hashable, Identifiable {
         }
     }
 
-    /// `HTTPS://Host:443/` → `https://host:443`: lower-case scheme and host, no trailing slash.
-    public static func normalizedBase(_ url: String) -> String { BaseURL(url).text }
-
     /// The OpenAI-compatible base URL (`…/v1`).
     public var openAIBaseURL: String { baseURL + "/v1" }
 }
