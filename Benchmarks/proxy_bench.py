@@ -17,12 +17,14 @@ Run through `make bench` (BENCH=proxy).
 """
 import json
 import os
+import resource
 import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
@@ -158,6 +160,9 @@ def stream(url, runs=10):
 
 
 def main():
+    # 1,024 streams need 1,024 sockets in the client and twice that in the gateway.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
     directory = tempfile.mkdtemp(prefix="lmx-proxy-bench-")
     results = {}
     agents = {}
@@ -169,7 +174,8 @@ def main():
         # One agent in front of each upstream, as nginx has one upstream per server block.
         for name, upstream, gateway in (("static", UPSTREAM, GATEWAY), ("stream", STREAMER, GATEWAY_STREAM)):
             with open("%s/%s.json" % (directory, name), "w") as f:
-                json.dump({"discovery": False, "endpoints": [{"url": "http://127.0.0.1:%d" % upstream, "name": name}]}, f)
+                json.dump({"discovery": False, "endpoints": [{"url": "http://127.0.0.1:%d" % upstream, "name": name}],
+                           "gateway": {"max_connections_per_route": 2048}}, f)
             agents[name] = start([BIN + "/lmx-agentd", "--socket", "%s/%s.sock" % (directory, name), "--db", "%s/%s.db" % (directory, name),
                    "--config", "%s/%s.json" % (directory, name), "--no-discovery", "--gateway", "127.0.0.1:%d" % gateway,
                    "--gateway-socket", "%s/%s-gateway.sock" % (directory, name), "--log-level", "warning"])
@@ -197,6 +203,26 @@ def main():
             out = subprocess.run(["python3", CLIENT, "streams", "http://127.0.0.1:%d/v1" % port, "--concurrency", "64"],
                                  capture_output=True, text=True, check=True).stdout.splitlines()[-1]
             results["streams64_" + name] = json.loads(out)
+        # 1,024 streams at once through one route: all served; the daemon's memory per stream
+        # (its peak RSS during the run, sampled every 50 ms, over its RSS before).
+        stream_pid = agents["stream"].pid
+        for name, port in (("direct", STREAMER), ("gateway", GATEWAY_STREAM)):
+            before = lmxtools.memory_kib(stream_pid)["rss"]
+            peak = [before]
+            done = threading.Event()
+
+            def sample():
+                while not done.wait(0.05):
+                    peak[0] = max(peak[0], lmxtools.memory_kib(stream_pid)["rss"])
+
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            out = subprocess.run(["python3", CLIENT, "streams", "http://127.0.0.1:%d/v1" % port, "--concurrency", "1024"],
+                                 capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+            done.set()
+            sampler.join()
+            results["streams1024_" + name] = json.loads(out)
+            results["streams1024_" + name]["rss_kib"] = (before, peak[0])
     finally:
         stop_all()
     rows = ["| clients | direct req/s | nginx req/s | gateway req/s | nginx added p50 / p99 | gateway added p50 / p99 |",
@@ -229,6 +255,14 @@ def main():
     rows.append("| 64 streams at once: completed; slowest first event | %d, %.1f ms | %d, %.1f ms | %d, %.1f ms |" % (
         r["direct"]["completed"], r["direct"]["first_event_max_ms"], r["nginx"]["completed"], r["nginx"]["first_event_max_ms"],
         r["gateway"]["completed"], r["gateway"]["first_event_max_ms"]))
+    r = {name: results["streams1024_" + name] for name in ("direct", "gateway")}
+    before, peak = r["gateway"]["rss_kib"]
+    rows.append("| 1,024 streams at once: completed; slowest first event | %d, %.1f ms | — | %d, %.1f ms |" % (
+        r["direct"]["completed"], r["direct"]["first_event_max_ms"], r["gateway"]["completed"],
+        r["gateway"]["first_event_max_ms"]))
+    rows.append("")
+    rows.append("1,024 streams: the daemon's RSS %.1f MiB before, %.1f MiB at its peak: %.1f KiB per stream." % (
+        before / 1024, peak / 1024, (peak - before) / 1024))
     text = "\n".join(rows)
     print(text)
     out = os.environ.get("BENCH_RESULTS")

@@ -57,6 +57,10 @@ struct GatewayTests {
             #expect(headers?["authorization"] == "Bearer lan-inference-key")
             #expect(headers?["x-admin-key"] == nil)
             #expect(headers?["host"] == "10.254.0.11:\(port)")
+            // Forwarded by the event-loop data path, not handed to the general one.
+            let dataPath = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
+            #expect(dataPath.contains("lmx_gateway_general_path_total 0"), "\(dataPath)")
+            #expect(dataPath.contains("lmx_gateway_requests_total 1"))
             // A client's placeholder key (the OpenAI SDKs always send one) does not replace the
             // route's: the server gets the route's key.
             let own = try await curl(["-H", "Authorization: Bearer sk-placeholder", base + "/models"])

@@ -207,8 +207,11 @@ final class RouteLoad: Sendable {
     /// The cool-down a busy answer asks for: 429, or 503 that says it is overloaded (or gives a
     /// `Retry-After`); its `Retry-After` seconds, capped; nil for any other answer.
     static func busyCooldown(_ response: HTTPClientResponse, cap: Double) -> Double? {
-        let code = response.status.code
-        let retryAfter = response.headers.first(name: "retry-after").flatMap { OutsideInput.delaySeconds($0, cap: cap) }
+        busyCooldown(code: Int(response.status.code), retryAfter: response.headers.first(name: "retry-after"), cap: cap)
+    }
+
+    static func busyCooldown(code: Int, retryAfter: String?, cap: Double) -> Double? {
+        let retryAfter = retryAfter.flatMap { OutsideInput.delaySeconds($0, cap: cap) }
         guard code == 429 || (code == 503 && retryAfter != nil) else { return nil }
         return min(max(retryAfter ?? 5, 1), max(cap, 1))
     }

@@ -269,7 +269,7 @@ extension Gateway {
         outgoing.method = HTTPMethod(rawValue: method)
         for header in GatewayPolicy.upstreamHeaders(
             client: headers, credentials: target.credentials, path: uri.path,
-            userAgent: "lmx-agent/\(StatusAPI.version)")
+            userAgent: userAgent)
         {
             outgoing.headers.add(name: header.name, value: header.value)
         }
@@ -288,8 +288,19 @@ extension Gateway {
         return fields
     }
 
+    /// What the gateway sends upstream as `User-Agent` when the client sends none.
+    static let userAgent = "lmx-agent/\(StatusAPI.version)"
+
     /// An error in the OpenAI API's shape, so clients show the message.
     static func error(_ status: Int, code: String, message: String) -> Response {
+        Response(
+            status: HTTPResponse.Status(code: status),
+            headers: secured([.contentType: "application/json", .cacheControl: "no-store"]),
+            body: .init(byteBuffer: ByteBuffer(bytes: errorBody(code: code, message: message))))
+    }
+
+    /// The JSON of an error in the OpenAI API's shape, with a final newline.
+    static func errorBody(code: String, message: String) -> [UInt8] {
         struct Body: Encodable {
             struct Detail: Encodable {
                 var message: String
@@ -301,10 +312,7 @@ extension Gateway {
         let body = Body(error: .init(message: message, type: "lmx_gateway_error", code: code))
         var bytes = (try? StatusAPI.encoder.encode(body)).map { Array($0) } ?? Array("{}".utf8)
         bytes.append(0x0A)
-        return Response(
-            status: HTTPResponse.Status(code: status),
-            headers: secured([.contentType: "application/json", .cacheControl: "no-store"]),
-            body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+        return bytes
     }
 }
 

@@ -41,6 +41,9 @@ public final class Gateway: Sendable {
     let dashboard: Dashboard
     /// Which server holds which agent run, RAG collection or stored response.
     let affinity = ServerAffinityBook()
+    /// The data path: each event loop's state and connections (set once, in `init`).
+    private let dataPathBox = Mutex<GatewayDataPath?>(nil)
+    var dataPath: GatewayDataPath? { dataPathBox.withLock { $0 } }
 
     public init(agent: Agent, configuration: GatewayConfiguration, extraCAFile: String?, logger: Logger) throws {
         self.agent = agent
@@ -71,6 +74,8 @@ public final class Gateway: Sendable {
         } else {
             groupGate = nil
         }
+        let dataPath = try GatewayDataPath(gateway: self, tls: tls)
+        dataPathBox.withLock { $0 = dataPath }
     }
 
     public func shutdown() async {
@@ -83,6 +88,7 @@ public final class Gateway: Sendable {
     public func dropConnections() {
         lanClient.renew()
         wanClient.renew()
+        dataPath?.dropConnections()
     }
 
     /// The applications to run: the Unix socket always, TCP on loopback when configured.
@@ -92,10 +98,18 @@ public final class Gateway: Sendable {
         // Per user, on the socket and over TCP together (the kernel names the user of a loopback
         // TCP peer too): one user's connections cannot crowd out another's.
         let limiter = ConnectionLimiter(perUser: configuration.maxConnectionsPerUser)
-        let server = HTTPServerBuilder { responder in
-            PerUserLimitedChannel(
-                base: HTTP1Channel(responder: responder, configuration: .init(idleTimeout: .seconds(60))),
-                limiter: limiter)
+        let server: HTTPServerBuilder
+        if let dataPath {
+            server = HTTPServerBuilder { responder in
+                GatewayChildChannel(responder: responder, limiter: limiter, dataPath: dataPath)
+            }
+            apps.append(("gateway-state", FollowService { await dataPath.follow() }))
+        } else {
+            server = HTTPServerBuilder { responder in
+                PerUserLimitedChannel(
+                    base: HTTP1Channel(responder: responder, configuration: .init(idleTimeout: .seconds(60))),
+                    limiter: limiter)
+            }
         }
         if let socketPath {
             let app = Application(
@@ -191,6 +205,15 @@ public final class Gateway: Sendable {
                     "http://\(primaryIsV4 && $0.host.lowercased() == "localhost" ? "127.0.0.1:\($0.port)" : $0.description)"
                 } : nil,
             problem: problems.isEmpty ? nil : problems.joined(separator: "; "), generation: generation)
+    }
+}
+
+/// Runs `body` until the service group stops.
+struct FollowService: Service {
+    let body: @Sendable () async -> Void
+
+    func run() async throws {
+        await cancelWhenGracefulShutdown { await body() }
     }
 }
 

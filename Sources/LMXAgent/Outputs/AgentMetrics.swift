@@ -27,6 +27,7 @@ public final class AgentMetrics: Sendable {
     let gatewayFailures: Counter
     let gatewayRefused: Counter
     let gatewayInFlight: Gauge
+    let gatewayHandedOver: Counter
     /// Dropped store writes already added to the counter.
     private let droppedCounted = Mutex(0)
 
@@ -91,6 +92,11 @@ public final class AgentMetrics: Sendable {
                 "lmx_gateway_refused_total", "Requests the gateway refused (path, origin, host, group, size)."))
         gatewayInFlight = r.makeGauge(
             descriptor: .lmx("lmx_gateway_in_flight", "Gateway requests being forwarded now."))
+        gatewayHandedOver = r.makeCounter(
+            descriptor: .lmx(
+                "lmx_gateway_general_path_total",
+                "Gateway requests answered by its general path (dashboard, waits, affinity, refusals, handovers) rather than the event-loop data path."
+            ))
     }
 
     /// The Prometheus text exposition.

@@ -1,0 +1,642 @@
+import LMXCore
+import LMXProbe
+import NIOCore
+import NIOHTTP1
+
+/// One client connection of the gateway, on its event loop: decides each request with the core's
+/// pure rules against the loop's copy of the agent's state, forwards it to a connection of the
+/// loop's own pool and passes the answer back as it comes, with backpressure both ways (neither
+/// side is read while the other cannot take more) and one flush per read batch.
+///
+/// A request this handler does not forward (the dashboard, a refusal, a request that names an
+/// object on one server, one that must wait for a route, a busy server's handover) is handed
+/// whole, as it was read, to the general path behind it (Hummingbird, ``Gateway/forward``),
+/// which answers it with the same rules.
+final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+    typealias OutboundIn = HTTPServerResponsePart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let dataPath: GatewayDataPath
+    private let gateway: Gateway
+    private let state: GatewayDataPath.LoopState
+    private let uid: UInt32?
+    private let overTCP: Bool
+    private var context: ChannelHandlerContext?
+
+    /// The request this handler is forwarding, if any.
+    private var request: ForwardedRequest?
+    /// Parts of a request being handed to the general path as they arrive.
+    private var passing = false
+    /// Requests handed over whose answer has not ended.
+    private var handedOver = 0
+    /// Parts read after the current request (pipelined): handled once it is done.
+    private var queued = CircularBuffer<HTTPServerRequestPart>()
+    private var readPending = false
+    private var idleTimer: Scheduled<Void>?
+
+    init(dataPath: GatewayDataPath, state: GatewayDataPath.LoopState, uid: UInt32?, overTCP: Bool) {
+        self.dataPath = dataPath
+        self.gateway = dataPath.gateway
+        self.state = state
+        self.uid = uid
+        self.overTCP = overTCP
+    }
+
+    /// What the client can take now (an upstream is read only while it can).
+    var clientWritable: Bool { context?.channel.isWritable ?? false }
+
+    // MARK: Channel events
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        armIdleTimer()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        idleTimer?.cancel()
+        abandon()
+        self.context = nil
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        idleTimer?.cancel()
+        abandon()
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // A malformed request: the general path's handler closes the connection.
+        abandon()
+        context.fireErrorCaught(error)
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable { request?.upstream?.handler.resumeReads() }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if holdsReads {
+            readPending = true
+        } else {
+            context.read()
+        }
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        request?.upstream?.handler.flush()
+        context.fireChannelReadComplete()
+    }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        // The general path's answers pass through; when the last one ends, the next request is ours.
+        if case .end = unwrapOutboundIn(data), handedOver > 0 {
+            handedOver -= 1
+            context.write(data, promise: promise)
+            if handedOver == 0, !passing, request == nil { armIdleTimer() }
+            return
+        }
+        context.write(data, promise: promise)
+    }
+
+    /// Reads wait while parts are queued, while a connection is being made, and while the
+    /// upstream cannot take more of the body.
+    private var holdsReads: Bool {
+        if !queued.isEmpty { return true }
+        guard let request, !request.clientEnded else { return false }
+        if request.phase == .connecting { return true }
+        if let upstream = request.upstream, !upstream.channel.isWritable { return true }
+        return false
+    }
+
+    private func resumeReadsIfHeld() {
+        guard readPending, !holdsReads, let context else { return }
+        readPending = false
+        context.read()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let part = unwrapInboundIn(data)
+        if !queued.isEmpty || (request?.clientEnded == true) {
+            queued.append(part)
+            return
+        }
+        handle(part)
+    }
+
+    private func handle(_ part: HTTPServerRequestPart) {
+        guard let context else { return }
+        if passing {
+            if case .end = part { passing = false }
+            context.fireChannelRead(wrapInboundOut(part))
+            return
+        }
+        if let request {
+            requestPart(part, of: request)
+            return
+        }
+        guard case .head(let head) = part else {
+            // Parts of a request already abandoned (its answer ended before its body).
+            return
+        }
+        idleTimer?.cancel()
+        if handedOver > 0 || !takes(head) {
+            handOver(head: head, parts: [], ended: false)
+            return
+        }
+        let reservation = gateway.readAhead.reservation(for: uid)
+        request = ForwardedRequest(head: head, reservation: reservation)
+    }
+
+    /// Handles the queued parts, in order, until a request of ours waits for its answer.
+    private func drainQueue() {
+        while !queued.isEmpty, request?.clientEnded != true {
+            handle(queued.removeFirst())
+        }
+        resumeReadsIfHeld()
+    }
+
+    // MARK: Deciding
+
+    /// The requests this handler forwards itself: plain `/v1/` requests with nothing that needs
+    /// the general path's waits or checks.
+    private func takes(_ head: HTTPRequestHead) -> Bool {
+        let uri = head.uri
+        guard uri.hasPrefix("/v1/"), !uri.contains("%"), !uri.contains("#"), !uri.contains(".."),
+            gateway.groupGate == nil, head.method != .CONNECT, head.version.major == 1
+        else { return false }
+        let path = ForwardedRequest.path(of: uri)
+        guard DashboardPolicy.resource(path: path) == nil,
+            !ServerAffinity.answerMakes(method: head.method.rawValue, path: path)
+        else { return false }
+        let headers = head.headers.map { (name: $0.name, value: $0.value) }
+        if head.headers.contains(name: "expect") { return false }
+        if GatewayPolicy.refusal(
+            method: head.method.rawValue, path: path, authority: head.headers.first(name: "host"), headers: headers,
+            adminEnabled: gateway.configuration.admin, overTCP: overTCP,
+            localhostIsOurs: gateway.listeners.localhostIsOurs) != nil
+        {
+            return false
+        }
+        if let declared = head.headers.first(name: "content-length").flatMap(OutsideInput.contentLength),
+            declared > gateway.configuration.maxRequestBytes
+        {
+            return false
+        }
+        return true
+    }
+
+    private func requestPart(_ part: HTTPServerRequestPart, of request: ForwardedRequest) {
+        switch part {
+        case .head:
+            return  // not after a head without its end
+        case .body(let chunk):
+            request.received += chunk.readableBytes
+            if request.received > gateway.configuration.maxRequestBytes {
+                tooLarge(request)
+                return
+            }
+            switch request.phase {
+            case .collecting:
+                request.parts.append(chunk)
+                if request.received >= gateway.configuration.readAheadBytes
+                    || !request.reservation.take(chunk.readableBytes)
+                {
+                    decide(request)
+                }
+            case .connecting:
+                request.parts.append(chunk)
+            case .forwarding:
+                request.upstream?.handler.send(.body(.byteBuffer(chunk)))
+            case .done:
+                break  // the answer ended before the body: the rest is read and dropped
+            }
+        case .end:
+            request.clientEnded = true
+            switch request.phase {
+            case .collecting: decide(request)
+            case .connecting: break
+            case .forwarding:
+                request.upstream?.handler.send(.end(nil))
+                request.upstream?.handler.flush()
+            case .done: finished(request)
+            }
+        }
+    }
+
+    private func decide(_ request: ForwardedRequest) {
+        let method = request.head.method.rawValue
+        let path = request.path
+        var bytes: [UInt8] = []
+        if method == "POST" {
+            bytes.reserveCapacity(request.received)
+            for chunk in request.parts { bytes.append(contentsOf: chunk.readableBytesView) }
+        }
+        let model = method == "POST" ? ModelField.find(in: bytes) : nil
+        if ServerAffinity.named(method: method, path: path, body: bytes) != nil {
+            return handOver(request)
+        }
+        let headers = request.head.headers.map { (name: $0.name, value: $0.value) }
+        let plan = state.snapshot.gatewayPlan(
+            limit: gateway.configuration.attempts, model: model, clientHasKey: GatewayPolicy.clientHasKey(headers),
+            server: nil)
+        guard case .forward(let routes) = plan, !routes.isEmpty else { return handOver(request) }
+        var targets = gateway.load.order(routes)
+        if !request.clientEnded { targets = Array(targets.prefix(1)) }
+        // Only routes the data path connects to, and while the loop has connections to spare.
+        guard let first = targets.first, let address = UpstreamAddress(first.baseURL),
+            state.pool.openCount(address) < dataPath.connectionsPerLoop
+        else { return handOver(request) }
+        request.model = model
+        request.targets = targets
+        request.madeByRequest = ServerAffinity.madeByRequest(method: method, path: path, body: bytes)
+        request.clientHeaders = headers
+        request.inFlight = InFlightToken(gateway.metrics.gatewayInFlight)
+        gateway.metrics.gatewayRequests.increment()
+        attempt(request, index: 0)
+    }
+
+    /// The request goes to the general path as it was read: head, the body so far, its end if
+    /// it came; the rest follows as it arrives.
+    private func handOver(_ request: ForwardedRequest) {
+        self.request = nil
+        handOver(head: request.head, parts: request.parts, ended: request.clientEnded)
+    }
+
+    private func handOver(head: HTTPRequestHead, parts: [ByteBuffer], ended: Bool) {
+        guard let context else { return }
+        handedOver += 1
+        gateway.metrics.gatewayHandedOver.increment()
+        context.fireChannelRead(wrapInboundOut(.head(head)))
+        for part in parts { context.fireChannelRead(wrapInboundOut(.body(part))) }
+        if ended {
+            context.fireChannelRead(wrapInboundOut(.end(nil)))
+        } else {
+            passing = true
+        }
+        context.fireChannelReadComplete()
+    }
+
+    // MARK: Forwarding
+
+    private func attempt(_ request: ForwardedRequest, index: Int) {
+        guard self.request === request, index < request.targets.count else { return }
+        let target = request.targets[index]
+        guard let address = UpstreamAddress(target.baseURL) else {
+            return failed(request, index: index, detail: "the route's address is not usable here", error: nil)
+        }
+        if index > 0 { gateway.metrics.gatewayRetries.increment() }
+        request.attempt = index
+        request.routeToken = gateway.load.started(target.routeID)
+        request.phase = .connecting
+        if let connection = state.pool.takeIdle(address) {
+            return send(request, over: connection, target: target)
+        }
+        let timeout =
+            target.via == .lan ? gateway.configuration.connectTimeout : max(gateway.configuration.connectTimeout, 8)
+        let pool = state.pool
+        pool.connect(address, timeout: .milliseconds(Int64(timeout * 1000))).assumeIsolated().whenComplete {
+            [self] result in
+            switch result {
+            case .success(let channel):
+                guard self.request === request, let connection = try? pool.adopt(channel, address: address) else {
+                    channel.close(promise: nil)
+                    return
+                }
+                self.send(request, over: connection, target: target)
+            case .failure(let error):
+                guard self.request === request else { return }
+                let failure = Prober.classify(error)
+                self.failed(request, index: index, detail: failure.detail, error: error, certainlyNotSent: true)
+            }
+        }
+    }
+
+    private func send(_ request: ForwardedRequest, over connection: UpstreamConnection, target: GatewayTarget) {
+        request.upstream = connection
+        request.phase = .forwarding
+        connection.handler.owner = self
+        let head = request.head
+        var headers = HTTPHeaders()
+        headers.reserveCapacity(head.headers.count + 4)
+        headers.add(name: "Host", value: connection.address.authority)
+        for header in GatewayPolicy.upstreamHeaders(
+            client: request.clientHeaders, credentials: target.credentials, path: request.path,
+            userAgent: Gateway.userAgent)
+        {
+            headers.add(name: header.name, value: header.value)
+        }
+        let method = head.method
+        if request.clientEnded {
+            if request.received > 0 || ![.GET, .HEAD, .OPTIONS, .DELETE].contains(method) {
+                headers.add(name: "Content-Length", value: String(request.received))
+            }
+        } else if let length = head.headers.first(name: "content-length") {
+            headers.add(name: "Content-Length", value: length)
+        } else {
+            headers.add(name: "Transfer-Encoding", value: "chunked")
+        }
+        let handler = connection.handler
+        handler.send(.head(HTTPRequestHead(version: .http1_1, method: method, uri: head.uri, headers: headers)))
+        for part in request.parts { handler.send(.body(.byteBuffer(part))) }
+        if request.clientEnded {
+            handler.send(.end(nil))
+        } else {
+            // Sent on as it arrives: nothing of it is kept.
+            request.parts = []
+        }
+        handler.flush()
+        resumeReadsIfHeld()
+    }
+
+    /// The route failed before any byte of an answer: the next one if the request certainly
+    /// did not arrive (or may safely arrive twice) and its body is whole; else 502.
+    private func failed(
+        _ request: ForwardedRequest, index: Int, detail: String, error: (any Error)?, certainlyNotSent: Bool = false
+    ) {
+        let target = request.targets[index]
+        request.routeToken = nil
+        if let upstream = request.upstream {
+            upstream.handler.owner = nil
+            upstream.channel.close(promise: nil)
+            request.upstream = nil
+        }
+        let manager = gateway.agent.manager
+        let routeID = target.routeID
+        Task { await manager.gatewayFailed(routeID, reason: detail) }
+        let canRetry =
+            request.clientEnded && (certainlyNotSent || GatewayPolicy.isIdempotent(request.head.method.rawValue))
+        gateway.logger.notice(
+            "gateway: route failed before answering",
+            metadata: [
+                "route": "\(routeID)", "reason": "\(detail)",
+                "retry": "\(canRetry && index + 1 < request.targets.count)",
+            ])
+        if canRetry, index + 1 < request.targets.count {
+            return attempt(request, index: index + 1)
+        }
+        gateway.metrics.gatewayFailures.increment()
+        gateway.agent.traffic.answered(
+            model: request.model, via: target.via, status: 502, firstByte: nil, answered: false)
+        respond(
+            request, status: 502, code: "upstream_unreachable",
+            message: "the Opta LMX server could not be reached (\(detail)); the agent is probing it again")
+    }
+
+    /// An answer of the gateway's own, in the OpenAI error shape.
+    private func respond(_ request: ForwardedRequest, status: Int, code: String, message: String) {
+        guard let context else { return }
+        let body = ByteBuffer(bytes: Gateway.errorBody(code: code, message: message))
+        var headers = HTTPHeaders()
+        headers.add(name: "Content-Type", value: "application/json")
+        headers.add(name: "Cache-Control", value: "no-store")
+        for (name, value) in GatewayPolicy.securityHeaders { headers.add(name: name, value: value) }
+        headers.add(name: "Content-Length", value: String(body.readableBytes))
+        let keepAlive = request.head.isKeepAlive && request.clientEnded
+        if !keepAlive { headers.add(name: "Connection", value: "close") }
+        context.write(
+            wrapOutboundOut(
+                .head(HTTPResponseHead(version: .http1_1, status: .init(statusCode: status), headers: headers))),
+            promise: nil)
+        context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        request.keepAlive = keepAlive
+        request.phase = .done
+        request.releaseTokens()
+        if request.clientEnded { finished(request) } else { context.close(promise: nil) }
+    }
+
+    private func tooLarge(_ request: ForwardedRequest) {
+        gateway.metrics.gatewayRefused.increment()
+        if let upstream = request.upstream {
+            upstream.handler.owner = nil
+            upstream.channel.close(promise: nil)
+            request.upstream = nil
+        }
+        guard !request.answerStarted else {
+            context?.close(promise: nil)
+            return
+        }
+        respond(
+            request, status: 413, code: "request_too_large",
+            message:
+                "request bodies are limited to \(gateway.configuration.maxRequestBytes) bytes (gateway.max_request_bytes)"
+        )
+    }
+
+    // MARK: The answer
+
+    func upstreamRead(_ part: HTTPClientResponsePart) {
+        guard let request, let context, let upstream = request.upstream else { return }
+        let target = request.targets[request.attempt]
+        switch part {
+        case .head(let head):
+            if head.status.code < 200 { return }  // 100 Continue and other interim answers
+            let retryAfter = head.headers.first(name: "retry-after")
+            if let cooldown = RouteLoad.busyCooldown(
+                code: Int(head.status.code), retryAfter: retryAfter, cap: gateway.configuration.busyCooldownMax)
+            {
+                gateway.load.coolDown(target.routeID, seconds: cooldown)
+                if request.attempt + 1 < request.targets.count, request.clientEnded {
+                    // Another server may take it: the general path hands it over (and answers
+                    // with this server's own answer if none does).
+                    upstream.handler.owner = nil
+                    upstream.channel.close(promise: nil)
+                    request.upstream = nil
+                    request.releaseTokens()
+                    gateway.logger.info(
+                        "gateway: server busy, trying the next",
+                        metadata: ["route": "\(target.routeID)", "status": "\(head.status.code)"])
+                    return handOver(request)
+                }
+            }
+            if (200..<300).contains(head.status.code), let instance = target.instanceID,
+                let made = request.madeByRequest
+            {
+                gateway.affinity.record(made, on: instance)
+            }
+            request.upstreamKeepAlive = head.isKeepAlive
+            let events =
+                head.headers.first(name: "content-type")?.lowercased().hasPrefix("text/event-stream") == true
+            if events { request.relay = EventRelay() }
+            TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
+                .answered(target.via, status: Int(head.status.code), stream: events)
+            var headers = HTTPHeaders()
+            headers.reserveCapacity(head.headers.count + 5)
+            for (name, value) in GatewayPolicy.downstreamHeaders(head.headers.map { (name: $0.name, value: $0.value) })
+            {
+                headers.add(name: name, value: value)
+            }
+            if let length = head.headers.first(name: "content-length") {
+                headers.add(name: "Content-Length", value: length)
+            }
+            for (name, value) in GatewayPolicy.securityHeaders { headers.add(name: name, value: value) }
+            headers.add(name: "X-LMX-Via", value: target.via.rawValue)
+            request.keepAlive = request.head.isKeepAlive
+            if !request.keepAlive { headers.add(name: "Connection", value: "close") }
+            request.answerStarted = true
+            context.write(
+                wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers))),
+                promise: nil)
+        case .body(let chunk):
+            guard request.answerStarted else { return }
+            if request.relay != nil {
+                request.relay!.pass(chunk) { context.write(wrapOutboundOut(.body(.byteBuffer($0))), promise: nil) }
+            } else {
+                context.write(wrapOutboundOut(.body(.byteBuffer(chunk))), promise: nil)
+            }
+        case .end:
+            guard request.answerStarted else { return }
+            if var relay = request.relay {
+                let (rest, cut) = relay.finish()
+                request.relay = relay
+                if cut { return streamLost(request, error: Gateway.StreamEndedMidEvent()) }
+                if let rest { context.write(wrapOutboundOut(.body(.byteBuffer(rest))), promise: nil) }
+                if let relay = request.relay {
+                    TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
+                        .streamed(target.via, relay.tally)
+                }
+            }
+            context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+            request.phase = .done
+            upstream.handler.owner = nil
+            request.upstream = nil
+            if request.clientEnded, request.upstreamKeepAlive {
+                state.pool.release(upstream)
+            } else {
+                upstream.channel.close(promise: nil)
+            }
+            request.releaseTokens()
+            if request.clientEnded { finished(request) }
+        }
+    }
+
+    func upstreamReadComplete() {
+        context?.flush()
+    }
+
+    func upstreamWritable() {
+        resumeReadsIfHeld()
+    }
+
+    /// The upstream connection closed or failed while this request held it.
+    func upstreamClosed(_ error: (any Error)?) {
+        guard let request, request.upstream != nil else { return }
+        if !request.answerStarted {
+            let detail = error.map { Prober.classify($0).detail } ?? "the server closed the connection"
+            return failed(request, index: request.attempt, detail: detail, error: error)
+        }
+        if request.relay != nil {
+            return streamLost(request, error: error ?? Gateway.StreamEndedMidEvent())
+        }
+        // An answer cut in the middle: the client gets what came, then sees its connection
+        // close, as from the server.
+        request.upstream?.handler.owner = nil
+        context?.flush()
+        request.upstream = nil
+        request.releaseTokens()
+        request.phase = .done
+        self.request = nil
+        context?.close(promise: nil)
+    }
+
+    /// A stream of events lost mid-answer: ended with an `error` event naming the route, and the
+    /// agent probes it again.
+    private func streamLost(_ request: ForwardedRequest, error: any Error) {
+        guard let context, var relay = request.relay else { return }
+        let target = request.targets[request.attempt]
+        if let upstream = request.upstream {
+            upstream.handler.owner = nil
+            upstream.channel.close(promise: nil)
+            request.upstream = nil
+        }
+        context.write(wrapOutboundOut(.body(.byteBuffer(relay.lost(target: target, error: error)))), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
+            .streamed(target.via, relay.tally)
+        request.relay = relay
+        let manager = gateway.agent.manager
+        let routeID = target.routeID
+        Task { await manager.gatewayFailed(routeID, reason: "a stream was cut mid-answer") }
+        request.phase = .done
+        request.releaseTokens()
+        if request.clientEnded { finished(request) }
+    }
+
+    /// Answer and request both ended: the connection takes the next request.
+    private func finished(_ request: ForwardedRequest) {
+        guard self.request === request else { return }
+        self.request = nil
+        if !request.keepAlive {
+            context?.close(promise: nil)
+            return
+        }
+        armIdleTimer()
+        drainQueue()
+    }
+
+    /// The client went away (or the handler left): the upstream connection is closed, not reused.
+    private func abandon() {
+        guard let request else { return }
+        self.request = nil
+        if let upstream = request.upstream {
+            upstream.handler.owner = nil
+            upstream.channel.close(promise: nil)
+        }
+        request.releaseTokens()
+    }
+
+    private func armIdleTimer() {
+        idleTimer?.cancel()
+        guard let context else { return }
+        idleTimer = context.eventLoop.assumeIsolated().scheduleTask(in: GatewayChildChannel.idleTimeout) {
+            [self] in
+            guard self.request == nil, self.handedOver == 0, !self.passing else { return }
+            self.context?.close(promise: nil)
+        }
+    }
+}
+
+/// A request the data path forwards, from its head to its answer's end.
+final class ForwardedRequest {
+    enum Phase { case collecting, connecting, forwarding, done }
+
+    let head: HTTPRequestHead
+    let path: String
+    let started = ContinuousClock.now
+    let reservation: ReadAheadBudget.Reservation
+    var phase = Phase.collecting
+    /// The body read ahead (while collecting), then what arrives while connecting.
+    var parts: [ByteBuffer] = []
+    var received = 0
+    var clientEnded = false
+    var clientHeaders: [(name: String, value: String)] = []
+    var model: String?
+    var madeByRequest: ServerObject?
+    var targets: [GatewayTarget] = []
+    var attempt = 0
+    var upstream: UpstreamConnection?
+    var upstreamKeepAlive = true
+    var keepAlive = true
+    var answerStarted = false
+    var relay: EventRelay?
+    var inFlight: InFlightToken?
+    var routeToken: (any AnyObject & Sendable)?
+
+    init(head: HTTPRequestHead, reservation: ReadAheadBudget.Reservation) {
+        self.head = head
+        self.path = Self.path(of: head.uri)
+        self.reservation = reservation
+    }
+
+    static func path(of uri: String) -> String {
+        if let query = uri.firstIndex(of: "?") { String(uri[..<query]) } else { uri }
+    }
+
+    func releaseTokens() {
+        inFlight = nil
+        routeToken = nil
+    }
+}

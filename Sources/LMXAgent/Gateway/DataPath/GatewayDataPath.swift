@@ -1,0 +1,123 @@
+import Hummingbird
+import HummingbirdCore
+import LMXCore
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOHTTPTypes
+import NIOHTTPTypesHTTP1
+import NIOPosix
+import NIOSSL
+
+/// The gateway's data path: what each event loop needs to forward a request without leaving
+/// it. Each loop has its own copy of the agent's state (published to it when the state changes)
+/// and its own keep-alive connections to the routes; a request is decided and forwarded by the
+/// client connection's channel handler (``GatewayConnectionHandler``) on that loop, with no task,
+/// actor hop or wait in between.
+final class GatewayDataPath: Sendable {
+    let gateway: Gateway
+    /// Per event loop of the group the listeners run on; built once, never changed.
+    private let loops: [ObjectIdentifier: LoopState]
+    let group: MultiThreadedEventLoopGroup
+    /// Connections to one route per loop (`gateway.max_connections_per_route` shared out); past
+    /// that, requests take the general path, which waits for a connection.
+    let connectionsPerLoop: Int
+
+    /// What one event loop knows. Used only on that loop (`@unchecked`: confined, not locked).
+    final class LoopState: @unchecked Sendable {
+        let loop: any EventLoop
+        var snapshot: AgentSnapshot
+        let pool: UpstreamPool
+
+        init(loop: any EventLoop, snapshot: AgentSnapshot, pool: UpstreamPool) {
+            self.loop = loop
+            self.snapshot = snapshot
+            self.pool = pool
+        }
+    }
+
+    init(gateway: Gateway, tls: TLSConfiguration, group: MultiThreadedEventLoopGroup = .singleton) throws {
+        self.gateway = gateway
+        self.group = group
+        let context = try NIOSSLContext(configuration: tls)
+        let snapshot = gateway.agent.board.snapshot
+        var loops: [ObjectIdentifier: LoopState] = [:]
+        for loop in group.makeIterator() {
+            loops[ObjectIdentifier(loop)] = LoopState(
+                loop: loop, snapshot: snapshot, pool: UpstreamPool(eventLoop: loop, tls: context))
+        }
+        self.loops = loops
+        connectionsPerLoop = max(1, gateway.configuration.maxConnectionsPerRoute / max(loops.count, 1))
+    }
+
+    func state(for loop: any EventLoop) -> LoopState? { loops[ObjectIdentifier(loop)] }
+
+    /// Hands the agent's new state to every loop.
+    func publish(_ snapshot: AgentSnapshot) {
+        for state in loops.values {
+            state.loop.execute { state.snapshot = snapshot }
+        }
+    }
+
+    /// The machine's network changed: no connection made before is used again.
+    func dropConnections() {
+        for state in loops.values {
+            state.loop.execute { state.pool.dropAll() }
+        }
+    }
+
+    /// Follows the agent's state until the gateway stops.
+    func follow() async {
+        publish(gateway.agent.board.snapshot)
+        for await update in gateway.agent.board.updates(buffering: 1) {
+            publish(update.snapshot)
+        }
+    }
+}
+
+/// A gateway connection: the per-user limit, then HTTP/1 with the data path's handler in front
+/// of Hummingbird's. Requests the data path forwards never reach Hummingbird; the others
+/// (dashboard, requests that wait for a route or name a server's object, refusals) are handed
+/// to it whole and answered by ``Gateway/forward(_:context:)``.
+struct GatewayChildChannel: ServerChildChannel, HTTPChannelHandler {
+    typealias Value = NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>
+    let responder: HTTPChannelHandler.Responder
+    let limiter: ConnectionLimiter
+    let dataPath: GatewayDataPath
+    /// Time before an idle connection (no request being answered) is closed.
+    static let idleTimeout = TimeAmount.seconds(60)
+
+    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
+        channel.peerUID().flatMap { known in
+            let uid = known ?? UInt32.max
+            guard limiter.admit(uid) else {
+                logger.debug("refused a connection over the per-user limit", metadata: ["uid": "\(uid)"])
+                channel.close(promise: nil)
+                return channel.eventLoop.makeFailedFuture(ChannelError.inputClosed)
+            }
+            channel.closeFuture.whenComplete { _ in limiter.release(uid) }
+            return channel.eventLoop.makeCompletedFuture {
+                let sync = channel.pipeline.syncOperations
+                try sync.configureHTTPServerPipeline(
+                    withPipeliningAssistance: false, withErrorHandling: false, withOutboundHeaderValidation: false)
+                if let state = dataPath.state(for: channel.eventLoop) {
+                    let overTCP: Bool
+                    switch channel.localAddress {
+                    case .v4, .v6: overTCP = true
+                    default: overTCP = false
+                    }
+                    try sync.addHandler(
+                        GatewayConnectionHandler(dataPath: dataPath, state: state, uid: known, overTCP: overTCP))
+                }
+                try sync.addHandler(HTTP1ToHTTPServerCodec(secure: false))
+                try sync.addHandler(HTTPConnectionStateHandler(idleTimeout: nil, logger: logger))
+                return try NIOAsyncChannel(
+                    wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
+            }
+        }
+    }
+
+    func handle(value: Value, logger: Logger) async {
+        await handleHTTP(asyncChannel: value, logger: logger)
+    }
+}

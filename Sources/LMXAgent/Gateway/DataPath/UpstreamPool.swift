@@ -1,0 +1,224 @@
+import LMXCore
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import NIOSSL
+
+/// Where a route's connections go, read once from its base URL: the data path connects to plain
+/// IP literals and names over HTTP or HTTPS. A link-local IPv6 route (with its interface) is left
+/// to the general path.
+struct UpstreamAddress: Hashable, Sendable {
+    let tls: Bool
+    /// What to connect to: an IP literal or a DNS name.
+    let host: String
+    let port: Int
+    /// The `Host` header: the authority as the route's URL writes it.
+    let authority: String
+    /// SNI and certificate name for a tunnel reached by name.
+    let serverName: String?
+
+    init?(_ base: String) {
+        let url = BaseURL(base)
+        guard url.isWellFormed, url.suffix.isEmpty, url.scheme == "http" || url.scheme == "https" else { return nil }
+        tls = url.scheme == "https"
+        switch url.host {
+        case .ipv4(let address):
+            host = address
+            serverName = nil
+        case .ipv6(let address, let zone):
+            guard zone == nil else { return nil }
+            host = address
+            serverName = nil
+        case .name(let name):
+            host = name
+            serverName = name
+        }
+        let port = url.port ?? (tls ? 443 : 80)
+        guard (1...65535).contains(port) else { return nil }
+        self.port = port
+        authority = url.hostPort
+    }
+}
+
+/// One connection to a route, owned by one event loop: lent to one request at a time.
+final class UpstreamConnection {
+    let channel: any Channel
+    let handler: UpstreamHandler
+    let address: UpstreamAddress
+    /// When it was last given back (for the idle limit).
+    var idleSince = NIODeadline.now()
+
+    init(channel: any Channel, handler: UpstreamHandler, address: UpstreamAddress) {
+        self.channel = channel
+        self.handler = handler
+        self.address = address
+    }
+}
+
+/// The keep-alive connections of one event loop to every route, used only from that loop: a
+/// request takes one (or opens one on the same loop) and gives it back when its answer ended
+/// cleanly. No lock: each loop has its own.
+final class UpstreamPool {
+    let eventLoop: any EventLoop
+    let tls: NIOSSLContext
+    /// Idle connections per address, newest last.
+    private var idle: [UpstreamAddress: [UpstreamConnection]] = [:]
+    /// Connections open per address (lent and idle).
+    private var open: [UpstreamAddress: Int] = [:]
+    /// Bumped when the machine's network changes: connections made before are not reused.
+    private var generation = 0
+    private var generations: [ObjectIdentifier: Int] = [:]
+    /// Idle connections older than this are closed, not reused: servers close theirs after a
+    /// few seconds (uvicorn: 5 s), and a request sent as one closes may be lost.
+    static let idleLimit = TimeAmount.seconds(4)
+    static let maxIdlePerAddress = 64
+
+    init(eventLoop: any EventLoop, tls: NIOSSLContext) {
+        self.eventLoop = eventLoop
+        self.tls = tls
+    }
+
+    func openCount(_ address: UpstreamAddress) -> Int { open[address] ?? 0 }
+
+    /// An idle connection that is still fresh, or nil.
+    func takeIdle(_ address: UpstreamAddress) -> UpstreamConnection? {
+        let now = NIODeadline.now()
+        while var list = idle[address], let last = list.popLast() {
+            idle[address] = list.isEmpty ? nil : list
+            if last.channel.isActive, now - last.idleSince < Self.idleLimit,
+                generations[ObjectIdentifier(last)] == generation
+            {
+                return last
+            }
+            last.channel.close(promise: nil)
+        }
+        return nil
+    }
+
+    /// Opens a connection on this loop.
+    func connect(_ address: UpstreamAddress, timeout: TimeAmount) -> EventLoopFuture<any Channel> {
+        let tls = self.tls
+        let bootstrap = ClientBootstrap(group: eventLoop)
+            .connectTimeout(timeout)
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    let sync = channel.pipeline.syncOperations
+                    if address.tls {
+                        try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: address.serverName))
+                    }
+                    try sync.addHTTPClientHandlers()
+                    try sync.addHandler(UpstreamHandler())
+                }
+            }
+        return bootstrap.connect(host: address.host, port: address.port)
+    }
+
+    /// A newly connected channel as a pooled connection, counted until it closes.
+    func adopt(_ channel: any Channel, address: UpstreamAddress) throws -> UpstreamConnection {
+        let handler = try channel.pipeline.syncOperations.handler(type: UpstreamHandler.self)
+        let connection = UpstreamConnection(channel: channel, handler: handler, address: address)
+        open[address, default: 0] += 1
+        generations[ObjectIdentifier(connection)] = generation
+        channel.closeFuture.assumeIsolatedUnsafeUnchecked().whenComplete { [self] _ in
+            self.forget(connection)
+        }
+        return connection
+    }
+
+    /// Gives a connection back after an answer that ended cleanly.
+    func release(_ connection: UpstreamConnection) {
+        connection.handler.owner = nil
+        guard connection.channel.isActive, generations[ObjectIdentifier(connection)] == generation,
+            (idle[connection.address]?.count ?? 0) < Self.maxIdlePerAddress
+        else {
+            connection.channel.close(promise: nil)
+            return
+        }
+        connection.idleSince = .now()
+        idle[connection.address, default: []].append(connection)
+    }
+
+    /// The machine's network changed: idle connections close; those lent finish their answer
+    /// and then close.
+    func dropAll() {
+        generation += 1
+        for list in idle.values { for connection in list { connection.channel.close(promise: nil) } }
+        idle = [:]
+    }
+
+    private func forget(_ connection: UpstreamConnection) {
+        let left = (open[connection.address] ?? 1) - 1
+        open[connection.address] = left > 0 ? left : nil
+        generations[ObjectIdentifier(connection)] = nil
+        if var list = idle[connection.address], let index = list.firstIndex(where: { $0 === connection }) {
+            list.remove(at: index)
+            idle[connection.address] = list.isEmpty ? nil : list
+        }
+    }
+}
+
+/// The last handler of an upstream connection: hands the answer's parts to the request that
+/// holds the connection, and reads only while that request's client can take more.
+final class UpstreamHandler: ChannelDuplexHandler {
+    typealias InboundIn = HTTPClientResponsePart
+    typealias OutboundIn = HTTPClientRequestPart
+    typealias OutboundOut = HTTPClientRequestPart
+
+    /// The client side of the request that holds this connection (nil while idle).
+    weak var owner: GatewayConnectionHandler?
+    private(set) var context: ChannelHandlerContext?
+    private var readPending = false
+
+    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+    func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard let owner else {
+            // An idle connection that speaks unasked: not reused.
+            context.close(promise: nil)
+            return
+        }
+        owner.upstreamRead(unwrapInboundIn(data))
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        owner?.upstreamReadComplete()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        owner?.upstreamClosed(nil)
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        owner?.upstreamClosed(error)
+        context.close(promise: nil)
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable { owner?.upstreamWritable() }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if let owner, !owner.clientWritable {
+            readPending = true
+        } else {
+            context.read()
+        }
+    }
+
+    /// The client can take more: the read held back goes ahead.
+    func resumeReads() {
+        guard readPending, let context else { return }
+        readPending = false
+        context.read()
+    }
+
+    func send(_ part: HTTPClientRequestPart) {
+        context?.write(wrapOutboundOut(part), promise: nil)
+    }
+
+    func flush() { context?.flush() }
+}

@@ -1,0 +1,71 @@
+import LMXCore
+import NIOCore
+import Testing
+
+@testable import LMXAgent
+
+/// The gateway data path's pure pieces: how a route's URL becomes an address to connect to, and
+/// how an event stream is passed on whole events at a time.
+@Suite("The gateway's data path: addresses and the event relay")
+struct DataPathTests {
+    @Test(
+        "a route's URL: IP literals, names (with SNI), default ports; link-local zones and paths left to the general path"
+    )
+    func addresses() throws {
+        let lan = try #require(UpstreamAddress("http://10.0.0.5:1234"))
+        #expect(!lan.tls && lan.host == "10.0.0.5" && lan.port == 1234 && lan.authority == "10.0.0.5:1234")
+        #expect(lan.serverName == nil)
+        let tunnel = try #require(UpstreamAddress("https://lmx.example.com"))
+        #expect(tunnel.tls && tunnel.port == 443 && tunnel.serverName == "lmx.example.com")
+        #expect(tunnel.authority == "lmx.example.com")
+        let v6 = try #require(UpstreamAddress("http://[fd00::5]:8080"))
+        #expect(v6.host == "fd00::5" && v6.authority == "[fd00::5]:8080" && v6.serverName == nil)
+        #expect(UpstreamAddress("http://[fe80::1%25lan0]:1234") == nil)
+        #expect(UpstreamAddress("http://10.0.0.5:1234/prefix") == nil)
+        #expect(UpstreamAddress("ftp://10.0.0.5") == nil)
+        #expect(UpstreamAddress("http://10.0.0.5:0") == nil)
+        #expect(UpstreamAddress("") == nil)
+    }
+
+    /// Runs `chunks` through a relay: what was passed on, chunk by chunk, and the finish.
+    func relay(_ chunks: [String]) -> (out: [String], rest: String?, cut: Bool, events: Int) {
+        var relay = EventRelay()
+        var out: [String] = []
+        for chunk in chunks {
+            relay.pass(ByteBuffer(string: chunk)) { out.append(String(buffer: $0)) }
+        }
+        let (rest, cut) = relay.finish()
+        return (out, rest.map { String(buffer: $0) }, cut, relay.tally.events)
+    }
+
+    @Test("whole events pass at once; a partial one waits for its end; a stream cut mid-line is cut")
+    func wholeEvents() {
+        let whole = relay(["data: 1\n\n", "data: 2\n\ndata: 3\n\n"])
+        #expect(whole.out == ["data: 1\n\n", "data: 2\n\ndata: 3\n\n"] && whole.rest == nil && !whole.cut)
+        #expect(whole.events == 3)
+        let split = relay(["data: 1\n\ndata: ", "2\n", "\n"])
+        #expect(split.out == ["data: 1\n\n", "data: 2\n\n"] && split.events == 2)
+        // A whole line without its blank line is completed; half a line is a cut stream.
+        #expect(relay(["data: 1\n"]).rest == "data: 1\n\n")
+        let cut = relay(["data: 1\n\ndata: 2"])
+        #expect(cut.out == ["data: 1\n\n"] && cut.cut)
+        // CRLF boundaries count too.
+        #expect(relay(["data: 1\r\n\r\n"]).out == ["data: 1\r\n\r\n"])
+    }
+
+    @Test("an event larger than the held limit goes as it is; a loss after it starts on a boundary")
+    func hugeEventAndLoss() {
+        var relay = EventRelay()
+        var passed = 0
+        relay.pass(ByteBuffer(repeating: UInt8(ascii: "x"), count: Gateway.maxHeldEvent + 1)) {
+            passed += $0.readableBytes
+        }
+        #expect(passed == Gateway.maxHeldEvent + 1 && relay.midEvent)
+        let target = GatewayTarget(
+            routeID: "lan/10.0.0.5:1234", baseURL: "http://10.0.0.5:1234", via: .lan, credentials: Credentials(),
+            rank: 0, serverInFlight: 0, instanceID: nil)
+        let lost = String(buffer: relay.lost(target: target, error: Gateway.StreamEndedMidEvent()))
+        #expect(lost.hasPrefix("\n\nevent: error\ndata: "))
+        #expect(lost.contains("\"upstream_lost\"") && lost.contains("lan/10.0.0.5:1234") && lost.hasSuffix("\n\n"))
+    }
+}
