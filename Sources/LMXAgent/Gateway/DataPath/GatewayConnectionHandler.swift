@@ -509,7 +509,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                 upstream.channel.close(promise: nil)
             }
             request.releaseTokens()
-            if request.clientEnded { finished(request) }
+            if request.clientEnded {
+                finished(request)
+            } else {
+                resumeReadsIfHeld()  // the rest of the body is read and dropped
+            }
         }
     }
 
@@ -562,7 +566,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         Task { await manager.gatewayFailed(routeID, reason: "a stream was cut mid-answer") }
         request.phase = .done
         request.releaseTokens()
-        if request.clientEnded { finished(request) }
+        if request.clientEnded {
+            finished(request)
+        } else {
+            resumeReadsIfHeld()
+        }
     }
 
     /// Answer and request both ended: the connection takes the next request.
