@@ -3,6 +3,7 @@ import NIOCore
 import Testing
 
 @testable import LMXAgent
+@testable import LMXCore
 
 /// The gateway data path's pure pieces: how a route's URL becomes an address to connect to, and
 /// how an event stream is passed on whole events at a time.
@@ -25,6 +26,31 @@ struct DataPathTests {
         #expect(UpstreamAddress("ftp://10.0.0.5") == nil)
         #expect(UpstreamAddress("http://10.0.0.5:0") == nil)
         #expect(UpstreamAddress("") == nil)
+    }
+
+    @Test("request targets the data path takes itself; the rest goes to the general path")
+    func plainTargets() {
+        #expect(GatewayConnectionHandler.plainTarget("/v1/chat/completions?stream=true"))
+        #expect(GatewayConnectionHandler.plainTarget("/v1/models/qwen3.5-32b"))
+        for target in ["/v1/%2e%2e/admin", "/v1/../admin", "/v1/models#x", "/v1/a..b"] {
+            #expect(!GatewayConnectionHandler.plainTarget(target), "\(target)")
+        }
+    }
+
+    @Test("the policy's byte-level helpers agree with the plain string operations on ASCII, and match inside graphemes")
+    func byteHelpers() {
+        for (haystack, needle) in [
+            ("/v1//models", "//"), ("/v1/models", "//"), ("", "a"), ("%2F", "%2f"), ("/v1/x%2fy", "%2f"),
+            ("ab", "abc"), ("aab", "ab"),
+        ] {
+            #expect(haystack.containsBytes(needle) == haystack.contains(needle), "\(haystack) \(needle)")
+        }
+        // A slash followed by a combining mark is not the character "/", but a server reads bytes.
+        #expect("/v1/\u{301}/".containsBytes("/\u{301}/") && "/v1//\u{301}x".containsBytes("//"))
+        #expect("Content-Type".equalsASCIILowercased("content-type"))
+        #expect(!"Content-Typo".equalsASCIILowercased("content-type"))
+        #expect(!"Host".equalsASCIILowercased("hos"))
+        #expect("ORIGIN".equalsASCIILowercased("origin"))
     }
 
     /// Runs `chunks` through a relay: what was passed on, chunk by chunk, and the finish.

@@ -27,3 +27,40 @@ extension String {
         s == " " || s == "\t" || s == "\n" || s == "\r" || s == "\u{0B}" || s == "\u{0C}"
     }
 }
+
+extension String {
+    /// Whether the UTF-8 bytes contain `needle`'s, byte for byte: no Unicode segmentation (a
+    /// server reads bytes, so a match inside a grapheme counts), no generic search machinery.
+    /// For the request checks on the gateway's hot path.
+    func containsBytes(_ needle: String) -> Bool {
+        var haystack = self
+        var needle = needle
+        return haystack.withUTF8 { h in
+            needle.withUTF8 { n in
+                guard let first = n.first else { return true }
+                guard n.count <= h.count else { return false }
+                var i = 0
+                let last = h.count - n.count
+                while i <= last {
+                    if h[i] == first {
+                        var j = 1
+                        while j < n.count, h[i + j] == n[j] { j += 1 }
+                        if j == n.count { return true }
+                    }
+                    i += 1
+                }
+                return false
+            }
+        }
+    }
+
+    /// Equal to `lowercase` (ASCII, lower case) ignoring ASCII case, without making a new string.
+    func equalsASCIILowercased(_ lowercase: String) -> Bool {
+        guard utf8.count == lowercase.utf8.count else { return false }
+        for (a, b) in zip(utf8, lowercase.utf8) {
+            let folded = a >= 0x41 && a <= 0x5A ? a | 0x20 : a
+            if folded != b { return false }
+        }
+        return true
+    }
+}

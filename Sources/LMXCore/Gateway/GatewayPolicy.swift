@@ -25,7 +25,7 @@ public enum GatewayPolicy {
         method: String, path: String, authority: String?, headers: [(name: String, value: String)], adminEnabled: Bool,
         overTCP: Bool, localhostIsOurs: Bool = true
     ) -> Refusal? {
-        func header(_ name: String) -> String? { headers.first { $0.name.lowercased() == name }?.value }
+        func header(_ name: String) -> String? { headers.first { $0.name.equalsASCIILowercased(name) }?.value }
         // A web page must not use the gateway (and the keys it adds) through DNS rebinding or a
         // cross-site form: the Host must name loopback, and an Origin, if any, must be local.
         if overTCP {
@@ -69,9 +69,10 @@ public enum GatewayPolicy {
         // Only plain paths: no dot segments, doubled slashes or encoded separators that a server
         // might read differently from this check.
         let lower = path.lowercased()
-        guard path.hasPrefix("/"), !lower.contains("//"), !lower.contains("/./"), !lower.contains("/../"),
-            !lower.hasSuffix("/.."), !lower.hasSuffix("/."), !lower.contains("%2f"), !lower.contains("%2e"),
-            !lower.contains("%5c"), !lower.contains("\\")
+        guard path.hasPrefix("/"), !lower.containsBytes("//"), !lower.containsBytes("/./"),
+            !lower.containsBytes("/../"), !lower.hasSuffix("/.."), !lower.hasSuffix("/."),
+            !lower.containsBytes("%2f"), !lower.containsBytes("%2e"), !lower.containsBytes("%5c"),
+            !lower.containsBytes("\\")
         else {
             return Refusal(
                 status: 400, code: "bad_path",

@@ -35,6 +35,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var queued = CircularBuffer<HTTPServerRequestPart>()
     private var readPending = false
     private var idleTimer: Scheduled<Void>?
+    /// When the connection last became idle (no request in progress).
+    private var idleSince = NIODeadline.now()
 
     init(dataPath: GatewayDataPath, state: GatewayDataPath.LoopState, uid: UInt32?, overTCP: Bool) {
         self.dataPath = dataPath
@@ -95,7 +97,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if case .end = unwrapOutboundIn(data), handedOver > 0 {
             handedOver -= 1
             context.write(data, promise: promise)
-            if handedOver == 0, !passing, request == nil { armIdleTimer() }
+            if handedOver == 0, !passing, request == nil { idleSince = .now() }
             return
         }
         context.write(data, promise: promise)
@@ -141,13 +143,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             // Parts of a request already abandoned (its answer ended before its body).
             return
         }
-        idleTimer?.cancel()
-        if handedOver > 0 || !takes(head) {
+        guard handedOver == 0, let headers = takes(head) else {
             handOver(head: head, parts: [], ended: false)
             return
         }
         let reservation = gateway.readAhead.reservation(for: uid)
-        request = ForwardedRequest(head: head, reservation: reservation)
+        request = ForwardedRequest(head: head, headers: headers, reservation: reservation)
     }
 
     /// Handles the queued parts, in order, until a request of ours waits for its answer.
@@ -161,29 +162,43 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     // MARK: Deciding
 
     /// The requests this handler forwards itself: plain `/v1/` requests with nothing that needs
-    /// the general path's waits or checks.
-    private func takes(_ head: HTTPRequestHead) -> Bool {
+    /// the general path's waits or checks. Their headers as the core's rules read them; nil for
+    /// the others.
+    private func takes(_ head: HTTPRequestHead) -> [(name: String, value: String)]? {
         let uri = head.uri
-        guard uri.hasPrefix("/v1/"), !uri.contains("%"), !uri.contains("#"), !uri.contains(".."),
-            gateway.groupGate == nil, head.method != .CONNECT, head.version.major == 1
-        else { return false }
+        guard uri.hasPrefix("/v1/"), Self.plainTarget(uri), gateway.groupGate == nil, head.method != .CONNECT,
+            head.version.major == 1
+        else { return nil }
         let path = ForwardedRequest.path(of: uri)
         guard DashboardPolicy.resource(path: path) == nil,
             !ServerAffinity.answerMakes(method: head.method.rawValue, path: path)
-        else { return false }
+        else { return nil }
+        if head.headers.contains(name: "expect") { return nil }
         let headers = head.headers.map { (name: $0.name, value: $0.value) }
-        if head.headers.contains(name: "expect") { return false }
         if GatewayPolicy.refusal(
             method: head.method.rawValue, path: path, authority: head.headers.first(name: "host"), headers: headers,
             adminEnabled: gateway.configuration.admin, overTCP: overTCP,
             localhostIsOurs: gateway.listeners.localhostIsOurs) != nil
         {
-            return false
+            return nil
         }
         if let declared = head.headers.first(name: "content-length").flatMap(OutsideInput.contentLength),
             declared > gateway.configuration.maxRequestBytes
         {
-            return false
+            return nil
+        }
+        return headers
+    }
+
+    /// A request target with no percent-encoding, fragment or dot-dot anywhere (those go to the
+    /// general path, which reads them as the policy does). One pass over the bytes.
+    static func plainTarget(_ uri: String) -> Bool {
+        var previousDot = false
+        for byte in uri.utf8 {
+            if byte == UInt8(ascii: "%") || byte == UInt8(ascii: "#") { return false }
+            let dot = byte == UInt8(ascii: ".")
+            if dot, previousDot { return false }
+            previousDot = dot
         }
         return true
     }
@@ -238,7 +253,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if ServerAffinity.named(method: method, path: path, body: bytes) != nil {
             return handOver(request)
         }
-        let headers = request.head.headers.map { (name: $0.name, value: $0.value) }
+        let headers = request.clientHeaders
         let plan = state.snapshot.gatewayPlan(
             limit: gateway.configuration.attempts, model: model, clientHasKey: GatewayPolicy.clientHasKey(headers),
             server: nil)
@@ -246,13 +261,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         var targets = gateway.load.order(routes)
         if !request.clientEnded { targets = Array(targets.prefix(1)) }
         // Only routes the data path connects to, and while the loop has connections to spare.
-        guard let first = targets.first, let address = UpstreamAddress(first.baseURL),
+        guard let first = targets.first, let address = state.address(first.baseURL),
             state.pool.openCount(address) < dataPath.connectionsPerLoop
         else { return handOver(request) }
         request.model = model
         request.targets = targets
         request.madeByRequest = ServerAffinity.madeByRequest(method: method, path: path, body: bytes)
-        request.clientHeaders = headers
         request.inFlight = InFlightToken(gateway.metrics.gatewayInFlight)
         gateway.metrics.gatewayRequests.increment()
         attempt(request, index: 0)
@@ -284,7 +298,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private func attempt(_ request: ForwardedRequest, index: Int) {
         guard self.request === request, index < request.targets.count else { return }
         let target = request.targets[index]
-        guard let address = UpstreamAddress(target.baseURL) else {
+        guard let address = state.address(target.baseURL) else {
             return failed(request, index: index, detail: "the route's address is not usable here", error: nil)
         }
         if index > 0 { gateway.metrics.gatewayRetries.increment() }
@@ -373,6 +387,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             metadata: [
                 "route": "\(routeID)", "reason": "\(detail)",
                 "retry": "\(canRetry && index + 1 < request.targets.count)",
+                // The system call and errno behind the summary (no request data in it).
+                "error": "\(error.map { String(String(describing: $0).prefix(300)) } ?? "-")",
             ])
         if canRetry, index + 1 < request.targets.count {
             return attempt(request, index: index + 1)
@@ -581,7 +597,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             context?.close(promise: nil)
             return
         }
-        armIdleTimer()
+        idleSince = .now()
         drainQueue()
     }
 
@@ -596,13 +612,18 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         request.releaseTokens()
     }
 
-    private func armIdleTimer() {
-        idleTimer?.cancel()
+    /// One timer per connection, not one per request: when it fires it closes the connection if
+    /// it has been idle for the whole timeout, else waits for the rest of it.
+    private func armIdleTimer(in delay: TimeAmount = GatewayChildChannel.idleTimeout) {
         guard let context else { return }
-        idleTimer = context.eventLoop.assumeIsolated().scheduleTask(in: GatewayChildChannel.idleTimeout) {
-            [self] in
-            guard self.request == nil, self.handedOver == 0, !self.passing else { return }
-            self.context?.close(promise: nil)
+        idleTimer = context.eventLoop.assumeIsolated().scheduleTask(in: delay) { [self] in
+            let busy = self.request != nil || self.handedOver > 0 || self.passing
+            let deadline = self.idleSince + GatewayChildChannel.idleTimeout
+            if !busy, deadline <= .now() {
+                self.context?.close(promise: nil)
+            } else {
+                self.armIdleTimer(in: busy ? GatewayChildChannel.idleTimeout : deadline - .now())
+            }
         }
     }
 }
@@ -620,7 +641,7 @@ final class ForwardedRequest {
     var parts: [ByteBuffer] = []
     var received = 0
     var clientEnded = false
-    var clientHeaders: [(name: String, value: String)] = []
+    let clientHeaders: [(name: String, value: String)]
     var model: String?
     var madeByRequest: ServerObject?
     var targets: [GatewayTarget] = []
@@ -633,8 +654,9 @@ final class ForwardedRequest {
     var inFlight: InFlightToken?
     var routeToken: (any AnyObject & Sendable)?
 
-    init(head: HTTPRequestHead, reservation: ReadAheadBudget.Reservation) {
+    init(head: HTTPRequestHead, headers: [(name: String, value: String)], reservation: ReadAheadBudget.Reservation) {
         self.head = head
+        self.clientHeaders = headers
         self.path = Self.path(of: head.uri)
         self.reservation = reservation
     }

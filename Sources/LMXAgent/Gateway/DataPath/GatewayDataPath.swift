@@ -28,6 +28,16 @@ final class GatewayDataPath: Sendable {
         let loop: any EventLoop
         var snapshot: AgentSnapshot
         let pool: UpstreamPool
+        /// Routes' addresses, read once per base URL (bounded: cleared past 1,024).
+        private var addresses: [String: UpstreamAddress?] = [:]
+
+        func address(_ baseURL: String) -> UpstreamAddress? {
+            if let known = addresses[baseURL] { return known }
+            if addresses.count >= 1024 { addresses = [:] }
+            let address = UpstreamAddress(baseURL)
+            addresses[baseURL] = address
+            return address
+        }
 
         init(loop: any EventLoop, snapshot: AgentSnapshot, pool: UpstreamPool) {
             self.loop = loop

@@ -100,7 +100,9 @@ final class UpstreamPool {
         let tls = self.tls
         let bootstrap = ClientBootstrap(group: eventLoop)
             .connectTimeout(timeout)
-            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            // (TCP_NODELAY is ClientBootstrap's default; `.socketOption(.tcp_nodelay)` would set
+            // SO_DEBUG, a SOL_SOCKET option that needs CAP_NET_ADMIN.)
+            .channelOption(.tcpOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
