@@ -20,7 +20,7 @@ struct HostileUpstreamTests {
     /// serving one route idles at about 30 MiB).
     static let rssBoundKiB = 96 * 1024
 
-    @Test("the daemon survives every misbehaviour (71, in 14 classes) with its status answering and RSS under 96 MiB")
+    @Test("the daemon survives every misbehaviour (72, in 14 classes) with its status answering and RSS under 96 MiB")
     func survivesEverything() async throws {
         try await withResources {
             let modes = try await Command.run("/usr/bin/python3", [Self.script, "--list"]).stdout
@@ -162,4 +162,66 @@ struct HostileUpstreamTests {
         let headers = (try? String(contentsOfFile: headerFile, encoding: .isoLatin1)) ?? ""
         return Fetched(status: code, headers: headers, body: lines.joined(separator: "\n"), curlExit: result.status)
     }
+
+    @Test(
+        "a server that answers before reading the body: the data path holds the answer until the client has sent it all, then serves the next request"
+    )
+    func earlyAnswerHeld() async throws {
+        try await withResources {
+            let port = freePort()
+            let gatewayPort = freePort()
+            let address = bed.address(.h1)
+            let server = LiveProcess(
+                "/usr/sbin/ip",
+                [
+                    "netns", "exec", bed["LMX_TESTBED_H1_NS"], "/usr/bin/python3", Self.script, "--bind", address,
+                    "--port", String(port), "--instance", "early-\(port)",
+                ])
+            try await server.start()
+            #expect(await server.waitForLine(containing: "listening", timeout: 10))
+            let endpoint =
+                #"{"url": "http://\#(address):\#(port)", "name": "Early", "api_key": "infer-key", "allow_insecure": true}"#
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [endpoint]),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 10) { $0 != nil } != nil)
+            server.send("early-answer-drain")
+            #expect(await server.waitForLine(containing: "ok early-answer-drain", timeout: 5))
+            // Half of a 1 MiB body (past the read-ahead: the gateway forwards it, the server
+            // answers at once), a second's wait for anything to come back, the other half, the
+            // answer, then a second request on the same connection.
+            let client = #"""
+                import socket, sys
+                body = b'{"model":"hostile/model","messages":[{"role":"user","content":"' + b"x" * (1 << 20) + b'"}]}'
+                s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n" % len(body) + body[: len(body) // 2])
+                s.settimeout(1.0)
+                try:
+                    early = s.recv(65536)
+                except socket.timeout:
+                    early = b""
+                s.sendall(body[len(body) // 2:])
+                s.settimeout(10)
+                answer = early
+                while b"\r\n\r\n" not in answer:
+                    answer += s.recv(65536)
+                head, rest = answer.split(b"\r\n\r\n", 1)
+                length = int([l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0])
+                while len(rest) < length:
+                    rest += s.recv(65536)
+                s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                second = s.recv(65536)
+                print("early" if early else "held", head.split(b"\r\n")[0].decode(), second.split(b"\r\n")[0].decode())
+                """#
+            let result = try await Command.run(
+                "/usr/bin/python3", ["-c", client, String(gatewayPort)], timeout: 30)
+            #expect(
+                result.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+                    == "held HTTP/1.1 200 OK HTTP/1.1 200 OK", "\(result.stdout) \(result.stderr)")
+            let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
+            #expect(metrics.contains("lmx_gateway_general_path_total 0"), "handed to the general path")
+        }
+    }
+
 }

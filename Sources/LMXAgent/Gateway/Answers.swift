@@ -183,6 +183,7 @@ final class RouteLoad: Sendable {
     /// the fewest requests in flight (the gateway's own, and what the server said at its last
     /// probe); the planner's order breaks the remaining ties.
     func order(_ targets: [GatewayTarget]) -> [GatewayTarget] {
+        guard targets.count > 1 else { return targets }  // one route: nothing to weigh
         let now = ContinuousClock.now
         let (cooling, counts): ([String: Bool], [String: Int]) = state.withLock { s in
             s.coolUntil = s.coolUntil.filter { $0.value > now }

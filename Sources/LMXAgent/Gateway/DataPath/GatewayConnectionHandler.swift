@@ -236,7 +236,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             case .forwarding:
                 request.upstream?.handler.send(.end(nil))
                 request.upstream?.handler.flush()
-            case .done: finished(request)
+                releaseHeldAnswer(request)
+            case .done:
+                releaseHeldAnswer(request)
+                finished(request)
             }
         }
     }
@@ -254,9 +257,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             return handOver(request)
         }
         let headers = request.clientHeaders
-        let plan = state.snapshot.gatewayPlan(
-            limit: gateway.configuration.attempts, model: model, clientHasKey: GatewayPolicy.clientHasKey(headers),
-            server: nil)
+        let plan = state.plan(
+            model: model, clientHasKey: GatewayPolicy.clientHasKey(headers), limit: gateway.configuration.attempts)
         guard case .forward(let routes) = plan, !routes.isEmpty else { return handOver(request) }
         var targets = gateway.load.order(routes)
         if !request.clientEnded { targets = Array(targets.prefix(1)) }
@@ -431,6 +433,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             upstream.channel.close(promise: nil)
             request.upstream = nil
         }
+        if request.holdsAnswer {
+            // Nothing of the answer reached the client yet: the refusal replaces it.
+            request.holdsAnswer = false
+            request.heldAnswer = []
+            request.answerStarted = false
+        }
         guard !request.answerStarted else {
             context?.close(promise: nil)
             return
@@ -493,15 +501,17 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             request.keepAlive = request.head.isKeepAlive
             if !request.keepAlive { headers.add(name: "Connection", value: "close") }
             request.answerStarted = true
-            context.write(
-                wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers))),
-                promise: nil)
+            // An answer that comes before the client has sent its whole body (a server that
+            // answers without reading it) is held until the body has come, as nginx does: many
+            // clients cannot read an answer while they are still writing. Bounded.
+            request.holdsAnswer = !request.clientEnded
+            emit(.head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers)), for: request)
         case .body(let chunk):
             guard request.answerStarted else { return }
             if request.relay != nil {
-                request.relay!.pass(chunk) { context.write(wrapOutboundOut(.body(.byteBuffer($0))), promise: nil) }
+                request.relay!.pass(chunk) { emit(.body(.byteBuffer($0)), for: request) }
             } else {
-                context.write(wrapOutboundOut(.body(.byteBuffer(chunk))), promise: nil)
+                emit(.body(.byteBuffer(chunk)), for: request)
             }
         case .end:
             guard request.answerStarted else { return }
@@ -509,13 +519,14 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                 let (rest, cut) = relay.finish()
                 request.relay = relay
                 if cut { return streamLost(request, error: Gateway.StreamEndedMidEvent()) }
-                if let rest { context.write(wrapOutboundOut(.body(.byteBuffer(rest))), promise: nil) }
+                if let rest { emit(.body(.byteBuffer(rest)), for: request) }
                 if let relay = request.relay {
                     TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
                         .streamed(target.via, relay.tally)
                 }
             }
-            context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+            emit(.end(nil), for: request)
+            context.flush()
             request.phase = .done
             upstream.handler.owner = nil
             request.upstream = nil
@@ -531,6 +542,33 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                 resumeReadsIfHeld()  // the rest of the body is read and dropped
             }
         }
+    }
+
+    /// The largest answer held while the client is still sending its body; past it, the answer
+    /// goes as it comes.
+    static let maxHeldAnswer = 1 << 20
+
+    /// Writes a part of the answer to the client, or holds it (see ``ForwardedRequest/holdsAnswer``).
+    private func emit(_ part: HTTPServerResponsePart, for request: ForwardedRequest) {
+        guard let context else { return }
+        if request.holdsAnswer {
+            if case .body(.byteBuffer(let bytes)) = part { request.heldBytes += bytes.readableBytes }
+            request.heldAnswer.append(part)
+            if request.heldBytes <= Self.maxHeldAnswer { return }
+            releaseHeldAnswer(request)
+            return
+        }
+        context.write(wrapOutboundOut(part), promise: nil)
+    }
+
+    /// Writes what was held of the answer, and holds no more.
+    private func releaseHeldAnswer(_ request: ForwardedRequest) {
+        guard request.holdsAnswer, let context else { return }
+        request.holdsAnswer = false
+        for part in request.heldAnswer { context.write(wrapOutboundOut(part), promise: nil) }
+        request.heldAnswer = []
+        request.heldBytes = 0
+        context.flush()
     }
 
     func upstreamReadComplete() {
@@ -554,6 +592,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // An answer cut in the middle: the client gets what came, then sees its connection
         // close, as from the server.
         request.upstream?.handler.owner = nil
+        releaseHeldAnswer(request)
         context?.flush()
         request.upstream = nil
         request.releaseTokens()
@@ -572,8 +611,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             upstream.channel.close(promise: nil)
             request.upstream = nil
         }
-        context.write(wrapOutboundOut(.body(.byteBuffer(relay.lost(target: target, error: error)))), promise: nil)
-        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        emit(.body(.byteBuffer(relay.lost(target: target, error: error))), for: request)
+        emit(.end(nil), for: request)
+        context.flush()
         TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
             .streamed(target.via, relay.tally)
         request.relay = relay
@@ -650,6 +690,10 @@ final class ForwardedRequest {
     var upstreamKeepAlive = true
     var keepAlive = true
     var answerStarted = false
+    /// The answer is held until the client's body has come (``GatewayConnectionHandler/emit``).
+    var holdsAnswer = false
+    var heldAnswer: [HTTPServerResponsePart] = []
+    var heldBytes = 0
     var relay: EventRelay?
     var inFlight: InFlightToken?
     var routeToken: (any AnyObject & Sendable)?

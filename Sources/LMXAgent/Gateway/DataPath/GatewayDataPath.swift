@@ -26,7 +26,25 @@ final class GatewayDataPath: Sendable {
     /// What one event loop knows. Used only on that loop (`@unchecked`: confined, not locked).
     final class LoopState: @unchecked Sendable {
         let loop: any EventLoop
-        var snapshot: AgentSnapshot
+        var snapshot: AgentSnapshot {
+            didSet { plans = [:] }
+        }
+        /// Plans made from this snapshot, by model and whether the client brings a key: the
+        /// plan is a function of the snapshot alone, so it holds until the next one (bounded).
+        private var plans: [PlanKey: GatewayPlan] = [:]
+        struct PlanKey: Hashable {
+            var model: String?
+            var clientHasKey: Bool
+        }
+
+        func plan(model: String?, clientHasKey: Bool, limit: Int) -> GatewayPlan {
+            let key = PlanKey(model: model, clientHasKey: clientHasKey)
+            if let known = plans[key] { return known }
+            let plan = snapshot.gatewayPlan(limit: limit, model: model, clientHasKey: clientHasKey, server: nil)
+            if plans.count >= 256 { plans = [:] }
+            plans[key] = plan
+            return plan
+        }
         let pool: UpstreamPool
         /// Routes' addresses, read once per base URL (bounded: cleared past 1,024).
         private var addresses: [String: UpstreamAddress?] = [:]
