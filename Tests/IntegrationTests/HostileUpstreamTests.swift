@@ -20,6 +20,19 @@ struct HostileUpstreamTests {
     /// serving one route idles at about 30 MiB).
     static let rssBoundKiB = 96 * 1024
 
+    /// The hostile server on test host 1 (its namespace and address), once it listens.
+    func startServer(port: Int, instance: String) async throws -> LiveProcess {
+        let server = LiveProcess(
+            "/usr/sbin/ip",
+            [
+                "netns", "exec", bed["LMX_TESTBED_H1_NS"], "/usr/bin/python3", Self.script, "--bind",
+                bed.address(.h1), "--port", String(port), "--instance", instance,
+            ])
+        try await server.start()
+        #expect(await server.waitForLine(containing: "listening", timeout: 10))
+        return server
+    }
+
     @Test("the daemon survives every misbehaviour (72, in 14 classes) with its status answering and RSS under 96 MiB")
     func survivesEverything() async throws {
         try await withResources {
@@ -29,15 +42,7 @@ struct HostileUpstreamTests {
             let port = freePort()
             let gatewayPort = freePort()
             let address = bed.address(.h1)
-            let server = LiveProcess(
-                "/usr/sbin/ip",
-                [
-                    "netns", "exec", bed["LMX_TESTBED_H1_NS"], "/usr/bin/python3", Self.script, "--bind", address,
-                    "--port", String(port),
-                    "--instance", "hostile-\(port)",
-                ])
-            try await server.start()
-            #expect(await server.waitForLine(containing: "listening", timeout: 10))
+            let server = try await startServer(port: port, instance: "hostile-\(port)")
             func set(_ mode: String) async {
                 let before = server.stdoutLines.filter { $0 == "ok \(mode)" }.count
                 server.send(mode)
@@ -171,14 +176,7 @@ struct HostileUpstreamTests {
             let port = freePort()
             let gatewayPort = freePort()
             let address = bed.address(.h1)
-            let server = LiveProcess(
-                "/usr/sbin/ip",
-                [
-                    "netns", "exec", bed["LMX_TESTBED_H1_NS"], "/usr/bin/python3", Self.script, "--bind", address,
-                    "--port", String(port), "--instance", "early-\(port)",
-                ])
-            try await server.start()
-            #expect(await server.waitForLine(containing: "listening", timeout: 10))
+            let server = try await startServer(port: port, instance: "early-\(port)")
             let endpoint =
                 #"{"url": "http://\#(address):\#(port)", "name": "Early", "api_key": "infer-key", "allow_insecure": true}"#
             let agent = try await AgentProcess.start(

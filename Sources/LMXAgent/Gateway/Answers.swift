@@ -37,64 +37,31 @@ extension Gateway {
                 try await writer.finish(nil)
                 return
             }
-            var held = ByteBuffer()
-            var midEvent = false  // bytes of an unfinished event were passed on
+            var relay = EventRelay()
             var writing = false  // a failure now is the client's, not the server's
-            var tally = EventTally()
-            defer { traffic?.streamed(target.via, tally) }
+            defer { traffic?.streamed(target.via, relay.tally) }
             do {
-                for try await var chunk in body {
-                    chunk.withUnsafeReadableBytes { tally.count($0) }
-                    let boundary = chunk.withUnsafeReadableBytes { EventBoundary.end(in: $0) }
-                    if let boundary {
-                        if held.readableBytes > 0 {
-                            var out = held
-                            held.clear()
-                            out.writeBytes(chunk.readableBytesView.prefix(boundary))
-                            writing = true
-                            try await writer.write(out)
-                            writing = false
-                        } else if boundary == chunk.readableBytes {
-                            writing = true
-                            try await writer.write(chunk)
-                            writing = false
-                            midEvent = false
-                            continue
-                        } else {
-                            writing = true
-                            try await writer.write(chunk.getSlice(at: chunk.readerIndex, length: boundary)!)
-                            writing = false
-                        }
-                        midEvent = false
-                        chunk.moveReaderIndex(forwardBy: boundary)
-                    }
-                    held.writeBuffer(&chunk)
-                    if held.readableBytes > maxHeldEvent {
-                        // An event larger than anyone sends: passed on as it is.
-                        writing = true
-                        try await writer.write(held)
-                        writing = false
-                        held.clear()
-                        midEvent = true
-                    }
+                for try await chunk in body {
+                    var out: [ByteBuffer] = []
+                    relay.pass(chunk) { out.append($0) }
+                    writing = true
+                    for buffer in out { try await writer.write(buffer) }
+                    writing = false
                 }
                 // An event stream that ends in the middle of a line was cut: treated like a lost
                 // connection (a reader would drop that event anyway). One that ends after a whole
                 // line but without the blank line is completed.
-                if held.readableBytes > 0 {
-                    guard held.readableBytesView.last == 0x0A else { throw StreamEndedMidEvent() }
-                    held.writeString("\n")
+                let (rest, cut) = relay.finish()
+                if cut { throw StreamEndedMidEvent() }
+                if let rest {
                     writing = true
-                    try await writer.write(held)
+                    try await writer.write(rest)
                     writing = false
                 }
             } catch {
                 // The client went away: nothing to tell it.
                 if writing { throw error }
-                // What was held of an unfinished event is dropped; one that was already partly
-                // passed on is ended first, so the error event stands on its own.
-                if midEvent { try await writer.write(ByteBuffer(string: "\n\n")) }
-                try await writer.write(ByteBuffer(bytes: streamLostEvent(target: target, error: error)))
+                try await writer.write(relay.lost(target: target, error: error))
                 await lost(target.routeID)
             }
             if let requestBody { await requestBody.body.close(channel: requestBody.channel) }

@@ -72,22 +72,31 @@ public final class LargeAnswerGate: Sendable {
 /// then hands it to the HTTP/1 channel. The peer's user is the kernel's word: `SO_PEERCRED` on a
 /// Unix socket, the socket tables (sock_diag) for a loopback TCP connection; a peer the kernel
 /// does not name counts as one unknown user.
+extension ConnectionLimiter {
+    /// Admits `channel` if its peer's user is under the limit (counted until it closes): the
+    /// peer's uid as the kernel names it (nil when it does not); a refused channel is closed
+    /// and the future fails.
+    func admit(_ channel: any Channel, logger: Logger) -> EventLoopFuture<UInt32?> {
+        channel.peerUID().flatMapThrowing { known in
+            let uid = known ?? UInt32.max
+            guard self.admit(uid) else {
+                logger.debug("refused a connection over the per-user limit", metadata: ["uid": "\(uid)"])
+                channel.close(promise: nil)
+                throw ChannelError.inputClosed
+            }
+            channel.closeFuture.whenComplete { _ in self.release(uid) }
+            return known
+        }
+    }
+}
+
 struct PerUserLimitedChannel<Base: ServerChildChannel>: ServerChildChannel {
     typealias Value = Base.Value
     let base: Base
     let limiter: ConnectionLimiter
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
-        return channel.peerUID().flatMap { known in
-            let uid = known ?? UInt32.max
-            guard limiter.admit(uid) else {
-                logger.debug("refused a connection over the per-user limit", metadata: ["uid": "\(uid)"])
-                channel.close(promise: nil)
-                return channel.eventLoop.makeFailedFuture(ChannelError.inputClosed)
-            }
-            channel.closeFuture.whenComplete { _ in limiter.release(uid) }
-            return base.setup(channel: channel, logger: logger)
-        }
+        limiter.admit(channel, logger: logger).flatMap { _ in base.setup(channel: channel, logger: logger) }
     }
 
     func handle(value: Value, logger: Logger) async {

@@ -3,7 +3,8 @@ import NIOCore
 
 /// Server-sent events passed on whole: a chunk goes out up to its last event boundary at once;
 /// only a trailing partial event waits for its end (at most ``Gateway/maxHeldEvent`` bytes, then
-/// it goes as it is). Counts events as they pass (first and last, for the traffic figures).
+/// it goes as it is). Counts events as they pass (first and last, for the traffic figures). Both
+/// paths of the gateway pass streams through it.
 struct EventRelay {
     private var held = ByteBuffer()
     /// Bytes of an unfinished event were passed on.

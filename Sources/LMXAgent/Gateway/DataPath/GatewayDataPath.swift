@@ -116,15 +116,8 @@ struct GatewayChildChannel: ServerChildChannel, HTTPChannelHandler {
     static let idleTimeout = TimeAmount.seconds(60)
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
-        channel.peerUID().flatMap { known in
-            let uid = known ?? UInt32.max
-            guard limiter.admit(uid) else {
-                logger.debug("refused a connection over the per-user limit", metadata: ["uid": "\(uid)"])
-                channel.close(promise: nil)
-                return channel.eventLoop.makeFailedFuture(ChannelError.inputClosed)
-            }
-            channel.closeFuture.whenComplete { _ in limiter.release(uid) }
-            return channel.eventLoop.makeCompletedFuture {
+        limiter.admit(channel, logger: logger).flatMap { known in
+            channel.eventLoop.makeCompletedFuture {
                 let sync = channel.pipeline.syncOperations
                 try sync.configureHTTPServerPipeline(
                     withPipeliningAssistance: false, withErrorHandling: false, withOutboundHeaderValidation: false)

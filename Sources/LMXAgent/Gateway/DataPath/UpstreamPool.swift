@@ -45,13 +45,16 @@ final class UpstreamConnection {
     let channel: any Channel
     let handler: UpstreamHandler
     let address: UpstreamAddress
+    /// The pool's generation when it was opened (reused only within it).
+    let generation: Int
     /// When it was last given back (for the idle limit).
     var idleSince = NIODeadline.now()
 
-    init(channel: any Channel, handler: UpstreamHandler, address: UpstreamAddress) {
+    init(channel: any Channel, handler: UpstreamHandler, address: UpstreamAddress, generation: Int) {
         self.channel = channel
         self.handler = handler
         self.address = address
+        self.generation = generation
     }
 }
 
@@ -67,7 +70,6 @@ final class UpstreamPool {
     private var open: [UpstreamAddress: Int] = [:]
     /// Bumped when the machine's network changes: connections made before are not reused.
     private var generation = 0
-    private var generations: [ObjectIdentifier: Int] = [:]
     /// Idle connections older than this are closed, not reused: servers close theirs after a
     /// few seconds (uvicorn: 5 s), and a request sent as one closes may be lost.
     static let idleLimit = TimeAmount.seconds(4)
@@ -86,7 +88,7 @@ final class UpstreamPool {
         while var list = idle[address], let last = list.popLast() {
             idle[address] = list.isEmpty ? nil : list
             if last.channel.isActive, now - last.idleSince < Self.idleLimit,
-                generations[ObjectIdentifier(last)] == generation
+                last.generation == generation
             {
                 return last
             }
@@ -119,9 +121,9 @@ final class UpstreamPool {
     /// A newly connected channel as a pooled connection, counted until it closes.
     func adopt(_ channel: any Channel, address: UpstreamAddress) throws -> UpstreamConnection {
         let handler = try channel.pipeline.syncOperations.handler(type: UpstreamHandler.self)
-        let connection = UpstreamConnection(channel: channel, handler: handler, address: address)
+        let connection = UpstreamConnection(
+            channel: channel, handler: handler, address: address, generation: generation)
         open[address, default: 0] += 1
-        generations[ObjectIdentifier(connection)] = generation
         channel.closeFuture.assumeIsolatedUnsafeUnchecked().whenComplete { [self] _ in
             self.forget(connection)
         }
@@ -131,7 +133,7 @@ final class UpstreamPool {
     /// Gives a connection back after an answer that ended cleanly.
     func release(_ connection: UpstreamConnection) {
         connection.handler.owner = nil
-        guard connection.channel.isActive, generations[ObjectIdentifier(connection)] == generation,
+        guard connection.channel.isActive, connection.generation == generation,
             (idle[connection.address]?.count ?? 0) < Self.maxIdlePerAddress
         else {
             connection.channel.close(promise: nil)
@@ -152,7 +154,6 @@ final class UpstreamPool {
     private func forget(_ connection: UpstreamConnection) {
         let left = (open[connection.address] ?? 1) - 1
         open[connection.address] = left > 0 ? left : nil
-        generations[ObjectIdentifier(connection)] = nil
         if var list = idle[connection.address], let index = list.firstIndex(where: { $0 === connection }) {
             list.remove(at: index)
             idle[connection.address] = list.isEmpty ? nil : list
