@@ -65,19 +65,25 @@ DISCOVERY = json.dumps({
 MODELS = json.dumps({"object": "list", "data": [{"id": "test/model", "object": "model", "created": 0, "owned_by": "opta-lmx"}]})
 
 
-def nginx_config(directory):
-    def answer(path, body):
-        return "location = %s { default_type application/json; return 200 '%s'; }" % (path, body)
+def nginx_common(directory, name, workers):
     return """
-worker_processes 1;
-error_log %(d)s/error.log;
-pid %(d)s/nginx.pid;
+worker_processes %(workers)d;
+error_log %(d)s/%(n)s-error.log;
+pid %(d)s/%(n)s.pid;
 events { worker_connections 4096; }
 http {
     access_log off;
-    client_body_temp_path %(d)s/body; proxy_temp_path %(d)s/proxy; fastcgi_temp_path %(d)s/fcgi;
-    uwsgi_temp_path %(d)s/uwsgi; scgi_temp_path %(d)s/scgi;
+    client_body_temp_path %(d)s/%(n)s-body; proxy_temp_path %(d)s/%(n)s-proxy; fastcgi_temp_path %(d)s/%(n)s-fcgi;
+    uwsgi_temp_path %(d)s/%(n)s-uwsgi; scgi_temp_path %(d)s/%(n)s-scgi;
     keepalive_requests 1000000;
+""" % {"d": directory, "n": name, "workers": workers}
+
+
+def nginx_config(directory):
+    """The upstream: nginx answering the LMX contract's static answers (one worker, a server)."""
+    def answer(path, body):
+        return "location = %s { default_type application/json; return 200 '%s'; }" % (path, body)
+    return nginx_common(directory, "upstream", 1) + """
     server {
         listen 127.0.0.1:%(upstream)d;
         %(healthz)s
@@ -86,6 +92,18 @@ http {
         %(models)s
         location = /v1/chat/completions { client_max_body_size 64m; default_type application/json; return 200 '%(completion)s'; }
     }
+}
+""" % {"upstream": UPSTREAM,
+       "healthz": answer("/healthz", '{"status":"ok","version":"0.1.0"}'),
+       "readyz": answer("/readyz", '{"status":"ready","version":"0.1.0","models_loaded":1}'),
+       "discovery": answer("/.well-known/opta-lmx", DISCOVERY), "models": answer("/v1/models", MODELS),
+       "completion": COMPLETION}
+
+
+def proxy_config(directory):
+    """nginx as the reverse proxy, in its own processes (as in front of any real server, and as the
+    gateway is): one worker per core, the gateway's number of event loops."""
+    return nginx_common(directory, "proxy", os.cpu_count() or 1) + """
     upstream lmx { server 127.0.0.1:%(upstream)d; keepalive 128; }
     server {
         listen 127.0.0.1:%(proxy)d;
@@ -98,17 +116,17 @@ http {
         location / { proxy_pass http://streamer; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
     }
 }
-""" % {"d": directory, "upstream": UPSTREAM, "proxy": NGINX, "streamer": STREAMER, "proxy_stream": NGINX_STREAM,
-       "healthz": answer("/healthz", '{"status":"ok","version":"0.1.0"}'),
-       "readyz": answer("/readyz", '{"status":"ready","version":"0.1.0","models_loaded":1}'),
-       "discovery": answer("/.well-known/opta-lmx", DISCOVERY), "models": answer("/v1/models", MODELS),
-       "completion": COMPLETION}
+""" % {"upstream": UPSTREAM, "proxy": NGINX, "streamer": STREAMER, "proxy_stream": NGINX_STREAM}
 
 
 COMPLETION = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "test/model",
                          "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
                          "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 BODIES = [("1 KB", 1024), ("64 KB", 64 * 1024), ("512 KB", 512 * 1024), ("4 MB", 4 * 1024 * 1024)]
+# BENCH_QUICK=1: GET and 1 KB bodies only, no streams (while working on the data path).
+QUICK = os.environ.get("BENCH_QUICK") == "1"
+if QUICK:
+    BODIES = BODIES[:1]
 
 
 def post_script(directory, size):
@@ -134,12 +152,13 @@ def cpu_seconds(pid):
 
 
 
-def wrk(url, connections, script=None, pid=None):
-    before = cpu_seconds(pid) if pid else 0
+def wrk(url, connections, script=None, pids=()):
+    """wrk's figures, and the CPU time of `pids` (the proxy's processes) per request over the run."""
+    before = sum(cpu_seconds(p) for p in pids)
     out = subprocess.run(["wrk", "-t", str(min(connections, 2)), "-c", str(connections), "-d", "%gs" % SECONDS, "--latency",
                           *(["-s", script] if script else []), url],
                          capture_output=True, text=True, check=True).stdout
-    cpu = cpu_seconds(pid) - before if pid else None
+    cpu = sum(cpu_seconds(p) for p in pids) - before if pids else None
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 
     def pct(p):
@@ -159,6 +178,38 @@ def stream(url, runs=10):
     return statistics.median(firsts), statistics.median(deliveries)
 
 
+def request_tables(results):
+    """The GET and POST tables: req/s, the latency each proxy adds, CPU per request and per MB."""
+    rows = ["| GET /v1/models, clients | direct req/s | nginx req/s | gateway req/s (× nginx) | added p50 nginx / gateway "
+            "| added p99 nginx / gateway | CPU per request nginx / gateway |",
+            "|---|---|---|---|---|---|---|"]
+    for c in CLIENTS:
+        d, n, g = results["direct_%d" % c], results["nginx_%d" % c], results["gateway_%d" % c]
+        rows.append("| %d | %.0f | %.0f | %.0f (%.2f×) | %.3f / %.3f ms | %.3f / %.3f ms | %.0f / %.0f µs |" % (
+            c, d["rps"], n["rps"], g["rps"], g["rps"] / max(n["rps"], 1), n["p50"] - d["p50"], g["p50"] - d["p50"],
+            n["p99"] - d["p99"], g["p99"] - d["p99"], n["cpu_us_per_request"], g["cpu_us_per_request"]))
+    rows.append("")
+    rows.append("| POST chat completion body | clients | direct req/s | nginx req/s | gateway req/s (× nginx) "
+                "| added p50 nginx / gateway | CPU per request nginx / gateway | CPU per MB nginx / gateway |")
+    rows.append("|---|---|---|---|---|---|---|---|")
+    for label, size in BODIES:
+        for c in CLIENTS:
+            d, n, g = (results["post_%d_%s_%d" % (size, name, c)] for name in ("direct", "nginx", "gateway"))
+            rows.append("| %s | %d | %.0f | %.0f | %.0f (%.2f×) | %.3f / %.3f ms | %.0f / %.0f µs | %.0f / %.0f µs |" % (
+                label, c, d["rps"], n["rps"], g["rps"], g["rps"] / max(n["rps"], 1), n["p50"] - d["p50"],
+                g["p50"] - d["p50"], n["cpu_us_per_request"], g["cpu_us_per_request"],
+                n["cpu_us_per_request"] / (size / 1e6), g["cpu_us_per_request"] / (size / 1e6)))
+    rows.append("")
+    rows.append("Memory after the runs: the gateway's RSS %.1f MiB; nginx's master and workers, PSS summed, %.1f MiB." % (
+        results["gateway_rss_mib"], results["nginx_pss_mib"]))
+    rows.append("")
+    return rows
+
+
+def print_quick(results):
+    print("\n".join(request_tables(results)))
+
+
 def main():
     # 1,024 streams need 1,024 sockets in the client and twice that in the gateway.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -167,9 +218,12 @@ def main():
     results = {}
     agents = {}
     try:
-        with open(directory + "/nginx.conf", "w") as f:
+        with open(directory + "/upstream.conf", "w") as f:
             f.write(nginx_config(directory))
-        start(["nginx", "-c", directory + "/nginx.conf", "-p", directory, "-g", "daemon off;"])
+        with open(directory + "/proxy.conf", "w") as f:
+            f.write(proxy_config(directory))
+        start(["nginx", "-c", directory + "/upstream.conf", "-p", directory, "-g", "daemon off;"])
+        proxy = start(["nginx", "-c", directory + "/proxy.conf", "-p", directory, "-g", "daemon off;"])
         start(["python3", SERVER, "--bind", "127.0.0.1", "--port", str(STREAMER)], stdin=subprocess.PIPE)
         # One agent in front of each upstream, as nginx has one upstream per server block.
         for name, upstream, gateway in (("static", UPSTREAM, GATEWAY), ("stream", STREAMER, GATEWAY_STREAM)):
@@ -184,18 +238,24 @@ def main():
             assert lmxtools.wait_http(url), "not answering: " + url
         time.sleep(1)
         gateway_pid = agents["static"].pid
+        # nginx's CPU is its workers' (the master only starts them).
+        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proxy.pid)], capture_output=True, text=True).stdout.split()]
+        assert workers, "the proxy nginx has no workers"
+        pids = {"direct": (), "nginx": workers, "gateway": (gateway_pid,)}
         for c in CLIENTS:
             for name, port in (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY)):
-                results["%s_%d" % (name, c)] = wrk("http://127.0.0.1:%d/v1/models" % port, c,
-                                                   pid=gateway_pid if name == "gateway" else None)
+                results["%s_%d" % (name, c)] = wrk("http://127.0.0.1:%d/v1/models" % port, c, pids=pids[name])
         for label, size in BODIES:
             script = post_script(directory, size)
             for c in CLIENTS:
                 for name, port in (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY)):
                     results["post_%d_%s_%d" % (size, name, c)] = wrk(
-                        "http://127.0.0.1:%d/v1/chat/completions" % port, c, script=script,
-                        pid=gateway_pid if name == "gateway" else None)
+                        "http://127.0.0.1:%d/v1/chat/completions" % port, c, script=script, pids=pids[name])
         results["gateway_rss_mib"] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
+        # nginx is several processes sharing pages: the sum of their proportional shares.
+        results["nginx_pss_mib"] = sum(lmxtools.memory_kib(p)["pss"] for p in [proxy.pid] + workers) / 1024
+        if QUICK:
+            return print_quick(results)
         results["stream_direct"] = stream("http://127.0.0.1:%d/v1" % STREAMER)
         results["stream_nginx"] = stream("http://127.0.0.1:%d/v1" % NGINX_STREAM)
         results["stream_gateway"] = stream("http://127.0.0.1:%d/v1" % GATEWAY_STREAM)
@@ -225,26 +285,7 @@ def main():
             results["streams1024_" + name]["rss_kib"] = (before, peak[0])
     finally:
         stop_all()
-    rows = ["| clients | direct req/s | nginx req/s | gateway req/s | nginx added p50 / p99 | gateway added p50 / p99 |",
-            "|---|---|---|---|---|---|"]
-    for c in CLIENTS:
-        d, n, g = results["direct_%d" % c], results["nginx_%d" % c], results["gateway_%d" % c]
-        rows.append("| %d | %.0f | %.0f | %.0f | %.3f / %.3f ms | %.3f / %.3f ms |" % (
-            c, d["rps"], n["rps"], g["rps"], n["p50"] - d["p50"], n["p99"] - d["p99"], g["p50"] - d["p50"], g["p99"] - d["p99"]))
-    rows.append("")
-    rows.append("| POST chat completion body | clients | direct req/s | nginx req/s | gateway req/s (× nginx) | gateway added p50 | gateway CPU per request / per MB |")
-    rows.append("|---|---|---|---|---|---|---|")
-    for label, size in BODIES:
-        for c in CLIENTS:
-            d, n, g = (results["post_%d_%s_%d" % (size, name, c)] for name in ("direct", "nginx", "gateway"))
-            cpu = g["cpu_us_per_request"]
-            rows.append("| %s | %d | %.0f | %.0f | %.0f (%.2f×) | %.3f ms | %.0f µs / %.0f µs |" % (
-                label, c, d["rps"], n["rps"], g["rps"], g["rps"] / max(n["rps"], 1), g["p50"] - d["p50"],
-                cpu, cpu / (size / 1e6)))
-    rows.append("")
-    rows.append("Gateway RSS after the runs: %.1f MiB; CPU per GET /v1/models at 1 / 8 / 64 clients: %s µs." % (
-        results["gateway_rss_mib"], " / ".join("%.0f" % results["gateway_%d" % c]["cpu_us_per_request"] for c in CLIENTS)))
-    rows.append("")
+    rows = request_tables(results)
     rows.append("| streamed completion (20 events, 50 ms apart) | direct | nginx | gateway |")
     rows.append("|---|---|---|---|")
     rows.append("| first event (median of 10) | %.2f ms | %.2f ms | %.2f ms |" % (

@@ -192,4 +192,108 @@ struct GatewayPolicyTests {
         #expect(find(#"["model","x"]"#) == nil)
         #expect(find("") == nil)
     }
+
+    // The rules below are byte-level (they run for every forwarded request); these references
+    // are the string-level rules they replaced, and the two must agree on every input tried.
+
+    private static func referencePlainPath(_ path: String) -> Bool {
+        let lower = path.lowercased()
+        // (The first byte, not the first character: "/" and a combining mark is one character but
+        // a path that starts with "/", as a server reads it.)
+        return path.utf8.first == UInt8(ascii: "/") && !lower.contains("//") && !lower.contains("/./")
+            && !lower.contains("/../")
+            && !lower.hasSuffix("/..") && !lower.hasSuffix("/.") && !lower.contains("%2f") && !lower.contains("%2e")
+            && !lower.contains("%5c") && !lower.contains("\\")
+    }
+
+    private static func referenceLoopback(_ authority: String) -> Bool {
+        var host = Substring(authority.lowercased())
+        if host.hasPrefix("[") {
+            guard let close = host.firstIndex(of: "]") else { return false }
+            let inner = host[host.index(after: host.startIndex)..<close]
+            let rest = host[host.index(after: close)...]
+            guard rest.isEmpty || (rest.first == ":" && rest.dropFirst().allSatisfy(\.isASCIIDigit)) else {
+                return false
+            }
+            return inner == "::1"
+        }
+        if let colon = host.firstIndex(of: ":") {
+            guard host[host.index(after: colon)...].allSatisfy(\.isASCIIDigit) else { return false }
+            host = host[..<colon]
+        }
+        if host == "localhost" { return true }
+        let parts = host.split(separator: ".", omittingEmptySubsequences: false)
+        return parts.count == 4 && parts[0] == "127"
+            && parts.allSatisfy { !$0.isEmpty && $0.count <= 3 && $0.allSatisfy(\.isASCIIDigit) && Int($0)! <= 255 }
+    }
+
+    /// Every string of up to `length` characters from `alphabet` (small alphabets: exhaustive).
+    private static func strings(_ alphabet: [String], upTo length: Int) -> [String] {
+        var all = [""]
+        var level = [""]
+        for _ in 0..<length {
+            level = level.flatMap { prefix in alphabet.map { prefix + $0 } }
+            all += level
+        }
+        return all
+    }
+
+    @Test("paths: the one-pass check agrees with the string rules on every short path of slashes, dots, escapes")
+    func plainPathsAgree() {
+        let paths =
+            Self.strings(["/", ".", "a", "%", "2", "F", "e", "5", "c", "\\"], upTo: 5)
+            + [
+                "/v1/chat/completions", "/v1/models/", "/v1/./x", "/v1/../admin", "/v1/x/..", "/v1/x/.", "/v1/%2E%2e/x",
+                "/v1/a%5Cb", "/v1/%2", "/v1/%", "/v1/.hidden", "/v1/a..b", "/v1/...", "/é/./", "/\u{0301}.",
+            ]
+        #expect(paths.count > 100_000)
+        for path in paths {
+            #expect(GatewayPolicy.isPlainPath(path) == Self.referencePlainPath(path), "\(path)")
+        }
+    }
+
+    @Test("Host values: the byte-level loopback check agrees with the string rules")
+    func loopbackAgrees() {
+        let hosts =
+            Self.strings(["1", "2", "7", "0", ".", ":", "5"], upTo: 6).map { "127" + $0 }
+            + Self.strings(["[", "]", ":", "1", "x"], upTo: 6)
+            + [
+                "localhost", "LOCALHOST:8080", "localhost:", "localhost:x", "localhost.", "127.0.0.1", "127.0.0.01",
+                "127.000.0.1", "127.0.0.256", "127.255.255.255:1", "128.0.0.1", "[::1]", "[::1]:1235", "[::1]x",
+                "[::2]",
+                "[::1", "", ":", "127.0.0.1:", "127.0.0.1:12a", "１２７.0.0.1", "127.0.0.1\u{0301}", "locａlhost",
+            ]
+        #expect(hosts.count > 100_000)
+        for host in hosts {
+            #expect(GatewayPolicy.isLoopbackAuthority(host) == Self.referenceLoopback(host), "\(host)")
+        }
+    }
+
+    @Test("the model's name: plain text read as it is, escapes and non-ASCII through the JSON decoder")
+    func modelNames() {
+        func find(_ text: String) -> String? { ModelField.find(in: Array(text.utf8)) }
+        #expect(find(#"{"model": "qwen/qwen3-8b:q4"}"#) == "qwen/qwen3-8b:q4")
+        #expect(find(#"{"model": "a\"b"}"#) == "a\"b")
+        #expect(find(#"{"model": "\u00e9t\u00e9"}"#) == "été")
+        #expect(find(#"{"model": "été"}"#) == "été")
+        #expect(find("{\"model\": \"a\u{01}b\"}") == nil)  // a control character: not JSON
+        #expect(
+            ModelField.find(in: [0x7B, 0x22, 0x6D, 0x6F, 0x64, 0x65, 0x6C, 0x22, 0x3A, 0x22, 0xFF, 0x22, 0x7D]) == nil)
+        #expect(find(#"{"model": ""}"#) == "")
+    }
+
+    @Test("Connection lists: the usual keep-alive and close name nothing; other tokens are hop-by-hop")
+    func connectionTokens() {
+        #expect(GatewayPolicy.connectionListed([("Connection", "keep-alive")]).isEmpty)
+        #expect(GatewayPolicy.connectionListed([("connection", "Close")]).isEmpty)
+        #expect(GatewayPolicy.connectionListed([("Connection", "keep-alive, X-Secret")]) == ["keep-alive", "x-secret"])
+        let kept = GatewayPolicy.downstreamHeaders([
+            ("Connection", "X-Private"), ("X-Private", "1"), ("Content-Type", "application/json"),
+            ("Keep-Alive", "t=5"),
+        ])
+        #expect(kept.map(\.name) == ["Content-Type"])
+        #expect(GatewayPolicy.keepsDownstream("X-Request-Id", connectionListed: []))
+        #expect(!GatewayPolicy.keepsDownstream("SET-COOKIE", connectionListed: []))
+        #expect(!GatewayPolicy.keepsDownstream("x-private", connectionListed: ["x-private"]))
+    }
 }

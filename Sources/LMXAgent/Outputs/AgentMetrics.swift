@@ -30,6 +30,14 @@ public final class AgentMetrics: Sendable {
     let gatewayHandedOver: Counter
     /// Dropped store writes already added to the counter.
     private let droppedCounted = Mutex(0)
+    /// The labelled histograms made so far, by series and key: the registry makes each once, but
+    /// asking it costs a lock, a descriptor and label arrays per answer (bounded: cleared past
+    /// 1,024 entries; the registry keeps the series).
+    private let histograms = Mutex<[HistogramKey: ValueHistogram]>([:])
+    private struct HistogramKey: Hashable {
+        var name: String
+        var key: TrafficStats.Key
+    }
 
     public static let latencyBuckets: [Double] = [
         0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -165,9 +173,18 @@ extension AgentMetrics {
     /// One value into the histogram `name` of the model and path `key` (made on first use).
     private func record(_ value: Double, in name: String, _ help: String, key: TrafficStats.Key, buckets: [Double]) {
         guard value.isFinite, value >= 0 else { return }
-        registry.makeValueHistogram(
-            descriptor: .lmx(name, help), labels: [("model", key.model), ("via", key.via.rawValue)], buckets: buckets
-        ).record(value)
+        let cacheKey = HistogramKey(name: name, key: key)
+        if let known = histograms.withLock({ $0[cacheKey] }) {
+            known.record(value)
+            return
+        }
+        let histogram = registry.makeValueHistogram(
+            descriptor: .lmx(name, help), labels: [("model", key.model), ("via", key.via.rawValue)], buckets: buckets)
+        histograms.withLock {
+            if $0.count >= 1024 { $0 = [:] }
+            $0[cacheKey] = histogram
+        }
+        histogram.record(value)
     }
 }
 

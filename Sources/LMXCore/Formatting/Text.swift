@@ -63,4 +63,14 @@ extension String {
         }
         return true
     }
+
+    /// Starts with `lowercase` (ASCII, lower case) ignoring ASCII case, without making a new string.
+    public func hasASCIILowercasedPrefix(_ lowercase: String) -> Bool {
+        guard utf8.count >= lowercase.utf8.count else { return false }
+        for (a, b) in zip(utf8, lowercase.utf8) {
+            let folded = a >= 0x41 && a <= 0x5A ? a | 0x20 : a
+            if folded != b { return false }
+        }
+        return true
+    }
 }

@@ -9,10 +9,18 @@ public enum GatewayPolicy {
     }
 
     /// Headers that belong to one hop (RFC 9110 §7.6.1) plus those the gateway sets itself.
-    static let hopByHop: Set<String> = [
+    /// A list, not a set: names are compared in place, ignoring ASCII case, without hashing or
+    /// lower-casing a copy (these rules run for every request the gateway forwards).
+    static let hopByHop: [String] = [
         "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te", "trailer",
         "transfer-encoding", "upgrade", "host", "content-length",
     ]
+
+    /// Whether `name` is one of `names` (lower case), ignoring ASCII case.
+    static func listed(_ name: String, in names: [String]) -> Bool {
+        for candidate in names where name.equalsASCIILowercased(candidate) { return true }
+        return false
+    }
 
     /// Checks the method, path and browser headers before anything is forwarded.
     /// - Parameters:
@@ -68,27 +76,24 @@ public enum GatewayPolicy {
         }
         // Only plain paths: no dot segments, doubled slashes or encoded separators that a server
         // might read differently from this check.
-        let lower = path.lowercased()
-        guard path.hasPrefix("/"), !lower.containsBytes("//"), !lower.containsBytes("/./"),
-            !lower.containsBytes("/../"), !lower.hasSuffix("/.."), !lower.hasSuffix("/."),
-            !lower.containsBytes("%2f"), !lower.containsBytes("%2e"), !lower.containsBytes("%5c"),
-            !lower.containsBytes("\\")
-        else {
+        guard isPlainPath(path) else {
             return Refusal(
                 status: 400, code: "bad_path",
                 message: "the path has dot segments, doubled slashes or encoded separators")
         }
-        var trimmed = lower
-        while trimmed.count > 1 && trimmed.hasSuffix("/") { trimmed.removeLast() }
-        if trimmed == "/v1/chat/stream" {
+        // The path without trailing slashes (a lone "/" stays), compared ignoring ASCII case.
+        let trimmed = path.utf8.count - trailingSlashes(path)
+        func named(_ lower: String) -> Bool { trimmed == lower.utf8.count && path.hasASCIILowercasedPrefix(lower) }
+        func under(_ lower: String) -> Bool { trimmed >= lower.utf8.count && path.hasASCIILowercasedPrefix(lower) }
+        if named("/v1/chat/stream") {
             return Refusal(
                 status: 403, code: "websocket_refused",
                 message:
                     "/v1/chat/stream is the server's WebSocket path, which checks no credentials: the gateway never forwards it; use /v1/chat/completions with \"stream\": true"
             )
         }
-        if trimmed == "/v1" || trimmed.hasPrefix("/v1/") { return nil }
-        if trimmed == "/admin" || trimmed.hasPrefix("/admin/") {
+        if named("/v1") || under("/v1/") { return nil }
+        if named("/admin") || under("/admin/") {
             if adminEnabled { return nil }
             return Refusal(
                 status: 403, code: "admin_disabled",
@@ -99,6 +104,63 @@ public enum GatewayPolicy {
             message:
                 "the gateway forwards /v1/* (the OpenAI-compatible API) only; \(method) \(path.prefix(100)) is not one of them"
         )
+    }
+
+    /// Starts with `/`, and has no empty segment before another (`//`), no `.` or `..` segment,
+    /// no `\\` and no percent-encoded `/`, `.` or `\\` (`%2f`, `%2e`, `%5c`, either case). One
+    /// pass over the bytes.
+    static func isPlainPath(_ path: String) -> Bool {
+        let bytes = path.utf8
+        guard bytes.first == UInt8(ascii: "/") else { return false }
+        // The current segment's length and whether it is all dots, so far.
+        var length = 0
+        var dots = 0
+        var percent = 0  // bytes of a `%xx` seen so far (0: none)
+        var encoded: UInt8 = 0
+        var first = true
+        for byte in bytes {
+            if first {
+                first = false
+                continue
+            }
+            if byte == UInt8(ascii: "\\") { return false }
+            switch percent {
+            case 1:
+                encoded = byte
+                percent = 2
+            case 2:
+                let folded = byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte
+                if encoded == UInt8(ascii: "2"), folded == UInt8(ascii: "f") || folded == UInt8(ascii: "e") {
+                    return false
+                }
+                if encoded == UInt8(ascii: "5"), folded == UInt8(ascii: "c") { return false }
+                percent = 0
+            default:
+                break
+            }
+            if byte == UInt8(ascii: "%") { percent = 1 }
+            if byte == UInt8(ascii: "/") {
+                // A segment ends: empty (`//`) or `.` / `..` is not plain.
+                if length == 0 || (dots == length && length <= 2) { return false }
+                length = 0
+                dots = 0
+            } else {
+                length += 1
+                if byte == UInt8(ascii: ".") { dots += 1 }
+            }
+        }
+        // The last segment: empty (a trailing slash) is fine, `.` or `..` is not.
+        return !(length > 0 && dots == length && length <= 2)
+    }
+
+    /// How many `/` end the path, leaving at least one byte.
+    static func trailingSlashes(_ path: String) -> Int {
+        var count = 0
+        for byte in path.utf8.reversed() {
+            guard byte == UInt8(ascii: "/"), count + 1 < path.utf8.count else { break }
+            count += 1
+        }
+        return count
     }
 
     /// The headers sent upstream: the client's, minus hop-by-hop ones, plus the route's
@@ -112,28 +174,31 @@ public enum GatewayPolicy {
     ) -> [(name: String, value: String)] {
         let connectionListed = connectionListed(client)
         let routeHeaders = credentials.headers(forPath: path)
-        let routeNames = Set(routeHeaders.map { $0.name.lowercased() })
-        var replaced: Set<String> = routeNames
-        if routeNames.contains("authorization") { replaced.insert("x-api-key") }
+        var replaced = routeHeaders.map { $0.name.lowercased() }
+        if replaced.contains("authorization") { replaced.append("x-api-key") }
         var out: [(name: String, value: String)] = []
-        var present: Set<String> = []
+        out.reserveCapacity(client.count + routeHeaders.count + 1)
+        var hasUserAgent = false
         for header in client {
-            let name = header.name.lowercased()
+            let name = header.name
             // Cookies are not scoped by port: another local app's cookies never travel on.
-            if hopByHop.contains(name) || connectionListed.contains(name) || name == "cookie" { continue }
-            if replaced.contains(name) { continue }
+            if listed(name, in: hopByHop) || name.equalsASCIILowercased("cookie") { continue }
+            if !connectionListed.isEmpty, listed(name, in: connectionListed) { continue }
+            if !replaced.isEmpty, listed(name, in: replaced) { continue }
             out.append(header)
-            present.insert(name)
+            if name.equalsASCIILowercased("user-agent") { hasUserAgent = true }
         }
         out.append(contentsOf: routeHeaders)
-        if !present.contains("user-agent") { out.append(("User-Agent", userAgent)) }
+        if !hasUserAgent { out.append(("User-Agent", userAgent)) }
         return out
     }
 
     /// The request carries a key of its own that would travel upstream: an `Authorization` or
     /// `X-Api-Key`. Only meaningful for routes without an inference key (the route's wins).
     public static func clientHasKey(_ headers: [(name: String, value: String)]) -> Bool {
-        headers.contains { ["authorization", "x-api-key"].contains($0.name.lowercased()) }
+        headers.contains {
+            $0.name.equalsASCIILowercased("authorization") || $0.name.equalsASCIILowercased("x-api-key")
+        }
     }
 
     /// The headers sent back to the client: the server's, minus hop-by-hop ones and cookies
@@ -142,24 +207,36 @@ public enum GatewayPolicy {
     public static func downstreamHeaders(_ upstream: [(name: String, value: String)]) -> [(name: String, value: String)]
     {
         let connectionListed = connectionListed(upstream)
-        return upstream.filter {
-            !droppedDownstream.contains($0.name.lowercased()) && !connectionListed.contains($0.name.lowercased())
-        }
+        return upstream.filter { keepsDownstream($0.name, connectionListed: connectionListed) }
     }
 
-    /// The header names a message's `Connection` lists: they belong to its hop (RFC 9110 §7.6.1).
-    static func connectionListed(_ headers: [(name: String, value: String)]) -> Set<String> {
-        var listed: Set<String> = []
-        for header in headers where header.name.lowercased() == "connection" {
-            for token in header.value.split(separator: ",").prefix(64) {
-                listed.insert(String(token).trimmingASCIIWhitespace().lowercased())
-            }
-        }
+    /// Whether an answer's header `name` reaches the client (``downstreamHeaders(_:)``, one
+    /// header at a time), given what the answer's `Connection` lists (``connectionListed(_:)``).
+    public static func keepsDownstream(_ name: String, connectionListed: [String]) -> Bool {
+        !listed(name, in: droppedDownstream) && (connectionListed.isEmpty || !listed(name, in: connectionListed))
+    }
+
+    /// The header names a message's `Connection` lists, lower case: they belong to its hop
+    /// (RFC 9110 §7.6.1). At most 64 per header.
+    public static func connectionListed(_ headers: [(name: String, value: String)]) -> [String] {
+        var listed: [String] = []
+        for header in headers { addConnectionListed(name: header.name, value: header.value, to: &listed) }
         return listed
     }
 
-    private static let droppedDownstream: Set<String> =
-        hopByHop.union(["set-cookie", "set-cookie2"]).union(securityHeaders.map { $0.name.lowercased() })
+    /// What one header adds to ``connectionListed(_:)``: its tokens if it is a `Connection`.
+    public static func addConnectionListed(name: String, value: String, to listed: inout [String]) {
+        guard name.equalsASCIILowercased("connection"),
+            // The usual values name no other header (and are hop-by-hop themselves).
+            !value.equalsASCIILowercased("keep-alive"), !value.equalsASCIILowercased("close")
+        else { return }
+        for token in value.split(separator: ",").prefix(64) {
+            listed.append(String(token).trimmingASCIIWhitespace().lowercased())
+        }
+    }
+
+    private static let droppedDownstream: [String] =
+        hopByHop + ["set-cookie", "set-cookie2"] + securityHeaders.map { $0.name.lowercased() }
 
     /// On every answer of the gateway: nothing an upstream returns is sniffed into a script,
     /// runs on the gateway's origin, or is embedded by a page of another origin.
@@ -176,25 +253,50 @@ public enum GatewayPolicy {
     }
 
     /// `127.0.0.1[:port]`, `localhost[:port]`, `[::1][:port]` (any 127/8 address).
+    /// Byte by byte, ASCII case ignored, without copying the text.
     public static func isLoopbackAuthority(_ authority: String) -> Bool {
-        var host = Substring(authority.lowercased())
-        if host.hasPrefix("[") {
-            guard let close = host.firstIndex(of: "]") else { return false }
-            let inner = host[host.index(after: host.startIndex)..<close]
-            let rest = host[host.index(after: close)...]
-            guard rest.isEmpty || (rest.first == ":" && rest.dropFirst().allSatisfy(\.isASCIIDigit)) else {
-                return false
+        var authority = authority
+        return authority.withUTF8(isLoopbackAuthority(bytes:))
+    }
+
+    private static func isLoopbackAuthority(bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        func digits(_ slice: Slice<UnsafeBufferPointer<UInt8>>) -> Bool {
+            slice.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
+        }
+        // An optional `:port` (digits, possibly none) after the host.
+        func port(from index: Int) -> Bool {
+            index == bytes.count || (bytes[index] == UInt8(ascii: ":") && digits(bytes[(index + 1)...]))
+        }
+        if bytes.first == UInt8(ascii: "[") {
+            guard let close = bytes.firstIndex(of: UInt8(ascii: "]")) else { return false }
+            return close == 4 && bytes[1..<4].elementsEqual("::1".utf8) && port(from: close + 1)
+        }
+        let hostEnd = bytes.firstIndex(of: UInt8(ascii: ":")) ?? bytes.count
+        guard port(from: hostEnd) else { return false }
+        let host = bytes[..<hostEnd]
+        if host.count == 9,
+            zip(host, "localhost".utf8).allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A ? $0 | 0x20 : $0) == $1 })
+        {
+            return true
+        }
+        // A dotted 127/8 address: four parts of 1…3 digits, each at most 255, the first `127`.
+        var parts = 0
+        var value = 0
+        var length = 0
+        for byte in host {
+            if byte == UInt8(ascii: ".") {
+                guard length > 0, parts < 3, parts > 0 || value == 127 else { return false }
+                parts += 1
+                value = 0
+                length = 0
+                continue
             }
-            return inner == "::1"
+            guard byte >= 0x30, byte <= 0x39, length < 3 else { return false }
+            value = value * 10 + Int(byte - 0x30)
+            length += 1
+            guard value <= 255 else { return false }
         }
-        if let colon = host.firstIndex(of: ":") {
-            guard host[host.index(after: colon)...].allSatisfy(\.isASCIIDigit) else { return false }
-            host = host[..<colon]
-        }
-        if host == "localhost" { return true }
-        let parts = host.split(separator: ".", omittingEmptySubsequences: false)
-        return parts.count == 4 && parts[0] == "127"
-            && parts.allSatisfy { !$0.isEmpty && $0.count <= 3 && $0.allSatisfy(\.isASCIIDigit) && Int($0)! <= 255 }
+        return parts == 3 && length > 0
     }
 
     /// An `Origin` of a page served from this machine (`http://localhost:3000`).

@@ -84,6 +84,12 @@ public enum ModelField {
             skipSpace()
             if data[key].elementsEqual(wanted) {
                 guard i < data.count, data[i] == 0x22, let value = skipString() else { return nil }
+                // Printable ASCII without escapes (model names, ids) is its own text; anything
+                // else is read by the JSON decoder (escapes, UTF-8, control characters refused).
+                let inner = data[(value.lowerBound + 1)..<(value.upperBound - 1)]
+                if inner.allSatisfy({ $0 >= 0x20 && $0 < 0x7F && $0 != 0x5C }) {
+                    return String(decoding: inner, as: UTF8.self)
+                }
                 return try? JSONDecoder().decode(String.self, from: Data(data[value]))
             }
             guard skipValue() else { return nil }

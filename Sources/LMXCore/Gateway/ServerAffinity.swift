@@ -26,6 +26,11 @@ public enum ServerAffinity {
     /// The object a request names, which only the server that made it has: from the path (runs,
     /// collections) or the start of the JSON body (`collection`, `previous_response_id`).
     public static func named(method: String, path: String, body: [UInt8]) -> ServerObject? {
+        // Every path below has one of these segments: most requests (chat completions, models)
+        // are answered here without splitting the path.
+        guard path.containsBytes("agents") || path.containsBytes("rag") || path.containsBytes("responses") else {
+            return nil
+        }
         let parts = segments(path)
         // /v1/agents/runs/{id}, …/events, …/cancel
         if parts.count >= 4, parts[0] == "v1", parts[1] == "agents", parts[2] == "runs" {
@@ -49,14 +54,16 @@ public enum ServerAffinity {
     /// The object a request makes that the request itself names (a RAG ingest's collection): it
     /// belongs to the server that answers it with success.
     public static func madeByRequest(method: String, path: String, body: [UInt8]) -> ServerObject? {
-        guard method == "POST", segments(path) == ["v1", "rag", "ingest"] else { return nil }
+        guard method == "POST", path.containsBytes("ingest"), segments(path) == ["v1", "rag", "ingest"] else {
+            return nil
+        }
         return ModelField.string(named: "collection", in: body).flatMap(identifier).map(ServerObject.ragCollection)
     }
 
     /// Whether the answer to this request names an object it made (a new agent run, a stored
     /// response): its `id` is read from the answer (``madeByAnswer(_:path:)``).
     public static func answerMakes(method: String, path: String) -> Bool {
-        guard method == "POST" else { return false }
+        guard method == "POST", path.containsBytes("runs") || path.containsBytes("responses") else { return false }
         let parts = segments(path)
         return parts == ["v1", "agents", "runs"] || parts == ["v1", "responses"]
     }

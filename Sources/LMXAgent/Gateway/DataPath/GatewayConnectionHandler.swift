@@ -34,6 +34,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// Parts read after the current request (pipelined): handled once it is done.
     private var queued = CircularBuffer<HTTPServerRequestPart>()
     private var readPending = false
+    /// Parts were passed to the general path since the last read batch ended.
+    private var firedRead = false
     private var idleTimer: Scheduled<Void>?
     /// When the connection last became idle (no request in progress).
     private var idleSince = NIODeadline.now()
@@ -89,7 +91,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     func channelReadComplete(context: ChannelHandlerContext) {
         request?.upstream?.handler.flush()
-        context.fireChannelReadComplete()
+        // The general path hears of a read batch only when it was given something in it.
+        if firedRead {
+            firedRead = false
+            context.fireChannelReadComplete()
+        }
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
@@ -132,6 +138,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         guard let context else { return }
         if passing {
             if case .end = part { passing = false }
+            firedRead = true
             context.fireChannelRead(wrapInboundOut(part))
             return
         }
@@ -147,8 +154,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             handOver(head: head, parts: [], ended: false)
             return
         }
-        let reservation = gateway.readAhead.reservation(for: uid)
-        request = ForwardedRequest(head: head, headers: headers, reservation: reservation)
+        request = ForwardedRequest(head: head, headers: headers)
     }
 
     /// Handles the queued parts, in order, until a request of ours waits for its answer.
@@ -217,7 +223,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             case .collecting:
                 request.parts.append(chunk)
                 if request.received >= gateway.configuration.readAheadBytes
-                    || !request.reservation.take(chunk.readableBytes)
+                    || !request.reservation(from: gateway.readAhead, for: uid).take(chunk.readableBytes)
                 {
                     decide(request)
                 }
@@ -346,7 +352,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         }
         let method = head.method
         if request.clientEnded {
-            if request.received > 0 || ![.GET, .HEAD, .OPTIONS, .DELETE].contains(method) {
+            if request.received > 0 || !Self.bodilessMethod(method) {
                 headers.add(name: "Content-Length", value: String(request.received))
             }
         } else if let length = head.headers.first(name: "content-length") {
@@ -365,6 +371,14 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         }
         handler.flush()
         resumeReadsIfHeld()
+    }
+
+    /// Methods whose requests carry no body unless they say so (no `Content-Length: 0` added).
+    static func bodilessMethod(_ method: HTTPMethod) -> Bool {
+        switch method {
+        case .GET, .HEAD, .OPTIONS, .DELETE: true
+        default: false
+        }
     }
 
     /// The route failed before any byte of an answer: the next one if the request certainly
@@ -483,14 +497,19 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             }
             request.upstreamKeepAlive = head.isKeepAlive
             let events =
-                head.headers.first(name: "content-type")?.lowercased().hasPrefix("text/event-stream") == true
+                head.headers.first(name: "content-type")?.hasASCIILowercasedPrefix("text/event-stream") == true
             if events { request.relay = EventRelay() }
             TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
                 .answered(target.via, status: Int(head.status.code), stream: events)
             var headers = HTTPHeaders()
             headers.reserveCapacity(head.headers.count + 5)
-            for (name, value) in GatewayPolicy.downstreamHeaders(head.headers.map { (name: $0.name, value: $0.value) })
-            {
+            // GatewayPolicy.downstreamHeaders, one header at a time.
+            var connectionListed: [String] = []
+            for (name, value) in head.headers {
+                GatewayPolicy.addConnectionListed(name: name, value: value, to: &connectionListed)
+            }
+            for (name, value) in head.headers
+            where GatewayPolicy.keepsDownstream(name, connectionListed: connectionListed) {
                 headers.add(name: name, value: value)
             }
             if let length = head.headers.first(name: "content-length") {
@@ -675,7 +694,8 @@ final class ForwardedRequest {
     let head: HTTPRequestHead
     let path: String
     let started = ContinuousClock.now
-    let reservation: ReadAheadBudget.Reservation
+    /// What the body read ahead holds of the shared budget (made with the first body part).
+    private var reservation: ReadAheadBudget.Reservation?
     var phase = Phase.collecting
     /// The body read ahead (while collecting), then what arrives while connecting.
     var parts: [ByteBuffer] = []
@@ -698,11 +718,17 @@ final class ForwardedRequest {
     var inFlight: InFlightToken?
     var routeToken: (any AnyObject & Sendable)?
 
-    init(head: HTTPRequestHead, headers: [(name: String, value: String)], reservation: ReadAheadBudget.Reservation) {
+    init(head: HTTPRequestHead, headers: [(name: String, value: String)]) {
         self.head = head
         self.clientHeaders = headers
         self.path = Self.path(of: head.uri)
-        self.reservation = reservation
+    }
+
+    func reservation(from budget: ReadAheadBudget, for uid: UInt32?) -> ReadAheadBudget.Reservation {
+        if let reservation { return reservation }
+        let made = budget.reservation(for: uid)
+        reservation = made
+        return made
     }
 
     static func path(of uri: String) -> String {
