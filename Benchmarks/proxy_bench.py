@@ -2,10 +2,12 @@
 """The gateway side by side with nginx as a reverse proxy, in one run (figures, not pass/fail).
 
 Upstream: nginx serving the LMX contract's static answers (/healthz, /readyz, the discovery
-document, /v1/models) on 127.0.0.1: a fast stand-in for a server, so that what is measured is
-the proxy. In front of it, on loopback: nginx as a reverse proxy (keepalive upstream
+document, /v1/models) on 127.0.0.1, one worker: a fast stand-in for a server, so that what is
+measured is the proxy. In front of it, on loopback: nginx as a reverse proxy in its own
+processes (one worker per core, as many as the gateway's event loops; keepalive upstream
 connections, as a tuned nginx would be) and lmx-agentd's gateway (the upstream configured as an
-endpoint). wrk asks each of the three at 1, 8 and 64 connections: requests/s, and the latency
+endpoint). Both proxies are measured alike: CPU time of their processes per request and per MB
+(nginx's workers; the daemon), memory after the runs. wrk asks each of the three at 1, 8 and 64 connections: requests/s, and the latency
 each proxy adds to the direct one at p50 and p99, on GET /v1/models and on POST
 /v1/chat/completions with request bodies of 1 KB, 64 KB, 512 KB and 4 MB (nginx with request
 buffering off, as the gateway streams a body past its read-ahead); the gateway's CPU time per
@@ -203,6 +205,10 @@ def request_tables(results):
     rows.append("Memory after the runs: the gateway's RSS %.1f MiB; nginx's master and workers, PSS summed, %.1f MiB." % (
         results["gateway_rss_mib"], results["nginx_pss_mib"]))
     rows.append("")
+    rows.append("The gateway's RSS right after each kind's runs (the last at %d clients): GET %.1f MiB; %s." % (
+        CLIENTS[-1], results["rss_get"], "; ".join("%s bodies %.1f MiB" % (label, results["rss_post_%d" % size])
+                                                  for label, size in BODIES)))
+    rows.append("")
     return rows
 
 
@@ -245,12 +251,15 @@ def main():
         for c in CLIENTS:
             for name, port in (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY)):
                 results["%s_%d" % (name, c)] = wrk("http://127.0.0.1:%d/v1/models" % port, c, pids=pids[name])
+        results["rss_get"] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
         for label, size in BODIES:
             script = post_script(directory, size)
             for c in CLIENTS:
                 for name, port in (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY)):
                     results["post_%d_%s_%d" % (size, name, c)] = wrk(
                         "http://127.0.0.1:%d/v1/chat/completions" % port, c, script=script, pids=pids[name])
+            # The daemon's RSS right after the runs of this body size (the last at 64 clients).
+            results["rss_post_%d" % size] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
         results["gateway_rss_mib"] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
         # nginx is several processes sharing pages: the sum of their proportional shares.
         results["nginx_pss_mib"] = sum(lmxtools.memory_kib(p)["pss"] for p in [proxy.pid] + workers) / 1024
