@@ -81,11 +81,11 @@ http {
 """ % {"d": directory, "n": name, "workers": workers}
 
 
-def nginx_config(directory):
+def nginx_config(directory, name="upstream"):
     """The upstream: nginx answering the LMX contract's static answers (one worker, a server)."""
     def answer(path, body):
         return "location = %s { default_type application/json; return 200 '%s'; }" % (path, body)
-    return nginx_common(directory, "upstream", 1) + """
+    return nginx_common(directory, name, 1) + """
     server {
         listen 127.0.0.1:%(upstream)d;
         %(healthz)s
@@ -154,17 +154,21 @@ def cpu_seconds(pid):
 
 
 
-def wrk(url, connections, script=None, pids=()):
-    """wrk's figures, and the CPU time of `pids` (the proxy's processes) per request over the run."""
+def wrk(url, connections, script=None, pids=(), prefix=()):
+    """wrk's figures, and the CPU time of `pids` (the proxy's processes) per request over the run.
+    `prefix`: what wrk runs under (`ip netns exec …` for LiteLLM)."""
     before = sum(cpu_seconds(p) for p in pids)
-    out = subprocess.run(["wrk", "-t", str(min(connections, 2)), "-c", str(connections), "-d", "%gs" % SECONDS, "--latency",
+    out = subprocess.run([*prefix, "wrk", "-t", str(min(connections, 2)), "-c", str(connections), "-d", "%gs" % SECONDS, "--latency",
                           *(["-s", script] if script else []), url],
                          capture_output=True, text=True, check=True).stdout
     cpu = sum(cpu_seconds(p) for p in pids) - before if pids else None
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 
     def pct(p):
-        value, unit = re.search(r"\s%s%%\s+([\d.]+)(us|ms|s)" % p, out).groups()
+        found = re.search(r"\s%s%%\s+([\d.]+)(us|ms|s)" % p, out)
+        if not found:  # no request completed
+            return float("nan")
+        value, unit = found.groups()
         return float(value) * {"us": 0.001, "ms": 1, "s": 1000}[unit]
     requests = int(re.search(r"(\d+) requests in", out).group(1))
     return {"rps": rps, "p50": pct(50), "p99": pct(99), "requests": requests,
@@ -178,6 +182,63 @@ def stream(url, runs=10):
         firsts.append(r["first_event_ms"])
         deliveries.append(r["delivery_p50_ms"])
     return statistics.median(firsts), statistics.median(deliveries)
+
+
+# The LiteLLM proxy beside them (BENCH_LITELLM=0: not). Pinned, installed only in the benchmark's own
+# virtual environment, and run in a network namespace of its own that has nothing but a loopback
+# (with its own stand-in upstream and wrk there too): whatever it might try to reach beyond, it cannot.
+LITELLM_VERSION = "1.74.0"
+LITELLM = os.environ.get("BENCH_LITELLM", "1") != "0" and not QUICK
+LITELLM_VENV = os.path.join(REPO, ".build-bench", "litellm-%s" % LITELLM_VERSION)
+LITELLM_PORT = 21706
+NETNS = "lmx-bench-litellm"
+IN_NETNS = ("ip", "netns", "exec", NETNS)
+
+
+def litellm_start(directory):
+    """Installs LiteLLM's proxy if needed, makes the namespace and starts the stand-in and LiteLLM
+    in it; returns LiteLLM's process."""
+    if not os.path.exists(LITELLM_VENV + "/bin/litellm"):
+        subprocess.run([sys.executable, "-m", "venv", LITELLM_VENV], check=True)
+        subprocess.run([LITELLM_VENV + "/bin/pip", "install", "-q", "litellm[proxy]==" + LITELLM_VERSION], check=True)
+    subprocess.run(["ip", "netns", "add", NETNS], check=True)
+    subprocess.run(["ip", "-n", NETNS, "link", "set", "lo", "up"], check=True)
+    with open(directory + "/ns-upstream.conf", "w") as f:
+        f.write(nginx_config(directory, "ns-upstream"))
+    start([*IN_NETNS, "nginx", "-c", directory + "/ns-upstream.conf", "-p", directory, "-g", "daemon off;"])
+    with open(directory + "/litellm.yaml", "w") as f:
+        f.write("model_list:\n  - model_name: test/model\n    litellm_params:\n      model: openai/test/model\n"
+                "      api_base: http://127.0.0.1:%d/v1\n      api_key: bench\nlitellm_settings:\n  telemetry: false\n" % UPSTREAM)
+    # The model price list is read from the package, not fetched.
+    proxy = start([*IN_NETNS, "env", "LITELLM_LOCAL_MODEL_COST_MAP=True", LITELLM_VENV + "/bin/litellm", "--config",
+                   directory + "/litellm.yaml", "--host", "127.0.0.1", "--port", str(LITELLM_PORT)])
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        ok = subprocess.run([*IN_NETNS, "curl", "-sf", "-o", "/dev/null", "http://127.0.0.1:%d/v1/models" % LITELLM_PORT])
+        if ok.returncode == 0:
+            return proxy
+        time.sleep(1)
+    raise RuntimeError("LiteLLM did not answer within 90 s (log: none kept; run it by hand in %s)" % NETNS)
+
+
+def litellm_stop():
+    subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
+
+
+def litellm_table(results):
+    if "litellm_%d" % CLIENTS[0] not in results:
+        return []
+    rows = ["| LiteLLM proxy %s | clients | req/s (× nginx) | added p50 | CPU per request |" % LITELLM_VERSION,
+            "|---|---|---|---|---|"]
+    for label, key, nkey in [("GET /v1/models", "litellm_%d", "nginx_%d")] + [
+            ("POST %s" % label, "post_%d_litellm_%%d" % size, "post_%d_nginx_%%d" % size) for label, size in BODIES]:
+        for c in CLIENTS:
+            r, n = results[key % c], results[nkey % c]
+            d = results[(nkey % c).replace("nginx", "direct")]
+            rows.append("| %s | %d | %.0f (%.3f×) | %.3f ms | %.0f µs |" % (
+                label, c, r["rps"], r["rps"] / max(n["rps"], 1), r["p50"] - d["p50"], r["cpu_us_per_request"] or 0))
+    rows.append("")
+    return rows
 
 
 def request_tables(results):
@@ -265,6 +326,19 @@ def main():
         results["nginx_pss_mib"] = sum(lmxtools.memory_kib(p)["pss"] for p in [proxy.pid] + workers) / 1024
         if QUICK:
             return print_quick(results)
+        if LITELLM:
+            litellm = litellm_start(directory)
+            litellm_pids = [litellm.pid] + [int(p) for p in subprocess.run(
+                ["pgrep", "-P", str(litellm.pid)], capture_output=True, text=True).stdout.split()]
+            for c in CLIENTS:
+                results["litellm_%d" % c] = wrk("http://127.0.0.1:%d/v1/models" % LITELLM_PORT, c, pids=litellm_pids,
+                                                prefix=IN_NETNS)
+            for label, size in BODIES:
+                script = post_script(directory, size)
+                for c in CLIENTS:
+                    results["post_%d_litellm_%d" % (size, c)] = wrk(
+                        "http://127.0.0.1:%d/v1/chat/completions" % LITELLM_PORT, c, script=script, pids=litellm_pids,
+                        prefix=IN_NETNS)
         results["stream_direct"] = stream("http://127.0.0.1:%d/v1" % STREAMER)
         results["stream_nginx"] = stream("http://127.0.0.1:%d/v1" % NGINX_STREAM)
         results["stream_gateway"] = stream("http://127.0.0.1:%d/v1" % GATEWAY_STREAM)
@@ -294,7 +368,8 @@ def main():
             results["streams1024_" + name]["rss_kib"] = (before, peak[0])
     finally:
         stop_all()
-    rows = request_tables(results)
+        litellm_stop()
+    rows = request_tables(results) + litellm_table(results)
     rows.append("| streamed completion (20 events, 50 ms apart) | direct | nginx | gateway |")
     rows.append("|---|---|---|---|")
     rows.append("| first event (median of 10) | %.2f ms | %.2f ms | %.2f ms |" % (
@@ -302,9 +377,9 @@ def main():
     rows.append("| server write → client read, p50 | %.3f ms | %.3f ms | %.3f ms |" % (
         results["stream_direct"][1], results["stream_nginx"][1], results["stream_gateway"][1]))
     r = {name: results["streams64_" + name] for name in ("direct", "nginx", "gateway")}
-    rows.append("| 64 streams at once: completed; slowest first event | %d, %.1f ms | %d, %.1f ms | %d, %.1f ms |" % (
-        r["direct"]["completed"], r["direct"]["first_event_max_ms"], r["nginx"]["completed"], r["nginx"]["first_event_max_ms"],
-        r["gateway"]["completed"], r["gateway"]["first_event_max_ms"]))
+    rows.append("| 64 streams at once: completed; first event p50 / slowest | %s |" % " | ".join(
+        "%d, %.1f / %.1f ms" % (r[name]["completed"], r[name]["first_event_p50_ms"], r[name]["first_event_max_ms"])
+        for name in ("direct", "nginx", "gateway")))
     r = {name: results["streams1024_" + name] for name in ("direct", "gateway")}
     before, peak = r["gateway"]["rss_kib"]
     rows.append("| 1,024 streams at once: completed; slowest first event | %d, %.1f ms | — | %d, %.1f ms |" % (

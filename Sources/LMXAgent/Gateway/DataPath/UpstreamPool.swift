@@ -105,6 +105,9 @@ final class UpstreamPool {
             // (TCP_NODELAY is ClientBootstrap's default; `.socketOption(.tcp_nodelay)` would set
             // SO_DEBUG, a SOL_SOCKET option that needs CAP_NET_ADMIN.)
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)
+            // At most two reads per wake-up: a channel keeps a buffer per read of a batch (up to 64 KiB
+            // each) for as long as it lives (GatewayChildChannel.readsPerWakeUp).
+            .channelOption(.maxMessagesPerRead, value: GatewayChildChannel.readsPerWakeUp)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
