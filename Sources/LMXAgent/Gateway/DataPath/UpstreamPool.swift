@@ -105,9 +105,10 @@ final class UpstreamPool {
             // (TCP_NODELAY is ClientBootstrap's default; `.socketOption(.tcp_nodelay)` would set
             // SO_DEBUG, a SOL_SOCKET option that needs CAP_NET_ADMIN.)
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)
-            // At most two reads per wake-up: a channel keeps a buffer per read of a batch (up to 64 KiB
-            // each) for as long as it lives (GatewayChildChannel.readsPerWakeUp).
+            // At most two reads of up to 32 KiB per wake-up: a channel keeps a buffer per read of a
+            // batch for as long as it lives (GatewayChildChannel.readsPerWakeUp).
             .channelOption(.maxMessagesPerRead, value: GatewayChildChannel.readsPerWakeUp)
+            .channelOption(.recvAllocator, value: GatewayChildChannel.receiveBuffers)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
