@@ -238,6 +238,17 @@ struct GatewayPolicyTests {
         return all
     }
 
+    /// The rule and its reference give the same answer on each of more than 100,000 inputs.
+    private static func expectAgreement(
+        on inputs: [String], _ rule: (String) -> Bool, _ reference: (String) -> Bool,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) {
+        #expect(inputs.count > 100_000, sourceLocation: sourceLocation)
+        for input in inputs {
+            #expect(rule(input) == reference(input), "\(input)", sourceLocation: sourceLocation)
+        }
+    }
+
     @Test("paths: the one-pass check agrees with the string rules on every short path of slashes, dots, escapes")
     func plainPathsAgree() {
         let paths =
@@ -246,10 +257,7 @@ struct GatewayPolicyTests {
                 "/v1/chat/completions", "/v1/models/", "/v1/./x", "/v1/../admin", "/v1/x/..", "/v1/x/.", "/v1/%2E%2e/x",
                 "/v1/a%5Cb", "/v1/%2", "/v1/%", "/v1/.hidden", "/v1/a..b", "/v1/...", "/é/./", "/\u{0301}.",
             ]
-        #expect(paths.count > 100_000)
-        for path in paths {
-            #expect(GatewayPolicy.isPlainPath(path) == Self.referencePlainPath(path), "\(path)")
-        }
+        Self.expectAgreement(on: paths, GatewayPolicy.isPlainPath, Self.referencePlainPath)
     }
 
     @Test("Host values: the byte-level loopback check agrees with the string rules")
@@ -263,10 +271,7 @@ struct GatewayPolicyTests {
                 "[::2]",
                 "[::1", "", ":", "127.0.0.1:", "127.0.0.1:12a", "１２７.0.0.1", "127.0.0.1\u{0301}", "locａlhost",
             ]
-        #expect(hosts.count > 100_000)
-        for host in hosts {
-            #expect(GatewayPolicy.isLoopbackAuthority(host) == Self.referenceLoopback(host), "\(host)")
-        }
+        Self.expectAgreement(on: hosts, GatewayPolicy.isLoopbackAuthority, Self.referenceLoopback)
     }
 
     @Test("the model's name: plain text read as it is, escapes and non-ASCII through the JSON decoder")

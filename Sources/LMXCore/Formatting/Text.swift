@@ -56,12 +56,7 @@ extension String {
 
     /// Equal to `lowercase` (ASCII, lower case) ignoring ASCII case, without making a new string.
     func equalsASCIILowercased(_ lowercase: String) -> Bool {
-        guard utf8.count == lowercase.utf8.count else { return false }
-        for (a, b) in zip(utf8, lowercase.utf8) {
-            let folded = a >= 0x41 && a <= 0x5A ? a | 0x20 : a
-            if folded != b { return false }
-        }
-        return true
+        utf8.count == lowercase.utf8.count && hasASCIILowercasedPrefix(lowercase)
     }
 
     /// Starts with `lowercase` (ASCII, lower case) ignoring ASCII case, without making a new string.

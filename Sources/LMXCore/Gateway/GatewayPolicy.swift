@@ -117,12 +117,7 @@ public enum GatewayPolicy {
         var dots = 0
         var percent = 0  // bytes of a `%xx` seen so far (0: none)
         var encoded: UInt8 = 0
-        var first = true
-        for byte in bytes {
-            if first {
-                first = false
-                continue
-            }
+        for byte in bytes.dropFirst() {
             if byte == UInt8(ascii: "\\") { return false }
             switch percent {
             case 1:
