@@ -36,7 +36,11 @@ REPO = lmxtools.REPO
 BIN = os.environ.get("LMX_BIN_DIR", os.path.join(REPO, ".build", "release"))
 SERVER = lmxtools.fixture("lmx-test-server.py")
 CLIENT = lmxtools.fixture("gateway-client.py")
-SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
+SECONDS = float(os.environ.get("BENCH_SECONDS", "3"))
+# Each cell is run this many times, the peers taking turns, and its figures are the medians of the
+# rounds: one run of the same cell moves by 10–40 % on this kind of machine (which core each of the
+# chain's processes lands on), the median of rounds taken side by side much less.
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 CLIENTS = [int(c) for c in os.environ.get("BENCH_CLIENTS", "1,8,64").split(",")]
 UPSTREAM, NGINX, GATEWAY, STREAMER, NGINX_STREAM, GATEWAY_STREAM = 21700, 21701, 21702, 21703, 21704, 21705
 LIVE = []
@@ -175,13 +179,47 @@ def wrk(url, connections, script=None, pids=(), prefix=()):
             "cpu_us_per_request": cpu / max(requests, 1) * 1e6 if cpu is not None else None}
 
 
-def stream(url, runs=10):
+def in_rounds(cells):
+    """Runs every cell ROUNDS times, the cells of one round one after the other; each cell's result
+    is the median of its rounds' figures, with the rounds' req/s kept in "rounds"."""
+    runs = {}
+    for _ in range(ROUNDS):
+        for key, run in cells:
+            runs.setdefault(key, []).append(run())
+    results = {}
+    for key, rs in runs.items():
+        merged = {field: statistics.median(r[field] for r in rs) for field in ("rps", "p50", "p99", "requests")}
+        cpus = [r["cpu_us_per_request"] for r in rs if r["cpu_us_per_request"] is not None]
+        merged["cpu_us_per_request"] = statistics.median(cpus) if cpus else None
+        merged["rounds"] = [r["rps"] for r in rs]
+        results[key] = merged
+    return results
+
+
+def ratio(g, n):
+    """The gateway's req/s over nginx's: of the medians, and the lowest and highest of the rounds."""
+    each = [a / max(b, 1) for a, b in zip(g["rounds"], n["rounds"])]
+    return "%.2f× (%.2f–%.2f)" % (g["rps"] / max(n["rps"], 1), min(each), max(each))
+
+
+def stream(url, runs=10, model="test/model", prefix=()):
+    """A streamed completion, ten times one after the other: the medians of the first event and of
+    the delay from the server's write to the client's read (None through a proxy that rewrites events)."""
     firsts, deliveries = [], []
     for _ in range(runs):
-        r = json.loads(subprocess.run(["python3", CLIENT, "stream", url], capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+        r = json.loads(subprocess.run([*prefix, "python3", CLIENT, "stream", url, "--model", model], capture_output=True,
+                                      text=True, check=True).stdout.splitlines()[-1])
         firsts.append(r["first_event_ms"])
-        deliveries.append(r["delivery_p50_ms"])
-    return statistics.median(firsts), statistics.median(deliveries)
+        if r["delivery_p50_ms"] is not None:
+            deliveries.append(r["delivery_p50_ms"])
+    return statistics.median(firsts), statistics.median(deliveries) if deliveries else None
+
+
+def streams(url, concurrency, model="test/model", prefix=()):
+    """Streamed completions at once: how many completed, the median and slowest first event."""
+    out = subprocess.run([*prefix, "python3", CLIENT, "streams", url, "--concurrency", str(concurrency), "--model", model],
+                         capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+    return json.loads(out)
 
 
 # The LiteLLM proxy beside them (BENCH_LITELLM=0: not). Pinned, installed only in the benchmark's own
@@ -206,9 +244,14 @@ def litellm_start(directory):
     with open(directory + "/ns-upstream.conf", "w") as f:
         f.write(nginx_config(directory, "ns-upstream"))
     start([*IN_NETNS, "nginx", "-c", directory + "/ns-upstream.conf", "-p", directory, "-g", "daemon off;"])
+    # The LMX test server's streamed completions there too, as the model test/stream.
+    start([*IN_NETNS, "python3", SERVER, "--bind", "127.0.0.1", "--port", str(STREAMER)], stdin=subprocess.PIPE)
     with open(directory + "/litellm.yaml", "w") as f:
-        f.write("model_list:\n  - model_name: test/model\n    litellm_params:\n      model: openai/test/model\n"
-                "      api_base: http://127.0.0.1:%d/v1\n      api_key: bench\nlitellm_settings:\n  telemetry: false\n" % UPSTREAM)
+        f.write("model_list:\n")
+        for name, port in (("test/model", UPSTREAM), ("test/stream", STREAMER)):
+            f.write("  - model_name: %s\n    litellm_params:\n      model: openai/test/model\n"
+                    "      api_base: http://127.0.0.1:%d/v1\n      api_key: bench\n" % (name, port))
+        f.write("litellm_settings:\n  telemetry: false\n")
     # The model price list is read from the package, not fetched.
     proxy = start([*IN_NETNS, "env", "LITELLM_LOCAL_MODEL_COST_MAP=True", LITELLM_VENV + "/bin/litellm", "--config",
                    directory + "/litellm.yaml", "--host", "127.0.0.1", "--port", str(LITELLM_PORT)])
@@ -243,13 +286,15 @@ def litellm_table(results):
 
 def request_tables(results):
     """The GET and POST tables: req/s, the latency each proxy adds, CPU per request and per MB."""
-    rows = ["| GET /v1/models, clients | direct req/s | nginx req/s | gateway req/s (× nginx) | added p50 nginx / gateway "
+    rows = ["Each figure is the median of %d rounds of %g s, the peers taking turns; beside the gateway's ratio to nginx, "
+            "the lowest and highest of the rounds' ratios." % (ROUNDS, SECONDS), "",
+            "| GET /v1/models, clients | direct req/s | nginx req/s | gateway req/s (× nginx) | added p50 nginx / gateway "
             "| added p99 nginx / gateway | CPU per request nginx / gateway |",
             "|---|---|---|---|---|---|---|"]
     for c in CLIENTS:
         d, n, g = results["direct_%d" % c], results["nginx_%d" % c], results["gateway_%d" % c]
-        rows.append("| %d | %.0f | %.0f | %.0f (%.2f×) | %.3f / %.3f ms | %.3f / %.3f ms | %.0f / %.0f µs |" % (
-            c, d["rps"], n["rps"], g["rps"], g["rps"] / max(n["rps"], 1), n["p50"] - d["p50"], g["p50"] - d["p50"],
+        rows.append("| %d | %.0f | %.0f | %.0f (%s) | %.3f / %.3f ms | %.3f / %.3f ms | %.0f / %.0f µs |" % (
+            c, d["rps"], n["rps"], g["rps"], ratio(g, n), n["p50"] - d["p50"], g["p50"] - d["p50"],
             n["p99"] - d["p99"], g["p99"] - d["p99"], n["cpu_us_per_request"], g["cpu_us_per_request"]))
     rows.append("")
     rows.append("| POST chat completion body | clients | direct req/s | nginx req/s | gateway req/s (× nginx) "
@@ -258,8 +303,8 @@ def request_tables(results):
     for label, size in BODIES:
         for c in CLIENTS:
             d, n, g = (results["post_%d_%s_%d" % (size, name, c)] for name in ("direct", "nginx", "gateway"))
-            rows.append("| %s | %d | %.0f | %.0f | %.0f (%.2f×) | %.3f / %.3f ms | %.0f / %.0f µs | %.0f / %.0f µs |" % (
-                label, c, d["rps"], n["rps"], g["rps"], g["rps"] / max(n["rps"], 1), n["p50"] - d["p50"],
+            rows.append("| %s | %d | %.0f | %.0f | %.0f (%s) | %.3f / %.3f ms | %.0f / %.0f µs | %.0f / %.0f µs |" % (
+                label, c, d["rps"], n["rps"], g["rps"], ratio(g, n), n["p50"] - d["p50"],
                 g["p50"] - d["p50"], n["cpu_us_per_request"], g["cpu_us_per_request"],
                 n["cpu_us_per_request"] / (size / 1e6), g["cpu_us_per_request"] / (size / 1e6)))
     rows.append("")
@@ -309,16 +354,17 @@ def main():
         workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proxy.pid)], capture_output=True, text=True).stdout.split()]
         assert workers, "the proxy nginx has no workers"
         pids = {"direct": (), "nginx": workers, "gateway": (gateway_pid,)}
+        peers = (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY))
         for c in CLIENTS:
-            for name, port in (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY)):
-                results["%s_%d" % (name, c)] = wrk("http://127.0.0.1:%d/v1/models" % port, c, pids=pids[name])
+            results.update(in_rounds([("%s_%d" % (name, c), lambda port=port, name=name, c=c: wrk(
+                "http://127.0.0.1:%d/v1/models" % port, c, pids=pids[name])) for name, port in peers]))
         results["rss_get"] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
         for label, size in BODIES:
             script = post_script(directory, size)
             for c in CLIENTS:
-                for name, port in (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY)):
-                    results["post_%d_%s_%d" % (size, name, c)] = wrk(
-                        "http://127.0.0.1:%d/v1/chat/completions" % port, c, script=script, pids=pids[name])
+                results.update(in_rounds([("post_%d_%s_%d" % (size, name, c), lambda port=port, name=name, c=c: wrk(
+                    "http://127.0.0.1:%d/v1/chat/completions" % port, c, script=script, pids=pids[name]))
+                    for name, port in peers]))
             # The daemon's RSS right after the runs of this body size (the last at 64 clients).
             results["rss_post_%d" % size] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
         results["gateway_rss_mib"] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
@@ -339,13 +385,24 @@ def main():
                     results["post_%d_litellm_%d" % (size, c)] = wrk(
                         "http://127.0.0.1:%d/v1/chat/completions" % LITELLM_PORT, c, script=script, pids=litellm_pids,
                         prefix=IN_NETNS)
+            litellm_url = "http://127.0.0.1:%d/v1" % LITELLM_PORT
+            results["stream_litellm"] = stream(litellm_url, model="test/stream", prefix=IN_NETNS)
+            results["streams64_litellm"] = streams(litellm_url, 64, model="test/stream", prefix=IN_NETNS)
         results["stream_direct"] = stream("http://127.0.0.1:%d/v1" % STREAMER)
         results["stream_nginx"] = stream("http://127.0.0.1:%d/v1" % NGINX_STREAM)
         results["stream_gateway"] = stream("http://127.0.0.1:%d/v1" % GATEWAY_STREAM)
-        for name, port in (("direct", STREAMER), ("nginx", NGINX_STREAM), ("gateway", GATEWAY_STREAM)):
-            out = subprocess.run(["python3", CLIENT, "streams", "http://127.0.0.1:%d/v1" % port, "--concurrency", "64"],
-                                 capture_output=True, text=True, check=True).stdout.splitlines()[-1]
-            results["streams64_" + name] = json.loads(out)
+        # 64 at once, five rounds taking turns (one round's median first event moves by several ms
+        # with the Python server and client's scheduling): the median of the rounds' medians, the
+        # slowest first event of all, and every round's streams completed.
+        rounds = {}
+        for _ in range(5):
+            for name, port in (("direct", STREAMER), ("nginx", NGINX_STREAM), ("gateway", GATEWAY_STREAM)):
+                rounds.setdefault(name, []).append(streams("http://127.0.0.1:%d/v1" % port, 64))
+        for name, runs in rounds.items():
+            results["streams64_" + name] = {
+                "completed": min(r["completed"] for r in runs),
+                "first_event_p50_ms": statistics.median(r["first_event_p50_ms"] for r in runs),
+                "first_event_max_ms": max(r["first_event_max_ms"] for r in runs)}
         # 1,024 streams at once through one route: all served; the daemon's memory per stream
         # (its peak RSS during the run, sampled every 50 ms, over its RSS before).
         stream_pid = agents["stream"].pid
@@ -360,31 +417,32 @@ def main():
 
             sampler = threading.Thread(target=sample)
             sampler.start()
-            out = subprocess.run(["python3", CLIENT, "streams", "http://127.0.0.1:%d/v1" % port, "--concurrency", "1024"],
-                                 capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+            results["streams1024_" + name] = streams("http://127.0.0.1:%d/v1" % port, 1024)
             done.set()
             sampler.join()
-            results["streams1024_" + name] = json.loads(out)
             results["streams1024_" + name]["rss_kib"] = (before, peak[0])
     finally:
         stop_all()
         litellm_stop()
     rows = request_tables(results) + litellm_table(results)
-    rows.append("| streamed completion (20 events, 50 ms apart) | direct | nginx | gateway |")
-    rows.append("|---|---|---|---|")
-    rows.append("| first event (median of 10) | %.2f ms | %.2f ms | %.2f ms |" % (
-        results["stream_direct"][0], results["stream_nginx"][0], results["stream_gateway"][0]))
-    rows.append("| server write → client read, p50 | %.3f ms | %.3f ms | %.3f ms |" % (
-        results["stream_direct"][1], results["stream_nginx"][1], results["stream_gateway"][1]))
-    r = {name: results["streams64_" + name] for name in ("direct", "nginx", "gateway")}
-    rows.append("| 64 streams at once: completed; first event p50 / slowest | %s |" % " | ".join(
+    peers = ("direct", "nginx", "gateway") + (("litellm",) if "stream_litellm" in results else ())
+    rows.append("| streamed completion (20 events, 50 ms apart) | %s |" % " | ".join(
+        "LiteLLM %s" % LITELLM_VERSION if name == "litellm" else name for name in peers))
+    rows.append("|---|" + "---|" * len(peers))
+    rows.append("| first event (median of 10) | %s |" % " | ".join(
+        "%.2f ms" % results["stream_" + name][0] for name in peers))
+    # LiteLLM writes events of its own (without the server's time stamp): no delivery figure.
+    rows.append("| server write → client read, p50 | %s |" % " | ".join(
+        "—" if results["stream_" + name][1] is None else "%.3f ms" % results["stream_" + name][1] for name in peers))
+    r = {name: results["streams64_" + name] for name in peers}
+    rows.append("| 64 streams at once (5 rounds): completed; first event p50 / slowest | %s |" % " | ".join(
         "%d, %.1f / %.1f ms" % (r[name]["completed"], r[name]["first_event_p50_ms"], r[name]["first_event_max_ms"])
-        for name in ("direct", "nginx", "gateway")))
+        for name in peers))
     r = {name: results["streams1024_" + name] for name in ("direct", "gateway")}
     before, peak = r["gateway"]["rss_kib"]
-    rows.append("| 1,024 streams at once: completed; slowest first event | %d, %.1f ms | — | %d, %.1f ms |" % (
+    rows.append("| 1,024 streams at once: completed; slowest first event | %d, %.1f ms | — | %d, %.1f ms |%s" % (
         r["direct"]["completed"], r["direct"]["first_event_max_ms"], r["gateway"]["completed"],
-        r["gateway"]["first_event_max_ms"]))
+        r["gateway"]["first_event_max_ms"], " — |" if "litellm" in peers else ""))
     rows.append("")
     rows.append("1,024 streams: the daemon's RSS %.1f MiB before, %.1f MiB at its peak: %.1f KiB per stream." % (
         before / 1024, peak / 1024, (peak - before) / 1024))

@@ -53,6 +53,33 @@ struct DataPathTests {
         #expect("ORIGIN".equalsASCIILowercased("origin"))
     }
 
+    @Test("the ASCII case-folding prefix agrees with folding the bytes first, small and large strings alike")
+    func foldedPrefix() {
+        func reference(_ text: String, _ prefix: String) -> Bool {
+            text.utf8.map { $0 >= 0x41 && $0 <= 0x5A ? $0 | 0x20 : $0 }.starts(with: prefix.utf8)
+        }
+        // Every text of up to 3 characters over letters of both cases, their neighbours in ASCII
+        // ("@" and "[" fold to nothing) and a non-ASCII letter, against every lower-case prefix.
+        let alphabet = ["a", "A", "b", "@", "[", "é"]
+        var texts = [""]
+        for _ in 0..<3 { texts += texts.flatMap { text in alphabet.map { text + $0 } } }
+        let prefixes = Set(
+            texts.map { String(decoding: $0.utf8.map { $0 >= 0x41 && $0 <= 0x5A ? $0 | 0x20 : $0 }, as: UTF8.self) })
+        var compared = 0
+        for text in Set(texts) {
+            for prefix in prefixes {
+                #expect(text.hasASCIILowercasedPrefix(prefix) == reference(text, prefix), "\(text) \(prefix)")
+                compared += 1
+            }
+        }
+        #expect(compared > 10_000)
+        // Past the 15 bytes a string keeps inline, and a substring made into a string.
+        let long = String(repeating: "Content-Type-", count: 10)
+        #expect(long.hasASCIILowercasedPrefix("content-type-content-type-content"))
+        #expect(!long.hasASCIILowercasedPrefix("content-type-content-typo"))
+        #expect(String(long.dropFirst(13)).hasASCIILowercasedPrefix("content-type"))
+    }
+
     /// Runs `chunks` through a relay: what was passed on, chunk by chunk, and the finish.
     func relay(_ chunks: [String]) -> (out: [String], rest: String?, cut: Bool, events: Int) {
         var relay = EventRelay()

@@ -18,7 +18,6 @@ public final class GatewayTraffic: Sendable {
         let now = SystemClock.realtime()
         let key = stats.withLock {
             $0.answered(model: model, via: via, status: status, firstByte: firstByte, answered: answered, now: now)
-            return $0.key(model: model, via: via)
         }
         if let firstByte, status < 400 { metrics?.gatewayFirstByte(key, seconds: firstByte) }
     }
@@ -27,7 +26,6 @@ public final class GatewayTraffic: Sendable {
         let now = SystemClock.realtime()
         let key = stats.withLock {
             $0.streamed(model: model, via: via, firstEvent: firstEvent, events: events, seconds: seconds, now: now)
-            return $0.key(model: model, via: via)
         }
         if let firstEvent { metrics?.gatewayFirstByte(key, seconds: firstEvent) }
         if events >= 2, seconds > 0 { metrics?.gatewayTokensPerSecond(key, Double(events - 1) / seconds) }

@@ -62,10 +62,20 @@ extension String {
     /// Starts with `lowercase` (ASCII, lower case) ignoring ASCII case, without making a new string.
     public func hasASCIILowercasedPrefix(_ lowercase: String) -> Bool {
         guard utf8.count >= lowercase.utf8.count else { return false }
-        for (a, b) in zip(utf8, lowercase.utf8) {
-            let folded = a >= 0x41 && a <= 0x5A ? a | 0x20 : a
-            if folded != b { return false }
+        // Native strings (small ones too) are contiguous UTF-8: compared in place.
+        let inPlace = utf8.withContiguousStorageIfAvailable { text in
+            lowercase.utf8.withContiguousStorageIfAvailable { prefix in
+                for i in 0..<prefix.count where Self.foldedASCII(text[i]) != prefix[i] { return false }
+                return true
+            }
         }
+        if let inPlace, let result = inPlace { return result }
+        for (a, b) in zip(utf8, lowercase.utf8) where Self.foldedASCII(a) != b { return false }
         return true
+    }
+
+    /// An ASCII capital as its lower case; any other byte as it is.
+    private static func foldedASCII(_ byte: UInt8) -> UInt8 {
+        byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte
     }
 }

@@ -69,30 +69,44 @@ public struct TrafficStats: Sendable {
     /// A request answered with `status` (`answered` false: no server answered it; the gateway
     /// did), its first byte `firstByte` seconds after it came (nil: not taken, as for streams,
     /// whose first event is the figure).
+    /// Returns the key it was counted under.
+    @discardableResult
     public mutating func answered(
         model: String?, via: Via, status: Int, firstByte: Double?, answered: Bool = true, now: Double
-    ) {
+    ) -> Key {
         let key = key(model: model, via: via)
-        var entry = entries[key] ?? Entry()
-        entry.requests &+= 1
-        if status >= 500 || status == 429 || !answered { entry.errors &+= 1 }
-        if let firstByte, status < 400 { entry.firstByte.add(firstByte * 1000, keeping: samples) }
-        entry.last = now
-        entries[key] = entry
+        let samples = samples
+        // Changed in place: a copy of the entry would share its sample arrays with the one in
+        // the dictionary, and the first append would copy them whole, on every request.
+        update(key) { entry in
+            entry.requests &+= 1
+            if status >= 500 || status == 429 || !answered { entry.errors &+= 1 }
+            if let firstByte, status < 400 { entry.firstByte.add(firstByte * 1000, keeping: samples) }
+            entry.last = now
+        }
+        return key
+    }
+
+    private mutating func update(_ key: Key, _ change: (inout Entry) -> Void) {
+        change(&entries[key, default: Entry()])
     }
 
     /// A streamed answer ended: `events` events over `seconds` from the first to the last, the
     /// first `firstEvent` seconds after the request.
+    /// Returns the key it was counted under.
+    @discardableResult
     public mutating func streamed(
         model: String?, via: Via, firstEvent: Double?, events: Int, seconds: Double, now: Double
-    ) {
+    ) -> Key {
         let key = key(model: model, via: via)
-        var entry = entries[key] ?? Entry()
-        entry.streams &+= 1
-        if let firstEvent { entry.firstByte.add(firstEvent * 1000, keeping: samples) }
-        if events >= 2, seconds > 0 { entry.rate.add(Double(events - 1) / seconds, keeping: samples) }
-        entry.last = now
-        entries[key] = entry
+        let samples = samples
+        update(key) { entry in
+            entry.streams &+= 1
+            if let firstEvent { entry.firstByte.add(firstEvent * 1000, keeping: samples) }
+            if events >= 2, seconds > 0 { entry.rate.add(Double(events - 1) / seconds, keeping: samples) }
+            entry.last = now
+        }
+        return key
     }
 
     /// The figures, busiest first.

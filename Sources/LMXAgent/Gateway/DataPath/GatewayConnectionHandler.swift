@@ -341,27 +341,30 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         request.phase = .forwarding
         connection.handler.owner = self
         let head = request.head
-        var headers = HTTPHeaders()
+        // Gathered as a list and made into headers once: the names are the client's (parsed as
+        // tokens), the route's and ours, so `HTTPHeaders.add`'s check per name is not repeated.
+        var headers: [(String, String)] = []
         headers.reserveCapacity(head.headers.count + 4)
-        headers.add(name: "Host", value: connection.address.authority)
+        headers.append(("Host", connection.address.authority))
         for header in GatewayPolicy.upstreamHeaders(
             client: request.clientHeaders, credentials: target.credentials, path: request.path,
             userAgent: Gateway.userAgent)
         {
-            headers.add(name: header.name, value: header.value)
+            headers.append((header.name, header.value))
         }
         let method = head.method
         if request.clientEnded {
             if request.received > 0 || !Self.bodilessMethod(method) {
-                headers.add(name: "Content-Length", value: String(request.received))
+                headers.append(("Content-Length", String(request.received)))
             }
         } else if let length = head.headers.first(name: "content-length") {
-            headers.add(name: "Content-Length", value: length)
+            headers.append(("Content-Length", length))
         } else {
-            headers.add(name: "Transfer-Encoding", value: "chunked")
+            headers.append(("Transfer-Encoding", "chunked"))
         }
         let handler = connection.handler
-        handler.send(.head(HTTPRequestHead(version: .http1_1, method: method, uri: head.uri, headers: headers)))
+        handler.send(
+            .head(HTTPRequestHead(version: .http1_1, method: method, uri: head.uri, headers: HTTPHeaders(headers))))
         for part in request.parts { handler.send(.body(.byteBuffer(part))) }
         if request.clientEnded {
             handler.send(.end(nil))
@@ -501,30 +504,33 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             if events { request.relay = EventRelay() }
             TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
                 .answered(target.via, status: Int(head.status.code), stream: events)
-            var headers = HTTPHeaders()
-            headers.reserveCapacity(head.headers.count + 5)
-            // GatewayPolicy.downstreamHeaders, one header at a time.
+            // GatewayPolicy.downstreamHeaders, one header at a time, gathered as a list and made
+            // into headers once (the names are the server's, parsed as tokens, and ours).
+            var headers: [(String, String)] = []
+            headers.reserveCapacity(head.headers.count + 6)
             var connectionListed: [String] = []
             for (name, value) in head.headers {
                 GatewayPolicy.addConnectionListed(name: name, value: value, to: &connectionListed)
             }
             for (name, value) in head.headers
             where GatewayPolicy.keepsDownstream(name, connectionListed: connectionListed) {
-                headers.add(name: name, value: value)
+                headers.append((name, value))
             }
             if let length = head.headers.first(name: "content-length") {
-                headers.add(name: "Content-Length", value: length)
+                headers.append(("Content-Length", length))
             }
-            for (name, value) in GatewayPolicy.securityHeaders { headers.add(name: name, value: value) }
-            headers.add(name: "X-LMX-Via", value: target.via.rawValue)
+            for (name, value) in GatewayPolicy.securityHeaders { headers.append((name, value)) }
+            headers.append(("X-LMX-Via", target.via.rawValue))
             request.keepAlive = request.head.isKeepAlive
-            if !request.keepAlive { headers.add(name: "Connection", value: "close") }
+            if !request.keepAlive { headers.append(("Connection", "close")) }
             request.answerStarted = true
             // An answer that comes before the client has sent its whole body (a server that
             // answers without reading it) is held until the body has come, as nginx does: many
             // clients cannot read an answer while they are still writing. Bounded.
             request.holdsAnswer = !request.clientEnded
-            emit(.head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers)), for: request)
+            emit(
+                .head(HTTPResponseHead(version: .http1_1, status: head.status, headers: HTTPHeaders(headers))),
+                for: request)
         case .body(let chunk):
             guard request.answerStarted else { return }
             if request.relay != nil {
