@@ -41,6 +41,7 @@ SECONDS = float(os.environ.get("BENCH_SECONDS", "3"))
 # rounds: one run of the same cell moves by 10–40 % on this kind of machine (which core each of the
 # chain's processes lands on), the median of rounds taken side by side much less.
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+STREAM_ROUNDS = 9
 CLIENTS = [int(c) for c in os.environ.get("BENCH_CLIENTS", "1,8,64").split(",")]
 UPSTREAM, NGINX, GATEWAY, STREAMER, NGINX_STREAM, GATEWAY_STREAM = 21700, 21701, 21702, 21703, 21704, 21705
 LIVE = []
@@ -183,8 +184,10 @@ def in_rounds(cells):
     """Runs every cell ROUNDS times, the cells of one round one after the other; each cell's result
     is the median of its rounds' figures, with the rounds' req/s kept in "rounds"."""
     runs = {}
-    for _ in range(ROUNDS):
-        for key, run in cells:
+    for round_number in range(ROUNDS):
+        # Each round starts with another peer: none always runs right after the same one.
+        turn = round_number % len(cells)
+        for key, run in cells[turn:] + cells[:turn]:
             runs.setdefault(key, []).append(run())
     results = {}
     for key, rs in runs.items():
@@ -391,12 +394,15 @@ def main():
         results["stream_direct"] = stream("http://127.0.0.1:%d/v1" % STREAMER)
         results["stream_nginx"] = stream("http://127.0.0.1:%d/v1" % NGINX_STREAM)
         results["stream_gateway"] = stream("http://127.0.0.1:%d/v1" % GATEWAY_STREAM)
-        # 64 at once, five rounds taking turns (one round's median first event moves by several ms
-        # with the Python server and client's scheduling): the median of the rounds' medians, the
-        # slowest first event of all, and every round's streams completed.
+        # 64 at once, STREAM_ROUNDS rounds taking turns, each round starting with another peer (one
+        # round's median first event moves by several ms with the Python server and client's
+        # scheduling): the median of the rounds' medians, the slowest first event of all, and every
+        # round's streams completed.
         rounds = {}
-        for _ in range(5):
-            for name, port in (("direct", STREAMER), ("nginx", NGINX_STREAM), ("gateway", GATEWAY_STREAM)):
+        peers = [("direct", STREAMER), ("nginx", NGINX_STREAM), ("gateway", GATEWAY_STREAM)]
+        for round_number in range(STREAM_ROUNDS):
+            turn = round_number % len(peers)
+            for name, port in peers[turn:] + peers[:turn]:
                 rounds.setdefault(name, []).append(streams("http://127.0.0.1:%d/v1" % port, 64))
         for name, runs in rounds.items():
             results["streams64_" + name] = {
@@ -435,9 +441,9 @@ def main():
     rows.append("| server write → client read, p50 | %s |" % " | ".join(
         "—" if results["stream_" + name][1] is None else "%.3f ms" % results["stream_" + name][1] for name in peers))
     r = {name: results["streams64_" + name] for name in peers}
-    rows.append("| 64 streams at once (5 rounds): completed; first event p50 / slowest | %s |" % " | ".join(
+    rows.append("| 64 streams at once (%d rounds): completed; first event p50 / slowest | %s |" % (STREAM_ROUNDS, " | ".join(
         "%d, %.1f / %.1f ms" % (r[name]["completed"], r[name]["first_event_p50_ms"], r[name]["first_event_max_ms"])
-        for name in peers))
+        for name in peers)))
     r = {name: results["streams1024_" + name] for name in ("direct", "gateway")}
     before, peak = r["gateway"]["rss_kib"]
     rows.append("| 1,024 streams at once: completed; slowest first event | %d, %.1f ms | — | %d, %.1f ms |%s" % (
