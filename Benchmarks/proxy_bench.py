@@ -180,15 +180,32 @@ def wrk(url, connections, script=None, pids=(), prefix=()):
             "cpu_us_per_request": cpu / max(requests, 1) * 1e6 if cpu is not None else None}
 
 
-def in_rounds(cells):
-    """Runs every cell ROUNDS times, the cells of one round one after the other; each cell's result
-    is the median of its rounds' figures, with the rounds' req/s kept in "rounds"."""
+def start_gateway(directory, name, upstream, port):
+    """lmx-agentd with the upstream on `upstream` as its one endpoint and its gateway on `port`."""
+    with open("%s/%s.json" % (directory, name), "w") as f:
+        json.dump({"discovery": False, "endpoints": [{"url": "http://127.0.0.1:%d" % upstream, "name": name}],
+                   "gateway": {"max_connections_per_route": 2048}}, f)
+    return start([BIN + "/lmx-agentd", "--socket", "%s/%s.sock" % (directory, name), "--db", "%s/%s.db" % (directory, name),
+                  "--config", "%s/%s.json" % (directory, name), "--no-discovery", "--gateway", "127.0.0.1:%d" % port,
+                  "--gateway-socket", "%s/%s-gateway.sock" % (directory, name), "--log-level", "warning"])
+
+
+def taking_turns(cells, rounds):
+    """Runs every (key, run) cell `rounds` times, the cells of one round one after the other, each
+    round starting with another cell (none always runs right after the same one); each key's
+    results in a list."""
     runs = {}
-    for round_number in range(ROUNDS):
-        # Each round starts with another peer: none always runs right after the same one.
+    for round_number in range(rounds):
         turn = round_number % len(cells)
         for key, run in cells[turn:] + cells[:turn]:
             runs.setdefault(key, []).append(run())
+    return runs
+
+
+def in_rounds(cells):
+    """Runs every cell ROUNDS times, taking turns; each cell's result is the median of its rounds'
+    figures, with the rounds' req/s kept in "rounds"."""
+    runs = taking_turns(cells, ROUNDS)
     results = {}
     for key, rs in runs.items():
         merged = {field: statistics.median(r[field] for r in rs) for field in ("rps", "p50", "p99", "requests")}
@@ -342,12 +359,7 @@ def main():
         start(["python3", SERVER, "--bind", "127.0.0.1", "--port", str(STREAMER)], stdin=subprocess.PIPE)
         # One agent in front of each upstream, as nginx has one upstream per server block.
         for name, upstream, gateway in (("static", UPSTREAM, GATEWAY), ("stream", STREAMER, GATEWAY_STREAM)):
-            with open("%s/%s.json" % (directory, name), "w") as f:
-                json.dump({"discovery": False, "endpoints": [{"url": "http://127.0.0.1:%d" % upstream, "name": name}],
-                           "gateway": {"max_connections_per_route": 2048}}, f)
-            agents[name] = start([BIN + "/lmx-agentd", "--socket", "%s/%s.sock" % (directory, name), "--db", "%s/%s.db" % (directory, name),
-                   "--config", "%s/%s.json" % (directory, name), "--no-discovery", "--gateway", "127.0.0.1:%d" % gateway,
-                   "--gateway-socket", "%s/%s-gateway.sock" % (directory, name), "--log-level", "warning"])
+            agents[name] = start_gateway(directory, name, upstream, gateway)
         for url in ("http://127.0.0.1:%d/healthz" % UPSTREAM, "http://127.0.0.1:%d/healthz" % NGINX,
                     "http://127.0.0.1:%d/v1/models" % GATEWAY, "http://127.0.0.1:%d/v1/models" % GATEWAY_STREAM):
             assert lmxtools.wait_http(url), "not answering: " + url
@@ -398,12 +410,8 @@ def main():
         # round's median first event moves by several ms with the Python server and client's
         # scheduling): the median of the rounds' medians, the slowest first event of all, and every
         # round's streams completed.
-        rounds = {}
-        peers = [("direct", STREAMER), ("nginx", NGINX_STREAM), ("gateway", GATEWAY_STREAM)]
-        for round_number in range(STREAM_ROUNDS):
-            turn = round_number % len(peers)
-            for name, port in peers[turn:] + peers[:turn]:
-                rounds.setdefault(name, []).append(streams("http://127.0.0.1:%d/v1" % port, 64))
+        rounds = taking_turns([(name, lambda port=port: streams("http://127.0.0.1:%d/v1" % port, 64)) for name, port in
+                               (("direct", STREAMER), ("nginx", NGINX_STREAM), ("gateway", GATEWAY_STREAM))], STREAM_ROUNDS)
         for name, runs in rounds.items():
             results["streams64_" + name] = {
                 "completed": min(r["completed"] for r in runs),

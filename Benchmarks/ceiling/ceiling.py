@@ -3,13 +3,11 @@
 nothing (Sources/lmx-relay-ceiling, one upstream connection per client, bytes passed as read).
 
 The same stand-in upstream, nginx as reverse proxy and gateway as Benchmarks/proxy_bench.py;
-GET /v1/models and 1 KB POSTs at 1 and 64 clients, 3 rounds of 3 s taking turns, medians: req/s,
+GET /v1/models and 1 KB POSTs at 1 and 64 clients, in rounds taking turns as there (medians): req/s,
 the ratio to nginx, CPU per request. Builds the relay (its own package, not part of lmx-agent) in
 .build-ceiling/. Run after `make release`: python3 Benchmarks/ceiling/ceiling.py
 """
-import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,12 +34,7 @@ def main():
             f.write(pb.proxy_config(directory))
         pb.start(["nginx", "-c", directory + "/upstream.conf", "-p", directory, "-g", "daemon off;"])
         proxy = pb.start(["nginx", "-c", directory + "/proxy.conf", "-p", directory, "-g", "daemon off;"])
-        with open(directory + "/agent.json", "w") as f:
-            json.dump({"discovery": False, "endpoints": [{"url": "http://127.0.0.1:%d" % pb.UPSTREAM, "name": "s"}],
-                       "gateway": {"max_connections_per_route": 2048}}, f)
-        agent = pb.start([pb.BIN + "/lmx-agentd", "--socket", directory + "/a.sock", "--db", directory + "/a.db",
-                          "--config", directory + "/agent.json", "--no-discovery", "--gateway", "127.0.0.1:%d" % pb.GATEWAY,
-                          "--gateway-socket", directory + "/g.sock", "--log-level", "warning"])
+        agent = pb.start_gateway(directory, "static", pb.UPSTREAM, pb.GATEWAY)
         relay = pb.start([relay_binary, str(RELAY_PORT), str(pb.UPSTREAM)])
         for port in (pb.NGINX, pb.GATEWAY, RELAY_PORT):
             assert lmxtools.wait_http("http://127.0.0.1:%d/v1/models" % port), "not answering: %d" % port
@@ -54,14 +47,11 @@ def main():
         for label, size in (("GET /v1/models", 0), ("POST 1 KB", 1024)):
             script = pb.post_script(directory, size) if size else None
             for clients in (1, 64):
-                runs = {}
-                for round_number in range(3):
-                    turn = round_number % len(peers)
-                    for name, port, pids in peers[turn:] + peers[:turn]:
-                        url = "http://127.0.0.1:%d%s" % (port, "/v1/chat/completions" if size else "/v1/models")
-                        runs.setdefault(name, []).append(pb.wrk(url, clients, script=script, pids=pids))
-                rps = {name: statistics.median(r["rps"] for r in rs) for name, rs in runs.items()}
-                cpu = {name: statistics.median(r["cpu_us_per_request"] for r in rs) for name, rs in runs.items()}
+                cells = pb.in_rounds([(name, lambda port=port, pids=pids: pb.wrk(
+                    "http://127.0.0.1:%d%s" % (port, "/v1/chat/completions" if size else "/v1/models"), clients,
+                    script=script, pids=pids)) for name, port, pids in peers])
+                rps = {name: cell["rps"] for name, cell in cells.items()}
+                cpu = {name: cell["cpu_us_per_request"] for name, cell in cells.items()}
                 print("| %s | %d | %.0f, %.0f µs | %.0f (%.2f×), %.0f µs | %.0f (%.2f×), %.0f µs |" % (
                     label, clients, rps["nginx"], cpu["nginx"], rps["gateway"], rps["gateway"] / rps["nginx"],
                     cpu["gateway"], rps["relay"], rps["relay"] / rps["nginx"], cpu["relay"]), flush=True)

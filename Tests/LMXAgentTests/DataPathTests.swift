@@ -55,16 +55,14 @@ struct DataPathTests {
 
     @Test("the ASCII case-folding prefix agrees with folding the bytes first, small and large strings alike")
     func foldedPrefix() {
-        func reference(_ text: String, _ prefix: String) -> Bool {
-            text.utf8.map { $0 >= 0x41 && $0 <= 0x5A ? $0 | 0x20 : $0 }.starts(with: prefix.utf8)
-        }
+        func folded(_ text: String) -> [UInt8] { text.utf8.map { $0 >= 0x41 && $0 <= 0x5A ? $0 | 0x20 : $0 } }
+        func reference(_ text: String, _ prefix: String) -> Bool { folded(text).starts(with: prefix.utf8) }
         // Every text of up to 3 characters over letters of both cases, their neighbours in ASCII
         // ("@" and "[" fold to nothing) and a non-ASCII letter, against every lower-case prefix.
         let alphabet = ["a", "A", "b", "@", "[", "é"]
         var texts = [""]
         for _ in 0..<3 { texts += texts.flatMap { text in alphabet.map { text + $0 } } }
-        let prefixes = Set(
-            texts.map { String(decoding: $0.utf8.map { $0 >= 0x41 && $0 <= 0x5A ? $0 | 0x20 : $0 }, as: UTF8.self) })
+        let prefixes = Set(texts.map { String(decoding: folded($0), as: UTF8.self) })
         var compared = 0
         for text in Set(texts) {
             for prefix in prefixes {
