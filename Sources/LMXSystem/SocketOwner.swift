@@ -1,4 +1,5 @@
 import CLinux
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -8,6 +9,14 @@ import Glibc
 /// netlink (`NETLINK_SOCK_DIAG`, as `ss -e` does). On loopback the peer's socket is on this
 /// machine, so its owner's uid is known exactly as `SO_PEERCRED` knows it for Unix sockets.
 public enum SocketOwner {
+    /// Netlink sockets kept between questions, each used by one question at a time: a socket
+    /// costs three system calls to open, set up and close, on every connection the gateway
+    /// accepts. Only a socket whose last answer was read whole comes back here.
+    private static let kept = Mutex<[Int32]>([])
+    private static let keptAtMost = 8
+    /// Each question's number, echoed by the kernel in its answer.
+    private static let questions = Atomic<UInt32>(0)
+
     /// The uid owning the TCP socket bound to `peer` and connected to `local` (both on this
     /// machine), or nil when the kernel does not say (not loopback, already closed).
     /// - Parameters: IPv4 or IPv6 addresses as 4 or 16 bytes, ports in host order.
@@ -18,22 +27,44 @@ public enum SocketOwner {
         case (16, 16): family = UInt8(AF_INET6)
         default: return nil
         }
+        guard let fd = kept.withLock({ $0.popLast() }) ?? openSocket() else { return nil }
+        let (uid, clean) = ask(fd, family: family, peer: peer, local: local)
+        let keep =
+            clean
+            && kept.withLock { list in
+                guard list.count < keptAtMost else { return false }
+                list.append(fd)
+                return true
+            }
+        if !keep { close(fd) }
+        return uid
+    }
+
+    private static func openSocket() -> Int32? {
         let fd = socket(AF_NETLINK, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), NETLINK_SOCK_DIAG)
         guard fd >= 0 else { return nil }
-        defer { close(fd) }
         var wait = timeval(tv_sec: 0, tv_usec: 200_000)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
+        return fd
+    }
 
+    /// One question on `fd`: the answer, and whether the exchange ended cleanly (the socket has
+    /// nothing left to read and can be asked again).
+    private static func ask(
+        _ fd: Int32, family: UInt8, peer: (address: [UInt8], port: UInt16), local: (address: [UInt8], port: UInt16)
+    ) -> (UInt32?, clean: Bool) {
         // One SOCK_DIAG_BY_FAMILY request: a netlink header, then the socket asked about. Its
         // source is the peer's socket's own end, its destination ours.
         struct Request {
             var header: nlmsghdr
             var body: inet_diag_req_v2
         }
+        let number = questions.add(1, ordering: .relaxed).newValue
         var request = Request(header: nlmsghdr(), body: inet_diag_req_v2())
         request.header.nlmsg_len = UInt32(MemoryLayout<Request>.size)
         request.header.nlmsg_type = UInt16(SOCK_DIAG_BY_FAMILY)
         request.header.nlmsg_flags = UInt16(NLM_F_REQUEST)
+        request.header.nlmsg_seq = number
         request.body.sdiag_family = family
         request.body.sdiag_protocol = UInt8(IPPROTO_TCP)
         request.body.idiag_states = 0xFFF  // every state
@@ -54,20 +85,29 @@ public enum SocketOwner {
                 }
             }
         }
-        guard case .success(MemoryLayout<Request>.size) = sent else { return nil }
+        guard case .success(MemoryLayout<Request>.size) = sent else { return (nil, false) }
+        // One datagram answers (the socket's record, or an error): the one numbered as ours.
+        // One left by an earlier question is skipped (there is none unless that question's
+        // socket was kept by mistake: a socket is kept only after a clean exchange).
         var answer = [UInt8](repeating: 0, count: 8192)
-        guard
-            case .success(let n) = SystemCall.retrying({
-                answer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            })
-        else { return nil }
-        let headerSize = MemoryLayout<nlmsghdr>.size
-        guard n >= headerSize + MemoryLayout<inet_diag_msg>.size else { return nil }
-        return answer.withUnsafeBytes { raw -> UInt32? in
-            let header = raw.loadUnaligned(as: nlmsghdr.self)
+        for _ in 0..<4 {
+            guard
+                case .success(let n) = SystemCall.retrying({
+                    answer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+                })
+            else { return (nil, false) }
+            let headerSize = MemoryLayout<nlmsghdr>.size
+            guard n >= headerSize else { return (nil, false) }
+            let header = answer.withUnsafeBytes { $0.loadUnaligned(as: nlmsghdr.self) }
+            guard header.nlmsg_seq == number else { continue }
             // NLMSG_ERROR or NLMSG_DONE: no such socket.
-            guard header.nlmsg_type == UInt16(SOCK_DIAG_BY_FAMILY) else { return nil }
-            return raw.loadUnaligned(fromByteOffset: lmx_nlmsg_hdrlen(), as: inet_diag_msg.self).idiag_uid
+            guard header.nlmsg_type == UInt16(SOCK_DIAG_BY_FAMILY) else { return (nil, true) }
+            guard n >= Int(lmx_nlmsg_hdrlen()) + MemoryLayout<inet_diag_msg>.size else { return (nil, false) }
+            let uid = answer.withUnsafeBytes {
+                $0.loadUnaligned(fromByteOffset: Int(lmx_nlmsg_hdrlen()), as: inet_diag_msg.self).idiag_uid
+            }
+            return (uid, true)
         }
+        return (nil, false)
     }
 }

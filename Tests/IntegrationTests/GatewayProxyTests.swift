@@ -198,6 +198,77 @@ struct GatewayProxyTests {
         }
     }
 
+    /// One raw connection to the gateway: what it sends (`malformed`, `halfclose`, `stream`), then
+    /// everything read until the gateway closes it, as one JSON line (`first event` printed when
+    /// a stream's first event came).
+    private static let rawClient = #"""
+        import json, socket, sys, time
+        port, what = int(sys.argv[1]), sys.argv[2]
+        s = socket.create_connection(("127.0.0.1", port), timeout=15)
+        host = b"Host: 127.0.0.1:%d\r\n" % port
+        if what == "malformed":
+            s.sendall(b"GET /v1/models HTTP/1.1\r\n" + host + b"no colon in this line\r\n\r\n")
+        elif what == "halfclose":
+            s.sendall(b"GET /v1/models HTTP/1.1\r\n" + host + b"\r\n")
+            s.shutdown(socket.SHUT_WR)
+        else:
+            body = json.dumps({"model": "test/model", "stream": True,
+                               "messages": [{"role": "user", "content": "hi"}]}).encode()
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n" + host + b"Content-Type: application/json\r\n"
+                      + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        data, start, first = b"", time.monotonic(), False
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            if what == "stream" and not first and b"data:" in data:
+                first = True
+                print("first event", flush=True)
+        print(json.dumps({"status": data.split(b"\r\n", 1)[0].decode(errors="replace"), "done": b"[DONE]" in data,
+                          "closed_after": round(time.monotonic() - start, 3)}))
+        """#
+
+    @Test(
+        "a connection the data path alone serves: a malformed first request gets 400 and the close; a client that closes its side gets the whole answer, then the close; a stream in flight when the daemon stops ends first"
+    )
+    func connectionLife() async throws {
+        try await withResources {
+            let port = freePort()
+            let gatewayPort = freePort()
+            let server = try await LMXServer.start(
+                bed, on: .h1, port: port, instance: "life-\(port)",
+                extra: ["--stream-chunks", "8", "--stream-interval", "150"])
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [endpoint(server, name: "Studio")]),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            func raw(_ what: String) async throws -> [String: Any] {
+                json(
+                    try await Command.run(
+                        "/usr/bin/python3", ["-c", Self.rawClient, String(gatewayPort), what], timeout: 20))
+            }
+            let malformed = try await raw("malformed")
+            #expect((malformed["status"] as? String)?.hasPrefix("HTTP/1.1 400") == true, "\(malformed)")
+            #expect((malformed["closed_after"] as? Double ?? 99) < 5)
+            let halfClosed = try await raw("halfclose")
+            #expect((halfClosed["status"] as? String)?.hasPrefix("HTTP/1.1 200") == true, "\(halfClosed)")
+            #expect((halfClosed["closed_after"] as? Double ?? 99) < 5)
+
+            // The daemon is stopped while a stream is in flight: the stream ends whole, then the
+            // connection closes and the daemon exits.
+            let stream = LiveProcess("/usr/bin/python3", ["-c", Self.rawClient, String(gatewayPort), "stream"])
+            try await stream.start()
+            #expect(await stream.waitForLine(containing: "first event", timeout: 10))
+            agent.process.signal(SIGTERM)
+            #expect(try await stream.waitForExit(timeout: 15) == 0)
+            let ended = json(CommandResult(status: 0, stdout: stream.stdout, stderr: stream.stderr, seconds: 0))
+            #expect(ended["done"] as? Bool == true, "\(ended) \(stream.stderr)")
+            #expect((ended["status"] as? String)?.hasPrefix("HTTP/1.1 200") == true)
+            #expect(try await agent.process.waitForExit(timeout: 10) == 0)
+        }
+    }
+
     @Test("a stream cut mid-answer ends with an SSE error event naming the route, not a silent truncation")
     func cutStream() async throws {
         try await withResources {

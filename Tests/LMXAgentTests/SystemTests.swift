@@ -113,8 +113,10 @@ struct SystemTests {
 }
 
 extension SystemTests {
-    @Test("the owner of a loopback TCP peer comes from the kernel's socket tables")
-    func socketOwner() throws {
+    @Test(
+        "the owner of a loopback TCP peer comes from the kernel's socket tables, over netlink sockets kept between questions"
+    )
+    func socketOwner() async throws {
         let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(listener) }
         var address = sockaddr_in()
@@ -148,5 +150,28 @@ extension SystemTests {
         let loopback: [UInt8] = [127, 0, 0, 1]
         #expect(SocketOwner.uid(peer: (loopback, clientPort), local: (loopback, serverPort)) == Users.effective)
         #expect(SocketOwner.uid(peer: (loopback, 1), local: (loopback, serverPort)) == nil, "no such connection")
+        // The netlink sockets are kept between questions: answers never mix up, whether a
+        // question found its socket or not, one after another or from several threads at once.
+        var wrong = 0
+        for round in 0..<200 {
+            let found = SocketOwner.uid(peer: (loopback, clientPort), local: (loopback, serverPort))
+            let missing = SocketOwner.uid(peer: (loopback, UInt16(1 + round)), local: (loopback, serverPort))
+            if found != Users.effective || missing != nil { wrong += 1 }
+        }
+        #expect(wrong == 0)
+        let answers = await withTaskGroup(of: Bool.self) { group in
+            for task in 0..<16 {
+                group.addTask {
+                    (0..<50).allSatisfy { round in
+                        round % 2 == task % 2
+                            ? SocketOwner.uid(peer: (loopback, clientPort), local: (loopback, serverPort))
+                                == Users.effective
+                            : SocketOwner.uid(peer: (loopback, 2), local: (loopback, serverPort)) == nil
+                    }
+                }
+            }
+            return await group.reduce(into: [Bool]()) { $0.append($1) }
+        }
+        #expect(answers == Array(repeating: true, count: 16))
     }
 }

@@ -91,43 +91,28 @@ public final class Gateway: Sendable {
         dataPath?.dropConnections()
     }
 
-    /// The applications to run: the Unix socket always, TCP on loopback when configured.
+    /// The listeners to run: the Unix socket always, TCP on loopback when configured.
     public func applications(socketPath: String?) -> [(name: String, app: any Service)] {
-        var apps: [(String, any Service)] = []
-        let responder = GatewayResponder(gateway: self)
+        guard let dataPath else { return [] }
+        var apps: [(String, any Service)] = [("gateway-state", FollowService { await dataPath.follow() })]
         // Per user, on the socket and over TCP together (the kernel names the user of a loopback
         // TCP peer too): one user's connections cannot crowd out another's.
         let limiter = ConnectionLimiter(perUser: configuration.maxConnectionsPerUser)
-        let server: HTTPServerBuilder
-        if let dataPath {
-            server = HTTPServerBuilder { responder in
-                GatewayChildChannel(responder: responder, limiter: limiter, dataPath: dataPath)
-            }
-            apps.append(("gateway-state", FollowService { await dataPath.follow() }))
-        } else {
-            server = HTTPServerBuilder { responder in
-                PerUserLimitedChannel(
-                    base: HTTP1Channel(responder: responder, configuration: .init(idleTimeout: .seconds(60))),
-                    limiter: limiter)
-            }
-        }
+        let connection = GatewayChildChannel(
+            responder: Self.generalPath(GatewayResponder(gateway: self), logger: logger), limiter: limiter,
+            dataPath: dataPath)
         if let socketPath {
-            let app = Application(
-                responder: responder,
-                server: server,
-                configuration: .init(
-                    address: .unixDomainSocket(path: socketPath), serverName: nil,
-                    availableConnectionsDelegate: .maximum(2048, logger: logger)),
-                onServerRunning: { [logger, group = configuration.group] _ in
+            let listener = GatewayListener(
+                address: .unix(path: socketPath), connection: connection, maxConnections: 2048, logger: logger,
+                onRunning: { [logger, group = configuration.group] in
                     // With a group gate the check is per request (SO_PEERCRED); the file itself
                     // stays connectable, as the status socket is.
                     FileSystem.setMode(socketPath, 0o666)
                     logger.info(
                         "gateway serving",
                         metadata: ["socket": "\(socketPath)", "group": "\(group ?? "any local user")"])
-                },
-                logger: logger)
-            apps.append(("gateway-socket", app))
+                })
+            apps.append(("gateway-socket", listener))
         }
         if let listen = configuration.listen, configuration.group == nil {
             for address in Self.listenAddresses(listen) {
@@ -135,14 +120,9 @@ public final class Gateway: Sendable {
                 let service = RetryingListener(
                     address: address, logger: logger,
                     make: { [logger] onRunning in
-                        Application(
-                            responder: responder,
-                            server: server,
-                            configuration: .init(
-                                address: .hostname(address.host, port: address.port), serverName: nil,
-                                availableConnectionsDelegate: .maximum(2048, logger: logger)),
-                            onServerRunning: { _ in await onRunning() },
-                            logger: logger)
+                        GatewayListener(
+                            address: .tcp(host: address.host, port: address.port), connection: connection,
+                            maxConnections: 2048, logger: logger, onRunning: onRunning)
                     },
                     report: { [self] outcome in
                         await self.listenerChanged(family: family, address: address, outcome: outcome)
@@ -152,6 +132,24 @@ public final class Gateway: Sendable {
         }
         return apps
     }
+
+    /// What answers the requests the data path hands over: Hummingbird's request and response
+    /// types around ``GatewayResponder`` (as a Hummingbird application would call it).
+    static func generalPath(_ responder: GatewayResponder, logger: Logger) -> HTTPChannelHandler.Responder {
+        { request, writer, channel in
+            let context = AgentRequestContext(source: .init(channel: channel, logger: logger))
+            let response = try await responder.respond(to: request, context: context)
+            do {
+                try await writer.write(response: response.head, body: response.body)
+            } catch is HTTPParserError {
+                // Not the parser error itself: the connection's handler would answer it with a
+                // second response.
+                throw AnswerNotWritten()
+            }
+        }
+    }
+
+    struct AnswerNotWritten: Error {}
 
     /// The addresses to bind for `listen`: 127.0.0.1 and ::1 together for the default (clients
     /// resolve `localhost` to ::1 first, so the port there is held too, or someone else could take

@@ -113,14 +113,29 @@ extension Channel {
             guard let credentials = peerCredentialsFuture() else { return eventLoop.makeSucceededFuture(nil) }
             return credentials.map { Optional($0.uid) }.recover { _ in nil }
         case (let local?, let remote?):
-            guard let localIP = local.ipAddress, let remoteIP = remote.ipAddress, let localPort = local.port,
-                let remotePort = remote.port,
-                let localBytes = IPAddress.bytes(localIP), let remoteBytes = IPAddress.bytes(remoteIP)
-            else { return eventLoop.makeSucceededFuture(nil) }
-            return eventLoop.makeSucceededFuture(
-                SocketOwner.uid(peer: (remoteBytes, UInt16(remotePort)), local: (localBytes, UInt16(localPort))))
+            guard let local = local.bytesAndPort, let remote = remote.bytesAndPort else {
+                return eventLoop.makeSucceededFuture(nil)
+            }
+            return eventLoop.makeSucceededFuture(SocketOwner.uid(peer: remote, local: local))
         default:
             return eventLoop.makeSucceededFuture(nil)
+        }
+    }
+}
+
+extension SocketAddress {
+    /// An IP address's bytes (4 or 16) and its port in host order, read from the socket address
+    /// itself (not through its text); nil for a Unix socket.
+    var bytesAndPort: (address: [UInt8], port: UInt16)? {
+        switch self {
+        case .v4(let ip):
+            var address = ip.address.sin_addr
+            return (withUnsafeBytes(of: &address) { Array($0) }, UInt16(bigEndian: ip.address.sin_port))
+        case .v6(let ip):
+            var address = ip.address.sin6_addr
+            return (withUnsafeBytes(of: &address) { Array($0) }, UInt16(bigEndian: ip.address.sin6_port))
+        default:
+            return nil
         }
     }
 }

@@ -11,7 +11,10 @@ import NIOHTTP1
 /// A request this handler does not forward (the dashboard, a refusal, a request that names an
 /// object on one server, one that must wait for a route, a busy server's handover) is handed
 /// whole, as it was read, to the general path behind it (Hummingbird, ``Gateway/forward``),
-/// which answers it with the same rules.
+/// which answers it with the same rules. The general path is set up behind this handler when a
+/// connection first needs it (a request handed over, a malformed request); until then this
+/// handler alone serves the connection, closing it when it is idle and the server stops or the
+/// client closed its side.
 final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
@@ -24,6 +27,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private let uid: UInt32?
     private let overTCP: Bool
     private var context: ChannelHandlerContext?
+    /// Sets up the general path behind this handler (once).
+    private let startGeneralPath: (any Channel) throws -> Void
+    private var generalPathStarted = false
+    /// The server is stopping or the client closed its side: the connection closes once idle.
+    private var closeWhenIdle = false
 
     /// The request this handler is forwarding, if any.
     private var request: ForwardedRequest?
@@ -40,12 +48,40 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// When the connection last became idle (no request in progress).
     private var idleSince = NIODeadline.now()
 
-    init(dataPath: GatewayDataPath, state: GatewayDataPath.LoopState, uid: UInt32?, overTCP: Bool) {
+    init(
+        dataPath: GatewayDataPath, state: GatewayDataPath.LoopState, uid: UInt32?, overTCP: Bool,
+        startGeneralPath: @escaping (any Channel) throws -> Void
+    ) {
         self.dataPath = dataPath
         self.gateway = dataPath.gateway
         self.state = state
         self.uid = uid
         self.overTCP = overTCP
+        self.startGeneralPath = startGeneralPath
+    }
+
+    /// The general path behind this handler, set up if it was not; false (and the connection
+    /// closed) if it could not be.
+    private func ensureGeneralPath() -> Bool {
+        if generalPathStarted { return true }
+        guard let context else { return false }
+        do {
+            try startGeneralPath(context.channel)
+            generalPathStarted = true
+            return true
+        } catch {
+            gateway.logger.error(
+                "gateway: could not set up a connection's general path", metadata: ["error": "\(error)"])
+            context.close(promise: nil)
+            return false
+        }
+    }
+
+    /// Nothing in progress on the connection: no request of ours, none handed over.
+    private var idle: Bool { request == nil && handedOver == 0 && !passing }
+
+    private func closeIfDone() {
+        if closeWhenIdle, idle, queued.isEmpty { context?.close(promise: nil) }
     }
 
     /// What the client can take now (an upstream is read only while it can).
@@ -71,9 +107,23 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        // A malformed request: the general path's handler closes the connection.
+        // A malformed request: the general path answers 400 and closes the connection.
         abandon()
-        context.fireErrorCaught(error)
+        if ensureGeneralPath() { context.fireErrorCaught(error) }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        let stopping = event is ChannelShouldQuiesceEvent
+        if stopping || (event as? ChannelEvent) == .inputClosed {
+            // The server stops, or the client closed its side: what is in progress finishes,
+            // then the connection closes. Hummingbird's handlers, when set up, do the same for
+            // what they answer (this handler closes after both).
+            closeWhenIdle = true
+            if generalPathStarted { context.fireUserInboundEventTriggered(event) }
+            closeIfDone()
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
@@ -103,7 +153,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if case .end = unwrapOutboundIn(data), handedOver > 0 {
             handedOver -= 1
             context.write(data, promise: promise)
-            if handedOver == 0, !passing, request == nil { idleSince = .now() }
+            if idle {
+                idleSince = .now()
+                if closeWhenIdle { context.flush() }
+                closeIfDone()
+            }
             return
         }
         context.write(data, promise: promise)
@@ -288,7 +342,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     private func handOver(head: HTTPRequestHead, parts: [ByteBuffer], ended: Bool) {
-        guard let context else { return }
+        guard let context, ensureGeneralPath() else { return }
         handedOver += 1
         gateway.metrics.gatewayHandedOver.increment()
         context.fireChannelRead(wrapInboundOut(.head(head)))
@@ -664,6 +718,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         }
         idleSince = .now()
         drainQueue()
+        closeIfDone()
     }
 
     /// The client went away (or the handler left): the upstream connection is closed, not reused.

@@ -85,8 +85,9 @@ final class UpstreamPool {
     /// An idle connection that is still fresh, or nil.
     func takeIdle(_ address: UpstreamAddress) -> UpstreamConnection? {
         let now = NIODeadline.now()
-        while var list = idle[address], let last = list.popLast() {
-            idle[address] = list.isEmpty ? nil : list
+        // Popped in place (a copy of the list taken out would copy it on every request).
+        while let last = idle[address]?.popLast() {
+            if idle[address]?.isEmpty == true { idle[address] = nil }
             if last.channel.isActive, now - last.idleSince < Self.idleLimit,
                 last.generation == generation
             {
@@ -115,7 +116,7 @@ final class UpstreamPool {
                     if address.tls {
                         try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: address.serverName))
                     }
-                    try sync.addHTTPClientHandlers()
+                    try sync.addHTTPClientHandlers(enableOutboundHeaderValidation: false)
                     try sync.addHandler(UpstreamHandler())
                 }
             }
