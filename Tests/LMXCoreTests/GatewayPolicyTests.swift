@@ -301,4 +301,16 @@ struct GatewayPolicyTests {
         #expect(!GatewayPolicy.keepsDownstream("SET-COOKIE", connectionListed: []))
         #expect(!GatewayPolicy.keepsDownstream("x-private", connectionListed: ["x-private"]))
     }
+
+    @Test("keys that could not be sent as header values are told apart (line breaks, NUL, DEL; tab and UTF-8 are fine)")
+    func headerSafeCredentials() {
+        #expect(
+            Credentials(adminKey: "a", inferenceKey: "sk-é\tx", accessClientID: "id", accessClientSecret: "s")
+                .isHeaderSafe)
+        #expect(Credentials().isHeaderSafe)
+        for bad in ["k\r\nX-Evil: 1", "k\n", "k\u{0}", "k\u{7F}", "k\u{1B}[0m"] {
+            #expect(!Credentials(inferenceKey: bad).isHeaderSafe, "\(bad.debugDescription)")
+            #expect(!Credentials(accessClientID: "id", accessClientSecret: bad).isHeaderSafe)
+        }
+    }
 }

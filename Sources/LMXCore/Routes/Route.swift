@@ -55,6 +55,14 @@ public struct Credentials: Sendable, Hashable, CustomStringConvertible, CustomDe
         adminKey == nil && inferenceKey == nil && accessClientID == nil && accessClientSecret == nil
     }
 
+    /// Every value can be sent as a header value: no control character but tab (a key from a
+    /// configuration file could hold a line break, which would start a header of its own).
+    public var isHeaderSafe: Bool {
+        [adminKey, inferenceKey, accessClientID, accessClientSecret].allSatisfy { value in
+            value?.utf8.allSatisfy { $0 == 0x09 || ($0 >= 0x20 && $0 != 0x7F) } ?? true
+        }
+    }
+
     /// Headers for one request path, by the contract's rules: Access token everywhere, admin key
     /// only under `/admin/`, inference key only under `/v1/`, and no key at all on the paths the
     /// contract leaves open (`/healthz`, `/readyz`, the discovery document): a probe that has not

@@ -322,9 +322,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         guard case .forward(let routes) = plan, !routes.isEmpty else { return handOver(request) }
         var targets = gateway.load.order(routes)
         if !request.clientEnded { targets = Array(targets.prefix(1)) }
-        // Only routes the data path connects to, and while the loop has connections to spare.
+        // Only routes the data path connects to, while the loop has connections to spare, and
+        // whose keys can be written as they are (upstream heads are not checked again: the
+        // client's headers were parsed as headers, the rest is ours).
         guard let first = targets.first, let address = state.address(first.baseURL),
-            state.pool.openCount(address) < dataPath.connectionsPerLoop
+            state.pool.openCount(address) < dataPath.connectionsPerLoop,
+            targets.allSatisfy({ $0.credentials.isHeaderSafe })
         else { return handOver(request) }
         request.model = model
         request.targets = targets
