@@ -8,7 +8,8 @@ processes (one worker per core, as many as the gateway's event loops; keepalive 
 connections, as a tuned nginx would be) and lmx-agentd's gateway (the upstream configured as an
 endpoint). Both proxies are measured alike: CPU time of their processes per request and per MB
 (nginx's workers; the daemon), memory after the runs. wrk asks each of the three at 1, 8 and 64 connections: requests/s, and the latency
-each proxy adds to the direct one at p50 and p99, on GET /v1/models and on POST
+each proxy adds to the direct one at p50 and p99, on GET /v1/models (on kept connections, and on a
+new connection for each request) and on POST
 /v1/chat/completions with request bodies of 1 KB, 64 KB, 512 KB and 4 MB (nginx with request
 buffering off, as the gateway streams a body past its read-ahead); the gateway's CPU time per
 request and per MB of body (utime + stime from /proc, over the run) and its RSS after the 64-client
@@ -159,12 +160,12 @@ def cpu_seconds(pid):
 
 
 
-def wrk(url, connections, script=None, pids=(), prefix=()):
+def wrk(url, connections, script=None, pids=(), prefix=(), headers=()):
     """wrk's figures, and the CPU time of `pids` (the proxy's processes) per request over the run.
-    `prefix`: what wrk runs under (`ip netns exec …` for LiteLLM)."""
+    `prefix`: what wrk runs under (`ip netns exec …` for LiteLLM); `headers`: added to each request."""
     before = sum(cpu_seconds(p) for p in pids)
     out = subprocess.run([*prefix, "wrk", "-t", str(min(connections, 2)), "-c", str(connections), "-d", "%gs" % SECONDS, "--latency",
-                          *(["-s", script] if script else []), url],
+                          *(["-s", script] if script else []), *[a for h in headers for a in ("-H", h)], url],
                          capture_output=True, text=True, check=True).stdout
     cpu = sum(cpu_seconds(p) for p in pids) - before if pids else None
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
@@ -317,6 +318,15 @@ def request_tables(results):
             c, d["rps"], n["rps"], g["rps"], ratio(g, n), n["p50"] - d["p50"], g["p50"] - d["p50"],
             n["p99"] - d["p99"], g["p99"] - d["p99"], n["cpu_us_per_request"], g["cpu_us_per_request"]))
     rows.append("")
+    rows.append("| GET /v1/models, a new connection each (`Connection: close`), clients | direct req/s | nginx req/s "
+                "| gateway req/s (× nginx) | added p50 nginx / gateway | CPU per request nginx / gateway |")
+    rows.append("|---|---|---|---|---|---|")
+    for c in CLIENTS:
+        d, n, g = (results["close_%s_%d" % (name, c)] for name in ("direct", "nginx", "gateway"))
+        rows.append("| %d | %.0f | %.0f | %.0f (%s) | %.3f / %.3f ms | %.0f / %.0f µs |" % (
+            c, d["rps"], n["rps"], g["rps"], ratio(g, n), n["p50"] - d["p50"], g["p50"] - d["p50"],
+            n["cpu_us_per_request"], g["cpu_us_per_request"]))
+    rows.append("")
     rows.append("| POST chat completion body | clients | direct req/s | nginx req/s | gateway req/s (× nginx) "
                 "| added p50 nginx / gateway | CPU per request nginx / gateway | CPU per MB nginx / gateway |")
     rows.append("|---|---|---|---|---|---|---|---|")
@@ -374,6 +384,12 @@ def main():
             results.update(in_rounds([("%s_%d" % (name, c), lambda port=port, name=name, c=c: wrk(
                 "http://127.0.0.1:%d/v1/models" % port, c, pids=pids[name])) for name, port in peers]))
         results["rss_get"] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
+        # A new connection for every request (clients that do not keep connections: scripts,
+        # one-shot tools, 64 streams started at once): what accepting and closing cost.
+        for c in CLIENTS:
+            results.update(in_rounds([("close_%s_%d" % (name, c), lambda port=port, name=name, c=c: wrk(
+                "http://127.0.0.1:%d/v1/models" % port, c, pids=pids[name], headers=("Connection: close",)))
+                for name, port in peers]))
         for label, size in BODIES:
             script = post_script(directory, size)
             for c in CLIENTS:

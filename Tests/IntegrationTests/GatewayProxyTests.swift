@@ -198,7 +198,8 @@ struct GatewayProxyTests {
         }
     }
 
-    /// One raw connection to the gateway: what it sends (`malformed`, `halfclose`, `stream`), then
+    /// One raw connection to the gateway: what it sends (`malformed`, `halfclose`, `stream`, or
+    /// `mixed`: the dashboard, then a stream, on the same connection), then
     /// everything read until the gateway closes it, as one JSON line (`first event` printed when
     /// a stream's first event came).
     private static let rawClient = #"""
@@ -212,6 +213,18 @@ struct GatewayProxyTests {
             s.sendall(b"GET /v1/models HTTP/1.1\r\n" + host + b"\r\n")
             s.shutdown(socket.SHUT_WR)
         else:
+            if what == "mixed":
+                # First a request the general path answers (the dashboard), read whole.
+                s.sendall(b"GET / HTTP/1.1\r\n" + host + b"\r\n")
+                first = b""
+                while b"\r\n\r\n" not in first:
+                    first += s.recv(65536)
+                head, rest = first.split(b"\r\n\r\n", 1)
+                length = int([line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:")][0])
+                while len(rest) < length:
+                    rest += s.recv(65536)
+                print("dashboard", head.split(b"\r\n", 1)[0].decode(), flush=True)
             body = json.dumps({"model": "test/model", "stream": True,
                                "messages": [{"role": "user", "content": "hi"}]}).encode()
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n" + host + b"Content-Type: application/json\r\n"
@@ -222,7 +235,7 @@ struct GatewayProxyTests {
             if not chunk:
                 break
             data += chunk
-            if what == "stream" and not first and b"data:" in data:
+            if what in ("stream", "mixed") and not first and b"data:" in data:
                 first = True
                 print("first event", flush=True)
         print(json.dumps({"status": data.split(b"\r\n", 1)[0].decode(errors="replace"), "done": b"[DONE]" in data,
@@ -255,16 +268,23 @@ struct GatewayProxyTests {
             #expect((halfClosed["status"] as? String)?.hasPrefix("HTTP/1.1 200") == true, "\(halfClosed)")
             #expect((halfClosed["closed_after"] as? Double ?? 99) < 5)
 
-            // The daemon is stopped while a stream is in flight: the stream ends whole, then the
-            // connection closes and the daemon exits.
+            // The daemon is stopped while streams are in flight, one on a connection the data path
+            // alone served, one on a connection whose first request the general path answered:
+            // both streams end whole, then the connections close and the daemon exits.
             let stream = LiveProcess("/usr/bin/python3", ["-c", Self.rawClient, String(gatewayPort), "stream"])
+            let mixed = LiveProcess("/usr/bin/python3", ["-c", Self.rawClient, String(gatewayPort), "mixed"])
             try await stream.start()
+            try await mixed.start()
             #expect(await stream.waitForLine(containing: "first event", timeout: 10))
+            #expect(await mixed.waitForLine(containing: "first event", timeout: 10))
+            #expect(mixed.stdout.contains("dashboard HTTP/1.1 200"), "\(mixed.stdout)")
             agent.process.signal(SIGTERM)
-            #expect(try await stream.waitForExit(timeout: 15) == 0)
-            let ended = json(CommandResult(status: 0, stdout: stream.stdout, stderr: stream.stderr, seconds: 0))
-            #expect(ended["done"] as? Bool == true, "\(ended) \(stream.stderr)")
-            #expect((ended["status"] as? String)?.hasPrefix("HTTP/1.1 200") == true)
+            for client in [stream, mixed] {
+                #expect(try await client.waitForExit(timeout: 15) == 0)
+                let ended = json(CommandResult(status: 0, stdout: client.stdout, stderr: client.stderr, seconds: 0))
+                #expect(ended["done"] as? Bool == true, "\(ended) \(client.stderr)")
+                #expect((ended["status"] as? String)?.hasPrefix("HTTP/1.1 200") == true)
+            }
             #expect(try await agent.process.waitForExit(timeout: 10) == 0)
         }
     }

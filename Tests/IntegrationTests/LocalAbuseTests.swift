@@ -205,7 +205,7 @@ extension RobustnessTests {
     }
 
     @Test(
-        "the gateway holds 127.0.0.1 and ::1; a port another user holds is not advertised, named with its user, retried; localhost refused while ::1 is theirs"
+        "the gateway holds 127.0.0.1 and ::1 (no other user can join its listening sockets); a port another user holds is not advertised, named with its user, retried; localhost refused while ::1 is theirs"
     )
     func gatewayAddressIsTheAgents() async throws {
         try await withResources {
@@ -219,6 +219,17 @@ extension RobustnessTests {
             #expect(served)
             #expect(try await curl(["http://[::1]:\(free)/v1/models"]).status == 503)
             #expect(try await curl(["http://localhost:\(free)/v1/models"]).status == 503)
+            // The agent's listening sockets share the port among its event loops (SO_REUSEPORT):
+            // another user cannot join them to take a share of the connections.
+            for (family, host) in [("AF_INET", "127.0.0.1"), ("AF_INET6", "::1")] {
+                let join = try await Command.run(
+                    "/usr/bin/setpriv",
+                    [
+                        "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--", "/usr/bin/python3", "-c",
+                        "import socket\ns = socket.socket(socket.\(family))\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\ntry:\n    s.bind(('\(host)', \(free))); s.listen(); print('joined')\nexcept OSError as e:\n    print('refused', e.errno)",
+                    ])
+                #expect(join.stdout.contains("refused 98"), "\(host): \(join.stdout) \(join.stderr)")
+            }
             await agent.finish()
 
             // 2. Another user holds [::1]:port first: 127.0.0.1 is served and advertised,

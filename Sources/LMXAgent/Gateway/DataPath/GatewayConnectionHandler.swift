@@ -116,10 +116,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         let stopping = event is ChannelShouldQuiesceEvent
         if stopping || (event as? ChannelEvent) == .inputClosed {
             // The server stops, or the client closed its side: what is in progress finishes,
-            // then the connection closes. Hummingbird's handlers, when set up, do the same for
-            // what they answer (this handler closes after both).
+            // then the connection closes. Hummingbird's handlers hear of it only while they
+            // answer a request (they would close the connection, or its output, at once if
+            // they had none, cutting an answer of the data path's).
             closeWhenIdle = true
-            if generalPathStarted { context.fireUserInboundEventTriggered(event) }
+            if generalPathStarted, handedOver > 0 || passing { context.fireUserInboundEventTriggered(event) }
             closeIfDone()
             return
         }

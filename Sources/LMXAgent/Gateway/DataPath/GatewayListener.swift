@@ -32,13 +32,73 @@ struct GatewayListener: Service {
 
     func run() async throws {
         let group = connection.dataPath.group
-        let quiescing = ServerQuiescingHelper(group: group)
+        var listening: [(channel: any Channel, quiescing: ServerQuiescingHelper)] = []
+        do {
+            switch address {
+            case .tcp(let host, let port):
+                // One listening socket per event loop (SO_REUSEPORT: the kernel spreads new
+                // connections over them), each loop serving the connections it accepts. With one
+                // socket, a connection accepted on one loop and served on another cost about a
+                // third more CPU (the hand-over and, at its close, the bookkeeping go back across),
+                // 128 µs where 87 on one loop, for one-request connections from 8 clients. Only
+                // sockets of the same user can share a port this way: the kernel refuses others
+                // (EADDRINUSE, as before).
+                let loops = Array(group.makeIterator())
+                var boundPort = port
+                for loop in loops {
+                    let bound = try await listen(
+                        on: loop, serving: loop, shared: loops.count > 1,
+                        maxConnections: max(1, maxConnections / loops.count)
+                    ) { try await $0.bind(host: host, port: boundPort).get() }
+                    listening.append(bound)
+                    boundPort = bound.channel.localAddress?.port ?? port
+                }
+            case .unix(let path):
+                listening.append(
+                    try await listen(on: group.next(), serving: group, shared: false, maxConnections: maxConnections) {
+                        try await $0.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
+                    })
+            }
+        } catch {
+            for bound in listening { try? await bound.channel.close() }
+            throw error
+        }
+        await onRunning()
+        let sockets = listening
+        let stopping = Mutex<[EventLoopFuture<Void>]>([])
+        await withTaskCancellationHandler {
+            await withGracefulShutdownHandler {
+                for bound in sockets { try? await bound.channel.closeFuture.get() }
+            } onGracefulShutdown: {
+                for bound in sockets {
+                    let done = bound.channel.eventLoop.makePromise(of: Void.self)
+                    stopping.withLock { $0.append(done.futureResult) }
+                    bound.quiescing.initiateShutdown(promise: done)
+                }
+            }
+        } onCancel: {
+            for bound in sockets { bound.channel.close(promise: nil) }
+        }
+        // After a graceful shutdown: until every connection has closed.
+        for stopped in stopping.withLock({ $0 }) { try? await stopped.get() }
+    }
+
+    /// One listening socket on `loop`, its connections served on `serving`.
+    private func listen(
+        on loop: any EventLoop, serving: any EventLoopGroup, shared: Bool, maxConnections: Int,
+        bind: (ServerBootstrap) async throws -> any Channel
+    ) async throws -> (channel: any Channel, quiescing: ServerQuiescingHelper) {
+        let quiescing = ServerQuiescingHelper(group: loop)
         let connection = connection
         let logger = logger
-        let maxConnections = maxConnections
-        let bootstrap = ServerBootstrap(group: group)
+        var bootstrap = ServerBootstrap(group: loop, childGroup: serving)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+        if shared {
+            bootstrap = bootstrap.serverChannelOption(.socketOption(.init(rawValue: SO_REUSEPORT)), value: 1)
+        }
+        bootstrap =
+            bootstrap
             .serverChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
@@ -50,27 +110,6 @@ struct GatewayListener: Service {
             .childChannelInitializer { channel in
                 connection.setup(channel: channel, logger: logger).map { _ in () }
             }
-        let channel: any Channel
-        switch address {
-        case .tcp(let host, let port):
-            channel = try await bootstrap.bind(host: host, port: port).get()
-        case .unix(let path):
-            channel = try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
-        }
-        await onRunning()
-        let stopping = Mutex<EventLoopFuture<Void>?>(nil)
-        await withTaskCancellationHandler {
-            await withGracefulShutdownHandler {
-                try? await channel.closeFuture.get()
-            } onGracefulShutdown: {
-                let done = group.next().makePromise(of: Void.self)
-                stopping.withLock { $0 = done.futureResult }
-                quiescing.initiateShutdown(promise: done)
-            }
-        } onCancel: {
-            channel.close(promise: nil)
-        }
-        // After a graceful shutdown: until every connection has closed.
-        if let stopped = stopping.withLock({ $0 }) { try? await stopped.get() }
+        return (try await bind(bootstrap), quiescing)
     }
 }
