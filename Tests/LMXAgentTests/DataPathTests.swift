@@ -10,7 +10,7 @@ import Testing
 @Suite("The gateway's data path: addresses and the event relay")
 struct DataPathTests {
     @Test(
-        "a route's URL: IP literals, names (with SNI), default ports; link-local zones and paths left to the general path"
+        "a route's URL: IP literals (connected to as they are), names (with SNI), default ports; link-local zones and paths left to the general path"
     )
     func addresses() throws {
         let lan = try #require(UpstreamAddress("http://10.0.0.5:1234"))
@@ -21,6 +21,10 @@ struct DataPathTests {
         #expect(tunnel.authority == "lmx.example.com")
         let v6 = try #require(UpstreamAddress("http://[fd00::5]:8080"))
         #expect(v6.host == "fd00::5" && v6.authority == "[fd00::5]:8080" && v6.serverName == nil)
+        // IP literals are connected to as they are, names through the resolver.
+        #expect(lan.socketAddress == (try SocketAddress(ipAddress: "10.0.0.5", port: 1234)))
+        #expect(v6.socketAddress == (try SocketAddress(ipAddress: "fd00::5", port: 8080)))
+        #expect(tunnel.socketAddress == nil)
         #expect(UpstreamAddress("http://[fe80::1%25lan0]:1234") == nil)
         #expect(UpstreamAddress("http://10.0.0.5:1234/prefix") == nil)
         #expect(UpstreamAddress("ftp://10.0.0.5") == nil)

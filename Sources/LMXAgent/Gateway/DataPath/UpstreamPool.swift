@@ -16,6 +16,11 @@ struct UpstreamAddress: Hashable, Sendable {
     let authority: String
     /// SNI and certificate name for a tunnel reached by name.
     let serverName: String?
+    /// An IP literal's socket address: connected to as it is. (A name is looked up by SwiftNIO's
+    /// resolver, which calls `getaddrinfo` on a dispatch queue: a thread hop there and back for
+    /// every connection, which made the first events of 64 streams started at once on a cold pool
+    /// about 10 ms later.)
+    let socketAddress: SocketAddress?
 
     init?(_ base: String) {
         let url = BaseURL(base)
@@ -37,6 +42,18 @@ struct UpstreamAddress: Hashable, Sendable {
         guard (1...65535).contains(port) else { return nil }
         self.port = port
         authority = url.hostPort
+        socketAddress = serverName == nil ? try? SocketAddress(ipAddress: host, port: port) : nil
+    }
+
+    // The rest follows from these (the pools look addresses up on every request).
+    static func == (a: Self, b: Self) -> Bool {
+        a.tls == b.tls && a.port == b.port && a.host == b.host && a.authority == b.authority
+    }
+
+    func hash(into hasher: inout Hasher) {
+        hasher.combine(host)
+        hasher.combine(port)
+        hasher.combine(tls)
     }
 }
 
@@ -120,6 +137,7 @@ final class UpstreamPool {
                     try sync.addHandler(UpstreamHandler())
                 }
             }
+        if let socketAddress = address.socketAddress { return bootstrap.connect(to: socketAddress) }
         return bootstrap.connect(host: address.host, port: address.port)
     }
 
