@@ -18,8 +18,7 @@ struct UpstreamAddress: Hashable, Sendable {
     let serverName: String?
     /// An IP literal's socket address: connected to as it is. (A name is looked up by SwiftNIO's
     /// resolver, which calls `getaddrinfo` on a dispatch queue: a thread hop there and back for
-    /// every connection, which made the first events of 64 streams started at once on a cold pool
-    /// about 10 ms later.)
+    /// every new connection.)
     let socketAddress: SocketAddress?
 
     init?(_ base: String) {
