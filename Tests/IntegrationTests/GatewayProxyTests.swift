@@ -289,6 +289,81 @@ struct GatewayProxyTests {
         }
     }
 
+    /// One kept connection to the gateway (so one event loop's pool upstream): a line on stdin asks
+    /// GET /v1/echo once and prints which of the server's connections answered.
+    private static let keptClient = #"""
+        import http.client, json, sys
+        conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=20)
+        for n, line in enumerate(sys.stdin, 1):
+            conn.request("GET", "/v1/echo")
+            answer = conn.getresponse()
+            body = json.loads(answer.read())
+            print("answer#%d port %d status %d" % (n, body.get("peer_port", 0), answer.status), flush=True)
+        """#
+
+    @Test(
+        "an idle connection to a server waits as long as its answers allow: 4 s when they say nothing, a second less than their Keep-Alive timeout, 300 s behind Cloudflare's edge"
+    )
+    func upstreamKeepAlive() async throws {
+        try await withResources {
+            let port = freePort()
+            let gatewayPort = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "keep-\(port)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [endpoint(server, name: "Studio")]),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            let client = LiveProcess("/usr/bin/python3", ["-c", Self.keptClient, String(gatewayPort)])
+            try await client.start()
+            var asked = 0
+            // The client port of the server's connection that answered the next request.
+            func upstreamPort() async -> Int {
+                asked += 1
+                client.send("get")
+                let tag = "answer#\(asked) "
+                guard await client.waitForLine(containing: tag, timeout: 10),
+                    let line = client.stdoutLines.first(where: { $0.hasPrefix(tag) })
+                else {
+                    Issue.record("no answer #\(asked): \(client.stdout) \(client.stderr)")
+                    return -asked
+                }
+                #expect(line.hasSuffix("status 200"), "\(line)")
+                return Int(line.split(separator: " ")[2]) ?? -asked
+            }
+            let pause = Duration.milliseconds(5500)
+
+            // Nothing said: kept for the next request, not past 4 s.
+            let first = await upstreamPort()
+            #expect(await upstreamPort() == first)
+            try await Task.sleep(for: pause)
+            let afterPause = await upstreamPort()
+            #expect(afterPause != first)
+
+            // Keep-Alive: timeout=30 → kept 29 s.
+            await server.set("keepalive timeout=30, max=100")
+            let hinted = await upstreamPort()
+            #expect(hinted == afterPause)
+            try await Task.sleep(for: pause)
+            #expect(await upstreamPort() == hinted)
+
+            // Through Cloudflare's edge → kept 300 s.
+            await server.set("keepalive")
+            await server.set("cloudflare")
+            let edge = await upstreamPort()
+            #expect(edge == hinted)
+            try await Task.sleep(for: pause)
+            #expect(await upstreamPort() == edge)
+
+            // Keep-Alive: timeout=1 → not kept at all.
+            await server.set("origin")
+            await server.set("keepalive timeout=1")
+            let last = await upstreamPort()
+            #expect(last == edge)
+            #expect(await upstreamPort() != last)
+            client.signal(SIGTERM)
+        }
+    }
+
     @Test("a stream cut mid-answer ends with an SSE error event naming the route, not a silent truncation")
     func cutStream() async throws {
         try await withResources {

@@ -121,6 +121,42 @@ struct GatewayPolicyTests {
         for method in ["POST", "PATCH"] { #expect(!GatewayPolicy.isIdempotent(method)) }
     }
 
+    @Test(
+        "an idle upstream connection waits a second less than the server's Keep-Alive, 300 s behind Cloudflare, else 4 s"
+    )
+    func upstreamKeepAlive() {
+        func seconds(_ headers: [(String, String)]) -> Int {
+            var keep = UpstreamKeepAlive()
+            for (name, value) in headers { keep.read(name: name, value: value) }
+            return keep.seconds
+        }
+        #expect(seconds([]) == 4)
+        #expect(seconds([("Content-Type", "application/json"), ("Server", "uvicorn")]) == 4)
+        #expect(seconds([("Keep-Alive", "timeout=5")]) == 4)
+        #expect(seconds([("keep-alive", "timeout=5, max=100")]) == 4)
+        #expect(seconds([("KEEP-ALIVE", "max=100,  Timeout = 30 ")]) == 29)
+        #expect(seconds([("Keep-Alive", "timeout=\"60\"")]) == 59)
+        // Two headers: the shorter holds. Past the cap: the cap. A second or less: not kept.
+        #expect(seconds([("Keep-Alive", "timeout=60"), ("Keep-Alive", "timeout=10")]) == 9)
+        #expect(seconds([("Keep-Alive", "timeout=86400")]) == UpstreamKeepAlive.maxSeconds)
+        #expect(seconds([("Keep-Alive", "timeout=1")]) == 0)
+        #expect(seconds([("Keep-Alive", "timeout=0")]) == 0)
+        // What does not parse is ignored.
+        for odd in [
+            "timeout=", "timeout=-5", "timeout=5.5", "timeout=abc", "timeout=1234567890", "max=5", "", "=",
+            "timeout", "timeout=5s", "timeout=\u{FF15}", String(repeating: "a=1,", count: 40) + "timeout=9",
+        ] {
+            #expect(seconds([("Keep-Alive", odd)]) == 4, "\(odd)")
+        }
+        // Cloudflare's edge: its ray ID and its name, both; a hint still wins.
+        #expect(seconds([("Server", "cloudflare"), ("CF-RAY", "8f1e2d3c4b5a6978-AMS")]) == 300)
+        #expect(seconds([("cf-ray", "8f1e2d3c4b5a6978-AMS"), ("server", "Cloudflare")]) == 300)
+        #expect(seconds([("CF-RAY", "8f1e2d3c4b5a6978-AMS")]) == 4)
+        #expect(seconds([("Server", "cloudflare")]) == 4)
+        #expect(seconds([("Server", "cloudflare-nginx-imitation"), ("CF-RAY", "x")]) == 4)
+        #expect(seconds([("Server", "cloudflare"), ("CF-RAY", "x"), ("Keep-Alive", "timeout=20")]) == 19)
+    }
+
     @Test("gateway.listen: loopback only")
     func listen() throws {
         #expect(try GatewayConfiguration.parseListen("127.0.0.1:1235") == HostPort(host: "127.0.0.1", port: 1235))

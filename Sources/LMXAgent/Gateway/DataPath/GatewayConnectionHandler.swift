@@ -567,9 +567,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             var headers: [(String, String)] = []
             headers.reserveCapacity(head.headers.count + 6)
             var connectionListed: [String] = []
+            var keepAlive = UpstreamKeepAlive()
             for (name, value) in head.headers {
                 GatewayPolicy.addConnectionListed(name: name, value: value, to: &connectionListed)
+                keepAlive.read(name: name, value: value)
             }
+            upstream.keepFor = .seconds(Int64(keepAlive.seconds))
             for (name, value) in head.headers
             where GatewayPolicy.keepsDownstream(name, connectionListed: connectionListed) {
                 headers.append((name, value))

@@ -65,6 +65,8 @@ final class UpstreamConnection {
     let generation: Int
     /// When it was last given back (for the idle limit).
     var idleSince = NIODeadline.now()
+    /// How long it may wait idle, from the server's last answer on it (``UpstreamKeepAlive``).
+    var keepFor = UpstreamPool.idleLimit
 
     init(channel: any Channel, handler: UpstreamHandler, address: UpstreamAddress, generation: Int) {
         self.channel = channel
@@ -86,9 +88,10 @@ final class UpstreamPool {
     private var open: [UpstreamAddress: Int] = [:]
     /// Bumped when the machine's network changes: connections made before are not reused.
     private var generation = 0
-    /// Idle connections older than this are closed, not reused: servers close theirs after a
-    /// few seconds (uvicorn: 5 s), and a request sent as one closes may be lost.
-    static let idleLimit = TimeAmount.seconds(4)
+    /// Idle connections older than their `keepFor` are closed, not reused: a request sent as the
+    /// server closes one may be lost. Without a word from the server about how long it keeps
+    /// them, this (uvicorn closes idle connections after 5 s); see ``UpstreamKeepAlive``.
+    static let idleLimit = TimeAmount.seconds(Int64(UpstreamKeepAlive.unknownSeconds))
     static let maxIdlePerAddress = 64
 
     init(eventLoop: any EventLoop, tls: NIOSSLContext) {
@@ -104,7 +107,7 @@ final class UpstreamPool {
         // Popped in place (a copy of the list taken out would copy it on every request).
         while let last = idle[address]?.popLast() {
             if idle[address]?.isEmpty == true { idle[address] = nil }
-            if last.channel.isActive, now - last.idleSince < Self.idleLimit,
+            if last.channel.isActive, now - last.idleSince < last.keepFor,
                 last.generation == generation
             {
                 return last
@@ -155,7 +158,7 @@ final class UpstreamPool {
     /// Gives a connection back after an answer that ended cleanly.
     func release(_ connection: UpstreamConnection) {
         connection.handler.owner = nil
-        guard connection.channel.isActive, connection.generation == generation,
+        guard connection.channel.isActive, connection.generation == generation, connection.keepFor > .zero,
             (idle[connection.address]?.count ?? 0) < Self.maxIdlePerAddress
         else {
             connection.channel.close(promise: nil)
