@@ -15,7 +15,12 @@ buffering off, as the gateway streams a body past its read-ahead); the gateway's
 request and per MB of body (utime + stime from /proc, over the run) and its RSS after the 64-client
 runs. Streaming: the LMX test server's streamed
 completions (20 events, 50 ms apart) directly, through nginx (proxy_buffering off) and through
-the gateway: first event and server-write → client-read delay per event.
+the gateway: first event and server-write → client-read delay per event; 64 and 1,024 at once.
+Bursts without the test server's thread noise (burst.py: an asyncio stand-in that closes idle
+connections after 5 s as uvicorn does, and an asyncio client): 64 streams sent at one moment
+directly, through nginx and through the gateway, on open connections in rounds about a second
+apart, and after 5 s of nothing on connections the client opens then; the median of the rounds'
+median first events.
 Run through `make bench` (BENCH=proxy).
 """
 import json
@@ -45,6 +50,10 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 STREAM_ROUNDS = 9
 CLIENTS = [int(c) for c in os.environ.get("BENCH_CLIENTS", "1,8,64").split(",")]
 UPSTREAM, NGINX, GATEWAY, STREAMER, NGINX_STREAM, GATEWAY_STREAM = 21700, 21701, 21702, 21703, 21704, 21705
+# The burst rows: burst.py's asyncio stand-in, nginx in front of it, a gateway in front of it.
+INSTANT, NGINX_INSTANT, GATEWAY_INSTANT = 21707, 21708, 21709
+BURST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "burst.py")
+BURST_ROUNDS, BURST_IDLE_ROUNDS, BURST_IDLE_SECONDS = 15, 5, 5
 LIVE = []
 
 
@@ -123,8 +132,14 @@ def proxy_config(directory):
         listen 127.0.0.1:%(proxy_stream)d;
         location / { proxy_pass http://streamer; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
     }
+    upstream instant { server 127.0.0.1:%(instant)d; keepalive 128; }
+    server {
+        listen 127.0.0.1:%(proxy_instant)d;
+        location / { proxy_pass http://instant; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
+    }
 }
-""" % {"upstream": UPSTREAM, "proxy": NGINX, "streamer": STREAMER, "proxy_stream": NGINX_STREAM}
+""" % {"upstream": UPSTREAM, "proxy": NGINX, "streamer": STREAMER, "proxy_stream": NGINX_STREAM,
+       "instant": INSTANT, "proxy_instant": NGINX_INSTANT}
 
 
 COMPLETION = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "test/model",
@@ -241,6 +256,26 @@ def streams(url, concurrency, model="test/model", prefix=()):
     out = subprocess.run([*prefix, "python3", CLIENT, "streams", url, "--concurrency", str(concurrency), "--model", model],
                          capture_output=True, text=True, check=True).stdout.splitlines()[-1]
     return json.loads(out)
+
+
+def burst(port, concurrency=64, idle=0):
+    """burst.py's streams at once through `port`; after `idle` seconds of nothing, on connections
+    the client opens then (as its own idle ones would have closed)."""
+    time.sleep(idle)
+    out = subprocess.run(["python3", BURST, "streams", str(port), str(concurrency)] + (["--connect-late"] if idle else []),
+                         capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+    return json.loads(out)
+
+
+def burst_rounds(rounds, idle):
+    """Direct, nginx and the gateway taking turns: the median of the rounds' median first events,
+    the slowest of all, and the fewest completed."""
+    runs = taking_turns([(name, lambda port=port: burst(port, idle=idle)) for name, port in
+                         (("direct", INSTANT), ("nginx", NGINX_INSTANT), ("gateway", GATEWAY_INSTANT))], rounds)
+    return {name: {"completed": min(r["completed"] for r in rs),
+                   "first_event_p50_ms": statistics.median(r["first_event_p50_ms"] for r in rs),
+                   "first_event_max_ms": max(r["first_event_max_ms"] for r in rs),
+                   "rounds": [r["first_event_p50_ms"] for r in rs]} for name, rs in runs.items()}
 
 
 # The LiteLLM proxy beside them (BENCH_LITELLM=0: not). Pinned, installed only in the benchmark's own
@@ -367,11 +402,14 @@ def main():
         start(["nginx", "-c", directory + "/upstream.conf", "-p", directory, "-g", "daemon off;"])
         proxy = start(["nginx", "-c", directory + "/proxy.conf", "-p", directory, "-g", "daemon off;"])
         start(["python3", SERVER, "--bind", "127.0.0.1", "--port", str(STREAMER)], stdin=subprocess.PIPE)
+        start(["python3", BURST, "serve", str(INSTANT)])
         # One agent in front of each upstream, as nginx has one upstream per server block.
-        for name, upstream, gateway in (("static", UPSTREAM, GATEWAY), ("stream", STREAMER, GATEWAY_STREAM)):
+        for name, upstream, gateway in (("static", UPSTREAM, GATEWAY), ("stream", STREAMER, GATEWAY_STREAM),
+                                        ("instant", INSTANT, GATEWAY_INSTANT)):
             agents[name] = start_gateway(directory, name, upstream, gateway)
         for url in ("http://127.0.0.1:%d/healthz" % UPSTREAM, "http://127.0.0.1:%d/healthz" % NGINX,
-                    "http://127.0.0.1:%d/v1/models" % GATEWAY, "http://127.0.0.1:%d/v1/models" % GATEWAY_STREAM):
+                    "http://127.0.0.1:%d/v1/models" % GATEWAY, "http://127.0.0.1:%d/v1/models" % GATEWAY_STREAM,
+                    "http://127.0.0.1:%d/v1/models" % GATEWAY_INSTANT, "http://127.0.0.1:%d/healthz" % NGINX_INSTANT):
             assert lmxtools.wait_http(url), "not answering: " + url
         time.sleep(1)
         gateway_pid = agents["static"].pid
@@ -433,6 +471,12 @@ def main():
                 "completed": min(r["completed"] for r in runs),
                 "first_event_p50_ms": statistics.median(r["first_event_p50_ms"] for r in runs),
                 "first_event_max_ms": max(r["first_event_max_ms"] for r in runs)}
+        # 64 at once from burst.py's asyncio client to its asyncio stand-in: what each proxy adds,
+        # with the pools warm (a round every second or so), then after 5 s of nothing (the
+        # gateway's idle connections to a server that says nothing of its keep-alive have closed;
+        # nginx keeps its own 60 s).
+        results["burst"] = burst_rounds(BURST_ROUNDS, 0)
+        results["burst_idle"] = burst_rounds(BURST_IDLE_ROUNDS, BURST_IDLE_SECONDS)
         # 1,024 streams at once through one route: all served; the daemon's memory per stream
         # (its peak RSS during the run, sampled every 50 ms, over its RSS before).
         stream_pid = agents["stream"].pid
@@ -468,6 +512,12 @@ def main():
     rows.append("| 64 streams at once (%d rounds): completed; first event p50 / slowest | %s |" % (STREAM_ROUNDS, " | ".join(
         "%d, %.1f / %.1f ms" % (r[name]["completed"], r[name]["first_event_p50_ms"], r[name]["first_event_max_ms"])
         for name in peers)))
+    for key, label in (("burst", "64 streams at once, asyncio server and client (%d rounds)" % BURST_ROUNDS),
+                       ("burst_idle", "the same after %d s idle (%d rounds)" % (BURST_IDLE_SECONDS, BURST_IDLE_ROUNDS))):
+        r = results[key]
+        rows.append("| %s: completed; first event p50 / slowest | %s |%s" % (label, " | ".join(
+            "%d, %.2f / %.1f ms" % (r[name]["completed"], r[name]["first_event_p50_ms"], r[name]["first_event_max_ms"])
+            for name in ("direct", "nginx", "gateway")), " — |" if "litellm" in peers else ""))
     r = {name: results["streams1024_" + name] for name in ("direct", "gateway")}
     before, peak = r["gateway"]["rss_kib"]
     rows.append("| 1,024 streams at once: completed; slowest first event | %d, %.1f ms | — | %d, %.1f ms |%s" % (
@@ -476,6 +526,10 @@ def main():
     rows.append("")
     rows.append("1,024 streams: the daemon's RSS %.1f MiB before, %.1f MiB at its peak: %.1f KiB per stream." % (
         before / 1024, peak / 1024, (peak - before) / 1024))
+    rows.append("")
+    rows.append("Burst rounds' median first events (ms), in order: %s." % "; ".join(
+        "%s %s: %s" % (key.replace("_", " "), name, ", ".join("%.2f" % x for x in results[key][name]["rounds"]))
+        for key in ("burst", "burst_idle") for name in ("direct", "nginx", "gateway")))
     text = "\n".join(rows)
     print(text)
     out = os.environ.get("BENCH_RESULTS")
