@@ -1,5 +1,5 @@
 // swift-tools-version:6.0
-// Not part of lmx-agent: the ceiling the gateway's data path is measured against (ceiling.py).
+// Not part of lmx-agent: the ceiling and the floor the gateway's data path is measured against (ceiling.py).
 import PackageDescription
 
 let package = Package(
@@ -10,6 +10,12 @@ let package = Package(
             name: "lmx-relay-ceiling",
             dependencies: [
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
-            ])
+            ]),
+        .executableTarget(
+            name: "lmx-http-floor",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]),
     ]
 )

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """The gateway beside nginx and beside the ceiling of any proxy on SwiftNIO: a relay that parses
 nothing (Sources/lmx-relay-ceiling, one upstream connection per client, bytes passed as read).
+Then the floor of any HTTP server on SwiftNIO (Sources/lmx-http-floor: SwiftNIO's HTTP/1 server
+pipeline answering a fixed JSON from memory) beside nginx answering the same from its
+configuration, on kept connections and on a new connection per request, at 1 and 8 clients.
 
 The same stand-in upstream, nginx as reverse proxy and gateway as Benchmarks/proxy_bench.py;
 GET /v1/models and 1 KB POSTs at 1 and 64 clients, in rounds taking turns as there (medians): req/s,
@@ -20,23 +23,26 @@ import lmxtools  # noqa: E402
 import proxy_bench as pb  # noqa: E402
 
 RELAY_PORT = 21720
+FLOOR_PORT = 21721
 
 
 def main():
     scratch = os.path.join(lmxtools.REPO, ".build-ceiling")
     subprocess.run(["swift", "build", "-c", "release", "--package-path", HERE, "--scratch-path", scratch], check=True)
     relay_binary = os.path.join(scratch, "release", "lmx-relay-ceiling")
+    floor_binary = os.path.join(scratch, "release", "lmx-http-floor")
     directory = tempfile.mkdtemp(prefix="lmx-ceiling-")
     try:
         with open(directory + "/upstream.conf", "w") as f:
             f.write(pb.nginx_config(directory))
         with open(directory + "/proxy.conf", "w") as f:
             f.write(pb.proxy_config(directory))
-        pb.start(["nginx", "-c", directory + "/upstream.conf", "-p", directory, "-g", "daemon off;"])
+        upstream = pb.start(["nginx", "-c", directory + "/upstream.conf", "-p", directory, "-g", "daemon off;"])
         proxy = pb.start(["nginx", "-c", directory + "/proxy.conf", "-p", directory, "-g", "daemon off;"])
         agent = pb.start_gateway(directory, "static", pb.UPSTREAM, pb.GATEWAY)
         relay = pb.start([relay_binary, str(RELAY_PORT), str(pb.UPSTREAM)])
-        for port in (pb.NGINX, pb.GATEWAY, RELAY_PORT):
+        floor = pb.start([floor_binary, str(FLOOR_PORT)])
+        for port in (pb.NGINX, pb.GATEWAY, RELAY_PORT, FLOOR_PORT):
             assert lmxtools.wait_http("http://127.0.0.1:%d/v1/models" % port), "not answering: %d" % port
         time.sleep(1)
         workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proxy.pid)], capture_output=True,
@@ -55,6 +61,25 @@ def main():
                 print("| %s | %d | %.0f, %.0f µs | %.0f (%.2f×), %.0f µs | %.0f (%.2f×), %.0f µs |" % (
                     label, clients, rps["nginx"], cpu["nginx"], rps["gateway"], rps["gateway"] / rps["nginx"],
                     cpu["gateway"], rps["relay"], rps["relay"] / rps["nginx"], cpu["relay"]), flush=True)
+        # The floor: servers, not proxies. nginx's is the stand-in upstream itself (one worker).
+        upstream_workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(upstream.pid)], capture_output=True,
+                                                           text=True).stdout.split()]
+        servers = [("nginx", pb.UPSTREAM, upstream_workers), ("floor", FLOOR_PORT, [floor.pid]),
+                   ("gateway", pb.GATEWAY, [agent.pid])]
+        print()
+        print("| GET /v1/models | clients | nginx answering req/s, CPU | SwiftNIO floor req/s (× nginx), CPU "
+              "| gateway as proxy req/s, CPU |")
+        print("|---|---|---|---|---|")
+        for label, headers in (("kept connection", ()), ("new connection each", ("Connection: close",))):
+            for clients in (1, 8):
+                cells = pb.in_rounds([(name, lambda port=port, pids=pids: pb.wrk(
+                    "http://127.0.0.1:%d/v1/models" % port, clients, pids=pids, headers=headers))
+                    for name, port, pids in servers])
+                rps = {name: cell["rps"] for name, cell in cells.items()}
+                cpu = {name: cell["cpu_us_per_request"] for name, cell in cells.items()}
+                print("| %s | %d | %.0f, %.0f µs | %.0f (%.2f×), %.0f µs | %.0f, %.0f µs |" % (
+                    label, clients, rps["nginx"], cpu["nginx"], rps["floor"], rps["floor"] / rps["nginx"],
+                    cpu["floor"], rps["gateway"], cpu["gateway"]), flush=True)
     finally:
         pb.stop_all()
 

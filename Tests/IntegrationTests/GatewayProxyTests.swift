@@ -361,6 +361,10 @@ struct GatewayProxyTests {
             #expect(last == edge)
             #expect(await upstreamPort() != last)
             client.signal(SIGTERM)
+            // Three connections opened for nine requests, and counted.
+            let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
+            #expect(metrics.contains(#"lmx_gateway_upstream_connections_total{via="lan"} 3"#), "\(metrics)")
+            #expect(metrics.contains(#"lmx_gateway_upstream_connections_total{via="wan"} 0"#))
         }
     }
 

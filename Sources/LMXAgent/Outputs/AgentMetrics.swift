@@ -28,6 +28,8 @@ public final class AgentMetrics: Sendable {
     let gatewayRefused: Counter
     let gatewayInFlight: Gauge
     let gatewayHandedOver: Counter
+    /// Connections the data path opened to servers, by path (`lan`, `wan`).
+    let gatewayUpstreamConnections: [Via: Counter]
     /// Dropped store writes already added to the counter.
     private let droppedCounted = Mutex(0)
     /// The labelled histograms made so far, by series and key: the registry makes each once, but
@@ -105,6 +107,16 @@ public final class AgentMetrics: Sendable {
                 "lmx_gateway_general_path_total",
                 "Gateway requests answered by its general path (dashboard, waits, affinity, refusals, handovers) rather than the event-loop data path."
             ))
+        var connections: [Via: Counter] = [:]
+        for via in Via.allCases {
+            connections[via] = r.makeCounter(
+                descriptor: .lmx(
+                    "lmx_gateway_upstream_connections_total",
+                    "Connections the gateway's data path opened to servers (each then serves requests for as long as the server keeps it)."
+                ),
+                labels: [("via", via.rawValue)])
+        }
+        gatewayUpstreamConnections = connections
     }
 
     /// The Prometheus text exposition.

@@ -385,6 +385,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                     channel.close(promise: nil)
                     return
                 }
+                self.gateway.metrics.gatewayUpstreamConnections[target.via]?.increment()
                 self.send(request, over: connection, target: target)
             case .failure(let error):
                 guard self.request === request else { return }
