@@ -29,7 +29,8 @@ final class Answer: ChannelInboundHandler, @unchecked Sendable {  // confined to
             headers.add(name: "Content-Length", value: String(Self.body.readableBytes))
             if !keepAlive { headers.add(name: "Connection", value: "close") }
             context.write(
-                wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers))), promise: nil)
+                wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers))), promise: nil
+            )
             context.write(wrapOutboundOut(.body(.byteBuffer(Self.body))), promise: nil)
             if keepAlive {
                 context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
