@@ -59,8 +59,12 @@ public final class Gateway: Sendable {
         // request never waits behind a pool of our own smaller than what the server takes.
         let perRoute = configuration.maxConnectionsPerRoute
         let connectTimeout = configuration.connectTimeout
+        // Idle connections as the data path keeps them (UpstreamKeepAlive): to LAN servers, which
+        // close theirs after 5 s (uvicorn), 4 s; to tunnels, through Cloudflare's edge (400 s),
+        // 60 s.
+        let lanIdle = Int64(UpstreamKeepAlive.unknownSeconds)
         lanClient = RenewableHTTPClient {
-            HTTPClients.make(tls: tls, connectTimeout: connectTimeout, idleTimeout: 60, connectionsPerHost: perRoute)
+            HTTPClients.make(tls: tls, connectTimeout: connectTimeout, idleTimeout: lanIdle, connectionsPerHost: perRoute)
         }
         wanClient = RenewableHTTPClient {
             HTTPClients.make(
