@@ -64,7 +64,8 @@ public final class Gateway: Sendable {
         // 60 s.
         let lanIdle = Int64(UpstreamKeepAlive.unknownSeconds)
         lanClient = RenewableHTTPClient {
-            HTTPClients.make(tls: tls, connectTimeout: connectTimeout, idleTimeout: lanIdle, connectionsPerHost: perRoute)
+            HTTPClients.make(
+                tls: tls, connectTimeout: connectTimeout, idleTimeout: lanIdle, connectionsPerHost: perRoute)
         }
         wanClient = RenewableHTTPClient {
             HTTPClients.make(
