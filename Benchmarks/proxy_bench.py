@@ -17,10 +17,10 @@ runs. Streaming: the LMX test server's streamed
 completions (20 events, 50 ms apart) directly, through nginx (proxy_buffering off) and through
 the gateway: first event and server-write → client-read delay per event; 64 and 1,024 at once.
 Bursts without the test server's thread noise (burst.py: an asyncio stand-in that closes idle
-connections after 5 s as uvicorn does, and an asyncio client): 64 streams sent at one moment
-directly, through nginx and through the gateway, on open connections in rounds about a second
-apart, and after 5 s of nothing on connections the client opens then; the median of the rounds'
-median first events.
+connections after 5 s as uvicorn does, and an asyncio client): 1, 8 and 64 streams sent at one
+moment directly, through nginx and through the gateway, on open connections in rounds about a
+second apart, and 64 after 5 s of nothing on connections the client opens then; the median of the
+rounds' median first events. BENCH_BURST_ONLY=1: those rows alone.
 Run through `make bench` (BENCH=proxy).
 """
 import json
@@ -54,6 +54,9 @@ UPSTREAM, NGINX, GATEWAY, STREAMER, NGINX_STREAM, GATEWAY_STREAM = 21700, 21701,
 INSTANT, NGINX_INSTANT, GATEWAY_INSTANT = 21707, 21708, 21709
 BURST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "burst.py")
 BURST_ROUNDS, BURST_IDLE_ROUNDS, BURST_IDLE_SECONDS = 15, 5, 5
+BURST_SIZES = (1, 8, 64)
+# BENCH_BURST_ONLY=1: the burst rows alone (about 2 minutes).
+BURST_ONLY = os.environ.get("BENCH_BURST_ONLY") == "1"
 LIVE = []
 
 
@@ -267,15 +270,44 @@ def burst(port, concurrency=64, idle=0):
     return json.loads(out)
 
 
-def burst_rounds(rounds, idle):
+def burst_rounds(rounds, concurrency, idle):
     """Direct, nginx and the gateway taking turns: the median of the rounds' median first events,
     the slowest of all, and the fewest completed."""
-    runs = taking_turns([(name, lambda port=port: burst(port, idle=idle)) for name, port in
+    runs = taking_turns([(name, lambda port=port: burst(port, concurrency, idle)) for name, port in
                          (("direct", INSTANT), ("nginx", NGINX_INSTANT), ("gateway", GATEWAY_INSTANT))], rounds)
     return {name: {"completed": min(r["completed"] for r in rs),
                    "first_event_p50_ms": statistics.median(r["first_event_p50_ms"] for r in rs),
                    "first_event_max_ms": max(r["first_event_max_ms"] for r in rs),
                    "rounds": [r["first_event_p50_ms"] for r in rs]} for name, rs in runs.items()}
+
+
+def bursts():
+    """From burst.py's asyncio client to its asyncio stand-in: what each proxy adds to streams
+    sent at one moment, with the pools warm (a round every second or so), then after 5 s of
+    nothing (every connection, the client's and the proxies' to the stand-in, opened anew)."""
+    results = {"burst_%d" % n: burst_rounds(BURST_ROUNDS, n, 0) for n in BURST_SIZES}
+    results["burst_idle_64"] = burst_rounds(BURST_IDLE_ROUNDS, 64, BURST_IDLE_SECONDS)
+    return results
+
+
+def burst_rows(results, columns):
+    """The burst rows of the streams table (`columns` after direct, nginx and the gateway: —)."""
+    rows = []
+    labels = [("burst_%d" % n, "%s at once, asyncio server and client (%d rounds)" % (
+        "one stream" if n == 1 else "%d streams" % n, BURST_ROUNDS)) for n in BURST_SIZES]
+    labels.append(("burst_idle_64", "64 streams after %d s idle (%d rounds)" % (BURST_IDLE_SECONDS, BURST_IDLE_ROUNDS)))
+    for key, label in labels:
+        r = results[key]
+        rows.append("| %s: completed; first event p50 / slowest | %s |%s" % (label, " | ".join(
+            "%d, %.2f / %.1f ms" % (r[name]["completed"], r[name]["first_event_p50_ms"], r[name]["first_event_max_ms"])
+            for name in ("direct", "nginx", "gateway")), " — |" * columns))
+    return rows
+
+
+def burst_rounds_line(results):
+    return "Burst rounds' median first events (ms), in order: %s." % "; ".join(
+        "%s %s: %s" % (key.replace("_", " "), name, ", ".join("%.2f" % x for x in results[key][name]["rounds"]))
+        for key in ["burst_%d" % n for n in BURST_SIZES] + ["burst_idle_64"] for name in ("direct", "nginx", "gateway"))
 
 
 # The LiteLLM proxy beside them (BENCH_LITELLM=0: not). Pinned, installed only in the benchmark's own
@@ -417,6 +449,11 @@ def main():
         workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proxy.pid)], capture_output=True, text=True).stdout.split()]
         assert workers, "the proxy nginx has no workers"
         pids = {"direct": (), "nginx": workers, "gateway": (gateway_pid,)}
+        if BURST_ONLY:
+            results = bursts()
+            print("\n".join(["| streams at once | direct | nginx | gateway |", "|---|---|---|---|"]
+                            + burst_rows(results, 0) + ["", burst_rounds_line(results)]))
+            return
         peers = (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY))
         for c in CLIENTS:
             results.update(in_rounds([("%s_%d" % (name, c), lambda port=port, name=name, c=c: wrk(
@@ -471,12 +508,7 @@ def main():
                 "completed": min(r["completed"] for r in runs),
                 "first_event_p50_ms": statistics.median(r["first_event_p50_ms"] for r in runs),
                 "first_event_max_ms": max(r["first_event_max_ms"] for r in runs)}
-        # 64 at once from burst.py's asyncio client to its asyncio stand-in: what each proxy adds,
-        # with the pools warm (a round every second or so), then after 5 s of nothing (the
-        # gateway's idle connections to a server that says nothing of its keep-alive have closed;
-        # nginx keeps its own 60 s).
-        results["burst"] = burst_rounds(BURST_ROUNDS, 0)
-        results["burst_idle"] = burst_rounds(BURST_IDLE_ROUNDS, BURST_IDLE_SECONDS)
+        results.update(bursts())
         # 1,024 streams at once through one route: all served; the daemon's memory per stream
         # (its peak RSS during the run, sampled every 50 ms, over its RSS before).
         stream_pid = agents["stream"].pid
@@ -512,12 +544,7 @@ def main():
     rows.append("| 64 streams at once (%d rounds): completed; first event p50 / slowest | %s |" % (STREAM_ROUNDS, " | ".join(
         "%d, %.1f / %.1f ms" % (r[name]["completed"], r[name]["first_event_p50_ms"], r[name]["first_event_max_ms"])
         for name in peers)))
-    for key, label in (("burst", "64 streams at once, asyncio server and client (%d rounds)" % BURST_ROUNDS),
-                       ("burst_idle", "the same after %d s idle (%d rounds)" % (BURST_IDLE_SECONDS, BURST_IDLE_ROUNDS))):
-        r = results[key]
-        rows.append("| %s: completed; first event p50 / slowest | %s |%s" % (label, " | ".join(
-            "%d, %.2f / %.1f ms" % (r[name]["completed"], r[name]["first_event_p50_ms"], r[name]["first_event_max_ms"])
-            for name in ("direct", "nginx", "gateway")), " — |" if "litellm" in peers else ""))
+    rows += burst_rows(results, 1 if "litellm" in peers else 0)
     r = {name: results["streams1024_" + name] for name in ("direct", "gateway")}
     before, peak = r["gateway"]["rss_kib"]
     rows.append("| 1,024 streams at once: completed; slowest first event | %d, %.1f ms | — | %d, %.1f ms |%s" % (
@@ -527,9 +554,7 @@ def main():
     rows.append("1,024 streams: the daemon's RSS %.1f MiB before, %.1f MiB at its peak: %.1f KiB per stream." % (
         before / 1024, peak / 1024, (peak - before) / 1024))
     rows.append("")
-    rows.append("Burst rounds' median first events (ms), in order: %s." % "; ".join(
-        "%s %s: %s" % (key.replace("_", " "), name, ", ".join("%.2f" % x for x in results[key][name]["rounds"]))
-        for key in ("burst", "burst_idle") for name in ("direct", "nginx", "gateway")))
+    rows.append(burst_rounds_line(results))
     text = "\n".join(rows)
     print(text)
     out = os.environ.get("BENCH_RESULTS")
