@@ -289,17 +289,41 @@ struct GatewayProxyTests {
         }
     }
 
-    /// One kept connection to the gateway (so one event loop's pool upstream): a line on stdin asks
-    /// GET /v1/echo once and prints which of the server's connections answered.
-    private static let keptClient = #"""
-        import http.client, json, sys
-        conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=20)
-        for n, line in enumerate(sys.stdin, 1):
-            conn.request("GET", "/v1/echo")
-            answer = conn.getresponse()
-            body = json.loads(answer.read())
-            print("answer#%d port %d status %d" % (n, body.get("peer_port", 0), answer.status), flush=True)
-        """#
+    /// One kept connection to the gateway (so one event loop's pool upstream): each
+    /// ``upstreamPort()`` asks GET /v1/echo once and gives the client port of the server's
+    /// connection that answered.
+    private final class KeptClient {
+        private static let script = #"""
+            import http.client, json, sys
+            conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=20)
+            for n, line in enumerate(sys.stdin, 1):
+                conn.request("GET", "/v1/echo")
+                answer = conn.getresponse()
+                body = json.loads(answer.read())
+                print("answer#%d port %d status %d" % (n, body.get("peer_port", 0), answer.status), flush=True)
+            """#
+        let process: LiveProcess
+        private var asked = 0
+
+        init(gatewayPort: Int) async throws {
+            process = LiveProcess("/usr/bin/python3", ["-c", Self.script, String(gatewayPort)])
+            try await process.start()
+        }
+
+        func upstreamPort() async -> Int {
+            asked += 1
+            process.send("get")
+            let tag = "answer#\(asked) "
+            guard await process.waitForLine(containing: tag, timeout: 10),
+                let line = process.stdoutLines.first(where: { $0.hasPrefix(tag) })
+            else {
+                Issue.record("no answer #\(asked): \(process.stdout) \(process.stderr)")
+                return -asked
+            }
+            #expect(line.hasSuffix("status 200"), "\(line)")
+            return Int(line.split(separator: " ")[2]) ?? -asked
+        }
+    }
 
     @Test(
         "an idle connection to a server waits as long as its answers allow: 4 s when they say nothing, a second less than their Keep-Alive timeout, 300 s behind Cloudflare's edge"
@@ -313,58 +337,79 @@ struct GatewayProxyTests {
                 bed, config: config(endpoints: [endpoint(server, name: "Studio")]),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
-            let client = LiveProcess("/usr/bin/python3", ["-c", Self.keptClient, String(gatewayPort)])
-            try await client.start()
-            var asked = 0
-            // The client port of the server's connection that answered the next request.
-            func upstreamPort() async -> Int {
-                asked += 1
-                client.send("get")
-                let tag = "answer#\(asked) "
-                guard await client.waitForLine(containing: tag, timeout: 10),
-                    let line = client.stdoutLines.first(where: { $0.hasPrefix(tag) })
-                else {
-                    Issue.record("no answer #\(asked): \(client.stdout) \(client.stderr)")
-                    return -asked
-                }
-                #expect(line.hasSuffix("status 200"), "\(line)")
-                return Int(line.split(separator: " ")[2]) ?? -asked
-            }
+            let client = try await KeptClient(gatewayPort: gatewayPort)
             let pause = Duration.milliseconds(5500)
 
             // Nothing said: kept for the next request, not past 4 s.
-            let first = await upstreamPort()
-            #expect(await upstreamPort() == first)
+            let first = await client.upstreamPort()
+            #expect(await client.upstreamPort() == first)
             try await Task.sleep(for: pause)
-            let afterPause = await upstreamPort()
+            let afterPause = await client.upstreamPort()
             #expect(afterPause != first)
 
             // Keep-Alive: timeout=30 → kept 29 s.
             await server.set("keepalive timeout=30, max=100")
-            let hinted = await upstreamPort()
+            let hinted = await client.upstreamPort()
             #expect(hinted == afterPause)
             try await Task.sleep(for: pause)
-            #expect(await upstreamPort() == hinted)
+            #expect(await client.upstreamPort() == hinted)
 
             // Through Cloudflare's edge → kept 300 s.
             await server.set("keepalive")
             await server.set("cloudflare")
-            let edge = await upstreamPort()
+            let edge = await client.upstreamPort()
             #expect(edge == hinted)
             try await Task.sleep(for: pause)
-            #expect(await upstreamPort() == edge)
+            #expect(await client.upstreamPort() == edge)
 
             // Keep-Alive: timeout=1 → not kept at all.
             await server.set("origin")
             await server.set("keepalive timeout=1")
-            let last = await upstreamPort()
+            let last = await client.upstreamPort()
             #expect(last == edge)
-            #expect(await upstreamPort() != last)
-            client.signal(SIGTERM)
+            #expect(await client.upstreamPort() != last)
+            client.process.signal(SIGTERM)
             // Three connections opened for nine requests, and counted.
             let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
             #expect(metrics.contains(#"lmx_gateway_upstream_connections_total{via="lan"} 3"#), "\(metrics)")
             #expect(metrics.contains(#"lmx_gateway_upstream_connections_total{via="wan"} 0"#))
+        }
+    }
+
+    @Test(
+        "a tunnel's TLS connection through Cloudflare's edge is kept past 4 s idle with its Access token and key; once the answers stop coming from the edge, 4 s again"
+    )
+    func tunnelKeepAlive() async throws {
+        try await withResources {
+            let wanPort = freePort()
+            let gatewayPort = freePort()
+            let tunnel = try await LMXServer.start(
+                bed, on: .root, port: wanPort, instance: "edge-\(wanPort)", bind: "127.0.0.1", tls: true,
+                requireAccess: ("id.access", "access-secret"), apiKey: "wan-inference-key")
+            await tunnel.set("cloudflare")
+            let wan =
+                #"{"url": "https://127.0.0.1:\#(wanPort)", "via": "wan", "name": "tunnel", "cf_access_client_id": "id.access", "cf_access_client_secret": "access-secret", "api_key": "wan-inference-key"}"#
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [wan], extraCA: bed["LMX_TESTBED_TLS"] + "/ca.pem"),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(
+                await agent.waitForActive(timeout: 8) { $0?.baseURL == "https://127.0.0.1:\(wanPort)" } != nil)
+            let client = try await KeptClient(gatewayPort: gatewayPort)
+            let pause = Duration.milliseconds(5500)
+
+            let first = await client.upstreamPort()
+            try await Task.sleep(for: pause)
+            #expect(await client.upstreamPort() == first)
+            // The answers no longer come through the edge: the connection waits 4 s again.
+            await tunnel.set("origin")
+            #expect(await client.upstreamPort() == first)
+            try await Task.sleep(for: pause)
+            #expect(await client.upstreamPort() != first)
+            client.process.signal(SIGTERM)
+            let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
+            #expect(metrics.contains(#"lmx_gateway_upstream_connections_total{via="wan"} 2"#), "\(metrics)")
+            // Every request went with the route's Access token and key (the server refuses others).
+            #expect(!tunnel.process.stdout.contains("PLAIN"))
         }
     }
 
