@@ -296,10 +296,14 @@ struct GatewayProxyTests {
         private static let script = #"""
             import http.client, json, sys
             conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=20)
+            chat = json.dumps({"model": "test/model", "messages": [{"role": "user", "content": "hi"}]})
             for n, line in enumerate(sys.stdin, 1):
-                conn.request("GET", "/v1/echo")
+                if line.strip() == "post":
+                    conn.request("POST", "/v1/chat/completions", body=chat, headers={"Content-Type": "application/json"})
+                else:
+                    conn.request("GET", "/v1/echo")
                 answer = conn.getresponse()
-                body = json.loads(answer.read())
+                body = json.loads(answer.read() or b"{}")
                 print("answer#%d port %d status %d" % (n, body.get("peer_port", 0), answer.status), flush=True)
             """#
         let process: LiveProcess
@@ -311,17 +315,25 @@ struct GatewayProxyTests {
         }
 
         func upstreamPort() async -> Int {
+            let (port, status) = await ask("get")
+            #expect(status == 200)
+            return port
+        }
+
+        /// `get` (GET /v1/echo) or `post` (a chat completion): the upstream client port (0 for a
+        /// completion) and the status.
+        func ask(_ what: String) async -> (port: Int, status: Int) {
             asked += 1
-            process.send("get")
+            process.send(what)
             let tag = "answer#\(asked) "
             guard await process.waitForLine(containing: tag, timeout: 10),
                 let line = process.stdoutLines.first(where: { $0.hasPrefix(tag) })
             else {
                 Issue.record("no answer #\(asked): \(process.stdout) \(process.stderr)")
-                return -asked
+                return (-asked, 0)
             }
-            #expect(line.hasSuffix("status 200"), "\(line)")
-            return Int(line.split(separator: " ")[2]) ?? -asked
+            let fields = line.split(separator: " ")
+            return (Int(fields[2]) ?? -asked, Int(fields[4]) ?? 0)
         }
     }
 
@@ -373,6 +385,39 @@ struct GatewayProxyTests {
             let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
             #expect(metrics.contains(#"lmx_gateway_upstream_connections_total{via="lan"} 3"#), "\(metrics)")
             #expect(metrics.contains(#"lmx_gateway_upstream_connections_total{via="wan"} 0"#))
+        }
+    }
+
+    @Test(
+        "a kept connection the server closes as a request comes: a GET goes again on a new connection and is answered; a chat completion is not sent twice (502)"
+    )
+    func staleKeptConnection() async throws {
+        try await withResources {
+            let port = freePort()
+            let gatewayPort = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "stale-\(port)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [endpoint(server, name: "Studio")]),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            let client = try await KeptClient(gatewayPort: gatewayPort)
+            let first = await client.upstreamPort()
+            await server.set("stale")
+            let again = await client.ask("get")
+            #expect(again.status == 200)
+            #expect(again.port != first && again.port > 0)
+            #expect(server.process.stdoutLines.contains("STALE /v1/echo"))
+            #expect(server.requests.filter { $0.hasPrefix("REQ /v1/echo") }.count == 2 + 1)
+
+            // A chat completion on a kept connection that closes unanswered: not sent again.
+            #expect(await client.ask("post").status == 200)
+            await server.set("stale")
+            #expect(await client.ask("post").status == 502)
+            #expect(server.process.stdoutLines.contains("STALE /v1/chat/completions"))
+            #expect(server.requests.filter { $0.hasPrefix("REQ POST /v1/chat/completions") }.count == 2)
+            // And the gateway goes on.
+            #expect(await client.ask("get").status == 200)
+            client.process.signal(SIGTERM)
         }
     }
 

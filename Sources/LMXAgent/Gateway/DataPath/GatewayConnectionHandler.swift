@@ -361,9 +361,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     // MARK: Forwarding
 
-    private func attempt(_ request: ForwardedRequest, index: Int) {
+    /// Sends the request to route `index`, over a kept connection unless `fresh`.
+    private func attempt(_ request: ForwardedRequest, index: Int, fresh: Bool = false) {
         guard self.request === request, index < request.targets.count else { return }
         let target = request.targets[index]
+        request.onKeptConnection = false
         guard let address = state.address(target.baseURL) else {
             return failed(request, index: index, detail: "the route's address is not usable here", error: nil)
         }
@@ -371,7 +373,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         request.attempt = index
         request.routeToken = gateway.load.started(target.routeID)
         request.phase = .connecting
-        if let connection = state.pool.takeIdle(address) {
+        if !fresh, let connection = state.pool.takeIdle(address) {
+            request.onKeptConnection = true
             return send(request, over: connection, target: target)
         }
         let timeout =
@@ -454,6 +457,20 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             upstream.handler.owner = nil
             upstream.channel.close(promise: nil)
             request.upstream = nil
+        }
+        // A kept connection that ended with no answer: most likely the server closed it as the
+        // request went (its idle timer fired), which says nothing about the route. A request that
+        // is safe to send twice is sent again at once on a new connection to the same route, as
+        // browsers and Go's HTTP client do; others are not (they may have arrived), and once only.
+        if request.onKeptConnection, !request.resentOnNewConnection, request.clientEnded,
+            GatewayPolicy.isIdempotent(request.head.method.rawValue)
+        {
+            request.resentOnNewConnection = true
+            gateway.metrics.gatewayRetries.increment()
+            gateway.logger.info(
+                "gateway: a kept connection closed unanswered; the request goes again on a new one",
+                metadata: ["route": "\(target.routeID)", "reason": "\(detail)"])
+            return attempt(request, index: index, fresh: true)
         }
         let manager = gateway.agent.manager
         let routeID = target.routeID
@@ -776,6 +793,10 @@ final class ForwardedRequest {
     var targets: [GatewayTarget] = []
     var attempt = 0
     var upstream: UpstreamConnection?
+    /// The connection it went on was kept from an earlier answer (it may have been closing).
+    var onKeptConnection = false
+    /// Sent again on a new connection after a kept one closed unanswered (once at most).
+    var resentOnNewConnection = false
     var upstreamKeepAlive = true
     var keepAlive = true
     var answerStarted = false
