@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """The gateway beside nginx and beside the ceiling of any proxy on SwiftNIO: a relay that parses
-nothing (Sources/lmx-relay-ceiling, one upstream connection per client, bytes passed as read).
+nothing (Sources/lmx-relay-ceiling, one upstream connection per client, bytes passed as read),
+and the same relay with an HTTP/1 codec of its own (Sources/lmx-codec-ceiling: every head read
+from the bytes and written anew as the gateway writes it, bodies passed as read, Content-Length
+framing only): what a codec of the data path's own would reach, without the gateway's rules.
 Then the floor of any HTTP server on SwiftNIO (Sources/lmx-http-floor: SwiftNIO's HTTP/1 server
 pipeline answering a fixed JSON from memory) beside nginx answering the same from its
 configuration, on kept connections and on a new connection per request, at 1 and 8 clients.
@@ -24,6 +27,7 @@ import proxy_bench as pb  # noqa: E402
 
 RELAY_PORT = 21720
 FLOOR_PORT = 21721
+CODEC_PORT = 21722
 
 
 def main():
@@ -31,6 +35,7 @@ def main():
     subprocess.run(["swift", "build", "-c", "release", "--package-path", HERE, "--scratch-path", scratch], check=True)
     relay_binary = os.path.join(scratch, "release", "lmx-relay-ceiling")
     floor_binary = os.path.join(scratch, "release", "lmx-http-floor")
+    codec_binary = os.path.join(scratch, "release", "lmx-codec-ceiling")
     directory = tempfile.mkdtemp(prefix="lmx-ceiling-")
     try:
         with open(directory + "/upstream.conf", "w") as f:
@@ -42,14 +47,17 @@ def main():
         agent = pb.start_gateway(directory, "static", pb.UPSTREAM, pb.GATEWAY)
         relay = pb.start([relay_binary, str(RELAY_PORT), str(pb.UPSTREAM)])
         floor = pb.start([floor_binary, str(FLOOR_PORT)])
-        for port in (pb.NGINX, pb.GATEWAY, RELAY_PORT, FLOOR_PORT):
+        codec = pb.start([codec_binary, str(CODEC_PORT), str(pb.UPSTREAM)])
+        for port in (pb.NGINX, pb.GATEWAY, RELAY_PORT, FLOOR_PORT, CODEC_PORT):
             assert lmxtools.wait_http("http://127.0.0.1:%d/v1/models" % port), "not answering: %d" % port
         time.sleep(1)
         workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proxy.pid)], capture_output=True,
                                                   text=True).stdout.split()]
-        peers = [("nginx", pb.NGINX, workers), ("gateway", pb.GATEWAY, [agent.pid]), ("relay", RELAY_PORT, [relay.pid])]
-        print("| request | clients | nginx req/s, CPU | gateway req/s (× nginx), CPU | relay req/s (× nginx), CPU |")
-        print("|---|---|---|---|---|")
+        peers = [("nginx", pb.NGINX, workers), ("gateway", pb.GATEWAY, [agent.pid]), ("relay", RELAY_PORT, [relay.pid]),
+                 ("codec", CODEC_PORT, [codec.pid])]
+        print("| request | clients | nginx req/s, CPU | gateway req/s (× nginx), CPU | relay req/s (× nginx), CPU "
+              "| relay with its own codec req/s (× nginx), CPU |")
+        print("|---|---|---|---|---|---|")
         for label, size in (("GET /v1/models", 0), ("POST 1 KB", 1024)):
             script = pb.post_script(directory, size) if size else None
             for clients in (1, 64):
@@ -58,9 +66,10 @@ def main():
                     script=script, pids=pids)) for name, port, pids in peers])
                 rps = {name: cell["rps"] for name, cell in cells.items()}
                 cpu = {name: cell["cpu_us_per_request"] for name, cell in cells.items()}
-                print("| %s | %d | %.0f, %.0f µs | %.0f (%.2f×), %.0f µs | %.0f (%.2f×), %.0f µs |" % (
-                    label, clients, rps["nginx"], cpu["nginx"], rps["gateway"], rps["gateway"] / rps["nginx"],
-                    cpu["gateway"], rps["relay"], rps["relay"] / rps["nginx"], cpu["relay"]), flush=True)
+                print("| %s | %d | %.0f, %.0f µs | %s |" % (
+                    label, clients, rps["nginx"], cpu["nginx"], " | ".join(
+                        "%.0f (%.2f×), %.0f µs" % (rps[name], rps[name] / rps["nginx"], cpu[name])
+                        for name in ("gateway", "relay", "codec"))), flush=True)
         # The floor: servers, not proxies. nginx's is the stand-in upstream itself (one worker).
         upstream_workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(upstream.pid)], capture_output=True,
                                                            text=True).stdout.split()]

@@ -35,7 +35,8 @@ final class Answer: ChannelInboundHandler, @unchecked Sendable {  // confined to
             if keepAlive {
                 context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
             } else {
-                context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { _ in context.close(promise: nil) }
+                let channel = context.channel
+                context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { _ in channel.close(promise: nil) }
             }
         }
     }
