@@ -108,7 +108,7 @@ final class UpstreamPool {
         while let last = idle[address]?.popLast() {
             if idle[address]?.isEmpty == true { idle[address] = nil }
             if last.channel.isActive, now - last.idleSince < last.keepFor,
-                last.generation == generation
+                last.generation == generation, last.handler.reusable
             {
                 return last
             }
@@ -135,7 +135,6 @@ final class UpstreamPool {
                     if address.tls {
                         try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: address.serverName))
                     }
-                    try sync.addHTTPClientHandlers(enableOutboundHeaderValidation: false)
                     try sync.addHandler(UpstreamHandler())
                 }
             }
@@ -159,6 +158,7 @@ final class UpstreamPool {
     func release(_ connection: UpstreamConnection) {
         connection.handler.owner = nil
         guard connection.channel.isActive, connection.generation == generation, connection.keepFor > .zero,
+            connection.handler.reusable,
             (idle[connection.address]?.count ?? 0) < Self.maxIdlePerAddress
         else {
             connection.channel.close(promise: nil)
@@ -186,28 +186,56 @@ final class UpstreamPool {
     }
 }
 
-/// The last handler of an upstream connection: hands the answer's parts to the request that
-/// holds the connection, and reads only while that request's client can take more.
+/// The last handler of an upstream connection (behind TLS for a tunnel): writes the request of
+/// the data path's handler that holds the connection, reads its answer with the data path's own
+/// HTTP/1.1 parser (``UpstreamResponseParser``), hands the answer's parts to that handler, and
+/// reads only while its client can take more.
 final class UpstreamHandler: ChannelDuplexHandler {
-    typealias InboundIn = HTTPClientResponsePart
-    typealias OutboundIn = HTTPClientRequestPart
-    typealias OutboundOut = HTTPClientRequestPart
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
 
     /// The client side of the request that holds this connection (nil while idle).
     weak var owner: GatewayConnectionHandler?
     private(set) var context: ChannelHandlerContext?
     private var readPending = false
+    private var parser = UpstreamResponseParser()
+    /// The request's body goes chunked (its length was not known when it went).
+    private var chunkedBody = false
+
+    /// The connection may take another request (its answers so far were framed exactly).
+    var reusable: Bool { parser.reusable }
 
     func handlerAdded(context: ChannelHandlerContext) { self.context = context }
     func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard let owner else {
-            // An idle connection that speaks unasked: not reused.
+        guard owner != nil, parser.inAnswer else {
+            // A connection that speaks unasked: not reused.
             context.close(promise: nil)
             return
         }
-        owner.upstreamRead(unwrapInboundIn(data))
+        // The parts are handed on once the parser has read the whole batch: handing on the end
+        // gives the connection back (and may send the next request on it), which must find the
+        // parser done, and knowing whether bytes followed the answer.
+        var parts: [UpstreamResponseParser.Part] = []
+        var failure: UpstreamResponseParser.Malformed?
+        do {
+            try parser.read(unwrapInboundIn(data)) { parts.append($0) }
+        } catch {
+            failure = error
+        }
+        for part in parts {
+            switch part {
+            case .head(let head): owner?.upstreamRead(.head(head))
+            case .body(let bytes): owner?.upstreamRead(.body(bytes))
+            case .end: owner?.upstreamRead(.end(nil))
+            }
+        }
+        if let failure {
+            owner?.upstreamClosed(failure)
+            context.close(promise: nil)
+        }
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
@@ -215,6 +243,8 @@ final class UpstreamHandler: ChannelDuplexHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        // An answer whose body runs until the server closes ends here.
+        if parser.closed() { owner?.upstreamRead(.end(nil)) }
         owner?.upstreamClosed(nil)
         context.fireChannelInactive()
     }
@@ -244,8 +274,32 @@ final class UpstreamHandler: ChannelDuplexHandler {
         context.read()
     }
 
+    /// Writes a part of the request (flushed by ``flush()``).
     func send(_ part: HTTPClientRequestPart) {
-        context?.write(wrapOutboundOut(part), promise: nil)
+        guard let context else { return }
+        switch part {
+        case .head(let head):
+            chunkedBody = head.headers.contains(name: "transfer-encoding")
+            parser.expectAnswer(toHEAD: head.method == .HEAD)
+            context.write(
+                wrapOutboundOut(UpstreamRequestWriter.head(head, allocator: context.channel.allocator)), promise: nil)
+        case .body(.byteBuffer(let bytes)):
+            guard bytes.readableBytes > 0 else { return }
+            if chunkedBody {
+                context.write(
+                    wrapOutboundOut(
+                        UpstreamRequestWriter.chunkHeader(bytes.readableBytes, allocator: context.channel.allocator)),
+                    promise: nil)
+                context.write(wrapOutboundOut(bytes), promise: nil)
+                context.write(wrapOutboundOut(UpstreamRequestWriter.lineEnd), promise: nil)
+            } else {
+                context.write(wrapOutboundOut(bytes), promise: nil)
+            }
+        case .body(.fileRegion):
+            return  // not used: bodies come from a client's connection
+        case .end:
+            if chunkedBody { context.write(wrapOutboundOut(UpstreamRequestWriter.lastChunk), promise: nil) }
+        }
     }
 
     func flush() { context?.flush() }

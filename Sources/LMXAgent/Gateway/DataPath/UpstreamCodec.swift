@@ -1,0 +1,476 @@
+import NIOCore
+import NIOHTTP1
+
+/// HTTP/1.1 on a connection to a server, of the data path's own: requests written straight into
+/// bytes, answers read from the bytes as they come — the head into an ``HTTPResponseHead``, the
+/// body passed on as the slices read (a chunked body's framing taken off), never copied. It
+/// replaces SwiftNIO's HTTP/1 client handlers there: their encoder, llhttp and the parts passed
+/// through the pipeline cost more than the rest of a request's work on that connection
+/// (`Benchmarks/ceiling`: a relay that reads and writes heads itself runs at nginx's rate).
+///
+/// Only servers' answers are read here, never clients' requests (those stay with llhttp). An
+/// answer is read strictly (RFC 9112): what is not understood fails the connection, never
+/// guesses. A connection whose answer did not end exactly where its bytes did, or whose framing
+/// was anything but `Content-Length` or chunked, is not reused (``reusable``): no byte of one
+/// answer can be taken as the start of another.
+struct UpstreamResponseParser {
+    enum Part {
+        case head(HTTPResponseHead)
+        case body(ByteBuffer)
+        case end
+    }
+
+    struct Malformed: Error, CustomStringConvertible {
+        let reason: String
+        var description: String { "the server's answer is not valid HTTP/1.1: \(reason)" }
+    }
+
+    private enum State {
+        case head
+        case fixed(remaining: Int)
+        case chunkSize
+        case chunkData(remaining: Int)
+        case chunkDataEnd
+        case trailers(read: Int)
+        case untilClose
+        /// The answer ended; nothing more is expected until the next request.
+        case idle
+        case failed
+    }
+
+    /// A head (status line and headers) is at most this long, as llhttp's default.
+    static let maxHead = 80 << 10
+    /// A chunk-size line (with its extensions) is at most this long.
+    static let maxChunkLine = 4 << 10
+
+    private var state = State.idle
+    /// Bytes read but not yet taken (a head or a chunk line not yet whole).
+    private var held: ByteBuffer?
+    /// The request being answered is a HEAD: its answer has no body whatever it says.
+    private var headRequest = false
+    /// The connection may carry another request once this answer has ended.
+    private(set) var reusable = true
+
+    /// A request went: its answer is read next.
+    mutating func expectAnswer(toHEAD: Bool) {
+        guard case .idle = state else {
+            state = .failed
+            reusable = false
+            return
+        }
+        headRequest = toHEAD
+        state = .head
+    }
+
+    /// Whether an answer is being read (between a request and its answer's end).
+    var inAnswer: Bool {
+        switch state {
+        case .idle, .failed: false
+        default: true
+        }
+    }
+
+    /// Reads `bytes`, handing each part of the answer to `emit` as it is whole.
+    mutating func read(_ bytes: ByteBuffer, emit: (Part) -> Void) throws(Malformed) {
+        var input = bytes
+        if var earlier = held {
+            held = nil
+            earlier.writeBuffer(&input)
+            input = earlier
+        }
+        do throws(Malformed) {
+            while true {
+                switch state {
+                case .idle:
+                    // Bytes nobody asked for: the connection is not reused.
+                    if input.readableBytes > 0 { reusable = false }
+                    return
+                case .failed:
+                    return
+                case .head:
+                    guard let length = Self.headLength(input) else {
+                        if input.readableBytes > Self.maxHead { throw Malformed(reason: "a head longer than 80 KiB") }
+                        if input.readableBytes > 0 { held = input }
+                        return
+                    }
+                    guard length <= Self.maxHead else { throw Malformed(reason: "a head longer than 80 KiB") }
+                    let head = input.readSlice(length: length)!
+                    try startAnswer(head, more: input.readableBytes > 0, emit: emit)
+                case .fixed(let remaining):
+                    guard input.readableBytes > 0 else { return }
+                    let n = min(remaining, input.readableBytes)
+                    emit(.body(input.readSlice(length: n)!))
+                    if n == remaining {
+                        finish(more: input.readableBytes > 0, emit: emit)
+                    } else {
+                        state = .fixed(remaining: remaining - n)
+                    }
+                case .chunkSize:
+                    guard let line = try Self.line(&input, limit: Self.maxChunkLine) else {
+                        if input.readableBytes > 0 { held = input }
+                        return
+                    }
+                    let size = try Self.chunkSize(line)
+                    state = size == 0 ? .trailers(read: 0) : .chunkData(remaining: size)
+                case .chunkData(let remaining):
+                    guard input.readableBytes > 0 else { return }
+                    let n = min(remaining, input.readableBytes)
+                    emit(.body(input.readSlice(length: n)!))
+                    state = n == remaining ? .chunkDataEnd : .chunkData(remaining: remaining - n)
+                case .chunkDataEnd:
+                    guard input.readableBytes >= 2 else {
+                        if input.readableBytes > 0 { held = input }
+                        return
+                    }
+                    guard input.readInteger(as: UInt16.self) == 0x0D0A else {
+                        throw Malformed(reason: "a chunk not followed by CRLF")
+                    }
+                    state = .chunkSize
+                case .trailers(let read):
+                    guard let line = try Self.line(&input, limit: Self.maxHead - read) else {
+                        if input.readableBytes > 0 { held = input }
+                        return
+                    }
+                    if line.readableBytes == 0 {
+                        finish(more: input.readableBytes > 0, emit: emit)
+                    } else {
+                        // Read as a header line, then dropped (the client gets no trailers).
+                        var ignored = Head()
+                        var lengths: [Int] = []
+                        try line.withUnsafeReadableBytes { bytes throws(Malformed) in
+                            try Self.headerLine(bytes, into: &ignored, lengths: &lengths)
+                        }
+                        state = .trailers(read: read + line.readableBytes + 2)
+                    }
+                case .untilClose:
+                    if input.readableBytes > 0 { emit(.body(input)) }
+                    return
+                }
+            }
+        } catch {
+            state = .failed
+            reusable = false
+            held = nil
+            throw error
+        }
+    }
+
+    /// The server closed the connection: true when that ends an answer read until then (false:
+    /// the answer was cut, or none was asked for).
+    mutating func closed() -> Bool {
+        reusable = false
+        guard case .untilClose = state else { return false }
+        state = .idle
+        return true
+    }
+
+    /// The answer ended; `more`: bytes came after it (the connection is then not reused, and
+    /// says so before the end is handed on, as that is when the connection goes back to its pool).
+    private mutating func finish(more: Bool, emit: (Part) -> Void) {
+        if more { reusable = false }
+        state = .idle
+        emit(.end)
+    }
+
+    /// A whole head: parsed, emitted (an interim `1xx` answer is skipped), and the body's framing chosen.
+    private mutating func startAnswer(_ head: ByteBuffer, more: Bool, emit: (Part) -> Void) throws(Malformed) {
+        let parsed = try Self.parseHead(head)
+        let code = parsed.status
+        if (100..<200).contains(code) {
+            // 101 would switch protocols: never asked for. HTTP/1.0 has no interim answers.
+            guard code != 101 else { throw Malformed(reason: "101 Switching Protocols, never asked for") }
+            guard parsed.version == 1 else { throw Malformed(reason: "an interim answer in HTTP/1.0") }
+            state = .head  // the final answer follows
+            return
+        }
+        if parsed.version != 1 || parsed.close { reusable = false }
+        emit(
+            .head(
+                HTTPResponseHead(
+                    version: .init(major: 1, minor: parsed.version), status: .init(statusCode: code),
+                    headers: HTTPHeaders(parsed.headers))))
+        if headRequest || code == 204 || code == 304 {
+            return finish(more: more, emit: emit)
+        }
+        if parsed.chunked {
+            state = .chunkSize
+        } else if parsed.transferEncoded {
+            // Another coding last: the body runs until the server closes.
+            reusable = false
+            state = .untilClose
+        } else if let length = parsed.contentLength {
+            if length == 0 { return finish(more: more, emit: emit) }
+            state = .fixed(remaining: length)
+        } else {
+            reusable = false
+            state = .untilClose
+        }
+    }
+
+    struct Head {
+        var version = 1
+        var status = 0
+        var headers: [(String, String)] = []
+        var contentLength: Int?
+        var chunked = false
+        var transferEncoded = false
+        var close = false
+    }
+
+    /// The length of the head at the start of `buffer` (through its blank line), or nil when it
+    /// has not all come.
+    static func headLength(_ buffer: ByteBuffer) -> Int? {
+        buffer.withUnsafeReadableBytes { bytes -> Int? in
+            var index = 3
+            while index < bytes.count {
+                let byte = bytes[index]
+                if byte == 0x0A {
+                    if bytes[index - 1] == 0x0D, bytes[index - 2] == 0x0A, bytes[index - 3] == 0x0D { return index + 1 }
+                    index += 1
+                } else if byte == 0x0D || byte == 0x0A {
+                    index += 1
+                } else {
+                    // Neither byte of a line break: the blank line cannot end before index + 4.
+                    index += 4
+                }
+            }
+            return nil
+        }
+    }
+
+    /// A head: the status line and the header lines, strictly.
+    static func parseHead(_ head: ByteBuffer) throws(Malformed) -> Head {
+        try head.withUnsafeReadableBytes { bytes throws(Malformed) -> Head in
+            var parsed = Head()
+            // Lines end with CRLF; the last two bytes are the blank line's.
+            var start = 0
+            var first = true
+            var lengths: [Int] = []
+            let end = bytes.count - 2
+            while start < end {
+                var index = start
+                while index < end, bytes[index] != 0x0D {
+                    guard bytes[index] != 0x0A, bytes[index] != 0 else {
+                        throw Malformed(reason: "a bare line feed or NUL in the head")
+                    }
+                    index += 1
+                }
+                guard index + 1 < bytes.count, bytes[index + 1] == 0x0A else {
+                    throw Malformed(reason: "a bare carriage return in the head")
+                }
+                let line = UnsafeRawBufferPointer(rebasing: bytes[start..<index])
+                if first {
+                    first = false
+                    try statusLine(line, into: &parsed)
+                } else {
+                    try headerLine(line, into: &parsed, lengths: &lengths)
+                }
+                start = index + 2
+            }
+            guard !first else { throw Malformed(reason: "no status line") }
+            parsed.contentLength = lengths.first
+            if parsed.transferEncoded, parsed.contentLength != nil {
+                // Both: the framing a request smuggler relies on (RFC 9112 §6.3 allows reading the
+                // coding; llhttp refuses it, and so does this).
+                throw Malformed(reason: "both Transfer-Encoding and Content-Length")
+            }
+            return parsed
+        }
+    }
+
+    /// `HTTP/1.x SP 3DIGIT [SP reason]`.
+    private static func statusLine(_ line: UnsafeRawBufferPointer, into parsed: inout Head) throws(Malformed) {
+        guard line.count >= 12, line.starts(with: "HTTP/1.".utf8), line[8] == 0x20,
+            line[7] == UInt8(ascii: "0") || line[7] == UInt8(ascii: "1")
+        else { throw Malformed(reason: "a status line that is not HTTP/1.0 or HTTP/1.1") }
+        parsed.version = Int(line[7] - UInt8(ascii: "0"))
+        var status = 0
+        for byte in line[9..<12] {
+            guard (0x30...0x39).contains(byte) else { throw Malformed(reason: "a status code that is not 3 digits") }
+            status = status * 10 + Int(byte - 0x30)
+        }
+        guard status >= 100, line.count == 12 || line[12] == 0x20 else {
+            throw Malformed(reason: "a status code that is not 3 digits")
+        }
+        parsed.status = status
+    }
+
+    private static func headerLine(
+        _ line: UnsafeRawBufferPointer, into parsed: inout Head, lengths: inout [Int]
+    ) throws(Malformed) {
+        guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > 0 else {
+            throw Malformed(reason: "a header line without a name")
+        }
+        for byte in line[0..<colon] where !isTokenByte(byte) {
+            // Folded lines, spaces before the colon: never framing anybody could disagree on.
+            throw Malformed(reason: "a header name that is not a token")
+        }
+        var from = colon + 1
+        var to = line.count
+        while from < to, line[from] == 0x20 || line[from] == 0x09 { from += 1 }
+        while to > from, line[to - 1] == 0x20 || line[to - 1] == 0x09 { to -= 1 }
+        let nameBytes = UnsafeRawBufferPointer(rebasing: line[0..<colon])
+        let valueBytes = UnsafeRawBufferPointer(rebasing: line[from..<to])
+        for byte in valueBytes where byte < 0x20 && byte != 0x09 || byte == 0x7F {
+            throw Malformed(reason: "a control character in a header value")
+        }
+        if equalsLowercased(nameBytes, "content-length") {
+            // One header, digits only: as strict as llhttp (which refuses even two that agree).
+            guard lengths.isEmpty else { throw Malformed(reason: "more than one Content-Length") }
+            guard to == line.count else { throw Malformed(reason: "a Content-Length with spaces after it") }
+            var value = 0
+            for byte in valueBytes {
+                guard (0x30...0x39).contains(byte), value < 100_000_000_000_000 else {
+                    throw Malformed(reason: "a Content-Length that is not a number")
+                }
+                value = value * 10 + Int(byte - 0x30)
+            }
+            guard !valueBytes.isEmpty else { throw Malformed(reason: "a Content-Length that is not a number") }
+            lengths.append(value)
+        } else if equalsLowercased(nameBytes, "transfer-encoding") {
+            parsed.transferEncoded = true
+            // Chunked only when it is the last coding.
+            let last = valueBytes.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false).last
+            parsed.chunked = last.map { equalsLowercased(trimmed($0), "chunked") } ?? false
+        } else if equalsLowercased(nameBytes, "connection") {
+            for item in valueBytes.split(separator: UInt8(ascii: ",")) where equalsLowercased(trimmed(item), "close") {
+                parsed.close = true
+            }
+        }
+        parsed.headers.append((String(decoding: nameBytes, as: UTF8.self), String(decoding: valueBytes, as: UTF8.self)))
+    }
+
+    /// A line through its CRLF, taken from `input`; nil while it has not all come.
+    private static func line(_ input: inout ByteBuffer, limit: Int) throws(Malformed) -> ByteBuffer? {
+        let found = input.withUnsafeReadableBytes { bytes -> Int? in
+            for index in 0..<min(bytes.count, limit + 2) where bytes[index] == 0x0A { return index }
+            return nil
+        }
+        guard let newline = found else {
+            if input.readableBytes >= limit + 2 { throw Malformed(reason: "a chunk or trailer line too long") }
+            return nil
+        }
+        guard newline > 0, input.getInteger(at: input.readerIndex + newline - 1, as: UInt8.self) == 0x0D else {
+            throw Malformed(reason: "a bare line feed in a chunked body")
+        }
+        let line = input.readSlice(length: newline - 1)!
+        input.moveReaderIndex(forwardBy: 2)
+        return line
+    }
+
+    /// `1*HEXDIG [ext]`: the size; extensions are ignored.
+    static func chunkSize(_ line: ByteBuffer) throws(Malformed) -> Int {
+        var size = 0
+        var digits = 0
+        var rest: ByteBufferView.SubSequence = line.readableBytesView[...]
+        for byte in line.readableBytesView {
+            let value: Int
+            switch byte {
+            case 0x30...0x39: value = Int(byte - 0x30)
+            case 0x41...0x46: value = Int(byte - 0x41 + 10)
+            case 0x61...0x66: value = Int(byte - 0x61 + 10)
+            default: value = -1
+            }
+            guard value >= 0 else { break }
+            guard digits < 15 else { throw Malformed(reason: "a chunk size too large") }
+            size = size * 16 + value
+            digits += 1
+            rest = rest.dropFirst()
+        }
+        guard digits > 0 else { throw Malformed(reason: "a chunk size that is not hexadecimal") }
+        // Extensions, ignored, but read as RFC 9112 §7.1.1 writes them (llhttp refuses less):
+        // `*( ";" token [ "=" ( token / quoted-string ) ] )`.
+        var bytes = rest
+        while let first = bytes.first {
+            guard first == UInt8(ascii: ";") else { throw Malformed(reason: "a chunk size that is not hexadecimal") }
+            bytes = bytes.dropFirst()
+            let name = bytes.prefix { isTokenByte($0) }
+            guard !name.isEmpty else { throw Malformed(reason: "a chunk extension without a name") }
+            bytes = bytes.dropFirst(name.count)
+            guard bytes.first == UInt8(ascii: "=") else { continue }
+            bytes = bytes.dropFirst()
+            if bytes.first == UInt8(ascii: "\"") {
+                bytes = bytes.dropFirst()
+                var closed = false
+                while let byte = bytes.first {
+                    bytes = bytes.dropFirst()
+                    if byte == UInt8(ascii: "\"") {
+                        closed = true
+                        break
+                    }
+                    if byte == UInt8(ascii: "\\") {
+                        guard let escaped = bytes.first, escaped == 0x09 || (0x20...0x7E).contains(escaped) else {
+                            throw Malformed(reason: "a chunk extension's quoted value")
+                        }
+                        bytes = bytes.dropFirst()
+                    } else if !(byte == 0x09 || byte == 0x20 || (0x21...0x7E).contains(byte)) {
+                        throw Malformed(reason: "a chunk extension's quoted value")
+                    }
+                }
+                guard closed else { throw Malformed(reason: "a chunk extension's quoted value") }
+            } else {
+                let value = bytes.prefix { isTokenByte($0) }
+                guard !value.isEmpty else { throw Malformed(reason: "a chunk extension without a value") }
+                bytes = bytes.dropFirst(value.count)
+            }
+        }
+        return size
+    }
+
+    private static func isTokenByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: true
+        case UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"),
+            UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."),
+            UInt8(ascii: "^"), UInt8(ascii: "_"), UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
+            true
+        default: false
+        }
+    }
+
+    private static func trimmed(_ bytes: Slice<UnsafeRawBufferPointer>) -> Slice<UnsafeRawBufferPointer> {
+        var slice = bytes
+        while let first = slice.first, first == 0x20 || first == 0x09 { slice = slice.dropFirst() }
+        while let last = slice.last, last == 0x20 || last == 0x09 { slice = slice.dropLast() }
+        return slice
+    }
+
+    private static func equalsLowercased(_ bytes: some Collection<UInt8>, _ lower: StaticString) -> Bool {
+        lower.withUTF8Buffer { expected in
+            bytes.count == expected.count && zip(bytes, expected).allSatisfy { ($0 | 0x20) == $1 }
+        }
+    }
+}
+
+/// Writes a request to a server: the head straight into bytes, the body as it comes (chunked
+/// when its length is not known).
+enum UpstreamRequestWriter {
+    static func head(_ head: HTTPRequestHead, allocator: ByteBufferAllocator) -> ByteBuffer {
+        var size = head.uri.utf8.count + 32
+        for (name, value) in head.headers { size += name.utf8.count + value.utf8.count + 4 }
+        var out = allocator.buffer(capacity: size)
+        out.writeString(head.method.rawValue)
+        out.writeStaticString(" ")
+        out.writeString(head.uri)
+        out.writeStaticString(" HTTP/1.1\r\n")
+        for (name, value) in head.headers {
+            out.writeString(name)
+            out.writeStaticString(": ")
+            out.writeString(value)
+            out.writeStaticString("\r\n")
+        }
+        out.writeStaticString("\r\n")
+        return out
+    }
+
+    static let lineEnd = ByteBuffer(string: "\r\n")
+    static let lastChunk = ByteBuffer(string: "0\r\n\r\n")
+
+    /// A chunk's size line.
+    static func chunkHeader(_ size: Int, allocator: ByteBufferAllocator) -> ByteBuffer {
+        var out = allocator.buffer(capacity: 18)
+        out.writeString(String(size, radix: 16))
+        out.writeStaticString("\r\n")
+        return out
+    }
+}

@@ -1,0 +1,301 @@
+import NIOCore
+import NIOEmbedded
+import NIOHTTP1
+import Testing
+
+@testable import LMXAgent
+
+/// The data path's own HTTP/1.1 reading of servers' answers: what it takes, what it refuses,
+/// when a connection may be reused, and — against SwiftNIO's llhttp decoder on the same bytes —
+/// that it never frames an answer differently from llhttp.
+@Suite("The data path's HTTP/1.1 codec on connections to servers")
+struct UpstreamCodecTests {
+    /// What a parser made of an answer: the head, the body's bytes, whether it ended, whether
+    /// the connection may be reused, the error if any.
+    struct Reading: Equatable, CustomStringConvertible {
+        var status: Int?
+        var headers: [String] = []
+        var body: [UInt8] = []
+        var ended = false
+        var reusable = true
+        var failed = false
+        var description: String {
+            "status \(status.map(String.init) ?? "-") headers \(headers) body \(body.count) B ended \(ended) reusable \(reusable) failed \(failed)"
+        }
+    }
+
+    /// Our parser over `bytes`, fed in pieces of `piece` bytes (0: at once), then the close if `close`.
+    static func ours(_ bytes: [UInt8], head: Bool = false, piece: Int = 0, close: Bool = false) -> Reading {
+        var parser = UpstreamResponseParser()
+        parser.expectAnswer(toHEAD: head)
+        var reading = Reading()
+        let emit: (UpstreamResponseParser.Part) -> Void = { part in
+            switch part {
+            case .head(let h):
+                reading.status = Int(h.status.code)
+                reading.headers = h.headers.map { "\($0.name): \($0.value)" }
+            case .body(let b): reading.body += Array(b.readableBytesView)
+            case .end: reading.ended = true
+            }
+        }
+        let size = piece > 0 ? piece : max(bytes.count, 1)
+        var offset = 0
+        do {
+            while offset < bytes.count {
+                let end = min(offset + size, bytes.count)
+                try parser.read(ByteBuffer(bytes: bytes[offset..<end]), emit: emit)
+                offset = end
+            }
+            if close, parser.closed() { emit(.end) }
+        } catch {
+            reading.failed = true
+        }
+        reading.reusable = parser.reusable && !reading.failed
+        return reading
+    }
+
+    /// SwiftNIO's llhttp decoder over the same bytes, after a request with `method`.
+    static func llhttp(_ bytes: [UInt8], head: Bool = false, close: Bool = false) -> Reading {
+        let channel = EmbeddedChannel()
+        var reading = Reading()
+        do {
+            try channel.pipeline.syncOperations.addHTTPClientHandlers()
+            try channel.writeOutbound(
+                HTTPClientRequestPart.head(HTTPRequestHead(version: .http1_1, method: head ? .HEAD : .GET, uri: "/")))
+            try channel.writeOutbound(HTTPClientRequestPart.end(nil))
+            try channel.writeInbound(ByteBuffer(bytes: bytes))
+            if close { try channel.close().wait() }
+        } catch {
+            reading.failed = true
+        }
+        while let part = try? channel.readInbound(as: HTTPClientResponsePart.self) {
+            switch part {
+            case .head(let h):
+                if h.status.code < 200 { continue }
+                reading.status = Int(h.status.code)
+                // llhttp keeps a value's trailing spaces and tabs; RFC 9110 §5.5 (and ours) does not.
+                reading.headers = h.headers.map {
+                    "\($0.name): \(String($0.value.reversed().drop { $0 == " " || $0 == "\t" }.reversed()))"
+                }
+            case .body(let b): reading.body += Array(b.readableBytesView)
+            case .end: reading.ended = true
+            }
+        }
+        _ = try? channel.finish()
+        return reading
+    }
+
+    static func bytes(_ text: String) -> [UInt8] { Array(text.utf8) }
+
+    @Test(
+        "answers framed by Content-Length, chunked (extensions, trailers), none (204, 304, HEAD) or the close; interim answers skipped; read whole or a byte at a time"
+    )
+    func framing() {
+        let cases: [(String, Bool, Bool, Reading)] = [
+            (
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", false, false,
+                Reading(
+                    status: 200, headers: ["Content-Type: application/json", "Content-Length: 2"],
+                    body: Self.bytes("{}"), ended: true)
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n1\r\n!\r\n0\r\nX-Trailer: t\r\n\r\n",
+                false, false,
+                Reading(status: 200, headers: ["Transfer-Encoding: chunked"], body: Self.bytes("hello!"), ended: true)
+            ),
+            (
+                "HTTP/1.1 204 No Content\r\nContent-Length: 10\r\n\r\n", false, false,
+                Reading(status: 204, headers: ["Content-Length: 10"], ended: true)
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", true, false,
+                Reading(status: 200, headers: ["Content-Length: 10"], ended: true)
+            ),
+            (
+                "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx", false, false,
+                Reading(status: 200, headers: ["Content-Length: 1"], body: Self.bytes("x"), ended: true)
+            ),
+            (
+                "HTTP/1.0 200 OK\r\nServer: old\r\n\r\nuntil the close", false, true,
+                Reading(
+                    status: 200, headers: ["Server: old"], body: Self.bytes("until the close"), ended: true,
+                    reusable: false)
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx", false, false,
+                Reading(
+                    status: 200, headers: ["Connection: close", "Content-Length: 1"], body: Self.bytes("x"),
+                    ended: true, reusable: false)
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nxGARBAGE", false, false,
+                Reading(
+                    status: 200, headers: ["Content-Length: 1"], body: Self.bytes("x"), ended: true, reusable: false)
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nzz", false, true,
+                Reading(
+                    status: 200, headers: ["Transfer-Encoding: gzip"], body: Self.bytes("zz"), ended: true,
+                    reusable: false)
+            ),
+        ]
+        for (text, head, close, expected) in cases {
+            for piece in [0, 1, 2, 7] {
+                let got = Self.ours(Self.bytes(text), head: head, piece: piece, close: close)
+                #expect(got == expected, "\(text.debugDescription) in pieces of \(piece)")
+            }
+        }
+        // A body cut by the close: no end, and the connection is not reused.
+        let cut = Self.ours(Self.bytes("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"), close: true)
+        #expect(!cut.ended && cut.body == Self.bytes("abc") && !cut.reusable)
+    }
+
+    @Test("what is not strict HTTP/1.1 fails the answer and the connection, never a guess")
+    func refusals() {
+        let bad = [
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1, 1\r\n\r\nx",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n: bad trailer\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1x\r\n\r\nx",
+            "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nx",
+            "HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\nx",
+            "HTTP/1.1 200 OK\nContent-Length: 1\r\n\r\nx",
+            "HTTP/1.1 200 OK\r\nBad Name: 1\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nX: a\r\n folded\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\n: no name\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nX: a\u{0}b\r\n\r\n",
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+            "HTTP/1.0 100 Continue\r\n\r\nHTTP/1.0 200 OK\r\n\r\n",
+            "HTTP/2 200 OK\r\n\r\n",
+            "HTTP/1.1 2000 OK\r\n\r\n",
+            "HTTP/1.1 20 OK\r\n\r\n",
+            "ICY 200 OK\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabX\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1000000000000000\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\nab\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + String(repeating: "1", count: 5000) + "\r\n",
+            "HTTP/1.1 200 OK\r\nX: " + String(repeating: "a", count: 90 << 10) + "\r\n\r\n",
+        ]
+        for text in bad {
+            for piece in [0, 3] {
+                let got = Self.ours(Self.bytes(text), piece: piece)
+                #expect(got.failed && !got.reusable && !got.ended, "\(text.prefix(80).debugDescription): \(got)")
+            }
+        }
+        // A head that never ends: refused once past the limit, not held without bound.
+        var parser = UpstreamResponseParser()
+        parser.expectAnswer(toHEAD: false)
+        var threw = false
+        for _ in 0..<100 where !threw {
+            do { try parser.read(ByteBuffer(repeating: UInt8(ascii: "a"), count: 1024)) { _ in } } catch {
+                threw = true
+            }
+        }
+        #expect(threw)
+        // Bytes on an idle connection: not reused.
+        var idle = UpstreamResponseParser()
+        try? idle.read(ByteBuffer(string: "HTTP/1.1 200 OK\r\n\r\n")) { _ in }
+        #expect(!idle.reusable)
+    }
+
+    /// A small generator: answers built from parts, valid and then mutated.
+    struct Generator {
+        var state: UInt64
+        mutating func next(_ bound: Int) -> Int {
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return Int((state >> 33) % UInt64(bound))
+        }
+
+        mutating func answer() -> [UInt8] {
+            let statuses = [200, 201, 204, 304, 400, 404, 429, 500, 503, 100]
+            let status = statuses[next(statuses.count)]
+            var text = "HTTP/1.\(next(4) == 0 ? 0 : 1) \(status) Reason\r\n"
+            if status == 100 { text += "\r\nHTTP/1.1 200 OK\r\n" }
+            let body = String(repeating: "b", count: next(3) == 0 ? 0 : next(300))
+            let framing = next(6)
+            for _ in 0..<next(4) {
+                text +=
+                    ["X-A: 1", "Server: s", "Content-Type: text/event-stream", "Connection: keep-alive"][next(4)]
+                    + "\r\n"
+            }
+            switch framing {
+            case 0, 1:
+                text += "Content-Length: \(body.utf8.count)\r\n\r\n" + body
+            case 2, 3:
+                text += "Transfer-Encoding: chunked\r\n\r\n"
+                var rest = Substring(body)
+                while !rest.isEmpty {
+                    let n = min(rest.count, 1 + next(40))
+                    text +=
+                        String(n, radix: 16)
+                        + (next(5) == 0 ? [";x=y", ";q=\"a \\\" b\"", ";k", ";a=1;b"][next(4)] : "") + "\r\n"
+                        + rest.prefix(n) + "\r\n"
+                    rest = rest.dropFirst(n)
+                }
+                text += "0\r\n" + (next(4) == 0 ? "T: 1\r\n" : "") + "\r\n"
+            case 4:
+                text +=
+                    "Content-Length: \(body.utf8.count)\r\nContent-Length: \(body.utf8.count + next(2))\r\n\r\n" + body
+            default:
+                text += "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+            }
+            return Array(text.utf8)
+        }
+
+        mutating func mutate(_ bytes: [UInt8]) -> [UInt8] {
+            var out = bytes
+            let alphabet: [UInt8] = Array("\r\n :;0123456789abcdefABCDEF\t\0-,xX".utf8) + [0x7F, 0xC3, 0xFF]
+            for _ in 0..<(1 + next(3)) where !out.isEmpty {
+                let at = next(out.count)
+                switch next(3) {
+                case 0: out[at] = alphabet[next(alphabet.count)]
+                case 1: out.insert(alphabet[next(alphabet.count)], at: at)
+                default: out.remove(at: at)
+                }
+            }
+            return out
+        }
+    }
+
+    @Test(
+        "against llhttp on 5,000 generated answers and 10,000 mutated ones: where ours reads an answer, llhttp reads the same head, body and end"
+    )
+    func differentialAgainstLLHTTP() {
+        var generator = Generator(state: 0x5EED_1003)
+        var agreed = 0
+        var refusedMore = 0
+        for round in 0..<15000 {
+            let valid = generator.answer()
+            let bytes = round < 5000 ? valid : generator.mutate(valid)
+            let head = generator.next(8) == 0
+            let piece = [0, 1, 5, 64][generator.next(4)]
+            let ours = Self.ours(bytes, head: head, piece: piece)
+            let theirs = Self.llhttp(bytes, head: head)
+            if ours.failed {
+                refusedMore += theirs.failed ? 0 : 1
+                continue
+            }
+            // Where ours read an answer through its end, llhttp read the same (status, headers,
+            // body, end) — the framing never differs.
+            if ours.ended {
+                // (llhttp may fail afterwards on bytes past the end: ours then does not reuse the
+                // connection, and reads nothing more from it.)
+                #expect(
+                    (!theirs.failed || !ours.reusable) && theirs.status == ours.status && theirs.headers == ours.headers
+                        && theirs.body == ours.body && theirs.ended,
+                    "\(String(decoding: bytes, as: UTF8.self).debugDescription)\n ours: \(ours)\n llhttp: \(theirs)")
+                agreed += 1
+            } else {
+                // Not ended yet: llhttp has not ended it either.
+                #expect(!theirs.ended || theirs.failed, "\(String(decoding: bytes, as: UTF8.self).debugDescription)")
+            }
+        }
+        #expect(agreed > 5000)
+        print(
+            "figure: upstream codec vs llhttp: \(agreed) answers read alike; \(refusedMore) refused here that llhttp read"
+        )
+    }
+}
