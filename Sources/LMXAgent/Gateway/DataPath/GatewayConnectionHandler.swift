@@ -27,6 +27,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private let uid: UInt32?
     private let overTCP: Bool
     private var context: ChannelHandlerContext?
+    /// The context of SwiftNIO's HTTP/1 response encoder: the data path's forwarded answers are
+    /// written through it as bytes (``writeToClient``).
+    private var rawOutput: ChannelHandlerContext?
     /// Sets up the general path behind this handler (once).
     private let startGeneralPath: (any Channel) throws -> Void
     private var generalPathStarted = false
@@ -91,6 +94,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        rawOutput = try? context.pipeline.syncOperations.context(handlerType: HTTPResponseEncoder.self)
         armIdleTimer()
     }
 
@@ -98,6 +102,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         idleTimer?.cancel()
         abandon()
         self.context = nil
+        rawOutput = nil
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -574,7 +579,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             {
                 gateway.affinity.record(made, on: instance)
             }
-            request.upstreamKeepAlive = head.isKeepAlive
+            request.upstreamKeepAlive = upstream.handler.reusable  // (no `Connection: close`, HTTP/1.1: read by the parser)
             let events =
                 head.headers.first(name: "content-type")?.hasASCIILowercasedPrefix("text/event-stream") == true
             if events { request.relay = EventRelay() }
@@ -662,14 +667,73 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             releaseHeldAnswer(request)
             return
         }
-        context.write(wrapOutboundOut(part), promise: nil)
+        writeToClient(part, for: request)
+    }
+
+    /// Writes a part of a forwarded answer to the client as bytes, past SwiftNIO's HTTP/1
+    /// response encoder (through its context: what it would write, without its work on every
+    /// part). The general path's answers and the data path's own (``respond``) still go through
+    /// it; the two never overlap on a connection. The header names and values are the server's,
+    /// read strictly by ``UpstreamResponseParser`` (tokens; no line breaks or control
+    /// characters), and ours.
+    private func writeToClient(_ part: HTTPServerResponsePart, for request: ForwardedRequest) {
+        guard let context else { return }
+        guard let output = rawOutput else {
+            context.write(wrapOutboundOut(part), promise: nil)
+            return
+        }
+        switch part {
+        case .head(let head):
+            let code = head.status.code
+            let bodiless = request.head.method == .HEAD || code == 204 || code == 304 || code < 200
+            let sized = head.headers.contains(name: "content-length")
+            // No length: chunked to an HTTP/1.1 client; to an HTTP/1.0 one, the body runs until
+            // the connection closes.
+            var closes = false
+            request.chunkedToClient = !bodiless && !sized && request.head.version.minor >= 1
+            if !bodiless, !sized, !request.chunkedToClient, request.keepAlive {
+                request.keepAlive = false
+                closes = true
+            }
+            var out = context.channel.allocator.buffer(capacity: 512)
+            out.writeStaticString("HTTP/1.1 ")
+            out.writeString(String(code))
+            out.writeStaticString(" ")
+            out.writeString(head.status.reasonPhrase)
+            out.writeStaticString("\r\n")
+            for (name, value) in head.headers {
+                out.writeString(name)
+                out.writeStaticString(": ")
+                out.writeString(value)
+                out.writeStaticString("\r\n")
+            }
+            if request.chunkedToClient { out.writeStaticString("Transfer-Encoding: chunked\r\n") }
+            if closes { out.writeStaticString("Connection: close\r\n") }
+            out.writeStaticString("\r\n")
+            output.write(NIOAny(out), promise: nil)
+        case .body(.byteBuffer(let bytes)):
+            guard bytes.readableBytes > 0 else { return }
+            if request.chunkedToClient {
+                output.write(
+                    NIOAny(UpstreamRequestWriter.chunkHeader(bytes.readableBytes, allocator: context.channel.allocator)),
+                    promise: nil)
+                output.write(NIOAny(bytes), promise: nil)
+                output.write(NIOAny(UpstreamRequestWriter.lineEnd), promise: nil)
+            } else {
+                output.write(NIOAny(bytes), promise: nil)
+            }
+        case .body(.fileRegion):
+            return  // not made by the data path
+        case .end:
+            if request.chunkedToClient { output.write(NIOAny(UpstreamRequestWriter.lastChunk), promise: nil) }
+        }
     }
 
     /// Writes what was held of the answer, and holds no more.
     private func releaseHeldAnswer(_ request: ForwardedRequest) {
         guard request.holdsAnswer, let context else { return }
         request.holdsAnswer = false
-        for part in request.heldAnswer { context.write(wrapOutboundOut(part), promise: nil) }
+        for part in request.heldAnswer { writeToClient(part, for: request) }
         request.heldAnswer = []
         request.heldBytes = 0
         context.flush()
@@ -800,6 +864,8 @@ final class ForwardedRequest {
     var upstreamKeepAlive = true
     var keepAlive = true
     var answerStarted = false
+    /// The answer goes to the client chunked (it had no length, and the client speaks HTTP/1.1).
+    var chunkedToClient = false
     /// The answer is held until the client's body has come (``GatewayConnectionHandler/emit``).
     var holdsAnswer = false
     var heldAnswer: [HTTPServerResponsePart] = []
