@@ -389,6 +389,69 @@ struct GatewayProxyTests {
     }
 
     @Test(
+        "answers the data path writes itself: a HEAD's has no body and the connection goes on; an HTTP/1.0 client's stream runs to the close, unchunked; an HTTP/1.1 client's is chunked"
+    )
+    func writtenAnswers() async throws {
+        try await withResources {
+            let port = freePort()
+            let gatewayPort = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "framing-\(port)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [endpoint(server, name: "Studio")]),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            let script = #"""
+                import json, socket, sys
+                port = int(sys.argv[1])
+                def exchange(raw, until_close):
+                    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+                    s.sendall(raw)
+                    data = b""
+                    while True:
+                        chunk = s.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                        if not until_close and data.count(b"HTTP/1.1 ") >= 2 and data.rstrip().endswith(b"}"):
+                            break
+                    s.close()
+                    return data.decode("latin-1")
+                host = "Host: 127.0.0.1:%d\r\n" % port
+                # HEAD, then GET on the same connection: the second answer follows the first head exactly.
+                both = exchange(("HEAD /v1/models HTTP/1.1\r\n" + host + "\r\nGET /v1/models HTTP/1.1\r\n" + host
+                                 + "\r\n").encode(), False)
+                body = json.dumps({"model": "test/model", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+                chat = ("POST /v1/chat/completions HTTP/%s\r\n" + host + "Content-Type: application/json\r\n"
+                        "Content-Length: %d\r\n\r\n%s")
+                old = exchange((chat % ("1.0", len(body), body)).encode(), True)
+                new = exchange((chat % ("1.1", len(body), body)).replace("Content-Type", "Connection: close\r\nContent-Type", 1).encode(), True)
+                print(json.dumps({"both": both, "old": old, "new": new}))
+                """#
+            let result = try await Command.run(
+                "/usr/bin/python3", ["-c", script, String(gatewayPort)], timeout: 30)
+            let answers = json(result)
+            let both = answers["both"] as? String ?? ""
+            // The HEAD's answer (the test server has none for HEAD: 501, with the length its body
+            // would have): its head alone; the GET's answer right after it.
+            let parts = both.components(separatedBy: "HTTP/1.1 ")
+            #expect(parts.count == 3, "\(both.debugDescription) \(result.stderr)")
+            #expect(parts.count == 3 && parts[1].lowercased().contains("content-length:"))
+            #expect(parts.count == 3 && parts[1].hasSuffix("\r\n\r\n"), "\(both.debugDescription)")
+            #expect(parts.count == 3 && parts[2].hasPrefix("200 OK") && parts[2].contains(#""object""#))
+            let old = answers["old"] as? String ?? ""
+            let oldHead = old.components(separatedBy: "\r\n\r\n").first?.lowercased() ?? ""
+            #expect(old.hasPrefix("HTTP/1.1 200"), "\(old.debugDescription)")
+            #expect(!oldHead.contains("transfer-encoding") && oldHead.contains("connection: close"), "\(oldHead)")
+            let oldBody = old.components(separatedBy: "\r\n\r\n").dropFirst().joined(separator: "\r\n\r\n")
+            #expect(oldBody.hasPrefix("data: ") && oldBody.contains("data: [DONE]"), "\(oldBody.debugDescription)")
+            let new = answers["new"] as? String ?? ""
+            let newHead = new.components(separatedBy: "\r\n\r\n").first?.lowercased() ?? ""
+            #expect(newHead.contains("transfer-encoding: chunked"), "\(newHead)")
+            #expect(new.hasSuffix("0\r\n\r\n") && new.contains("data: [DONE]"), "\(new.suffix(200).debugDescription)")
+        }
+    }
+
+    @Test(
         "a kept connection the server closes as a request comes: a GET goes again on a new connection and is answered; a chat completion is not sent twice (502)"
     )
     func staleKeptConnection() async throws {

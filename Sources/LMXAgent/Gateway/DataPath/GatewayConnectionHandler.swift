@@ -715,7 +715,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             guard bytes.readableBytes > 0 else { return }
             if request.chunkedToClient {
                 output.write(
-                    NIOAny(UpstreamRequestWriter.chunkHeader(bytes.readableBytes, allocator: context.channel.allocator)),
+                    NIOAny(
+                        UpstreamRequestWriter.chunkHeader(bytes.readableBytes, allocator: context.channel.allocator)),
                     promise: nil)
                 output.write(NIOAny(bytes), promise: nil)
                 output.write(NIOAny(UpstreamRequestWriter.lineEnd), promise: nil)
