@@ -579,7 +579,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             {
                 gateway.affinity.record(made, on: instance)
             }
-            request.upstreamKeepAlive = upstream.handler.reusable  // (no `Connection: close`, HTTP/1.1: read by the parser)
+            // No `Connection: close`, HTTP/1.1: as the parser read them.
+            request.upstreamKeepAlive = upstream.handler.reusable
             let events =
                 head.headers.first(name: "content-type")?.hasASCIILowercasedPrefix("text/event-stream") == true
             if events { request.relay = EventRelay() }
