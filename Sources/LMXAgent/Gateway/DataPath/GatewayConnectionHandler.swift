@@ -660,7 +660,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     /// Writes a part of the answer to the client, or holds it (see ``ForwardedRequest/holdsAnswer``).
     private func emit(_ part: HTTPServerResponsePart, for request: ForwardedRequest) {
-        guard let context else { return }
+        guard context != nil else { return }
         if request.holdsAnswer {
             if case .body(.byteBuffer(let bytes)) = part { request.heldBytes += bytes.readableBytes }
             request.heldAnswer.append(part)
