@@ -713,21 +713,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             out.writeStaticString("\r\n")
             output.write(NIOAny(out), promise: nil)
         case .body(.byteBuffer(let bytes)):
-            guard bytes.readableBytes > 0 else { return }
-            if request.chunkedToClient {
-                output.write(
-                    NIOAny(
-                        UpstreamRequestWriter.chunkHeader(bytes.readableBytes, allocator: context.channel.allocator)),
-                    promise: nil)
-                output.write(NIOAny(bytes), promise: nil)
-                output.write(NIOAny(UpstreamRequestWriter.lineEnd), promise: nil)
-            } else {
-                output.write(NIOAny(bytes), promise: nil)
-            }
+            HTTP1Bytes.writeBody(bytes, chunked: request.chunkedToClient, to: output)
         case .body(.fileRegion):
             return  // not made by the data path
         case .end:
-            if request.chunkedToClient { output.write(NIOAny(UpstreamRequestWriter.lastChunk), promise: nil) }
+            if request.chunkedToClient { output.write(NIOAny(HTTP1Bytes.lastChunk), promise: nil) }
         }
     }
 

@@ -442,9 +442,9 @@ struct UpstreamResponseParser {
     }
 }
 
-/// Writes a request to a server: the head straight into bytes, the body as it comes (chunked
-/// when its length is not known).
-enum UpstreamRequestWriter {
+/// HTTP/1.1 written straight into bytes: a request's head to a server, and the body parts of
+/// requests and answers as they come (as they are, or chunked when their length is not known).
+enum HTTP1Bytes {
     static func head(_ head: HTTPRequestHead, allocator: ByteBufferAllocator) -> ByteBuffer {
         var size = head.uri.utf8.count + 32
         for (name, value) in head.headers { size += name.utf8.count + value.utf8.count + 4 }
@@ -465,6 +465,18 @@ enum UpstreamRequestWriter {
 
     static let lineEnd = ByteBuffer(string: "\r\n")
     static let lastChunk = ByteBuffer(string: "0\r\n\r\n")
+
+    /// Writes a body part through `context`: as it is, or as one chunk.
+    static func writeBody(_ bytes: ByteBuffer, chunked: Bool, to context: ChannelHandlerContext) {
+        guard bytes.readableBytes > 0 else { return }
+        if chunked {
+            context.write(NIOAny(chunkHeader(bytes.readableBytes, allocator: context.channel.allocator)), promise: nil)
+            context.write(NIOAny(bytes), promise: nil)
+            context.write(NIOAny(lineEnd), promise: nil)
+        } else {
+            context.write(NIOAny(bytes), promise: nil)
+        }
+    }
 
     /// A chunk's size line.
     static func chunkHeader(_ size: Int, allocator: ByteBufferAllocator) -> ByteBuffer {

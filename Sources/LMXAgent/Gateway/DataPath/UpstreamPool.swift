@@ -282,23 +282,13 @@ final class UpstreamHandler: ChannelDuplexHandler {
             chunkedBody = head.headers.contains(name: "transfer-encoding")
             parser.expectAnswer(toHEAD: head.method == .HEAD)
             context.write(
-                wrapOutboundOut(UpstreamRequestWriter.head(head, allocator: context.channel.allocator)), promise: nil)
+                wrapOutboundOut(HTTP1Bytes.head(head, allocator: context.channel.allocator)), promise: nil)
         case .body(.byteBuffer(let bytes)):
-            guard bytes.readableBytes > 0 else { return }
-            if chunkedBody {
-                context.write(
-                    wrapOutboundOut(
-                        UpstreamRequestWriter.chunkHeader(bytes.readableBytes, allocator: context.channel.allocator)),
-                    promise: nil)
-                context.write(wrapOutboundOut(bytes), promise: nil)
-                context.write(wrapOutboundOut(UpstreamRequestWriter.lineEnd), promise: nil)
-            } else {
-                context.write(wrapOutboundOut(bytes), promise: nil)
-            }
+            HTTP1Bytes.writeBody(bytes, chunked: chunkedBody, to: context)
         case .body(.fileRegion):
             return  // not used: bodies come from a client's connection
         case .end:
-            if chunkedBody { context.write(wrapOutboundOut(UpstreamRequestWriter.lastChunk), promise: nil) }
+            if chunkedBody { context.write(wrapOutboundOut(HTTP1Bytes.lastChunk), promise: nil) }
         }
     }
 
