@@ -178,6 +178,8 @@ struct UpstreamCodecTests {
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\nab\r\n",
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + String(repeating: "1", count: 5000) + "\r\n",
             "HTTP/1.1 200 OK\r\nX: " + String(repeating: "a", count: 90 << 10) + "\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n"
+                + String(repeating: "T: " + String(repeating: "a", count: 1000) + "\r\n", count: 90) + "\r\n",
         ]
         for text in bad {
             for piece in [0, 3] {

@@ -127,7 +127,7 @@ struct UpstreamResponseParser {
                     }
                     state = .chunkSize
                 case .trailers(let read):
-                    guard let line = try Self.line(&input, limit: Self.maxHead - read) else {
+                    guard let line = try Self.line(&input, limit: max(0, Self.maxHead - read)) else {
                         if input.readableBytes > 0 { held = input }
                         return
                     }
