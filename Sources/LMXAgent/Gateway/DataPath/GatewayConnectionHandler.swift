@@ -579,8 +579,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             {
                 gateway.affinity.record(made, on: instance)
             }
-            // No `Connection: close`, HTTP/1.1: as the parser read them.
-            request.upstreamKeepAlive = upstream.handler.reusable
             let events =
                 head.headers.first(name: "content-type")?.hasASCIILowercasedPrefix("text/event-stream") == true
             if events { request.relay = EventRelay() }
@@ -640,7 +638,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             request.phase = .done
             upstream.handler.owner = nil
             request.upstream = nil
-            if request.clientEnded, request.upstreamKeepAlive {
+            // The pool keeps it only if the parser found it reusable (``UpstreamPool/release``).
+            if request.clientEnded {
                 state.pool.release(upstream)
             } else {
                 upstream.channel.close(promise: nil)
@@ -853,7 +852,6 @@ final class ForwardedRequest {
     var onKeptConnection = false
     /// Sent again on a new connection after a kept one closed unanswered (once at most).
     var resentOnNewConnection = false
-    var upstreamKeepAlive = true
     var keepAlive = true
     var answerStarted = false
     /// The answer goes to the client chunked (it had no length, and the client speaks HTTP/1.1).

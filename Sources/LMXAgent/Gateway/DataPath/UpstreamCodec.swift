@@ -136,9 +136,8 @@ struct UpstreamResponseParser {
                     } else {
                         // Read as a header line, then dropped (the client gets no trailers).
                         var ignored = Head()
-                        var lengths: [Int] = []
                         try line.withUnsafeReadableBytes { bytes throws(Malformed) in
-                            try Self.headerLine(bytes, into: &ignored, lengths: &lengths)
+                            try Self.headerLine(bytes, into: &ignored)
                         }
                         state = .trailers(read: read + line.readableBytes + 2)
                     }
@@ -245,7 +244,6 @@ struct UpstreamResponseParser {
             // Lines end with CRLF; the last two bytes are the blank line's.
             var start = 0
             var first = true
-            var lengths: [Int] = []
             let end = bytes.count - 2
             while start < end {
                 var index = start
@@ -263,12 +261,11 @@ struct UpstreamResponseParser {
                     first = false
                     try statusLine(line, into: &parsed)
                 } else {
-                    try headerLine(line, into: &parsed, lengths: &lengths)
+                    try headerLine(line, into: &parsed)
                 }
                 start = index + 2
             }
             guard !first else { throw Malformed(reason: "no status line") }
-            parsed.contentLength = lengths.first
             if parsed.transferEncoded, parsed.contentLength != nil {
                 // Both: the framing a request smuggler relies on (RFC 9112 §6.3 allows reading the
                 // coding; llhttp refuses it, and so does this).
@@ -296,7 +293,7 @@ struct UpstreamResponseParser {
     }
 
     private static func headerLine(
-        _ line: UnsafeRawBufferPointer, into parsed: inout Head, lengths: inout [Int]
+        _ line: UnsafeRawBufferPointer, into parsed: inout Head
     ) throws(Malformed) {
         guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > 0 else {
             throw Malformed(reason: "a header line without a name")
@@ -316,7 +313,7 @@ struct UpstreamResponseParser {
         }
         if equalsLowercased(nameBytes, "content-length") {
             // One header, digits only: as strict as llhttp (which refuses even two that agree).
-            guard lengths.isEmpty else { throw Malformed(reason: "more than one Content-Length") }
+            guard parsed.contentLength == nil else { throw Malformed(reason: "more than one Content-Length") }
             guard to == line.count else { throw Malformed(reason: "a Content-Length with spaces after it") }
             var value = 0
             for byte in valueBytes {
@@ -326,7 +323,7 @@ struct UpstreamResponseParser {
                 value = value * 10 + Int(byte - 0x30)
             }
             guard !valueBytes.isEmpty else { throw Malformed(reason: "a Content-Length that is not a number") }
-            lengths.append(value)
+            parsed.contentLength = value
         } else if equalsLowercased(nameBytes, "transfer-encoding") {
             parsed.transferEncoded = true
             // Chunked only when it is the last coding.
