@@ -452,6 +452,69 @@ struct GatewayProxyTests {
     }
 
     @Test(
+        "one kept connection taking turns between the data path and the general path (HEAD before the dashboard, HEAD of the dashboard, a chunked body read by llhttp): every answer framed for its own request"
+    )
+    func mixedConnection() async throws {
+        try await withResources {
+            let port = freePort()
+            let gatewayPort = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "mixed-\(port)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [endpoint(server, name: "Studio")]),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            // Python's http.client on one connection: it reads each answer by the rules for its
+            // request (none after HEAD), so an answer framed for another request hangs it or
+            // shows in the next.
+            let script = #"""
+                import http.client, json, sys
+                conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=10)
+                seen = []
+                def ask(method, path, body=None, headers={}, chunked=False):
+                    conn.request(method, path, body=body, headers=headers, encode_chunked=chunked)
+                    answer = conn.getresponse()
+                    data = answer.read()
+                    seen.append({"ask": method + " " + path, "status": answer.status, "length": len(data),
+                                 "declared": answer.getheader("Content-Length"), "via": answer.getheader("X-LMX-Via"),
+                                 "port": conn.sock.getsockname()[1] if conn.sock else None,
+                                 "start": data[:40].decode("latin-1")})
+                ask("HEAD", "/v1/models")
+                ask("GET", "/")
+                ask("GET", "/v1/models")
+                ask("HEAD", "/")
+                ask("GET", "/v1/models")
+                body = json.dumps({"model": "test/model", "messages": [{"role": "user", "content": "hi"}]}).encode()
+                ask("POST", "/v1/chat/completions", body=iter([body[:10], body[10:]]),
+                    headers={"Content-Type": "application/json"}, chunked=True)
+                ask("GET", "/v1/models")
+                print(json.dumps(seen))
+                """#
+            let result = try await Command.run("/usr/bin/python3", ["-c", script, String(gatewayPort)], timeout: 60)
+            let seen = (try? JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [[String: Any]]) ?? []
+            #expect(seen.count == 7, "\(result.stdout) \(result.stderr)")
+            guard seen.count == 7 else { return }
+            let ports = Set(seen.compactMap { $0["port"] as? Int })
+            #expect(ports.count == 1, "one connection throughout: \(seen)")
+            // HEAD through the data path: its head alone.
+            #expect(seen[0]["via"] as? String == "lan" && seen[0]["length"] as? Int == 0, "\(seen[0])")
+            // The dashboard after it, whole (SwiftNIO's encoder once took the earlier HEAD for its request).
+            #expect(seen[1]["status"] as? Int == 200, "\(seen[1])")
+            #expect(
+                (seen[1]["length"] as? Int ?? 0) > 0
+                    && String(seen[1]["length"] as? Int ?? -1) == seen[1]["declared"] as? String, "\(seen[1])")
+            #expect((seen[1]["start"] as? String ?? "").lowercased().contains("<!doctype html"), "\(seen[1])")
+            #expect(seen[2]["status"] as? Int == 200 && (seen[2]["start"] as? String ?? "").contains("{"))
+            // HEAD of the dashboard, answered by the general path: no body, and the next answer intact.
+            #expect(seen[3]["length"] as? Int == 0, "\(seen[3])")
+            #expect(seen[4]["status"] as? Int == 200 && seen[4]["via"] as? String == "lan", "\(seen[4])")
+            // A chunked body: llhttp reads the connection from there on, the general path answers.
+            #expect(seen[5]["status"] as? Int == 200 && (seen[5]["start"] as? String ?? "").contains("{"), "\(seen[5])")
+            #expect(seen[6]["status"] as? Int == 200 && seen[6]["via"] as? String == "lan", "\(seen[6])")
+            #expect(server.requests.filter { $0.hasPrefix("REQ POST /v1/chat/completions") }.count == 1)
+        }
+    }
+
+    @Test(
         "a kept connection the server closes as a request comes: a GET goes again on a new connection and is answered; a chat completion is not sent twice (502)"
     )
     func staleKeptConnection() async throws {

@@ -8,13 +8,18 @@ import NIOHTTP1
 /// loop's own pool and passes the answer back as it comes, with backpressure both ways (neither
 /// side is read while the other cannot take more) and one flush per read batch.
 ///
+/// Requests come from ``ClientFront`` (read by ``ClientRequestParser``), past SwiftNIO's decoder.
 /// A request this handler does not forward (the dashboard, a refusal, a request that names an
-/// object on one server, one that must wait for a route, a busy server's handover) is handed
-/// whole, as it was read, to the general path behind it (Hummingbird, ``Gateway/forward``),
-/// which answers it with the same rules. The general path is set up behind this handler when a
-/// connection first needs it (a request handed over, a malformed request); until then this
-/// handler alone serves the connection, closing it when it is idle and the server stops or the
-/// client closed its side.
+/// object on one server, one that must wait for a route, a busy server's handover) is given as
+/// the bytes it came as to llhttp (SwiftNIO's decoder, between the front and this handler),
+/// whose parts this handler passes to the general path behind it (Hummingbird,
+/// ``Gateway/forward``), which answers it with the same rules; so are the connection's bytes
+/// from a request the front does not read on. Every answer of the data path is written as bytes
+/// past SwiftNIO's encoder, which sees only the general path's answers, to requests llhttp read:
+/// the methods it keeps to frame answers to `HEAD` are exactly those. The general path is set up
+/// behind this handler when a connection first needs it (a request handed over, a malformed
+/// request); until then this handler alone serves the connection, closing it when it is idle and
+/// the server stops or the client closed its side.
 final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
@@ -38,12 +43,19 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     /// The request this handler is forwarding, if any.
     private var request: ForwardedRequest?
-    /// Parts of a request being handed to the general path as they arrive.
+    /// llhttp is in the middle of a request (its parts go to the general path as they come).
     private var passing = false
+    /// The rest of a request handed over goes to llhttp as it arrives.
+    private var replaying = false
+    /// The front left the rest of the connection to llhttp: nothing more is forwarded here.
+    private var llhttpOnly = false
+    /// Where requests come from, and where bytes for llhttp go.
+    var front: ClientFront?
     /// Requests handed over whose answer has not ended.
     private var handedOver = 0
     /// Parts read after the current request (pipelined): handled once it is done.
-    private var queued = CircularBuffer<HTTPServerRequestPart>()
+    private var queued = CircularBuffer<ClientRequestParser.Part>()
+    private var draining = false
     private var readPending = false
     /// Parts were passed to the general path since the last read batch ended.
     private var firedRead = false
@@ -81,7 +93,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     /// Nothing in progress on the connection: no request of ours, none handed over.
-    private var idle: Bool { request == nil && handedOver == 0 && !passing }
+    private var idle: Bool { request == nil && handedOver == 0 && !passing && !replaying }
 
     private func closeIfDone() {
         if closeWhenIdle, idle, queued.isEmpty { context?.close(promise: nil) }
@@ -103,6 +115,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         abandon()
         self.context = nil
         rawOutput = nil
+        front = nil
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -185,8 +198,24 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         context.read()
     }
 
+    /// Parts of requests llhttp read: all go to the general path.
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let part = unwrapInboundIn(data)
+        guard ensureGeneralPath() else { return }
+        switch part {
+        case .head:
+            handedOver += 1
+            gateway.metrics.gatewayHandedOver.increment()
+            passing = true
+        case .body: break
+        case .end: passing = false
+        }
+        firedRead = true
+        context.fireChannelRead(data)
+    }
+
+    /// A part of a request, from the front.
+    func receive(_ part: ClientRequestParser.Part) {
         if !queued.isEmpty || (request?.clientEnded == true) {
             queued.append(part)
             return
@@ -194,31 +223,42 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         handle(part)
     }
 
-    private func handle(_ part: HTTPServerRequestPart) {
-        guard let context else { return }
-        if passing {
-            if case .end = part { passing = false }
-            firedRead = true
-            context.fireChannelRead(wrapInboundOut(part))
+    private func handle(_ part: ClientRequestParser.Part) {
+        guard context != nil else { return }
+        if case .other(let bytes) = part {
+            // The front reads no more of this connection: llhttp does, for the general path.
+            llhttpOnly = true
+            if ensureGeneralPath() { front?.toLLHTTP(bytes) }
+            return
+        }
+        if replaying {
+            switch part {
+            case .body(let bytes): front?.toLLHTTP(bytes)
+            case .end: replaying = false
+            case .head, .other: break  // not before the end
+            }
             return
         }
         if let request {
             requestPart(part, of: request)
             return
         }
-        guard case .head(let head) = part else {
+        guard case .head(let head, let raw) = part else {
             // Parts of a request already abandoned (its answer ended before its body).
             return
         }
-        guard handedOver == 0, let headers = takes(head) else {
-            handOver(head: head, parts: [], ended: false)
+        guard handedOver == 0, !passing, let headers = takes(head) else {
+            handOver(raw: raw, parts: [], ended: false)
             return
         }
-        request = ForwardedRequest(head: head, headers: headers)
+        request = ForwardedRequest(head: head, raw: raw, headers: headers)
     }
 
     /// Handles the queued parts, in order, until a request of ours waits for its answer.
     private func drainQueue() {
+        guard !draining else { return }
+        draining = true
+        defer { draining = false }
         while !queued.isEmpty, request?.clientEnded != true {
             handle(queued.removeFirst())
         }
@@ -232,8 +272,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// the others.
     private func takes(_ head: HTTPRequestHead) -> [(name: String, value: String)]? {
         let uri = head.uri
-        guard uri.hasPrefix("/v1/"), Self.plainTarget(uri), gateway.groupGate == nil, head.method != .CONNECT,
-            head.version.major == 1
+        guard !llhttpOnly, uri.hasPrefix("/v1/"), Self.plainTarget(uri), gateway.groupGate == nil,
+            head.method != .CONNECT, head.version.major == 1
         else { return nil }
         let path = ForwardedRequest.path(of: uri)
         guard DashboardPolicy.resource(path: path) == nil,
@@ -269,9 +309,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         return true
     }
 
-    private func requestPart(_ part: HTTPServerRequestPart, of request: ForwardedRequest) {
+    private func requestPart(_ part: ClientRequestParser.Part, of request: ForwardedRequest) {
         switch part {
-        case .head:
+        case .head, .other:
             return  // not after a head without its end
         case .body(let chunk):
             request.received += chunk.readableBytes
@@ -343,25 +383,24 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         attempt(request, index: 0)
     }
 
-    /// The request goes to the general path as it was read: head, the body so far, its end if
-    /// it came; the rest follows as it arrives.
+    /// The request goes to the general path as it came: its bytes (head, the body so far) to
+    /// llhttp, the rest as it arrives; then the requests read after it.
     private func handOver(_ request: ForwardedRequest) {
         self.request = nil
-        handOver(head: request.head, parts: request.parts, ended: request.clientEnded)
+        handOver(raw: request.rawHead, parts: request.parts, ended: request.clientEnded)
+        drainQueue()
     }
 
-    private func handOver(head: HTTPRequestHead, parts: [ByteBuffer], ended: Bool) {
-        guard let context, ensureGeneralPath() else { return }
-        handedOver += 1
-        gateway.metrics.gatewayHandedOver.increment()
-        context.fireChannelRead(wrapInboundOut(.head(head)))
-        for part in parts { context.fireChannelRead(wrapInboundOut(.body(part))) }
-        if ended {
-            context.fireChannelRead(wrapInboundOut(.end(nil)))
-        } else {
-            passing = true
+    private func handOver(raw: ByteBuffer, parts: [ByteBuffer], ended: Bool) {
+        guard let context, let front, ensureGeneralPath() else { return }
+        // llhttp reads it (its parts come back through channelRead, to the general path).
+        front.toLLHTTP(raw)
+        for part in parts { front.toLLHTTP(part) }
+        replaying = !ended
+        if firedRead {
+            firedRead = false
+            context.fireChannelReadComplete()
         }
-        context.fireChannelReadComplete()
     }
 
     // MARK: Forwarding
@@ -502,6 +541,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     /// An answer of the gateway's own, in the OpenAI error shape.
+    /// Written as bytes like forwarded answers (SwiftNIO's encoder sees only the general path's).
     private func respond(_ request: ForwardedRequest, status: Int, code: String, message: String) {
         guard let context else { return }
         let body = ByteBuffer(bytes: Gateway.errorBody(code: code, message: message))
@@ -512,13 +552,14 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         headers.add(name: "Content-Length", value: String(body.readableBytes))
         let keepAlive = request.head.isKeepAlive && request.clientEnded
         if !keepAlive { headers.add(name: "Connection", value: "close") }
-        context.write(
-            wrapOutboundOut(
-                .head(HTTPResponseHead(version: .http1_1, status: .init(statusCode: status), headers: headers))),
-            promise: nil)
-        context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
-        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         request.keepAlive = keepAlive
+        request.holdsAnswer = false
+        writeToClient(
+            .head(HTTPResponseHead(version: .http1_1, status: .init(statusCode: status), headers: headers)),
+            for: request)
+        if request.head.method != .HEAD { writeToClient(.body(.byteBuffer(body)), for: request) }
+        writeToClient(.end(nil), for: request)
+        context.flush()
         request.phase = .done
         request.releaseTokens()
         if request.clientEnded { finished(request) } else { context.close(promise: nil) }
@@ -833,6 +874,8 @@ final class ForwardedRequest {
     enum Phase { case collecting, connecting, forwarding, done }
 
     let head: HTTPRequestHead
+    /// The head's bytes as the client sent them (given to llhttp if the request is handed over).
+    let rawHead: ByteBuffer
     let path: String
     let started = ContinuousClock.now
     /// What the body read ahead holds of the shared budget (made with the first body part).
@@ -864,8 +907,9 @@ final class ForwardedRequest {
     var inFlight: InFlightToken?
     var routeToken: (any AnyObject & Sendable)?
 
-    init(head: HTTPRequestHead, headers: [(name: String, value: String)]) {
+    init(head: HTTPRequestHead, raw: ByteBuffer, headers: [(name: String, value: String)]) {
         self.head = head
+        self.rawHead = raw
         self.clientHeaders = headers
         self.path = Self.path(of: head.uri)
     }

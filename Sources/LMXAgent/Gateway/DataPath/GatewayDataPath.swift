@@ -151,10 +151,16 @@ struct GatewayChildChannel: ServerChildChannel, HTTPChannelHandler {
                 case .v4, .v6: overTCP = true
                 default: overTCP = false
                 }
-                try sync.addHandler(
-                    GatewayConnectionHandler(
-                        dataPath: dataPath, state: state, uid: known, overTCP: overTCP,
-                        startGeneralPath: { channel in try startGeneralPath(on: channel, logger: logger) }))
+                let handler = GatewayConnectionHandler(
+                    dataPath: dataPath, state: state, uid: known, overTCP: overTCP,
+                    startGeneralPath: { channel in try startGeneralPath(on: channel, logger: logger) })
+                // Requests are read by the front, before SwiftNIO's decoder (which reads only what
+                // the front gives it: ``ClientFront``).
+                let front = ClientFront()
+                front.handler = handler
+                handler.front = front
+                try sync.addHandler(front, position: .before(try sync.handler(type: HTTPResponseEncoder.self)))
+                try sync.addHandler(handler)
                 return Value(channel: channel)
             }
         }

@@ -1,0 +1,326 @@
+import NIOCore
+import NIOHTTP1
+
+/// Clients' requests as the data path reads them: a strict subset of HTTP/1.1, read from the
+/// bytes in one pass, and everything else left to llhttp (SwiftNIO's decoder, behind).
+///
+/// A request is read here only when nobody could read it differently: a request line of a
+/// common method, an origin-form target of visible ASCII, `HTTP/1.1` or `HTTP/1.0`; header lines
+/// of a token, a colon and a value of visible ASCII, spaces and tabs, each ending in CRLF; its
+/// body framed by one `Content-Length` of digits, or absent. Anything else — `Transfer-Encoding`,
+/// an upgrade, a bare CR or LF, a folded line, bytes past ASCII, a head past 16 KiB, more than
+/// 100 headers — and the connection's bytes from that request on go to llhttp, which reads (or
+/// refuses) them as it always did: this reader never accepts what llhttp would refuse or read
+/// otherwise (`ClientCodecTests` holds it to that against llhttp on generated and mutated
+/// requests), so the two can never disagree on where a request ends.
+///
+/// Each request's head comes with its bytes as read (`raw`): a request handed to the general path
+/// is given to llhttp as those bytes and its body's, and read there afresh.
+struct ClientRequestParser {
+    enum Part {
+        case head(HTTPRequestHead, raw: ByteBuffer)
+        case body(ByteBuffer)
+        case end
+        /// Bytes not read here: llhttp reads them, and every byte after them.
+        case other(ByteBuffer)
+    }
+
+    private enum State {
+        case head
+        case body(remaining: Int)
+        /// llhttp reads the rest of the connection.
+        case other
+        /// The last request said the connection closes after its answer: nothing more is read.
+        case closed
+    }
+
+    /// A head is read here only up to this length (llhttp takes up to 80 KiB).
+    static let maxHead = 16 << 10
+    static let maxHeaders = 100
+
+    private var state = State.head
+    /// The start of a head not yet whole.
+    private var held: ByteBuffer?
+
+    /// Whether llhttp reads the rest of the connection.
+    var handedToLLHTTP: Bool {
+        if case .other = state { true } else { false }
+    }
+
+    /// Reads `bytes`, handing each part to `emit` as it is whole.
+    mutating func read(_ bytes: ByteBuffer, emit: (Part) -> Void) {
+        var input = bytes
+        if var earlier = held {
+            held = nil
+            earlier.writeBuffer(&input)
+            input = earlier
+        }
+        while input.readableBytes > 0 {
+            switch state {
+            case .other:
+                emit(.other(input))
+                return
+            case .closed:
+                return
+            case .body(let remaining):
+                let n = min(remaining, input.readableBytes)
+                emit(.body(input.readSlice(length: n)!))
+                if n == remaining {
+                    ended(emit)
+                } else {
+                    state = .body(remaining: remaining - n)
+                }
+            case .head:
+                switch Self.headEnd(input) {
+                case .incomplete:
+                    if input.readableBytes > Self.maxHead {
+                        state = .other
+                        continue
+                    }
+                    held = input
+                    return
+                case .other:
+                    state = .other
+                case .length(let length):
+                    guard length <= Self.maxHead,
+                        let request = Self.parseHead(input.getSlice(at: input.readerIndex, length: length)!)
+                    else {
+                        state = .other
+                        continue
+                    }
+                    let raw = input.readSlice(length: length)!
+                    // Nothing after a request that closes the connection is read (llhttp refuses
+                    // it; the connection closes once this one is answered).
+                    closesAfter = !request.head.isKeepAlive
+                    emit(.head(request.head, raw: raw))
+                    if request.length > 0 {
+                        state = .body(remaining: request.length)
+                    } else {
+                        ended(emit)
+                    }
+                }
+            }
+        }
+    }
+
+    private var closesAfter = false
+
+    private mutating func ended(_ emit: (Part) -> Void) {
+        state = closesAfter ? .closed : .head
+        emit(.end)
+    }
+
+    enum HeadEnd {
+        case incomplete
+        case length(Int)
+        case other
+    }
+
+    /// Where the head at the start of `buffer` ends (through its blank line); `.other` as soon
+    /// as it cannot be a head read here (a first byte that is no method's, a bare CR or LF).
+    static func headEnd(_ buffer: ByteBuffer) -> HeadEnd {
+        buffer.withUnsafeReadableBytes { bytes -> HeadEnd in
+            guard let first = bytes.first else { return .incomplete }
+            guard (0x41...0x5A).contains(first) else { return .other }
+            var index = 0
+            while index < bytes.count {
+                let byte = bytes[index]
+                if byte == 0x0D {
+                    guard index + 1 < bytes.count else { return .incomplete }
+                    guard bytes[index + 1] == 0x0A else { return .other }
+                    if index + 3 < bytes.count, bytes[index + 2] == 0x0D {
+                        return bytes[index + 3] == 0x0A ? .length(index + 4) : .other
+                    }
+                    index += 2
+                } else if byte == 0x0A {
+                    return .other
+                } else {
+                    index += 1
+                }
+            }
+            return .incomplete
+        }
+    }
+
+    struct Request {
+        var head: HTTPRequestHead
+        var length: Int
+    }
+
+    /// A whole head, or nil when it is not one read here.
+    static func parseHead(_ head: ByteBuffer) -> Request? {
+        head.withUnsafeReadableBytes { bytes -> Request? in
+            // Lines end with CRLF (headEnd found no bare CR or LF); the last two bytes are the blank line's.
+            var lines: [(Int, Int)] = []
+            var start = 0
+            var index = 0
+            let end = bytes.count - 2
+            while index < end {
+                if bytes[index] == 0x0D {
+                    lines.append((start, index))
+                    index += 2
+                    start = index
+                } else {
+                    index += 1
+                }
+            }
+            guard let requestLine = lines.first, lines.count <= maxHeaders + 1 else { return nil }
+            guard
+                let (method, target, minor) = Self.requestLine(
+                    UnsafeRawBufferPointer(rebasing: bytes[requestLine.0..<requestLine.1]))
+            else { return nil }
+            var headers: [(String, String)] = []
+            headers.reserveCapacity(lines.count - 1)
+            var length: Int?
+            for (from, to) in lines.dropFirst() {
+                let line = UnsafeRawBufferPointer(rebasing: bytes[from..<to])
+                guard let (name, value) = Self.headerLine(line) else { return nil }
+                if equalsLowercased(name, "content-length") {
+                    // One, digits only, nothing after them (llhttp refuses two even when equal,
+                    // and trailing spaces).
+                    guard length == nil, !value.isEmpty, value.count <= 15, value.endIndex == line.endIndex,
+                        value.allSatisfy({ (0x30...0x39).contains($0) })
+                    else { return nil }
+                    length = value.reduce(0) { $0 * 10 + Int($1 - 0x30) }
+                } else if equalsLowercased(name, "transfer-encoding") || equalsLowercased(name, "upgrade") {
+                    return nil
+                } else if equalsLowercased(name, "connection"), containsLowercased(value, "upgrade") {
+                    return nil
+                }
+                headers.append(
+                    (
+                        String(decoding: UnsafeRawBufferPointer(rebasing: name), as: UTF8.self),
+                        String(decoding: UnsafeRawBufferPointer(rebasing: value), as: UTF8.self)
+                    ))
+            }
+            return Request(
+                head: HTTPRequestHead(
+                    version: .init(major: 1, minor: minor), method: method, uri: target, headers: HTTPHeaders(headers)),
+                length: length ?? 0)
+        }
+    }
+
+    /// `METHOD SP origin-form SP HTTP/1.x`, of the methods clients of the gateway use.
+    private static func requestLine(_ line: UnsafeRawBufferPointer) -> (HTTPMethod, String, Int)? {
+        guard let space = line.firstIndex(of: 0x20), line.count >= space + 12 else { return nil }
+        let name = line[..<space]
+        let method: HTTPMethod
+        if matches(name, "GET") {
+            method = .GET
+        } else if matches(name, "POST") {
+            method = .POST
+        } else if matches(name, "HEAD") {
+            method = .HEAD
+        } else if matches(name, "PUT") {
+            method = .PUT
+        } else if matches(name, "DELETE") {
+            method = .DELETE
+        } else if matches(name, "OPTIONS") {
+            method = .OPTIONS
+        } else if matches(name, "PATCH") {
+            method = .PATCH
+        } else {
+            return nil
+        }
+        let version = line.count - 9
+        let minor = line[line.count - 1]
+        guard line[version] == 0x20, matches(line[(version + 1)..<(line.count - 1)], "HTTP/1."),
+            minor == UInt8(ascii: "1") || minor == UInt8(ascii: "0")
+        else { return nil }
+        let target = line[(space + 1)..<version]
+        guard target.first == UInt8(ascii: "/"), target.allSatisfy({ (0x21...0x7E).contains($0) }) else {
+            return nil
+        }
+        return (
+            method, String(decoding: UnsafeRawBufferPointer(rebasing: target), as: UTF8.self),
+            Int(minor - 0x30)
+        )
+    }
+
+    /// `token ":" OWS value OWS`, the value of visible ASCII, spaces and tabs; nil otherwise.
+    private static func headerLine(
+        _ line: UnsafeRawBufferPointer
+    ) -> (Slice<UnsafeRawBufferPointer>, Slice<UnsafeRawBufferPointer>)? {
+        guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > 0,
+            line[..<colon].allSatisfy(isTokenByte)
+        else { return nil }
+        var from = colon + 1
+        var to = line.count
+        while from < to, line[from] == 0x20 || line[from] == 0x09 { from += 1 }
+        while to > from, line[to - 1] == 0x20 || line[to - 1] == 0x09 { to -= 1 }
+        let value = line[from..<to]
+        guard value.allSatisfy({ (0x20...0x7E).contains($0) || $0 == 0x09 }) else { return nil }
+        return (line[..<colon], value)
+    }
+
+    private static func isTokenByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: true
+        case UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"),
+            UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."),
+            UInt8(ascii: "^"), UInt8(ascii: "_"), UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
+            true
+        default: false
+        }
+    }
+
+    private static func matches(_ bytes: Slice<UnsafeRawBufferPointer>, _ text: StaticString) -> Bool {
+        text.withUTF8Buffer { bytes.elementsEqual($0) }
+    }
+
+    private static func equalsLowercased(_ bytes: Slice<UnsafeRawBufferPointer>, _ lower: StaticString) -> Bool {
+        lower.withUTF8Buffer { expected in
+            bytes.count == expected.count && zip(bytes, expected).allSatisfy { ($0 | 0x20) == $1 }
+        }
+    }
+
+    private static func containsLowercased(_ bytes: Slice<UnsafeRawBufferPointer>, _ lower: StaticString) -> Bool {
+        lower.withUTF8Buffer { expected in
+            guard bytes.count >= expected.count else { return false }
+            var start = bytes.startIndex
+            while start + expected.count <= bytes.endIndex {
+                if zip(bytes[start..<(start + expected.count)], expected).allSatisfy({ ($0 | 0x20) == $1 }) {
+                    return true
+                }
+                start += 1
+            }
+            return false
+        }
+    }
+}
+
+/// The first handler of a gateway connection: reads clients' requests (``ClientRequestParser``)
+/// and hands their parts straight to the data path's handler, past SwiftNIO's decoder; bytes
+/// the parser leaves to llhttp, and requests the data path hands to the general path, go to that
+/// decoder as bytes (``toLLHTTP(_:)``), which reads them as it always did.
+final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+
+    private var parser = ClientRequestParser()
+    private var context: ChannelHandlerContext?
+    var handler: GatewayConnectionHandler?
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+        handler = nil
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let bytes = unwrapInboundIn(data)
+        guard let handler else {
+            context.fireChannelRead(data)
+            return
+        }
+        parser.read(bytes) { handler.receive($0) }
+    }
+
+    /// Bytes for llhttp (SwiftNIO's HTTP/1 decoder, behind this handler).
+    func toLLHTTP(_ bytes: ByteBuffer) {
+        context?.fireChannelRead(wrapInboundOut(bytes))
+    }
+}

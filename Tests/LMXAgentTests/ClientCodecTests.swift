@@ -1,0 +1,273 @@
+import Foundation
+import NIOCore
+import NIOEmbedded
+import NIOHTTP1
+import Testing
+
+@testable import LMXAgent
+
+/// The data path's reading of clients' requests: the strict subset it reads itself, what it
+/// leaves to llhttp, and — against SwiftNIO's llhttp decoder on the same bytes — that wherever it
+/// reads a request, llhttp reads the same one, ending at the same byte.
+@Suite("The data path's reading of clients' requests")
+struct ClientCodecTests {
+    /// The requests a reader made of some bytes, in order, and whether it left the rest to llhttp
+    /// (ours) or failed (llhttp).
+    struct Reading: Equatable, CustomStringConvertible {
+        struct Request: Equatable {
+            var method = ""
+            var uri = ""
+            var minor = 1
+            var headers: [String] = []
+            var body: [UInt8] = []
+            var ended = false
+            var raw: [UInt8] = []
+        }
+        var requests: [Request] = []
+        var stopped = false
+        /// Bytes left to llhttp, from where ours stopped.
+        var rest: [UInt8] = []
+        var description: String {
+            requests.map {
+                "\($0.method) \($0.uri) 1.\($0.minor) \($0.headers) body \($0.body.count) B ended \($0.ended)"
+            }.joined(separator: " | ") + (stopped ? " [stopped]" : "")
+        }
+    }
+
+    static func ours(_ bytes: [UInt8], piece: Int = 0) -> Reading {
+        var parser = ClientRequestParser()
+        var reading = Reading()
+        let size = piece > 0 ? piece : max(bytes.count, 1)
+        var offset = 0
+        while offset < bytes.count {
+            let end = min(offset + size, bytes.count)
+            parser.read(ByteBuffer(bytes: bytes[offset..<end])) { part in
+                switch part {
+                case .head(let head, let raw):
+                    reading.requests.append(
+                        .init(
+                            method: head.method.rawValue, uri: head.uri, minor: head.version.minor,
+                            headers: head.headers.map { "\($0.name): \($0.value)" }, raw: Array(raw.readableBytesView)))
+                case .body(let b): reading.requests[reading.requests.count - 1].body += Array(b.readableBytesView)
+                case .end: reading.requests[reading.requests.count - 1].ended = true
+                case .other(let b):
+                    reading.stopped = true
+                    reading.rest += Array(b.readableBytesView)
+                }
+            }
+            offset = end
+        }
+        return reading
+    }
+
+    static func llhttp(_ bytes: [UInt8]) -> Reading {
+        let channel = EmbeddedChannel()
+        var reading = Reading()
+        do {
+            try channel.pipeline.syncOperations.configureHTTPServerPipeline(
+                withPipeliningAssistance: false, withErrorHandling: false)
+            try channel.writeInbound(ByteBuffer(bytes: bytes))
+        } catch {
+            reading.stopped = true
+        }
+        while let part = try? channel.readInbound(as: HTTPServerRequestPart.self) {
+            switch part {
+            case .head(let head):
+                reading.requests.append(
+                    .init(
+                        method: head.method.rawValue, uri: head.uri, minor: head.version.minor,
+                        // llhttp keeps a value's trailing spaces and tabs; RFC 9110 §5.5 (and ours) does not.
+                        headers: head.headers.map {
+                            "\($0.name): \(String($0.value.reversed().drop { $0 == " " || $0 == "\t" }.reversed()))"
+                        }))
+            case .body(let b): reading.requests[reading.requests.count - 1].body += Array(b.readableBytesView)
+            case .end: reading.requests[reading.requests.count - 1].ended = true
+            }
+        }
+        _ = try? channel.finish()
+        return reading
+    }
+
+    static func bytes(_ text: String) -> [UInt8] { Array(text.utf8) }
+
+    @Test("plain requests: heads, bodies by Content-Length, pipelined, in any pieces; the raw head kept")
+    func reads() {
+        let text =
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nContent-Type: application/json\r\n"
+            + "Authorization: Bearer sk-x\r\nContent-Length: 11\r\n\r\n{\"a\": true}"
+            + "GET /v1/models?x=1 HTTP/1.1\r\nHost: h\r\nX-Empty:\r\nX-Pad: \t v \t\r\n\r\n"
+            + "HEAD /v1/models HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+            + "DELETE /v1/x HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+        for piece in [0, 1, 2, 7, 100] {
+            let reading = Self.ours(Self.bytes(text), piece: piece)
+            #expect(!reading.stopped)
+            #expect(reading.requests.map { $0.method } == ["POST", "GET", "HEAD", "DELETE"], "\(piece)")
+            #expect(reading.requests.allSatisfy { $0.ended })
+            #expect(reading.requests.first?.body == Self.bytes("{\"a\": true}"))
+            #expect(reading.requests[1].headers == ["Host: h", "X-Empty: ", "X-Pad: v"])
+            #expect(reading.requests[1].uri == "/v1/models?x=1")
+            #expect(reading.requests[2].minor == 0)
+            #expect(
+                reading.requests[1].raw
+                    == Self.bytes("GET /v1/models?x=1 HTTP/1.1\r\nHost: h\r\nX-Empty:\r\nX-Pad: \t v \t\r\n\r\n"))
+            #expect(reading == Self.llhttp(Self.bytes(text)).withRaw(from: reading), "\(piece)")
+        }
+        // After a request that closes the connection, nothing more is read.
+        let closing = Self.ours(Self.bytes("GET /a HTTP/1.1\r\nConnection: close\r\n\r\nGET /b HTTP/1.1\r\n\r\n"))
+        #expect(closing.requests.map { $0.uri } == ["/a"] && closing.requests[0].ended && !closing.stopped)
+        let old = Self.ours(Self.bytes("GET /a HTTP/1.0\r\n\r\nGET /b HTTP/1.0\r\n\r\n"))
+        #expect(old.requests.map { $0.uri } == ["/a"])
+    }
+
+    @Test("what is outside the subset goes to llhttp from that request on, as it came")
+    func leftToLLHTTP() {
+        let first = "GET /v1/models HTTP/1.1\r\nHost: h\r\n\r\n"
+        let others = [
+            "POST /v1/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            "POST /v1/x HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc",
+            "POST /v1/x HTTP/1.1\r\nContent-Length: 3 \r\n\r\nabc",
+            "POST /v1/x HTTP/1.1\r\nContent-Length: +3\r\n\r\nabc",
+            "POST /v1/x HTTP/1.1\r\nContent-Length: 1234567890123456\r\n\r\n",
+            "GET /v1/x HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+            "GET /v1/x HTTP/1.1\r\nConnection: keep-alive, upgrade\r\n\r\n",
+            "GET /v1/x HTTP/1.1\nHost: h\n\n",
+            "GET /v1/x HTTP/1.1\r\nHost: h\r\r\n\r\n",
+            "GET /v1/x HTTP/1.1\r\nX: a\r\n folded\r\n\r\n",
+            "GET /v1/x HTTP/1.1\r\nX : a\r\n\r\n",
+            "GET /v1/x HTTP/1.1\r\nX: caf\u{E9}\r\n\r\n",
+            "GET /v1/x HTTP/1.1\r\nX: a\u{7F}\r\n\r\n",
+            "GET /v1/x HTTP/1.1\r\nX: a\u{0}b\r\n\r\n",
+            "GET http://h/v1/x HTTP/1.1\r\n\r\n",
+            "GET * HTTP/1.1\r\n\r\n",
+            "CONNECT h:443 HTTP/1.1\r\n\r\n",
+            "PROPFIND /v1/x HTTP/1.1\r\n\r\n",
+            "get /v1/x HTTP/1.1\r\n\r\n",
+            "GET /v1/x HTTP/2.0\r\n\r\n",
+            "GET /v1/x  HTTP/1.1\r\n\r\n",
+            "GET /v1/\u{E9} HTTP/1.1\r\n\r\n",
+            "\r\nGET /v1/x HTTP/1.1\r\n\r\n",
+            "\u{16}\u{3}\u{1}\u{0}",
+            "GET /v1/x HTTP/1.1\r\n" + String(repeating: "X-A: 1\r\n", count: 101) + "\r\n",
+            "GET /v1/x HTTP/1.1\r\nX: " + String(repeating: "a", count: 17 << 10) + "\r\n\r\n",
+        ]
+        for other in others {
+            let reading = Self.ours(Self.bytes(first + other))
+            #expect(reading.requests.count == 1 && reading.requests[0].ended, "\(other.debugDescription)")
+            #expect(reading.stopped && reading.rest == Self.bytes(other), "\(other.debugDescription)")
+            // Fed a byte at a time, the same (a head not yet whole waits; one past 16 KiB goes).
+            let slow = Self.ours(Self.bytes(first + other), piece: 1)
+            #expect(
+                slow.requests.count == 1 && slow.stopped && slow.rest == Self.bytes(other), "\(other.debugDescription)")
+        }
+    }
+
+    /// Requests built from parts, valid and then mutated.
+    struct Generator {
+        var state: UInt64
+        mutating func next(_ bound: Int) -> Int {
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return Int((state >> 33) % UInt64(bound))
+        }
+
+        mutating func request() -> [UInt8] {
+            let methods = ["GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH"]
+            let targets = [
+                "/v1/models", "/v1/chat/completions?a=b&c=%20", "/", "/v1/x;y=z", "/a/../b", "/v1/~!$&'()*+,=:@",
+            ]
+            var text =
+                "\(methods[next(methods.count)]) \(targets[next(targets.count)]) HTTP/1.\(next(5) == 0 ? 0 : 1)\r\n"
+            let body = String(repeating: "b", count: next(3) == 0 ? 0 : next(200))
+            for _ in 0..<next(5) {
+                text +=
+                    [
+                        "Host: 127.0.0.1:8080", "Authorization: Bearer sk-1", "Content-Type: application/json",
+                        "Connection: keep-alive", "X-Empty:", "Accept:\t*/*", "Connection: close",
+                        "Expect: 100-continue",
+                    ][next(8)] + "\r\n"
+            }
+            switch next(6) {
+            case 0, 1, 2:
+                text += "Content-Length: \(body.utf8.count)\r\n\r\n" + body
+            case 3:
+                text += "\r\n"
+            case 4:
+                text +=
+                    "Transfer-Encoding: chunked\r\n\r\n\(String(body.utf8.count, radix: 16))\r\n\(body)\r\n0\r\n\r\n"
+            default:
+                text +=
+                    "Content-Length: \(body.utf8.count)\r\nContent-Length: \(body.utf8.count + next(2))\r\n\r\n" + body
+            }
+            return Array(text.utf8)
+        }
+
+        mutating func mutate(_ bytes: [UInt8]) -> [UInt8] {
+            var out = bytes
+            let alphabet: [UInt8] =
+                Array("\r\n :;0123456789abcdefABCDEF\t\0-,xX/?#%\"<>{}\\".utf8) + [0x7F, 0xC3, 0xFF, 0x0B, 0x0C]
+            for _ in 0..<(1 + next(3)) where !out.isEmpty {
+                let at = next(out.count)
+                switch next(3) {
+                case 0: out[at] = alphabet[next(alphabet.count)]
+                case 1: out.insert(alphabet[next(alphabet.count)], at: at)
+                default: out.remove(at: at)
+                }
+            }
+            return out
+        }
+    }
+
+    @Test(
+        "against llhttp on 6,000 generated connections and 12,000 mutated ones: every request ours reads, llhttp reads alike"
+    )
+    func differentialAgainstLLHTTP() {
+        var generator = Generator(
+            state: ProcessInfo.processInfo.environment["LMX_SEED"].flatMap { UInt64($0) } ?? 0xC11E_2026)
+        var agreed = 0
+        var leftToLLHTTP = 0
+        for round in 0..<18000 {
+            // One to three requests on a connection, the last of them mutated after the first 6,000.
+            var bytes: [UInt8] = []
+            for _ in 0...generator.next(3) { bytes += generator.request() }
+            if round >= 6000 { bytes = generator.mutate(bytes) }
+            let ours = Self.ours(bytes, piece: [0, 1, 3, 50][generator.next(4)])
+            let theirs = Self.llhttp(bytes)
+            if ours.stopped { leftToLLHTTP += 1 }
+            // Each request ours read whole, llhttp read the same: method, target, version,
+            // headers, body, end.
+            for (index, request) in ours.requests.enumerated() where request.ended {
+                let same =
+                    index < theirs.requests.count
+                    && theirs.requests[index]
+                        == Reading.Request(
+                            method: request.method, uri: request.uri, minor: request.minor, headers: request.headers,
+                            body: request.body, ended: true)
+                #expect(
+                    same,
+                    "\(String(decoding: bytes, as: UTF8.self).debugDescription)\n ours: \(ours)\n llhttp: \(theirs)")
+                if same { agreed += 1 }
+            }
+            // Where ours stopped, what it left is exactly the rest of the bytes after the requests
+            // it read whole (llhttp is given those bytes, from a request's start).
+            if ours.stopped {
+                let read = ours.requests.filter { $0.ended }.reduce(0) { $0 + $1.raw.count + $1.body.count }
+                #expect(
+                    ours.requests.allSatisfy { $0.ended } && Array(bytes[read...]) == ours.rest,
+                    "\(String(decoding: bytes, as: UTF8.self).debugDescription)")
+            }
+        }
+        #expect(agreed > 8000)
+        print(
+            "figure: client codec vs llhttp: \(agreed) requests read alike; \(leftToLLHTTP) connections left to llhttp")
+    }
+}
+
+extension ClientCodecTests.Reading {
+    /// llhttp's reading with ours' raw heads (llhttp gives none) and nothing left over, to compare.
+    func withRaw(from ours: Self) -> Self {
+        var copy = self
+        for index in copy.requests.indices where index < ours.requests.count {
+            copy.requests[index].raw = ours.requests[index].raw
+        }
+        return copy
+    }
+}
