@@ -511,6 +511,10 @@ struct GatewayProxyTests {
             #expect(seen[5]["status"] as? Int == 200 && (seen[5]["start"] as? String ?? "").contains("{"), "\(seen[5])")
             #expect(seen[6]["status"] as? Int == 200 && seen[6]["via"] as? String == "lan", "\(seen[6])")
             #expect(server.requests.filter { $0.hasPrefix("REQ POST /v1/chat/completions") }.count == 1)
+            // The general path answered four: the dashboard twice, the chunked request and the one
+            // after it (llhttp reads the connection from the chunked one on); the data path the others.
+            let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
+            #expect(metrics.contains("lmx_gateway_general_path_total 4"), "\(metrics)")
         }
     }
 

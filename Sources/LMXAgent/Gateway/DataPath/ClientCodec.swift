@@ -202,7 +202,8 @@ struct ClientRequestParser {
 
     /// `METHOD SP origin-form SP HTTP/1.x`, of the methods clients of the gateway use.
     private static func requestLine(_ line: UnsafeRawBufferPointer) -> (HTTPMethod, String, Int)? {
-        guard let space = line.firstIndex(of: 0x20), line.count >= space + 12 else { return nil }
+        // At least one byte of target between the spaces.
+        guard let space = line.firstIndex(of: 0x20), line.count >= space + 11 else { return nil }
         let name = line[..<space]
         let method: HTTPMethod
         if matches(name, "GET") {
