@@ -247,11 +247,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             // Parts of a request already abandoned (its answer ended before its body).
             return
         }
-        guard handedOver == 0, !passing, let headers = takes(head) else {
+        guard handedOver == 0, !passing, let (headers, length) = takes(head) else {
             handOver(raw: raw, parts: [], ended: false)
             return
         }
         request = ForwardedRequest(head: head, raw: raw, headers: headers)
+        request?.declaredLength = length
     }
 
     /// Handles the queued parts, in order, until a request of ours waits for its answer.
@@ -268,9 +269,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     // MARK: Deciding
 
     /// The requests this handler forwards itself: plain `/v1/` requests with nothing that needs
-    /// the general path's waits or checks. Their headers as the core's rules read them; nil for
-    /// the others.
-    private func takes(_ head: HTTPRequestHead) -> [(name: String, value: String)]? {
+    /// the general path's waits or checks. Their headers as the core's rules read them and their
+    /// body's declared length; nil for the others.
+    private func takes(_ head: HTTPRequestHead) -> ([(name: String, value: String)], Int?)? {
         let uri = head.uri
         guard !llhttpOnly, uri.hasPrefix("/v1/"), Self.plainTarget(uri), gateway.groupGate == nil,
             head.method != .CONNECT, head.version.major == 1
@@ -288,12 +289,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         {
             return nil
         }
-        if let declared = head.headers.first(name: "content-length").flatMap(OutsideInput.contentLength),
-            declared > gateway.configuration.maxRequestBytes
-        {
-            return nil
-        }
-        return headers
+        let declared = head.headers.first(name: "content-length").flatMap(OutsideInput.contentLength)
+        if let declared, declared > gateway.configuration.maxRequestBytes { return nil }
+        return (headers, declared)
     }
 
     /// A request target with no percent-encoding, fragment or dot-dot anywhere (those go to the
@@ -322,6 +320,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             switch request.phase {
             case .collecting:
                 request.parts.append(chunk)
+                // The body's last byte came with this part: its end follows at once, and the
+                // request is decided then; nothing waits to be read ahead.
+                if request.received == request.declaredLength { break }
                 if request.received >= gateway.configuration.readAheadBytes
                     || !request.reservation(from: gateway.readAhead, for: uid).take(chunk.readableBytes)
                 {
@@ -545,20 +546,18 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private func respond(_ request: ForwardedRequest, status: Int, code: String, message: String) {
         guard let context else { return }
         let body = ByteBuffer(bytes: Gateway.errorBody(code: code, message: message))
-        var headers = HTTPHeaders()
-        headers.add(name: "Content-Type", value: "application/json")
-        headers.add(name: "Cache-Control", value: "no-store")
-        for (name, value) in GatewayPolicy.securityHeaders { headers.add(name: name, value: value) }
-        headers.add(name: "Content-Length", value: String(body.readableBytes))
-        let keepAlive = request.head.isKeepAlive && request.clientEnded
-        if !keepAlive { headers.add(name: "Connection", value: "close") }
-        request.keepAlive = keepAlive
+        request.keepAlive = request.head.isKeepAlive && request.clientEnded
         request.holdsAnswer = false
-        writeToClient(
-            .head(HTTPResponseHead(version: .http1_1, status: .init(statusCode: status), headers: headers)),
-            for: request)
-        if request.head.method != .HEAD { writeToClient(.body(.byteBuffer(body)), for: request) }
-        writeToClient(.end(nil), for: request)
+        let head = answerHead(request, status: .init(statusCode: status), sized: true) { out in
+            out.writeStaticString("Content-Type: application/json\r\nCache-Control: no-store\r\n")
+            Self.writeSecurityHeaders(&out)
+            out.writeStaticString("Content-Length: ")
+            out.writeString(String(body.readableBytes))
+            out.writeStaticString("\r\n")
+        }
+        writeToClient(.head(head), for: request)
+        if request.head.method != .HEAD { writeToClient(.body(body), for: request) }
+        writeToClient(.end, for: request)
         context.flush()
         request.phase = .done
         request.releaseTokens()
@@ -625,10 +624,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             if events { request.relay = EventRelay() }
             TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
                 .answered(target.via, status: Int(head.status.code), stream: events)
-            // GatewayPolicy.downstreamHeaders, one header at a time, gathered as a list and made
-            // into headers once (the names are the server's, parsed as tokens, and ours).
-            var headers: [(String, String)] = []
-            headers.reserveCapacity(head.headers.count + 6)
+            // GatewayPolicy.downstreamHeaders, one header at a time, written straight into the
+            // head's bytes (the names and values are the server's, read strictly by
+            // ``UpstreamResponseParser``: tokens, no line breaks or control characters; and ours).
             var connectionListed: [String] = []
             var keepAlive = UpstreamKeepAlive()
             for (name, value) in head.headers {
@@ -636,31 +634,29 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                 keepAlive.read(name: name, value: value)
             }
             upstream.keepFor = .seconds(Int64(keepAlive.seconds))
-            for (name, value) in head.headers
-            where GatewayPolicy.keepsDownstream(name, connectionListed: connectionListed) {
-                headers.append((name, value))
-            }
-            if let length = head.headers.first(name: "content-length") {
-                headers.append(("Content-Length", length))
-            }
-            for (name, value) in GatewayPolicy.securityHeaders { headers.append((name, value)) }
-            headers.append(("X-LMX-Via", target.via.rawValue))
+            let length = head.headers.first(name: "content-length")
             request.keepAlive = request.head.isKeepAlive
-            if !request.keepAlive { headers.append(("Connection", "close")) }
+            let bytes = answerHead(request, status: head.status, sized: length != nil) { out in
+                for (name, value) in head.headers
+                where GatewayPolicy.keepsDownstream(name, connectionListed: connectionListed) {
+                    Self.writeHeader(name, value, to: &out)
+                }
+                if let length { Self.writeHeader("Content-Length", length, to: &out) }
+                Self.writeSecurityHeaders(&out)
+                Self.writeHeader("X-LMX-Via", target.via.rawValue, to: &out)
+            }
             request.answerStarted = true
             // An answer that comes before the client has sent its whole body (a server that
             // answers without reading it) is held until the body has come, as nginx does: many
             // clients cannot read an answer while they are still writing. Bounded.
             request.holdsAnswer = !request.clientEnded
-            emit(
-                .head(HTTPResponseHead(version: .http1_1, status: head.status, headers: HTTPHeaders(headers))),
-                for: request)
+            emit(.head(bytes), for: request)
         case .body(let chunk):
             guard request.answerStarted else { return }
             if request.relay != nil {
-                request.relay!.pass(chunk) { emit(.body(.byteBuffer($0)), for: request) }
+                request.relay!.pass(chunk) { emit(.body($0), for: request) }
             } else {
-                emit(.body(.byteBuffer(chunk)), for: request)
+                emit(.body(chunk), for: request)
             }
         case .end:
             guard request.answerStarted else { return }
@@ -668,13 +664,13 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                 let (rest, cut) = relay.finish()
                 request.relay = relay
                 if cut { return streamLost(request, error: Gateway.StreamEndedMidEvent()) }
-                if let rest { emit(.body(.byteBuffer(rest)), for: request) }
+                if let rest { emit(.body(rest), for: request) }
                 if let relay = request.relay {
                     TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
                         .streamed(target.via, relay.tally)
                 }
             }
-            emit(.end(nil), for: request)
+            emit(.end, for: request)
             context.flush()
             request.phase = .done
             upstream.handler.owner = nil
@@ -699,10 +695,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     static let maxHeldAnswer = 1 << 20
 
     /// Writes a part of the answer to the client, or holds it (see ``ForwardedRequest/holdsAnswer``).
-    private func emit(_ part: HTTPServerResponsePart, for request: ForwardedRequest) {
+    private func emit(_ part: ClientOutput, for request: ForwardedRequest) {
         guard context != nil else { return }
         if request.holdsAnswer {
-            if case .body(.byteBuffer(let bytes)) = part { request.heldBytes += bytes.readableBytes }
+            if case .body(let bytes) = part { request.heldBytes += bytes.readableBytes }
             request.heldAnswer.append(part)
             if request.heldBytes <= Self.maxHeldAnswer { return }
             releaseHeldAnswer(request)
@@ -711,51 +707,51 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         writeToClient(part, for: request)
     }
 
-    /// Writes a part of a forwarded answer to the client as bytes, past SwiftNIO's HTTP/1
-    /// response encoder (through its context: what it would write, without its work on every
-    /// part). The general path's answers and the data path's own (``respond``) still go through
-    /// it; the two never overlap on a connection. The header names and values are the server's,
-    /// read strictly by ``UpstreamResponseParser`` (tokens; no line breaks or control
-    /// characters), and ours.
-    private func writeToClient(_ part: HTTPServerResponsePart, for request: ForwardedRequest) {
-        guard let context else { return }
-        guard let output = rawOutput else {
-            context.write(wrapOutboundOut(part), promise: nil)
-            return
-        }
+    /// The head of an answer of the data path, as bytes: the status line, the headers `write`
+    /// writes, and the framing for this client — chunked only when the answer has no length and
+    /// the client speaks HTTP/1.1; to an HTTP/1.0 client such a body runs until the connection
+    /// closes; nothing after the head of an answer to `HEAD`, or of a 204 or 304.
+    private func answerHead(
+        _ request: ForwardedRequest, status: HTTPResponseStatus, sized: Bool, headers write: (inout ByteBuffer) -> Void
+    ) -> ByteBuffer {
+        let code = status.code
+        let bodiless = request.head.method == .HEAD || code == 204 || code == 304 || code < 200
+        request.chunkedToClient = !bodiless && !sized && request.head.version.minor >= 1
+        if !bodiless, !sized, !request.chunkedToClient { request.keepAlive = false }
+        var out = (context?.channel.allocator ?? ByteBufferAllocator()).buffer(capacity: 640)
+        out.writeStaticString("HTTP/1.1 ")
+        out.writeString(String(code))
+        out.writeStaticString(" ")
+        out.writeString(status.reasonPhrase)
+        out.writeStaticString("\r\n")
+        write(&out)
+        if request.chunkedToClient { out.writeStaticString("Transfer-Encoding: chunked\r\n") }
+        if !request.keepAlive { out.writeStaticString("Connection: close\r\n") }
+        out.writeStaticString("\r\n")
+        return out
+    }
+
+    private static func writeHeader(_ name: String, _ value: String, to out: inout ByteBuffer) {
+        out.writeString(name)
+        out.writeStaticString(": ")
+        out.writeString(value)
+        out.writeStaticString("\r\n")
+    }
+
+    private static func writeSecurityHeaders(_ out: inout ByteBuffer) {
+        for (name, value) in GatewayPolicy.securityHeaders { writeHeader(name, value, to: &out) }
+    }
+
+    /// Writes a part of an answer of the data path to the client as bytes, past SwiftNIO's HTTP/1
+    /// response encoder (through its context): the encoder frames only the general path's
+    /// answers, to requests llhttp read (``ClientFront``).
+    private func writeToClient(_ part: ClientOutput, for request: ForwardedRequest) {
+        guard let output = rawOutput else { return }
         switch part {
-        case .head(let head):
-            let code = head.status.code
-            let bodiless = request.head.method == .HEAD || code == 204 || code == 304 || code < 200
-            let sized = head.headers.contains(name: "content-length")
-            // No length: chunked to an HTTP/1.1 client; to an HTTP/1.0 one, the body runs until
-            // the connection closes.
-            var closes = false
-            request.chunkedToClient = !bodiless && !sized && request.head.version.minor >= 1
-            if !bodiless, !sized, !request.chunkedToClient, request.keepAlive {
-                request.keepAlive = false
-                closes = true
-            }
-            var out = context.channel.allocator.buffer(capacity: 512)
-            out.writeStaticString("HTTP/1.1 ")
-            out.writeString(String(code))
-            out.writeStaticString(" ")
-            out.writeString(head.status.reasonPhrase)
-            out.writeStaticString("\r\n")
-            for (name, value) in head.headers {
-                out.writeString(name)
-                out.writeStaticString(": ")
-                out.writeString(value)
-                out.writeStaticString("\r\n")
-            }
-            if request.chunkedToClient { out.writeStaticString("Transfer-Encoding: chunked\r\n") }
-            if closes { out.writeStaticString("Connection: close\r\n") }
-            out.writeStaticString("\r\n")
-            output.write(NIOAny(out), promise: nil)
-        case .body(.byteBuffer(let bytes)):
+        case .head(let bytes):
+            output.write(NIOAny(bytes), promise: nil)
+        case .body(let bytes):
             HTTP1Bytes.writeBody(bytes, chunked: request.chunkedToClient, to: output)
-        case .body(.fileRegion):
-            return  // not made by the data path
         case .end:
             if request.chunkedToClient { output.write(NIOAny(HTTP1Bytes.lastChunk), promise: nil) }
         }
@@ -811,8 +807,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             upstream.channel.close(promise: nil)
             request.upstream = nil
         }
-        emit(.body(.byteBuffer(relay.lost(target: target, error: error))), for: request)
-        emit(.end(nil), for: request)
+        emit(.body(relay.lost(target: target, error: error)), for: request)
+        emit(.end, for: request)
         context.flush()
         TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
             .streamed(target.via, relay.tally)
@@ -869,6 +865,13 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 }
 
+/// A part of an answer of the data path, as written to the client (its head already bytes).
+enum ClientOutput {
+    case head(ByteBuffer)
+    case body(ByteBuffer)
+    case end
+}
+
 /// A request the data path forwards, from its head to its answer's end.
 final class ForwardedRequest {
     enum Phase { case collecting, connecting, forwarding, done }
@@ -884,6 +887,8 @@ final class ForwardedRequest {
     /// The body read ahead (while collecting), then what arrives while connecting.
     var parts: [ByteBuffer] = []
     var received = 0
+    /// The body's length as the client declared it.
+    var declaredLength: Int?
     var clientEnded = false
     let clientHeaders: [(name: String, value: String)]
     var model: String?
@@ -901,7 +906,7 @@ final class ForwardedRequest {
     var chunkedToClient = false
     /// The answer is held until the client's body has come (``GatewayConnectionHandler/emit``).
     var holdsAnswer = false
-    var heldAnswer: [HTTPServerResponsePart] = []
+    var heldAnswer: [ClientOutput] = []
     var heldBytes = 0
     var relay: EventRelay?
     var inFlight: InFlightToken?
