@@ -205,11 +205,9 @@ struct UpstreamCodecTests {
 
     /// A small generator: answers built from parts, valid and then mutated.
     struct Generator {
-        var state: UInt64
-        mutating func next(_ bound: Int) -> Int {
-            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
-            return Int((state >> 33) % UInt64(bound))
-        }
+        var random: ByteMutations
+        init(state: UInt64) { random = ByteMutations(state: state) }
+        mutating func next(_ bound: Int) -> Int { random.next(bound) }
 
         mutating func answer() -> [UInt8] {
             let statuses = [200, 201, 204, 304, 400, 404, 429, 500, 503, 100]
@@ -248,17 +246,8 @@ struct UpstreamCodecTests {
         }
 
         mutating func mutate(_ bytes: [UInt8]) -> [UInt8] {
-            var out = bytes
             let alphabet: [UInt8] = Array("\r\n :;0123456789abcdefABCDEF\t\0-,xX".utf8) + [0x7F, 0xC3, 0xFF]
-            for _ in 0..<(1 + next(3)) where !out.isEmpty {
-                let at = next(out.count)
-                switch next(3) {
-                case 0: out[at] = alphabet[next(alphabet.count)]
-                case 1: out.insert(alphabet[next(alphabet.count)], at: at)
-                default: out.remove(at: at)
-                }
-            }
-            return out
+            return random.mutate(bytes, alphabet: alphabet)
         }
     }
 

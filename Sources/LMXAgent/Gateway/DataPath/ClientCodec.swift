@@ -175,16 +175,18 @@ struct ClientRequestParser {
             for (from, to) in lines.dropFirst() {
                 let line = UnsafeRawBufferPointer(rebasing: bytes[from..<to])
                 guard let (name, value) = Self.headerLine(line) else { return nil }
-                if equalsLowercased(name, "content-length") {
+                if HTTPSyntax.equalsLowercased(name, "content-length") {
                     // One, digits only, nothing after them (llhttp refuses two even when equal,
                     // and trailing spaces).
                     guard length == nil, !value.isEmpty, value.count <= 15, value.endIndex == line.endIndex,
                         value.allSatisfy({ (0x30...0x39).contains($0) })
                     else { return nil }
                     length = value.reduce(0) { $0 * 10 + Int($1 - 0x30) }
-                } else if equalsLowercased(name, "transfer-encoding") || equalsLowercased(name, "upgrade") {
+                } else if HTTPSyntax.equalsLowercased(name, "transfer-encoding")
+                    || HTTPSyntax.equalsLowercased(name, "upgrade")
+                {
                     return nil
-                } else if equalsLowercased(name, "connection"), containsLowercased(value, "upgrade") {
+                } else if HTTPSyntax.equalsLowercased(name, "connection"), containsLowercased(value, "upgrade") {
                     return nil
                 }
                 headers.append(
@@ -243,7 +245,7 @@ struct ClientRequestParser {
         _ line: UnsafeRawBufferPointer
     ) -> (Slice<UnsafeRawBufferPointer>, Slice<UnsafeRawBufferPointer>)? {
         guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > 0,
-            line[..<colon].allSatisfy(isTokenByte)
+            line[..<colon].allSatisfy(HTTPSyntax.isTokenByte)
         else { return nil }
         var from = colon + 1
         var to = line.count
@@ -254,25 +256,8 @@ struct ClientRequestParser {
         return (line[..<colon], value)
     }
 
-    private static func isTokenByte(_ byte: UInt8) -> Bool {
-        switch byte {
-        case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: true
-        case UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"),
-            UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."),
-            UInt8(ascii: "^"), UInt8(ascii: "_"), UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
-            true
-        default: false
-        }
-    }
-
     private static func matches(_ bytes: Slice<UnsafeRawBufferPointer>, _ text: StaticString) -> Bool {
         text.withUTF8Buffer { bytes.elementsEqual($0) }
-    }
-
-    private static func equalsLowercased(_ bytes: Slice<UnsafeRawBufferPointer>, _ lower: StaticString) -> Bool {
-        lower.withUTF8Buffer { expected in
-            bytes.count == expected.count && zip(bytes, expected).allSatisfy { ($0 | 0x20) == $1 }
-        }
     }
 
     private static func containsLowercased(_ bytes: Slice<UnsafeRawBufferPointer>, _ lower: StaticString) -> Bool {

@@ -298,7 +298,7 @@ struct UpstreamResponseParser {
         guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > 0 else {
             throw Malformed(reason: "a header line without a name")
         }
-        for byte in line[0..<colon] where !isTokenByte(byte) {
+        for byte in line[0..<colon] where !HTTPSyntax.isTokenByte(byte) {
             // Folded lines, spaces before the colon: never framing anybody could disagree on.
             throw Malformed(reason: "a header name that is not a token")
         }
@@ -311,7 +311,7 @@ struct UpstreamResponseParser {
         for byte in valueBytes where byte < 0x20 && byte != 0x09 || byte == 0x7F {
             throw Malformed(reason: "a control character in a header value")
         }
-        if equalsLowercased(nameBytes, "content-length") {
+        if HTTPSyntax.equalsLowercased(nameBytes, "content-length") {
             // One header, digits only: as strict as llhttp (which refuses even two that agree).
             guard parsed.contentLength == nil else { throw Malformed(reason: "more than one Content-Length") }
             guard to == line.count else { throw Malformed(reason: "a Content-Length with spaces after it") }
@@ -324,13 +324,14 @@ struct UpstreamResponseParser {
             }
             guard !valueBytes.isEmpty else { throw Malformed(reason: "a Content-Length that is not a number") }
             parsed.contentLength = value
-        } else if equalsLowercased(nameBytes, "transfer-encoding") {
+        } else if HTTPSyntax.equalsLowercased(nameBytes, "transfer-encoding") {
             parsed.transferEncoded = true
             // Chunked only when it is the last coding.
             let last = valueBytes.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false).last
-            parsed.chunked = last.map { equalsLowercased(trimmed($0), "chunked") } ?? false
-        } else if equalsLowercased(nameBytes, "connection") {
-            for item in valueBytes.split(separator: UInt8(ascii: ",")) where equalsLowercased(trimmed(item), "close") {
+            parsed.chunked = last.map { HTTPSyntax.equalsLowercased(trimmed($0), "chunked") } ?? false
+        } else if HTTPSyntax.equalsLowercased(nameBytes, "connection") {
+            for item in valueBytes.split(separator: UInt8(ascii: ","))
+            where HTTPSyntax.equalsLowercased(trimmed(item), "close") {
                 parsed.close = true
             }
         }
@@ -381,7 +382,7 @@ struct UpstreamResponseParser {
         while let first = bytes.first {
             guard first == UInt8(ascii: ";") else { throw Malformed(reason: "a chunk size that is not hexadecimal") }
             bytes = bytes.dropFirst()
-            let name = bytes.prefix { isTokenByte($0) }
+            let name = bytes.prefix { HTTPSyntax.isTokenByte($0) }
             guard !name.isEmpty else { throw Malformed(reason: "a chunk extension without a name") }
             bytes = bytes.dropFirst(name.count)
             guard bytes.first == UInt8(ascii: "=") else { continue }
@@ -406,7 +407,7 @@ struct UpstreamResponseParser {
                 }
                 guard closed else { throw Malformed(reason: "a chunk extension's quoted value") }
             } else {
-                let value = bytes.prefix { isTokenByte($0) }
+                let value = bytes.prefix { HTTPSyntax.isTokenByte($0) }
                 guard !value.isEmpty else { throw Malformed(reason: "a chunk extension without a value") }
                 bytes = bytes.dropFirst(value.count)
             }
@@ -414,7 +415,19 @@ struct UpstreamResponseParser {
         return size
     }
 
-    private static func isTokenByte(_ byte: UInt8) -> Bool {
+    private static func trimmed(_ bytes: Slice<UnsafeRawBufferPointer>) -> Slice<UnsafeRawBufferPointer> {
+        var slice = bytes
+        while let first = slice.first, first == 0x20 || first == 0x09 { slice = slice.dropFirst() }
+        while let last = slice.last, last == 0x20 || last == 0x09 { slice = slice.dropLast() }
+        return slice
+    }
+
+}
+
+/// The bytes of HTTP/1.1's grammar both sides of the data path read (RFC 9110 §5.6.2).
+enum HTTPSyntax {
+    /// A `tchar`: a byte of a token (header names, methods).
+    static func isTokenByte(_ byte: UInt8) -> Bool {
         switch byte {
         case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: true
         case UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"),
@@ -425,14 +438,8 @@ struct UpstreamResponseParser {
         }
     }
 
-    private static func trimmed(_ bytes: Slice<UnsafeRawBufferPointer>) -> Slice<UnsafeRawBufferPointer> {
-        var slice = bytes
-        while let first = slice.first, first == 0x20 || first == 0x09 { slice = slice.dropFirst() }
-        while let last = slice.last, last == 0x20 || last == 0x09 { slice = slice.dropLast() }
-        return slice
-    }
-
-    private static func equalsLowercased(_ bytes: some Collection<UInt8>, _ lower: StaticString) -> Bool {
+    /// Whether `bytes` are `lower` (lowercase letters and `-`) in any case.
+    static func equalsLowercased(_ bytes: some Collection<UInt8>, _ lower: StaticString) -> Bool {
         lower.withUTF8Buffer { expected in
             bytes.count == expected.count && zip(bytes, expected).allSatisfy { ($0 | 0x20) == $1 }
         }
