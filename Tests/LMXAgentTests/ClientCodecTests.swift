@@ -43,7 +43,7 @@ struct ClientCodecTests {
             let end = min(offset + size, bytes.count)
             parser.read(ByteBuffer(bytes: bytes[offset..<end])) { part in
                 switch part {
-                case .head(let head, let raw):
+                case .head(let head, let raw, _):
                     reading.requests.append(
                         .init(
                             method: head.method.rawValue, uri: head.uri, minor: head.version.minor,

@@ -18,7 +18,8 @@ import NIOHTTP1
 /// is given to llhttp as those bytes and its body's, and read there afresh.
 struct ClientRequestParser {
     enum Part {
-        case head(HTTPRequestHead, raw: ByteBuffer)
+        /// A head, its bytes as read, and its body's length (0: none).
+        case head(HTTPRequestHead, raw: ByteBuffer, length: Int)
         case body(ByteBuffer)
         case end
         /// Bytes not read here: llhttp reads them, and every byte after them.
@@ -41,11 +42,6 @@ struct ClientRequestParser {
     private var state = State.head
     /// The start of a head not yet whole.
     private var held: ByteBuffer?
-
-    /// Whether llhttp reads the rest of the connection.
-    var handedToLLHTTP: Bool {
-        if case .other = state { true } else { false }
-    }
 
     /// Reads `bytes`, handing each part to `emit` as it is whole.
     mutating func read(_ bytes: ByteBuffer, emit: (Part) -> Void) {
@@ -92,7 +88,7 @@ struct ClientRequestParser {
                     // Nothing after a request that closes the connection is read (llhttp refuses
                     // it; the connection closes once this one is answered).
                     closesAfter = !request.head.isKeepAlive
-                    emit(.head(request.head, raw: raw))
+                    emit(.head(request.head, raw: raw, length: request.length))
                     if request.length > 0 {
                         state = .body(remaining: request.length)
                     } else {

@@ -243,16 +243,15 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             requestPart(part, of: request)
             return
         }
-        guard case .head(let head, let raw) = part else {
+        guard case .head(let head, let raw, let length) = part else {
             // Parts of a request already abandoned (its answer ended before its body).
             return
         }
-        guard handedOver == 0, !passing, let (headers, length) = takes(head) else {
+        guard handedOver == 0, !passing, let headers = takes(head, length: length) else {
             handOver(raw: raw, parts: [], ended: false)
             return
         }
-        request = ForwardedRequest(head: head, raw: raw, headers: headers)
-        request?.declaredLength = length
+        request = ForwardedRequest(head: head, raw: raw, headers: headers, declaredLength: length)
     }
 
     /// Handles the queued parts, in order, until a request of ours waits for its answer.
@@ -269,9 +268,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     // MARK: Deciding
 
     /// The requests this handler forwards itself: plain `/v1/` requests with nothing that needs
-    /// the general path's waits or checks. Their headers as the core's rules read them and their
-    /// body's declared length; nil for the others.
-    private func takes(_ head: HTTPRequestHead) -> ([(name: String, value: String)], Int?)? {
+    /// the general path's waits or checks (`length`: the body's, as the front read it). Their
+    /// headers as the core's rules read them; nil for the others.
+    private func takes(_ head: HTTPRequestHead, length: Int) -> [(name: String, value: String)]? {
         let uri = head.uri
         guard !llhttpOnly, uri.hasPrefix("/v1/"), Self.plainTarget(uri), gateway.groupGate == nil,
             head.method != .CONNECT, head.version.major == 1
@@ -289,9 +288,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         {
             return nil
         }
-        let declared = head.headers.first(name: "content-length").flatMap(OutsideInput.contentLength)
-        if let declared, declared > gateway.configuration.maxRequestBytes { return nil }
-        return (headers, declared)
+        if length > gateway.configuration.maxRequestBytes { return nil }
+        return headers
     }
 
     /// A request target with no percent-encoding, fragment or dot-dot anywhere (those go to the
@@ -887,8 +885,8 @@ final class ForwardedRequest {
     /// The body read ahead (while collecting), then what arrives while connecting.
     var parts: [ByteBuffer] = []
     var received = 0
-    /// The body's length as the client declared it.
-    var declaredLength: Int?
+    /// The body's length as the client declared it (0: none).
+    let declaredLength: Int
     var clientEnded = false
     let clientHeaders: [(name: String, value: String)]
     var model: String?
@@ -912,9 +910,10 @@ final class ForwardedRequest {
     var inFlight: InFlightToken?
     var routeToken: (any AnyObject & Sendable)?
 
-    init(head: HTTPRequestHead, raw: ByteBuffer, headers: [(name: String, value: String)]) {
+    init(head: HTTPRequestHead, raw: ByteBuffer, headers: [(name: String, value: String)], declaredLength: Int) {
         self.head = head
         self.rawHead = raw
+        self.declaredLength = declaredLength
         self.clientHeaders = headers
         self.path = Self.path(of: head.uri)
     }
