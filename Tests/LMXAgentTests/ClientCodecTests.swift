@@ -22,6 +22,8 @@ struct ClientCodecTests {
             var body: [UInt8] = []
             var ended = false
             var raw: [UInt8] = []
+            /// Whether the connection stays open after the answer, as the reader says.
+            var keepAlive = true
         }
         var requests: [Request] = []
         var stopped = false
@@ -46,8 +48,9 @@ struct ClientCodecTests {
                 case .head(let head, let raw, _):
                     reading.requests.append(
                         .init(
-                            method: head.method.rawValue, uri: head.uri, minor: head.version.minor,
-                            headers: head.headers.map { "\($0.name): \($0.value)" }, raw: Array(raw.readableBytesView)))
+                            method: head.method.rawValue, uri: head.uri, minor: head.minor,
+                            headers: head.headers.map { "\($0.name): \($0.value)" }, raw: Array(raw.readableBytesView),
+                            keepAlive: head.keepAlive))
                 case .body(let b): reading.requests[reading.requests.count - 1].body += Array(b.readableBytesView)
                 case .end: reading.requests[reading.requests.count - 1].ended = true
                 case .other(let b):
@@ -79,7 +82,7 @@ struct ClientCodecTests {
                         // llhttp keeps a value's trailing spaces and tabs; RFC 9110 §5.5 (and ours) does not.
                         headers: head.headers.map {
                             "\($0.name): \(String($0.value.reversed().drop { $0 == " " || $0 == "\t" }.reversed()))"
-                        }))
+                        }, keepAlive: head.isKeepAlive))
             case .body(let b): reading.requests[reading.requests.count - 1].body += Array(b.readableBytesView)
             case .end: reading.requests[reading.requests.count - 1].ended = true
             }
@@ -176,14 +179,14 @@ struct ClientCodecTests {
             var text =
                 "\(methods[next(methods.count)]) \(targets[next(targets.count)]) HTTP/1.\(next(5) == 0 ? 0 : 1)\r\n"
             let body = String(repeating: "b", count: next(3) == 0 ? 0 : next(200))
-            for _ in 0..<next(5) {
-                text +=
-                    [
-                        "Host: 127.0.0.1:8080", "Authorization: Bearer sk-1", "Content-Type: application/json",
-                        "Connection: keep-alive", "X-Empty:", "Accept:\t*/*", "Connection: close",
-                        "Expect: 100-continue",
-                    ][next(8)] + "\r\n"
-            }
+            let lines = [
+                "Host: 127.0.0.1:8080", "Authorization: Bearer sk-1", "Content-Type: application/json",
+                "Connection: keep-alive", "X-Empty:", "Accept:\t*/*", "Connection: close", "Expect: 100-continue",
+                // Connection tokens as llhttp reads them (whether the connection stays open).
+                "Connection: Keep-Alive, TE", "Connection: te,close", "Connection:  close ,", "Connection: ,keep-alive",
+                "Connection: closed", "Connection: keep-alive close",
+            ]
+            for _ in 0..<next(5) { text += lines[next(lines.count)] + "\r\n" }
             switch next(6) {
             case 0, 1, 2:
                 text += "Content-Length: \(body.utf8.count)\r\n\r\n" + body
@@ -230,7 +233,7 @@ struct ClientCodecTests {
                     && theirs.requests[index]
                         == Reading.Request(
                             method: request.method, uri: request.uri, minor: request.minor, headers: request.headers,
-                            body: request.body, ended: true)
+                            body: request.body, ended: true, keepAlive: request.keepAlive)
                 #expect(
                     same,
                     "\(String(decoding: bytes, as: UTF8.self).debugDescription)\n ours: \(ours)\n llhttp: \(theirs)")

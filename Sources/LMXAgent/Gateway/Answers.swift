@@ -132,10 +132,26 @@ final class RouteLoad: Sendable {
     /// Counts a request to `routeID` until the returned token is released.
     func started(_ routeID: String) -> any AnyObject & Sendable {
         state.withLock { $0.inFlight[routeID, default: 0] += 1 }
-        return Release { [self] in
-            self.state.withLock { s in
-                let left = s.inFlight[routeID, default: 1] - 1
-                s.inFlight[routeID] = left > 0 ? left : nil
+        return Token(load: self, routeID: routeID)
+    }
+
+    /// A request counted by ``started(_:)``: uncounted when released (one object per request,
+    /// where a ``Release`` would take a closure's too).
+    private final class Token: Sendable {
+        let load: RouteLoad
+        let routeID: String
+
+        init(load: RouteLoad, routeID: String) {
+            self.load = load
+            self.routeID = routeID
+        }
+
+        deinit {
+            load.state.withLock { s in
+                // A route's count stays at zero (its next request would put it back), unless
+                // many routes are counted: then the idle ones go.
+                s.inFlight[routeID, default: 1] -= 1
+                if s.inFlight.count > 64 { s.inFlight = s.inFlight.filter { $0.value > 0 } }
             }
         }
     }

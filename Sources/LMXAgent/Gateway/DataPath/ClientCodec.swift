@@ -19,7 +19,7 @@ import NIOHTTP1
 struct ClientRequestParser {
     enum Part {
         /// A head, its bytes as read, and its body's length (0: none).
-        case head(HTTPRequestHead, raw: ByteBuffer, length: Int)
+        case head(ClientHead, raw: ByteBuffer, length: Int)
         case body(ByteBuffer)
         case end
         /// Bytes not read here: llhttp reads them, and every byte after them.
@@ -87,7 +87,7 @@ struct ClientRequestParser {
                     let raw = input.readSlice(length: length)!
                     // Nothing after a request that closes the connection is read (llhttp refuses
                     // it; the connection closes once this one is answered).
-                    closesAfter = !request.head.isKeepAlive
+                    closesAfter = !request.head.keepAlive
                     emit(.head(request.head, raw: raw, length: request.length))
                     if request.length > 0 {
                         state = .body(remaining: request.length)
@@ -139,7 +139,7 @@ struct ClientRequestParser {
     }
 
     struct Request {
-        var head: HTTPRequestHead
+        var head: ClientHead
         var length: Int
     }
 
@@ -148,6 +148,7 @@ struct ClientRequestParser {
         head.withUnsafeReadableBytes { bytes -> Request? in
             // Lines end with CRLF (headEnd found no bare CR or LF); the last two bytes are the blank line's.
             var lines: [(Int, Int)] = []
+            lines.reserveCapacity(16)
             var start = 0
             var index = 0
             let end = bytes.count - 2
@@ -165,9 +166,13 @@ struct ClientRequestParser {
                 let (method, target, minor) = Self.requestLine(
                     UnsafeRawBufferPointer(rebasing: bytes[requestLine.0..<requestLine.1]))
             else { return nil }
-            var headers: [(String, String)] = []
+            var headers: [(name: String, value: String)] = []
             headers.reserveCapacity(lines.count - 1)
             var length: Int?
+            // What `Connection` says, as llhttp reads it (SwiftNIO's `isKeepAlive` of a head it
+            // decoded): HTTP/1.1 closes with a `close` token, HTTP/1.0 keeps only with `keep-alive`.
+            var connectionClose = false
+            var connectionKeepAlive = false
             for (from, to) in lines.dropFirst() {
                 let line = UnsafeRawBufferPointer(rebasing: bytes[from..<to])
                 guard let (name, value) = Self.headerLine(line) else { return nil }
@@ -182,8 +187,10 @@ struct ClientRequestParser {
                     || HTTPSyntax.equalsLowercased(name, "upgrade")
                 {
                     return nil
-                } else if HTTPSyntax.equalsLowercased(name, "connection"), containsLowercased(value, "upgrade") {
-                    return nil
+                } else if HTTPSyntax.equalsLowercased(name, "connection") {
+                    // (llhttp reads a tab anywhere on the line otherwise than a space: left to llhttp.)
+                    if containsLowercased(value, "upgrade") || line.contains(0x09) { return nil }
+                    Self.connectionTokens(value, close: &connectionClose, keepAlive: &connectionKeepAlive)
                 }
                 headers.append(
                     (
@@ -191,9 +198,9 @@ struct ClientRequestParser {
                         String(decoding: UnsafeRawBufferPointer(rebasing: value), as: UTF8.self)
                     ))
             }
+            let keepAlive = minor == 1 ? !connectionClose : connectionKeepAlive
             return Request(
-                head: HTTPRequestHead(
-                    version: .init(major: 1, minor: minor), method: method, uri: target, headers: HTTPHeaders(headers)),
+                head: ClientHead(method: method, uri: target, minor: minor, headers: headers, keepAlive: keepAlive),
                 length: length ?? 0)
         }
     }
@@ -252,6 +259,27 @@ struct ClientRequestParser {
         return (line[..<colon], value)
     }
 
+    /// Reads a `Connection` value's comma-separated tokens (spaces around them trimmed, case
+    /// ignored) for `close` and `keep-alive`.
+    private static func connectionTokens(
+        _ value: Slice<UnsafeRawBufferPointer>, close: inout Bool, keepAlive: inout Bool
+    ) {
+        var start = value.startIndex
+        while start <= value.endIndex {
+            let end = value[start...].firstIndex(of: UInt8(ascii: ",")) ?? value.endIndex
+            var from = start
+            var to = end
+            while from < to, value[from] == 0x20 { from += 1 }
+            while to > from, value[to - 1] == 0x20 { to -= 1 }
+            let token = value[from..<to]
+            if token.count == 5, zip(token, "close".utf8).allSatisfy({ ($0 | 0x20) == $1 }) { close = true }
+            if token.count == 10, zip(token, "keep-alive".utf8).allSatisfy({ ($0 | 0x20) == $1 }) {
+                keepAlive = true
+            }
+            start = end + 1
+        }
+    }
+
     private static func matches(_ bytes: Slice<UnsafeRawBufferPointer>, _ text: StaticString) -> Bool {
         text.withUTF8Buffer { bytes.elementsEqual($0) }
     }
@@ -268,6 +296,27 @@ struct ClientRequestParser {
             }
             return false
         }
+    }
+}
+
+/// A client's request head as the data path reads it (``ClientRequestParser``): no
+/// `HTTPRequestHead` is made for it.
+struct ClientHead {
+    var method: HTTPMethod
+    /// The origin-form target, as sent.
+    var uri: String
+    /// `HTTP/1.<minor>` (0 or 1).
+    var minor: Int
+    /// The header lines as sent, in order (values without the spaces around them).
+    var headers: [(name: String, value: String)]
+    /// The connection stays open after the answer (HTTP/1.1 unless `Connection: close`; HTTP/1.0
+    /// only with `Connection: keep-alive`), as llhttp reads it.
+    var keepAlive: Bool
+
+    /// The first value of header `name` (lower case), ignoring case.
+    func first(_ name: StaticString) -> String? {
+        for header in headers where HTTPSyntax.equalsLowercased(header.name.utf8, name) { return header.value }
+        return nil
     }
 }
 

@@ -241,6 +241,7 @@ struct UpstreamResponseParser {
     static func parseHead(_ head: ByteBuffer) throws(Malformed) -> Head {
         try head.withUnsafeReadableBytes { bytes throws(Malformed) -> Head in
             var parsed = Head()
+            parsed.headers.reserveCapacity(16)
             // Lines end with CRLF; the last two bytes are the blank line's.
             var start = 0
             var first = true
@@ -446,27 +447,41 @@ enum HTTPSyntax {
     }
 }
 
-/// HTTP/1.1 written straight into bytes: a request's head to a server, and the body parts of
-/// requests and answers as they come (as they are, or chunked when their length is not known).
-enum HTTP1Bytes {
-    static func head(_ head: HTTPRequestHead, allocator: ByteBufferAllocator) -> ByteBuffer {
-        var size = head.uri.utf8.count + 32
-        for (name, value) in head.headers { size += name.utf8.count + value.utf8.count + 4 }
-        var out = allocator.buffer(capacity: size)
-        out.writeString(head.method.rawValue)
-        out.writeStaticString(" ")
-        out.writeString(head.uri)
-        out.writeStaticString(" HTTP/1.1\r\n")
-        for (name, value) in head.headers {
-            out.writeString(name)
-            out.writeStaticString(": ")
-            out.writeString(value)
-            out.writeStaticString("\r\n")
-        }
-        out.writeStaticString("\r\n")
-        return out
+/// An HTTP/1.1 head made as bytes in one array, then written into a buffer at once: every
+/// `ByteBuffer.write…` call is an access of its own to the buffer's storage, checked for
+/// exclusivity at run time, which for the twenty-odd pieces of a head cost more than the rest of
+/// making it.
+struct HeadLines {
+    private(set) var bytes: [UInt8] = []
+
+    init(capacity: Int) { bytes.reserveCapacity(capacity) }
+
+    mutating func add(_ text: StaticString) { text.withUTF8Buffer { bytes.append(contentsOf: $0) } }
+    mutating func add(_ text: String) {
+        // As contiguous bytes: appending the `utf8` view goes a piece at a time, several times slower.
+        var text = text
+        text.withUTF8 { bytes.append(contentsOf: $0) }
+    }
+    mutating func add(_ lines: [UInt8]) { bytes.append(contentsOf: lines) }
+
+    /// `name: value` and its line end.
+    mutating func header(_ name: String, _ value: String) {
+        add(name)
+        add(": ")
+        add(value)
+        add("\r\n")
     }
 
+    func buffer(_ allocator: ByteBufferAllocator) -> ByteBuffer {
+        var out = allocator.buffer(capacity: bytes.count)
+        out.writeBytes(bytes)
+        return out
+    }
+}
+
+/// HTTP/1.1 body parts of requests and answers written as they come (as they are, or chunked
+/// when their length is not known).
+enum HTTP1Bytes {
     static let lineEnd = ByteBuffer(string: "\r\n")
     static let lastChunk = ByteBuffer(string: "0\r\n\r\n")
 

@@ -103,18 +103,23 @@ final class UpstreamPool {
 
     /// An idle connection that is still fresh, or nil.
     func takeIdle(_ address: UpstreamAddress) -> UpstreamConnection? {
+        // The address is looked up once; its list popped in place (a copy of the list taken out
+        // would copy it on every request).
+        guard let slot = idle.index(forKey: address) else { return nil }
         let now = NIODeadline.now()
-        // Popped in place (a copy of the list taken out would copy it on every request).
-        while let last = idle[address]?.popLast() {
-            if idle[address]?.isEmpty == true { idle[address] = nil }
+        var found: UpstreamConnection?
+        while let last = idle.values[slot].popLast() {
             if last.channel.isActive, now - last.idleSince < last.keepFor,
                 last.generation == generation, last.handler.reusable
             {
-                return last
+                found = last
+                break
             }
             last.channel.close(promise: nil)
         }
-        return nil
+        // An emptied list stays (the connection usually comes back to it at the answer's end);
+        // it goes when a connection of the address closes while it is empty (``forget(_:)``).
+        return found
     }
 
     /// Opens a connection on this loop.
@@ -158,14 +163,21 @@ final class UpstreamPool {
     func release(_ connection: UpstreamConnection) {
         connection.handler.owner = nil
         guard connection.channel.isActive, connection.generation == generation, connection.keepFor > .zero,
-            connection.handler.reusable,
-            (idle[connection.address]?.count ?? 0) < Self.maxIdlePerAddress
+            connection.handler.reusable
         else {
             connection.channel.close(promise: nil)
             return
         }
         connection.idleSince = .now()
-        idle[connection.address, default: []].append(connection)
+        guard let slot = idle.index(forKey: connection.address) else {
+            idle[connection.address] = [connection]
+            return
+        }
+        guard idle.values[slot].count < Self.maxIdlePerAddress else {
+            connection.channel.close(promise: nil)
+            return
+        }
+        idle.values[slot].append(connection)
     }
 
     /// The machine's network changed: idle connections close; those lent finish their answer
@@ -179,10 +191,11 @@ final class UpstreamPool {
     private func forget(_ connection: UpstreamConnection) {
         let left = (open[connection.address] ?? 1) - 1
         open[connection.address] = left > 0 ? left : nil
-        if var list = idle[connection.address], let index = list.firstIndex(where: { $0 === connection }) {
-            list.remove(at: index)
-            idle[connection.address] = list.isEmpty ? nil : list
+        guard let slot = idle.index(forKey: connection.address) else { return }
+        if let index = idle.values[slot].firstIndex(where: { $0 === connection }) {
+            idle.values[slot].remove(at: index)
         }
+        if idle.values[slot].isEmpty { idle.remove(at: slot) }
     }
 }
 
@@ -219,6 +232,7 @@ final class UpstreamHandler: ChannelDuplexHandler {
         // gives the connection back (and may send the next request on it), which must find the
         // parser done, and knowing whether bytes followed the answer.
         var parts: [UpstreamResponseParser.Part] = []
+        parts.reserveCapacity(3)  // a head, a body, the end: one allocation, not three
         var failure: UpstreamResponseParser.Malformed?
         do {
             try parser.read(unwrapInboundIn(data)) { parts.append($0) }
@@ -274,22 +288,25 @@ final class UpstreamHandler: ChannelDuplexHandler {
         context.read()
     }
 
-    /// Writes a part of the request (flushed by ``flush()``).
-    func send(_ part: HTTPClientRequestPart) {
+    /// Writes the request's head, as bytes (flushed by ``flush()``); its body goes chunked when
+    /// `chunkedBody`.
+    func sendHead(_ head: ByteBuffer, toHEAD: Bool, chunkedBody: Bool) {
         guard let context else { return }
-        switch part {
-        case .head(let head):
-            chunkedBody = head.headers.contains(name: "transfer-encoding")
-            parser.expectAnswer(toHEAD: head.method == .HEAD)
-            context.write(
-                wrapOutboundOut(HTTP1Bytes.head(head, allocator: context.channel.allocator)), promise: nil)
-        case .body(.byteBuffer(let bytes)):
-            HTTP1Bytes.writeBody(bytes, chunked: chunkedBody, to: context)
-        case .body(.fileRegion):
-            return  // not used: bodies come from a client's connection
-        case .end:
-            if chunkedBody { context.write(wrapOutboundOut(HTTP1Bytes.lastChunk), promise: nil) }
-        }
+        self.chunkedBody = chunkedBody
+        parser.expectAnswer(toHEAD: toHEAD)
+        context.write(wrapOutboundOut(head), promise: nil)
+    }
+
+    /// Writes a part of the request's body.
+    func sendBody(_ bytes: ByteBuffer) {
+        guard let context else { return }
+        HTTP1Bytes.writeBody(bytes, chunked: chunkedBody, to: context)
+    }
+
+    /// Ends the request.
+    func sendEnd() {
+        guard let context, chunkedBody else { return }
+        context.write(wrapOutboundOut(HTTP1Bytes.lastChunk), promise: nil)
     }
 
     func flush() { context?.flush() }
