@@ -289,4 +289,21 @@ struct UpstreamCodecTests {
             "figure: upstream codec vs llhttp: \(agreed) answers read alike; \(refusedMore) refused here that llhttp read"
         )
     }
+
+    @Test("a head made in one piece is the same whether it fits the first buffer or is made again in larger ones")
+    func headLines() {
+        let long = String(repeating: "v", count: 3000)
+        let build: (inout HeadLines) -> Void = { out in
+            out.add("HTTP/1.1 200 OK\r\n")
+            out.header("X-Small", "a")
+            out.header("X-Long", long)
+            out.add(Array("X-Bytes: b\r\n".utf8))
+            out.add("\r\n")
+        }
+        let expected = Array("HTTP/1.1 200 OK\r\nX-Small: a\r\nX-Long: \(long)\r\nX-Bytes: b\r\n\r\n".utf8)
+        for estimate in [0, 1, 256, 1000, 3100, 8192] {
+            let made = HeadLines.make(ByteBufferAllocator(), estimate: estimate, build)
+            #expect(Array(made.readableBytesView) == expected, "estimate \(estimate)")
+        }
+    }
 }

@@ -450,39 +450,35 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // tokens, their values as visible ASCII by ``ClientRequestParser``), the route's (checked
         // by `isHeaderSafe` before the request was taken) and ours.
         let handler = connection.handler
-        var out = HeadLines(capacity: request.rawHead.readableBytes + 256)
-        out.add(head.method.rawValue)
-        out.add(" ")
-        out.add(head.uri)
-        out.add(" HTTP/1.1\r\nHost: ")
-        out.add(connection.address.authority)
-        out.add("\r\n")
-        for header in GatewayPolicy.upstreamHeaders(
+        let upstreamHeaders = GatewayPolicy.upstreamHeaders(
             client: request.clientHeaders, credentials: target.credentials, path: request.path,
             userAgent: Gateway.userAgent)
-        {
-            out.header(header.name, header.value)
-        }
         // The body's framing: its length when known (all of it read, or declared), else chunked.
-        var chunked = false
-        if request.clientEnded {
-            if request.received > 0 || !Self.bodilessMethod(head.method) {
-                out.add("Content-Length: ")
-                out.add(String(request.received))
-                out.add("\r\n")
-            }
-        } else if request.declaredLength > 0 {
-            out.add("Content-Length: ")
-            out.add(String(request.declaredLength))
+        let length: Int? =
+            request.clientEnded
+            ? (request.received > 0 || !Self.bodilessMethod(head.method) ? request.received : nil)
+            : (request.declaredLength > 0 ? request.declaredLength : nil)
+        let chunked = !request.clientEnded && length == nil
+        let bytes = HeadLines.make(
+            context?.channel.allocator ?? ByteBufferAllocator(), estimate: request.rawHead.readableBytes + 512
+        ) { out in
+            out.add(head.method.rawValue)
+            out.add(" ")
+            out.add(head.uri)
+            out.add(" HTTP/1.1\r\nHost: ")
+            out.add(connection.address.authority)
             out.add("\r\n")
-        } else {
-            out.add("Transfer-Encoding: chunked\r\n")
-            chunked = true
+            for header in upstreamHeaders { out.header(header.name, header.value) }
+            if let length {
+                out.add("Content-Length: ")
+                out.add(String(length))
+                out.add("\r\n")
+            } else if chunked {
+                out.add("Transfer-Encoding: chunked\r\n")
+            }
+            out.add("\r\n")
         }
-        out.add("\r\n")
-        handler.sendHead(
-            out.buffer(context?.channel.allocator ?? ByteBufferAllocator()), toHEAD: head.method == .HEAD,
-            chunkedBody: chunked)
+        handler.sendHead(bytes, toHEAD: head.method == .HEAD, chunkedBody: chunked)
         for part in request.parts { handler.sendBody(part) }
         if request.clientEnded {
             handler.sendEnd()
@@ -643,7 +639,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             let length = read.contentLength
             let connectionListed = read.connectionListed
             request.keepAlive = request.head.keepAlive
-            let bytes = answerHead(request, status: head.status, sized: length != nil) { out in
+            let estimate = head.headers.reduce(320) { $0 + $1.name.utf8.count + $1.value.utf8.count + 4 }
+            let bytes = answerHead(request, status: head.status, sized: length != nil, estimate: estimate) { out in
                 for (name, value) in head.headers
                 where GatewayPolicy.keepsDownstream(name, connectionListed: connectionListed) {
                     out.header(name, value)
@@ -719,31 +716,32 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// the client speaks HTTP/1.1; to an HTTP/1.0 client such a body runs until the connection
     /// closes; nothing after the head of an answer to `HEAD`, or of a 204 or 304.
     private func answerHead(
-        _ request: ForwardedRequest, status: HTTPResponseStatus, sized: Bool, headers write: (inout HeadLines) -> Void
+        _ request: ForwardedRequest, status: HTTPResponseStatus, sized: Bool, estimate: Int = 512,
+        headers write: (inout HeadLines) -> Void
     ) -> ByteBuffer {
         let code = status.code
         let bodiless = request.head.method == .HEAD || code == 204 || code == 304 || code < 200
         request.chunkedToClient = !bodiless && !sized && request.head.minor >= 1
         if !bodiless, !sized, !request.chunkedToClient { request.keepAlive = false }
-        var out = HeadLines(capacity: 640)
-        out.add("HTTP/1.1 ")
-        out.add(String(code))
-        out.add(" ")
-        out.add(status.reasonPhrase)
-        out.add("\r\n")
-        write(&out)
-        if request.chunkedToClient { out.add("Transfer-Encoding: chunked\r\n") }
-        if !request.keepAlive { out.add("Connection: close\r\n") }
-        out.add("\r\n")
-        return out.buffer(context?.channel.allocator ?? ByteBufferAllocator())
+        let chunked = request.chunkedToClient
+        let keepAlive = request.keepAlive
+        return HeadLines.make(context?.channel.allocator ?? ByteBufferAllocator(), estimate: estimate) { out in
+            out.add("HTTP/1.1 ")
+            out.add(String(code))
+            out.add(" ")
+            out.add(status.reasonPhrase)
+            out.add("\r\n")
+            write(&out)
+            if chunked { out.add("Transfer-Encoding: chunked\r\n") }
+            if !keepAlive { out.add("Connection: close\r\n") }
+            out.add("\r\n")
+        }
     }
 
     /// ``GatewayPolicy/securityHeaders`` as header lines, made once.
-    private static let securityHeaderLines: [UInt8] = {
-        var out = HeadLines(capacity: 256)
-        for (name, value) in GatewayPolicy.securityHeaders { out.header(name, value) }
-        return out.bytes
-    }()
+    private static let securityHeaderLines: [UInt8] = GatewayPolicy.securityHeaders.flatMap { name, value in
+        Array("\(name): \(value)\r\n".utf8)
+    }
 
     /// Writes a part of an answer of the data path to the client as bytes, past SwiftNIO's HTTP/1
     /// response encoder (through its context): the encoder frames only the general path's
