@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: release build, test LAN up, discovery and agent benchmarks, test LAN down.
 # Writes the tables to Benchmarks/results-discovery.md, results-agent.md, results-pair.md and
-# results-proxy.md and results-footprint.md (copied into Benchmarks/README.md by hand). BENCH=agent,
-# discovery, pair, proxy or footprint runs only one of them.
+# results-proxy.md, results-instructions.md and results-footprint.md (copied into Benchmarks/README.md
+# by hand). BENCH=agent, discovery, pair, proxy, instructions or footprint runs only one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOG_NAME=make-bench
@@ -14,6 +14,8 @@ install_packages time hyperfine
 # nginx (the reverse proxy the gateway is compared with) and wrk (its load); nginx's own service
 # is never started: the benchmark runs its own on loopback and stops it by PID.
 BLOCK_SERVICE_STARTS=1 install_packages nginx wrk
+# valgrind: the instructions each proxy runs per request (callgrind), steadier than time.
+install_packages valgrind
 scripts/testbed.sh up
 release_build_setup
 swift build "${RELEASE_BUILD[@]}"
@@ -32,4 +34,7 @@ all | footprint) scripts/build-deb.sh && BENCH_RESULTS=Benchmarks/results-footpr
 esac
 case "${BENCH:-all}" in
 all | proxy) BENCH_RESULTS=Benchmarks/results-proxy.md python3 Benchmarks/proxy_bench.py ;;
+esac
+case "${BENCH:-all}" in
+all | instructions) BENCH_RESULTS=Benchmarks/results-instructions.md python3 Benchmarks/instructions_bench.py ;;
 esac

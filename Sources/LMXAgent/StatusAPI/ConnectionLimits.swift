@@ -78,15 +78,21 @@ extension ConnectionLimiter {
     /// and the future fails.
     func admit(_ channel: any Channel, logger: Logger) -> EventLoopFuture<UInt32?> {
         channel.peerUID().flatMapThrowing { known in
-            let uid = known ?? UInt32.max
-            guard self.admit(uid) else {
-                logger.debug("refused a connection over the per-user limit", metadata: ["uid": "\(uid)"])
-                channel.close(promise: nil)
-                throw ChannelError.inputClosed
-            }
-            channel.closeFuture.whenComplete { _ in self.release(uid) }
+            try self.admit(channel, peer: known, logger: logger)
             return known
         }
+    }
+
+    /// Admits `channel`, whose peer's uid is `known` (nil: the kernel does not name it), or
+    /// closes it and throws.
+    func admit(_ channel: any Channel, peer known: UInt32?, logger: Logger) throws {
+        let uid = known ?? UInt32.max
+        guard admit(uid) else {
+            logger.debug("refused a connection over the per-user limit", metadata: ["uid": "\(uid)"])
+            channel.close(promise: nil)
+            throw ChannelError.inputClosed
+        }
+        channel.closeFuture.whenComplete { _ in self.release(uid) }
     }
 }
 
@@ -108,19 +114,36 @@ extension Channel {
     /// The user at the other end, as the kernel says: `SO_PEERCRED` on a Unix socket, the socket
     /// tables for a TCP connection between two sockets of this machine; nil otherwise.
     func peerUID() -> EventLoopFuture<UInt32?> {
-        switch (localAddress, remoteAddress) {
-        case (.unixDomainSocket?, _):
-            guard let credentials = peerCredentialsFuture() else { return eventLoop.makeSucceededFuture(nil) }
-            return credentials.map { Optional($0.uid) }.recover { _ in nil }
-        case (let local?, let remote?):
-            guard let local = local.bytesAndPort, let remote = remote.bytesAndPort else {
-                return eventLoop.makeSucceededFuture(nil)
-            }
-            return eventLoop.makeSucceededFuture(SocketOwner.uid(peer: remote, local: local))
-        default:
-            return eventLoop.makeSucceededFuture(nil)
+        switch peerUIDAtOnce {
+        case .known(let uid): eventLoop.makeSucceededFuture(uid)
+        case .later:
+            peerCredentialsFuture().map { $0.map { Optional($0.uid) }.recover { _ in nil } }
+                ?? eventLoop.makeSucceededFuture(nil)
         }
     }
+
+    /// The peer's user when it is known without waiting: on a TCP connection from the kernel's
+    /// socket tables (nil when they do not name it), on anything but a Unix socket nil; a Unix
+    /// socket's `SO_PEERCRED` is read through a future (``peerUID()``).
+    var peerUIDAtOnce: PeerUID {
+        switch (localAddress, remoteAddress) {
+        case (.unixDomainSocket?, _):
+            return .later
+        case (let local?, let remote?):
+            guard let local = local.bytesAndPort, let remote = remote.bytesAndPort else { return .known(nil) }
+            return .known(SocketOwner.uid(peer: remote, local: local))
+        default:
+            return .known(nil)
+        }
+    }
+}
+
+/// Whether a connection's peer user is known at once (``Channel/peerUIDAtOnce``).
+enum PeerUID {
+    /// Known now (nil: the kernel does not name it).
+    case known(UInt32?)
+    /// Read through a future (``Channel/peerUID()``).
+    case later
 }
 
 extension SocketAddress {

@@ -11,7 +11,8 @@ import NIOHTTP1
 /// Requests come from ``ClientFront`` (read by ``ClientRequestParser``), past SwiftNIO's decoder.
 /// A request this handler does not forward (the dashboard, a refusal, a request that names an
 /// object on one server, one that must wait for a route, a busy server's handover) is given as
-/// the bytes it came as to llhttp (SwiftNIO's decoder, between the front and this handler),
+/// the bytes it came as to llhttp (SwiftNIO's decoder, set up between the front and this handler
+/// with the general path),
 /// whose parts this handler passes to the general path behind it (Hummingbird,
 /// ``Gateway/forward``), which answers it with the same rules; so are the connection's bytes
 /// from a request the front does not read on. Every answer of the data path is written as bytes
@@ -32,8 +33,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private let uid: UInt32?
     private let overTCP: Bool
     private var context: ChannelHandlerContext?
-    /// The context of SwiftNIO's HTTP/1 response encoder: the data path's forwarded answers are
-    /// written through it as bytes (``writeToClient``).
+    /// The front's context: the data path's answers are written through it as bytes
+    /// (``writeToClient``), past SwiftNIO's HTTP/1 response encoder (between the front and this
+    /// handler once the general path is set up).
     private var rawOutput: ChannelHandlerContext?
     /// Sets up the general path behind this handler (once).
     private let startGeneralPath: (any Channel) throws -> Void
@@ -106,7 +108,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        rawOutput = try? context.pipeline.syncOperations.context(handlerType: HTTPResponseEncoder.self)
+        rawOutput = try? context.pipeline.syncOperations.context(handlerType: ClientFront.self)
         armIdleTimer()
     }
 

@@ -108,7 +108,7 @@ struct GatewayListener: Service {
             }
             .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelInitializer { channel in
-                connection.setup(channel: channel, logger: logger).map { _ in () }
+                connection.start(channel: channel, logger: logger)
             }
         return (try await bind(bootstrap), quiescing)
     }

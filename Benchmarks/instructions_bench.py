@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Instructions per request: the gateway and nginx as a reverse proxy, counted by callgrind.
+
+Time per request on a shared two-core machine moves by 10-30 % from one run to the next (which
+core each process lands on, the machine's own speed); instructions executed do not. Each proxy
+runs under valgrind's callgrind (user-space instructions only; the kernel's work is not counted)
+in front of the same static nginx upstream as the proxy benchmark; one client on one kept
+connection sends `WARMUP` requests, the counters are zeroed, then it sends `REQUESTS` more and the
+count is read. nginx runs as one process (`master_process off`), the gateway as lmx-agentd with
+the upstream as its one endpoint. Rows: GET /v1/models, POST /v1/chat/completions with 1 KB and
+64 KB bodies, and GET /v1/models on a new connection for each request.
+
+valgrind 3.19 cannot read the DWARF 5 debug information Swift writes, so the daemon runs from a
+copy with its debug sections stripped (the code is the release build's, byte for byte).
+Run through `make bench` (BENCH=instructions); figures, not pass/fail.
+"""
+import glob
+import http.client
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import proxy_bench as pb  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+import lmxtools  # noqa: E402
+
+WARMUP = int(os.environ.get("BENCH_WARMUP", "300"))
+REQUESTS = int(os.environ.get("BENCH_REQUESTS", "2000"))
+ROWS = [("GET /v1/models", "GET", 0, True), ("POST, 1 KB body", "POST", 1024, True),
+        ("POST, 64 KB body", "POST", 64 * 1024, True), ("GET /v1/models, a new connection each", "GET", 0, False)]
+
+
+def callgrind(argv, out):
+    """Starts `argv` under callgrind, its profile written to `out`.<pid>[.<dump>]."""
+    return pb.start(["valgrind", "--tool=callgrind", "--callgrind-out-file=%s.%%p" % out] + argv)
+
+
+# Requests sent again on a new connection after a proxy closed one unanswered (see `send`).
+RESENT = {}
+
+
+def send(port, method, size, kept, count):
+    """`count` requests on one kept connection (or a new one each). The static upstream answers a
+    POST without reading its body; under valgrind's slowness nginx then sometimes closes the
+    client's connection unanswered: such a request is sent again on a new connection, and counted."""
+    body = b'{"model": "test/model", "messages": [{"role": "user", "content": "' + b"x" * max(size - 80, 0) + b'"}]}'
+    connection = None
+    sent = 0
+    while sent < count:
+        if connection is None:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            if method == "GET":
+                connection.request("GET", "/v1/models", headers={} if kept else {"Connection": "close"})
+            else:
+                connection.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+            answer = connection.getresponse()
+            answer.read()
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            RESENT[port] = RESENT.get(port, 0) + 1
+            if RESENT[port] > count // 4 + 10:
+                raise
+            connection.close()
+            connection = None
+            continue
+        if answer.status != 200:
+            raise SystemExit("%s %s through port %d: status %d" % (method, size, port, answer.status))
+        sent += 1
+        if not kept:
+            connection.close()
+            connection = None
+    if connection is not None:
+        connection.close()
+
+
+def counted(pid, out):
+    """The instructions since the last zeroing: a dump, read from its `summary:` line."""
+    before = set(glob.glob(out + ".*"))
+    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for path in set(glob.glob(out + ".*")) - before:
+            text = open(path).read()
+            found = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.M)
+            if found:
+                return int(found.group(1))
+        time.sleep(0.2)
+    raise SystemExit("callgrind wrote no dump for pid %d" % pid)
+
+
+def measure(pid, port, out):
+    figures = {}
+    for label, method, size, kept in ROWS:
+        send(port, method, size, kept, WARMUP)
+        subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+        send(port, method, size, kept, REQUESTS)
+        figures[label] = counted(pid, out) / REQUESTS
+        print("  %s: %.0f instructions per request" % (label, figures[label]), flush=True)
+    return figures
+
+
+def main():
+    for tool in ("valgrind", "callgrind_control", "nginx", "strip"):
+        if shutil.which(tool) is None:
+            raise SystemExit("instructions_bench: %s is missing (make bench installs valgrind and nginx)" % tool)
+    directory = tempfile.mkdtemp(prefix="lmx-instructions-")
+    try:
+        with open(directory + "/upstream.conf", "w") as f:
+            f.write(pb.nginx_config(directory))
+        with open(directory + "/proxy.conf", "w") as f:
+            f.write(pb.proxy_config(directory))
+        pb.start(["nginx", "-c", directory + "/upstream.conf", "-p", directory, "-g", "daemon off;"])
+        if not lmxtools.wait_http("http://127.0.0.1:%d/v1/models" % pb.UPSTREAM):
+            raise SystemExit("the upstream nginx did not answer")
+        bindir = directory + "/bin"
+        os.mkdir(bindir)
+        subprocess.run(["strip", "--strip-debug", "-o", bindir + "/lmx-agent",
+                        os.path.realpath(os.path.join(pb.BIN, "lmx-agentd"))], check=True)
+        os.symlink("lmx-agent", bindir + "/lmx-agentd")
+        with open(directory + "/gateway.json", "w") as f:
+            json.dump({"discovery": False, "endpoints": [{"url": "http://127.0.0.1:%d" % pb.UPSTREAM, "name": "bench"}]}, f)
+        results = {}
+        for name, argv, port in (
+            ("gateway", [bindir + "/lmx-agentd", "--socket", directory + "/agent.sock", "--db", directory + "/agent.db",
+                         "--config", directory + "/gateway.json", "--no-discovery", "--gateway", "127.0.0.1:%d" % pb.GATEWAY,
+                         "--gateway-socket", directory + "/gateway.sock", "--log-level", "warning"], pb.GATEWAY),
+            ("nginx", ["nginx", "-c", directory + "/proxy.conf", "-p", directory, "-g", "daemon off; master_process off;"],
+             pb.NGINX),
+        ):
+            out = "%s/callgrind-%s" % (directory, name)
+            process = callgrind(argv, out)
+            if not lmxtools.wait_http("http://127.0.0.1:%d/v1/models" % port, timeout=180):
+                raise SystemExit("%s under callgrind did not answer" % name)
+            print("%s:" % name, flush=True)
+            results[name] = measure(process.pid, port, out)
+            process.terminate()
+            process.wait()
+        rows = ["| request (one client, %d requests after %d) | gateway | nginx | gateway ÷ nginx |" % (REQUESTS, WARMUP),
+                "|---|---|---|---|"]
+        for label, *_ in ROWS:
+            g, n = results["gateway"][label], results["nginx"][label]
+            rows.append("| %s | %s | %s | %.1f× |" % (label, format(round(g), ","), format(round(n), ","), g / n))
+        resent = {name: RESENT.get(port, 0) for name, port in (("gateway", pb.GATEWAY), ("nginx", pb.NGINX))}
+        table = "\n".join(rows) + "\n\nRequests sent again after a connection closed unanswered: gateway %d, nginx %d." % (
+            resent["gateway"], resent["nginx"])
+        print(table)
+        if os.environ.get("BENCH_RESULTS"):
+            with open(os.environ["BENCH_RESULTS"], "w") as f:
+                f.write("Instructions per request in user space (callgrind), `make bench` BENCH=instructions:\n\n"
+                        + table + "\n")
+    finally:
+        pb.stop_all()
+        if not os.environ.get("BENCH_KEEP"):
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
