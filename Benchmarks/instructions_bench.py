@@ -112,11 +112,8 @@ def main():
             raise SystemExit("instructions_bench: %s is missing (make bench installs valgrind and nginx)" % tool)
     directory = tempfile.mkdtemp(prefix="lmx-instructions-")
     try:
-        with open(directory + "/upstream.conf", "w") as f:
-            f.write(pb.nginx_config(directory))
-        with open(directory + "/proxy.conf", "w") as f:
-            f.write(pb.proxy_config(directory))
-        pb.start(["nginx", "-c", directory + "/upstream.conf", "-p", directory, "-g", "daemon off;"])
+        upstream_conf, proxy_conf = pb.nginx_configs(directory)
+        pb.start(["nginx", "-c", upstream_conf, "-p", directory, "-g", "daemon off;"])
         if not lmxtools.wait_http("http://127.0.0.1:%d/v1/models" % pb.UPSTREAM):
             raise SystemExit("the upstream nginx did not answer")
         bindir = directory + "/bin"
@@ -131,7 +128,7 @@ def main():
             ("gateway", [bindir + "/lmx-agentd", "--socket", directory + "/agent.sock", "--db", directory + "/agent.db",
                          "--config", directory + "/gateway.json", "--no-discovery", "--gateway", "127.0.0.1:%d" % pb.GATEWAY,
                          "--gateway-socket", directory + "/gateway.sock", "--log-level", "warning"], pb.GATEWAY),
-            ("nginx", ["nginx", "-c", directory + "/proxy.conf", "-p", directory, "-g", "daemon off; master_process off;"],
+            ("nginx", ["nginx", "-c", proxy_conf, "-p", directory, "-g", "daemon off; master_process off;"],
              pb.NGINX),
         ):
             out = "%s/callgrind-%s" % (directory, name)

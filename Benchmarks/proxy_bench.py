@@ -120,6 +120,15 @@ def nginx_config(directory, name="upstream"):
        "completion": COMPLETION}
 
 
+def nginx_configs(directory):
+    """Writes the upstream's and the reverse proxy's configurations into `directory`; their paths."""
+    paths = (directory + "/upstream.conf", directory + "/proxy.conf")
+    for path, text in zip(paths, (nginx_config(directory), proxy_config(directory))):
+        with open(path, "w") as f:
+            f.write(text)
+    return paths
+
+
 def proxy_config(directory):
     """nginx as the reverse proxy, in its own processes (as in front of any real server, and as the
     gateway is): one worker per core, the gateway's number of event loops."""
@@ -427,12 +436,9 @@ def main():
     results = {}
     agents = {}
     try:
-        with open(directory + "/upstream.conf", "w") as f:
-            f.write(nginx_config(directory))
-        with open(directory + "/proxy.conf", "w") as f:
-            f.write(proxy_config(directory))
-        start(["nginx", "-c", directory + "/upstream.conf", "-p", directory, "-g", "daemon off;"])
-        proxy = start(["nginx", "-c", directory + "/proxy.conf", "-p", directory, "-g", "daemon off;"])
+        upstream_conf, proxy_conf = nginx_configs(directory)
+        start(["nginx", "-c", upstream_conf, "-p", directory, "-g", "daemon off;"])
+        proxy = start(["nginx", "-c", proxy_conf, "-p", directory, "-g", "daemon off;"])
         start(["python3", SERVER, "--bind", "127.0.0.1", "--port", str(STREAMER)], stdin=subprocess.PIPE)
         start(["python3", BURST, "serve", str(INSTANT)])
         # One agent in front of each upstream, as nginx has one upstream per server block.

@@ -38,12 +38,9 @@ def main():
     codec_binary = os.path.join(scratch, "release", "lmx-codec-ceiling")
     directory = tempfile.mkdtemp(prefix="lmx-ceiling-")
     try:
-        with open(directory + "/upstream.conf", "w") as f:
-            f.write(pb.nginx_config(directory))
-        with open(directory + "/proxy.conf", "w") as f:
-            f.write(pb.proxy_config(directory))
-        upstream = pb.start(["nginx", "-c", directory + "/upstream.conf", "-p", directory, "-g", "daemon off;"])
-        proxy = pb.start(["nginx", "-c", directory + "/proxy.conf", "-p", directory, "-g", "daemon off;"])
+        upstream_conf, proxy_conf = pb.nginx_configs(directory)
+        upstream = pb.start(["nginx", "-c", upstream_conf, "-p", directory, "-g", "daemon off;"])
+        proxy = pb.start(["nginx", "-c", proxy_conf, "-p", directory, "-g", "daemon off;"])
         agent = pb.start_gateway(directory, "static", pb.UPSTREAM, pb.GATEWAY)
         relay = pb.start([relay_binary, str(RELAY_PORT), str(pb.UPSTREAM)])
         floor = pb.start([floor_binary, str(FLOOR_PORT)])
