@@ -350,7 +350,7 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
         parser.read(bytes) { handler.receive($0) }
     }
 
-    /// Bytes for llhttp (SwiftNIO's HTTP/1 decoder, behind this handler).
+    /// Bytes for llhttp (SwiftNIO's HTTP/1 decoder, behind this handler once the general path is set up).
     func toLLHTTP(_ bytes: ByteBuffer) {
         context?.fireChannelRead(wrapInboundOut(bytes))
     }

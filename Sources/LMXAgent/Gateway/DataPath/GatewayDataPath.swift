@@ -103,10 +103,10 @@ final class GatewayDataPath: Sendable {
     }
 }
 
-/// A gateway connection: the per-user limit, then HTTP/1 with the data path's handler. Requests
+/// A gateway connection: the per-user limit, then the data path's front and handler. Requests
 /// the data path forwards never leave its handler; the others (dashboard, requests that wait for
 /// a route or name a server's object, refusals, malformed requests) go to Hummingbird, answered
-/// by ``Gateway/forward(_:context:)``. Hummingbird's handlers and the task that serves them are
+/// by ``Gateway/forward(_:context:)``. SwiftNIO's HTTP/1 handlers, Hummingbird's and the task that serves them are
 /// set up only when a connection first needs them: a connection whose requests all take the data
 /// path costs no task and no asynchronous streams (a new connection cost about 300 µs of CPU with
 /// them, most of the cost of a one-request connection).
@@ -154,7 +154,8 @@ struct GatewayChildChannel: ServerChildChannel, HTTPChannelHandler {
         }
     }
 
-    /// The connection's pipeline: the front, SwiftNIO's HTTP/1 handlers, the data path's handler.
+    /// The connection's pipeline: the front and the data path's handler (SwiftNIO's HTTP/1 handlers
+    /// and Hummingbird's come between them with the general path).
     private func configure(_ channel: any Channel, peer known: UInt32?, logger: Logger) throws {
         try channel.syncOptions?.setOption(.maxMessagesPerRead, value: Self.readsPerWakeUp)
         try channel.syncOptions?.setOption(.recvAllocator, value: Self.receiveBuffers)
