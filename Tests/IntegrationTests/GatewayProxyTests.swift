@@ -198,12 +198,14 @@ struct GatewayProxyTests {
         }
     }
 
-    /// One raw connection to the gateway: what it sends (`malformed`, `halfclose`, `stream`, or
-    /// `mixed`: the dashboard, then a stream, on the same connection), then
+    /// One raw connection to the gateway: what it sends (`malformed`, `halfclose`, `stream`,
+    /// `mixed`: the dashboard, then a stream, on the same connection; or a body that stops:
+    /// `cutbody`, `cutclose`, `stallbody`, `cutchunked`; `noread`: a large answer, not read for 5 s;
+    /// `pipelined`: three requests in one write, the last two for the general path), then
     /// everything read until the gateway closes it, as one JSON line (`first event` printed when
     /// a stream's first event came).
     private static let rawClient = #"""
-        import json, socket, sys, time
+        import json, re, socket, sys, time
         port, what = int(sys.argv[1]), sys.argv[2]
         s = socket.create_connection(("127.0.0.1", port), timeout=15)
         host = b"Host: 127.0.0.1:%d\r\n" % port
@@ -211,6 +213,42 @@ struct GatewayProxyTests {
             s.sendall(b"GET /v1/models HTTP/1.1\r\n" + host + b"no colon in this line\r\n\r\n")
         elif what == "halfclose":
             s.sendall(b"GET /v1/models HTTP/1.1\r\n" + host + b"\r\n")
+            s.shutdown(socket.SHUT_WR)
+        elif what in ("cutbody", "cutclose", "stallbody"):
+            # A body that stops: 1,000 of its 100,000 bytes, then the client's side closes,
+            # the whole connection closes, or nothing more comes.
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n" + host + b"Content-Type: application/json\r\n"
+                      + b"Content-Length: 100000\r\n\r\n" + b'{"model": "test/model", "x": "' + b"x" * 970)
+            time.sleep(0.2)
+            if what == "cutclose":
+                s.close()
+                time.sleep(1)
+                # The gateway's side of such connections, still open (CLOSE-WAIT).
+                import subprocess
+                left = subprocess.run(["ss", "-Htan", "state", "close-wait", "sport", "= :%d" % port],
+                                      capture_output=True, text=True, check=True).stdout
+                print(json.dumps({"status": "closed", "close_wait": len(left.strip().splitlines())}))
+                sys.exit(0)
+            if what == "cutbody":
+                s.shutdown(socket.SHUT_WR)
+        elif what == "pipelined":
+            # Three requests in one write, the client's side closed after them: the data path's,
+            # a chunked upload (llhttp, the general path), the dashboard (the general path).
+            body = b'{"model": "test/model", "messages": [{"role": "user", "content": "hi"}]}'
+            s.sendall(b"GET /v1/models HTTP/1.1\r\n" + host + b"\r\n"
+                      + b"POST /v1/chat/completions HTTP/1.1\r\n" + host + b"Content-Type: application/json\r\n"
+                      + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+                      + b"GET / HTTP/1.1\r\n" + host + b"\r\n")
+            s.shutdown(socket.SHUT_WR)
+        elif what == "noread":
+            # 64 MB asked for, and nothing read for 5 s: then what had come, until the close.
+            s.sendall(b"GET /v1/bytes?n=64000000 HTTP/1.1\r\n" + host + b"\r\n")
+            time.sleep(5)
+        elif what == "cutchunked":
+            # Chunked: llhttp (the general path) reads it.
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n" + host + b"Transfer-Encoding: chunked\r\n\r\n"
+                      + b"400\r\n" + b"x" * 100)
+            time.sleep(0.2)
             s.shutdown(socket.SHUT_WR)
         else:
             if what == "mixed":
@@ -239,7 +277,9 @@ struct GatewayProxyTests {
                 first = True
                 print("first event", flush=True)
         print(json.dumps({"status": data.split(b"\r\n", 1)[0].decode(errors="replace"), "done": b"[DONE]" in data,
-                          "closed_after": round(time.monotonic() - start, 3)}))
+                          "closed_after": round(time.monotonic() - start, 3), "bytes": len(data),
+                          "answers": [line.decode() for line in re.findall(rb"HTTP/1\.1 [0-9]{3} [A-Za-z ]*", data)],
+                          "body": data.split(b"\r\n\r\n", 1)[-1][:300].decode(errors="replace")}))
         """#
 
     @Test(
@@ -286,6 +326,78 @@ struct GatewayProxyTests {
                 #expect((ended["status"] as? String)?.hasPrefix("HTTP/1.1 200") == true)
             }
             #expect(try await agent.process.waitForExit(timeout: 10) == 0)
+        }
+    }
+
+    @Test(
+        "a client whose body stops: its side closed mid-body gets 400 at once (data path and llhttp), a closed connection leaves nothing open, a stalled body gets 408 after client_timeout, pipelined requests for the general path are all answered, a client that reads nothing of its answer is closed after it; a stream longer than the shutdown grace does not keep the daemon from stopping"
+    )
+    func bodyThatStops() async throws {
+        try await withResources {
+            let port = freePort()
+            let gatewayPort = freePort()
+            // A stream of 30 s: longer than the daemon's 10 s shutdown grace.
+            let server = try await LMXServer.start(
+                bed, on: .h1, port: port, instance: "stops-\(port)",
+                extra: ["--stream-chunks", "150", "--stream-interval", "200"])
+            let agent = try await AgentProcess.start(
+                bed,
+                config: config(
+                    endpoints: [endpoint(server, name: "Studio")], top: #""gateway": {"client_timeout": 1}"#),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            func raw(_ what: String) async throws -> [String: Any] {
+                json(
+                    try await Command.run(
+                        "/usr/bin/python3", ["-c", Self.rawClient, String(gatewayPort), what], timeout: 20))
+            }
+            for what in ["cutbody", "cutchunked"] {
+                let cut = try await raw(what)
+                #expect((cut["status"] as? String)?.hasPrefix("HTTP/1.1 400") == true, "\(what): \(cut)")
+                #expect((cut["closed_after"] as? Double ?? 99) < 2, "\(what): \(cut)")
+            }
+            // Requests sent together, a later one for the general path: every one answered, in
+            // order, then the close (the general path's handlers were given the later ones outside
+            // a read of the client's and delivered them only at the next read's end: never).
+            let pipelined = try await raw("pipelined")
+            #expect(
+                pipelined["answers"] as? [String] == ["HTTP/1.1 200 OK", "HTTP/1.1 200 OK", "HTTP/1.1 200 OK"],
+                "\(pipelined)")
+            #expect((pipelined["closed_after"] as? Double ?? 99) < 2, "\(pipelined)")
+            let cut = try await raw("cutbody")
+            #expect((cut["body"] as? String)?.contains("request_body_incomplete") == true, "\(cut)")
+            let closed = try await raw("cutclose")
+            #expect(closed["close_wait"] as? Int == 0, "\(closed)")
+            let stalled = try await raw("stallbody")
+            #expect((stalled["status"] as? String)?.hasPrefix("HTTP/1.1 408") == true, "\(stalled)")
+            #expect((stalled["body"] as? String)?.contains("gateway.client_timeout") == true, "\(stalled)")
+            // The body stopped between two of the timer's periods: answered after one to two.
+            let after = stalled["closed_after"] as? Double ?? 99
+            #expect(after >= 0.9 && after < 3, "\(stalled)")
+            // The server's connection was closed, not kept for another request: the route is
+            // still answered (and healthy).
+            #expect(try await head(["http://127.0.0.1:\(gatewayPort)/v1/models"]).status == 200)
+            // A client that reads nothing of a 64 MB answer for 5 s: its connection (and the
+            // server's) was closed after one to two seconds; it finds what the buffers held, then the close.
+            let unread = try await raw("noread")
+            #expect((unread["status"] as? String)?.hasPrefix("HTTP/1.1 200") == true, "\(unread)")
+            #expect((unread["bytes"] as? Int ?? 0) < 40_000_000, "\(unread)")
+            #expect((unread["closed_after"] as? Double ?? 99) < 3, "\(unread)")
+
+            // A stream in flight when the daemon stops runs for the grace (10 s), then its
+            // connection closes and the daemon exits by itself (systemd's stop timeout is 15 s).
+            let stream = LiveProcess("/usr/bin/python3", ["-c", Self.rawClient, String(gatewayPort), "stream"])
+            try await stream.start()
+            #expect(await stream.waitForLine(containing: "first event", timeout: 10))
+            let stopped = ContinuousClock.now
+            agent.process.signal(SIGTERM)
+            #expect(try await agent.process.waitForExit(timeout: 14) == 0)
+            let took = (ContinuousClock.now - stopped).seconds
+            #expect(took >= 9 && took < 13, "the daemon stopped after \(took) s")
+            #expect(try await stream.waitForExit(timeout: 5) == 0)
+            let ended = json(CommandResult(status: 0, stdout: stream.stdout, stderr: stream.stderr, seconds: 0))
+            #expect(ended["done"] as? Bool == false, "\(ended)")
+            print("figure: a 30 s stream in flight at SIGTERM: the daemon stopped after \(took) s")
         }
     }
 

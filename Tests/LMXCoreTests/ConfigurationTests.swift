@@ -182,10 +182,12 @@ struct ConfigurationTests {
         let defaults = try parse("{}").gateway
         #expect(
             defaults.maxConnectionsPerUser == 256 && defaults.readAheadBytes == 256 << 10
-                && defaults.busyCooldownMax == 30)
+                && defaults.busyCooldownMax == 30 && defaults.clientTimeout == 60)
+        #expect(try parse(#"{"gateway": {"client_timeout": 2.5}}"#).gateway.clientTimeout == 2.5)
         for (key, value) in [
             ("max_connections_per_route", "0"), ("hold_seconds", "-1"), ("read_ahead_bytes", "10"),
             ("read_ahead_budget_bytes", "2048"), ("busy_cooldown_max", "99999"), ("max_connections_per_user", "0"),
+            ("client_timeout", "0"), ("client_timeout", "86400"),
         ] {
             #expect(throws: ConfigurationError.self) { try parse(#"{"gateway": {"\#(key)": \#(value)}}"#) }
             do { _ = try parse(#"{"gateway": {"\#(key)": \#(value)}}"#) } catch {

@@ -41,6 +41,10 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
     public var holdSeconds = 5.0
     /// The longest a busy server (429, or 503 overloaded, with `Retry-After`) is passed over.
     public var busyCooldownMax = 30.0
+    /// Seconds a client's connection may stay silent: a kept connection with no request in
+    /// progress is closed after this long, and a request whose body stops arriving is answered
+    /// 408 and its connection closed (as nginx's `client_body_timeout`).
+    public var clientTimeout = 60.0
 
     public static let defaultListen = HostPort(host: "127.0.0.1", port: 1235)
 
@@ -57,6 +61,7 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
         case maxConnectionsPerUser = "max_connections_per_user"
         case readAheadBytes = "read_ahead_bytes"
         case readAheadBudgetBytes = "read_ahead_budget_bytes"
+        case clientTimeout = "client_timeout"
     }
 
     public init(from decoder: any Decoder) throws {
@@ -85,6 +90,7 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
             .readAheadBudgetBytes, or: d.readAheadBudgetBytes, in: readAheadBytes...(1 << 32))
         holdSeconds = try c.number(.holdSeconds, or: d.holdSeconds, in: 0...120, unit: "seconds")
         busyCooldownMax = try c.number(.busyCooldownMax, or: d.busyCooldownMax, in: 0...3600, unit: "seconds")
+        clientTimeout = try c.number(.clientTimeout, or: d.clientTimeout, in: 1...3600, unit: "seconds")
     }
 
     /// `127.0.0.1:1235`, `[::1]:1235`, `localhost:1235`, or `off`. Only loopback: the gateway

@@ -331,6 +331,8 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
     private var parser = ClientRequestParser()
     private var context: ChannelHandlerContext?
     var handler: GatewayConnectionHandler?
+    /// Bytes read from the client so far (the handler's stall check).
+    private(set) var bytesRead = 0
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
@@ -343,10 +345,12 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let bytes = unwrapInboundIn(data)
+        bytesRead &+= bytes.readableBytes
         guard let handler else {
             context.fireChannelRead(data)
             return
         }
+        handler.readAsked = false
         parser.read(bytes) { handler.receive($0) }
     }
 

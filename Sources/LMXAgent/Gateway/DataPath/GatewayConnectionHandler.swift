@@ -42,6 +42,20 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var generalPathStarted = false
     /// The server is stopping or the client closed its side: the connection closes once idle.
     private var closeWhenIdle = false
+    /// The client closed its side: a request whose body has not ended can never end.
+    private var inputClosed = false
+    /// Closes the connection once the daemon's shutdown grace is over.
+    private var shutdownTimer: Scheduled<Void>?
+    /// How long the client may stay silent (``GatewayConfiguration/clientTimeout``).
+    private let clientTimeout: TimeAmount
+    /// The bytes the connection had read when the idle timer last fired in the middle of a
+    /// request with a read asked for: none more by the next firing, and the client has stalled.
+    private var bytesSeen: Int?
+    /// A read is asked of the socket and no bytes have come since (false while reads are held,
+    /// here or by the general path).
+    var readAsked = false
+    /// The same for the answer, while the client could take no more of it.
+    private var answerSeen: (request: ObjectIdentifier, written: Int)?
 
     /// The request this handler is forwarding, if any.
     private var request: ForwardedRequest?
@@ -75,6 +89,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         self.uid = uid
         self.overTCP = overTCP
         self.startGeneralPath = startGeneralPath
+        self.clientTimeout = .milliseconds(Int64(dataPath.gateway.configuration.clientTimeout * 1000))
     }
 
     /// The general path behind this handler, set up if it was not; false (and the connection
@@ -98,6 +113,15 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var idle: Bool { request == nil && handedOver == 0 && !passing && !replaying }
 
     private func closeIfDone() {
+        if inputClosed, queued.isEmpty, let request, !request.clientEnded {
+            // The client closed its side before the body's end: the request can never be whole
+            // (nginx: "client prematurely closed connection").
+            return bodyNotWhole(
+                request, status: 400, code: "request_body_incomplete",
+                message:
+                    "the client closed its side of the connection after \(request.received) of the body's \(request.declaredLength) bytes"
+            )
+        }
         if closeWhenIdle, idle, queued.isEmpty { context?.close(promise: nil) }
     }
 
@@ -114,6 +138,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     func handlerRemoved(context: ChannelHandlerContext) {
         idleTimer?.cancel()
+        shutdownTimer?.cancel()
         abandon()
         self.context = nil
         rawOutput = nil
@@ -122,6 +147,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     func channelInactive(context: ChannelHandlerContext) {
         idleTimer?.cancel()
+        shutdownTimer?.cancel()
         abandon()
         context.fireChannelInactive()
     }
@@ -140,6 +166,15 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             // answer a request (they would close the connection, or its output, at once if
             // they had none, cutting an answer of the data path's).
             closeWhenIdle = true
+            if !stopping {
+                inputClosed = true
+            } else if shutdownTimer == nil {
+                // What is in progress gets the grace, not more: the daemon always stops.
+                shutdownTimer = context.eventLoop.assumeIsolated().scheduleTask(in: GatewayChildChannel.shutdownGrace) {
+                    [self] in
+                    self.context?.close(promise: nil)
+                }
+            }
             if generalPathStarted, handedOver > 0 || passing { context.fireUserInboundEventTriggered(event) }
             closeIfDone()
             return
@@ -156,6 +191,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if holdsReads {
             readPending = true
         } else {
+            readAsked = true
             context.read()
         }
     }
@@ -197,6 +233,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private func resumeReadsIfHeld() {
         guard readPending, !holdsReads, let context else { return }
         readPending = false
+        readAsked = true
         context.read()
     }
 
@@ -231,6 +268,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             // The front reads no more of this connection: llhttp does, for the general path.
             llhttpOnly = true
             if ensureGeneralPath() { front?.toLLHTTP(bytes) }
+            endReadBatchIfFired()
             return
         }
         if replaying {
@@ -264,6 +302,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         while !queued.isEmpty, request?.clientEnded != true {
             handle(queued.removeFirst())
         }
+        endReadBatchIfFired()
         resumeReadsIfHeld()
     }
 
@@ -390,15 +429,21 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     private func handOver(raw: ByteBuffer, parts: [ByteBuffer], ended: Bool) {
-        guard let context, let front, ensureGeneralPath() else { return }
+        guard let front, ensureGeneralPath() else { return }
         // llhttp reads it (its parts come back through channelRead, to the general path).
         front.toLLHTTP(raw)
         for part in parts { front.toLLHTTP(part) }
         replaying = !ended
-        if firedRead {
-            firedRead = false
-            context.fireChannelReadComplete()
-        }
+        endReadBatchIfFired()
+    }
+
+    /// The general path's handlers deliver what they were given when a read batch ends: parts
+    /// given to them outside a read of the client's (a queued request handled once the one before
+    /// it ended, a busy server's handover during its answer) get an end of their own.
+    private func endReadBatchIfFired() {
+        guard firedRead, let context else { return }
+        firedRead = false
+        context.fireChannelReadComplete()
     }
 
     // MARK: Forwarding
@@ -575,6 +620,17 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     private func tooLarge(_ request: ForwardedRequest) {
         gateway.metrics.gatewayRefused.increment()
+        bodyNotWhole(
+            request, status: 413, code: "request_too_large",
+            message:
+                "request bodies are limited to \(gateway.configuration.maxRequestBytes) bytes (gateway.max_request_bytes)"
+        )
+    }
+
+    /// The request's body will not reach the server whole (too large, cut, stalled): the server's
+    /// connection is closed (it sees the body cut, never a request that looks whole), and the
+    /// client gets `status` unless its answer has begun to go out; then the connection closes.
+    private func bodyNotWhole(_ request: ForwardedRequest, status: Int, code: String, message: String) {
         if let upstream = request.upstream {
             upstream.handler.owner = nil
             upstream.channel.close(promise: nil)
@@ -590,11 +646,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             context?.close(promise: nil)
             return
         }
-        respond(
-            request, status: 413, code: "request_too_large",
-            message:
-                "request bodies are limited to \(gateway.configuration.maxRequestBytes) bytes (gateway.max_request_bytes)"
-        )
+        respond(request, status: status, code: code, message: message)
     }
 
     // MARK: The answer
@@ -754,6 +806,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .head(let bytes):
             output.write(NIOAny(bytes), promise: nil)
         case .body(let bytes):
+            request.answerWritten &+= bytes.readableBytes
             HTTP1Bytes.writeBody(bytes, chunked: request.chunkedToClient, to: output)
         case .end:
             if request.chunkedToClient { output.write(NIOAny(HTTP1Bytes.lastChunk), promise: nil) }
@@ -854,17 +907,59 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     /// One timer per connection, not one per request: when it fires it closes the connection if
     /// it has been idle for the whole timeout, else waits for the rest of it.
-    private func armIdleTimer(in delay: TimeAmount = GatewayChildChannel.idleTimeout) {
+    private func armIdleTimer(in delay: TimeAmount? = nil) {
         guard let context else { return }
-        idleTimer = context.eventLoop.assumeIsolated().scheduleTask(in: delay) { [self] in
-            let busy = self.request != nil || self.handedOver > 0 || self.passing
-            let deadline = self.idleSince + GatewayChildChannel.idleTimeout
-            if !busy, deadline <= .now() {
-                self.context?.close(promise: nil)
-            } else {
-                self.armIdleTimer(in: busy ? GatewayChildChannel.idleTimeout : deadline - .now())
-            }
+        idleTimer = context.eventLoop.assumeIsolated().scheduleTask(in: delay ?? clientTimeout) { [self] in
+            self.idleTimerFired()
         }
+    }
+
+    /// Closes the connection when it has been idle for the whole timeout; answers 408 when the
+    /// body of the request in progress has not moved for a whole period though it was being
+    /// read (reads held for the server's sake do not count against the client).
+    private func idleTimerFired() {
+        let busy = request != nil || handedOver > 0 || passing
+        let deadline = idleSince + clientTimeout
+        if !busy, deadline <= .now() {
+            context?.close(promise: nil)
+            return
+        }
+        // In the middle of a request (ours, or one llhttp reads for the general path), waiting
+        // for the client's bytes (as nginx's `client_body_timeout`).
+        let midRequest = (request.map { !$0.clientEnded } ?? false) || passing || replaying
+        if midRequest, readAsked, let read = front?.bytesRead {
+            if let bytesSeen, bytesSeen == read {
+                gateway.logger.info(
+                    "gateway: a client sent nothing of its request's body for gateway.client_timeout; answered 408")
+                if let request, !request.clientEnded {
+                    return bodyNotWhole(
+                        request, status: 408, code: "request_timeout",
+                        message:
+                            "no byte of the request's body came for \(clientTimeout.nanoseconds / 1_000_000_000) s (gateway.client_timeout)"
+                    )
+                }
+                context?.close(promise: nil)
+                return
+            }
+            bytesSeen = read
+        } else {
+            bytesSeen = nil
+        }
+        if let request, request.answerStarted, !request.holdsAnswer, !clientWritable {
+            // The client takes nothing of its answer (as nginx's `send_timeout`): the server's
+            // connection is not held for it any longer.
+            let seen = (ObjectIdentifier(request), request.answerWritten)
+            if let answerSeen, answerSeen == seen {
+                gateway.logger.info(
+                    "gateway: a client took nothing of its answer for gateway.client_timeout; its connection is closed")
+                context?.close(promise: nil)
+                return
+            }
+            answerSeen = seen
+        } else {
+            answerSeen = nil
+        }
+        armIdleTimer(in: busy ? clientTimeout : deadline - .now())
     }
 }
 
@@ -941,6 +1036,8 @@ final class ForwardedRequest {
     var holdsAnswer = false
     var heldAnswer: [ClientOutput] = []
     var heldBytes = 0
+    /// Bytes of the answer's body written to the client so far.
+    var answerWritten = 0
     var relay: EventRelay?
     var inFlight: InFlightToken?
     var routeToken: (any AnyObject & Sendable)?

@@ -131,8 +131,10 @@ struct GatewayChildChannel: ServerChildChannel, HTTPChannelHandler {
     static var receiveBuffers: AdaptiveRecvByteBufferAllocator {
         AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 2048, maximum: maxReceiveBuffer)
     }
-    /// Time before an idle connection (no request being answered) is closed.
-    static let idleTimeout = TimeAmount.seconds(60)
+    /// When the daemon stops, what a connection is answering may take this long to end (a stream
+    /// runs on); then the connection is closed, answered or not. Under the systemd unit's 15 s
+    /// `TimeoutStopSec`, so the daemon always stops by itself.
+    static let shutdownGrace = TimeAmount.seconds(10)
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         start(channel: channel, logger: logger).map { Value(channel: channel) }
