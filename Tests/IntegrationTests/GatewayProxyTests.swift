@@ -401,6 +401,96 @@ struct GatewayProxyTests {
         }
     }
 
+    /// Hostile clients, seeded: N connections of one to three requests (the data path's, chunked
+    /// uploads and the dashboard for the general path, `HEAD`), some bytes changed, some cut short,
+    /// then closed, half-closed, read once, or kept open and silent. Prints one JSON line: the
+    /// gateway's sockets still open (ESTAB, CLOSE-WAIT) after `wait` seconds while the silent
+    /// clients still hold theirs.
+    private static let stormClient = #"""
+        import json, random, socket, subprocess, sys, time
+        port, n, seed, wait = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+        rng = random.Random(seed)
+        host = b"Host: 127.0.0.1:%d\r\n" % port
+        def request(kind):
+            body = b'{"model": "test/model", "messages": [{"role": "user", "content": "'
+            body += b"x" * rng.choice((10, 1000, 70000)) + b'"}]}'
+            if kind == "post":
+                return (b"POST /v1/chat/completions HTTP/1.1\r\n" + host + b"Content-Type: application/json\r\n"
+                        + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            if kind == "chunked":
+                return (b"POST /v1/chat/completions HTTP/1.1\r\n" + host + b"Transfer-Encoding: chunked\r\n\r\n"
+                        + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+            if kind == "dashboard":
+                return b"GET / HTTP/1.1\r\n" + host + b"\r\n"
+            return (b"HEAD" if kind == "head" else b"GET") + b" /v1/models HTTP/1.1\r\n" + host + b"\r\n"
+        def gateway_sockets():
+            out = subprocess.run(["ss", "-Htan", "sport", "= :%d" % port], capture_output=True, text=True).stdout
+            states = [line.split()[0] for line in out.splitlines() if line.strip()]
+            return {state: states.count(state) for state in set(states)}
+        silent, ends = [], {}
+        for _ in range(n):
+            data = bytearray(b"".join(request(rng.choice(("get", "post", "post", "chunked", "dashboard", "head")))
+                                      for _ in range(rng.randint(1, 3))))
+            for _ in range(rng.choice((0, 0, 1, 2))):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            if rng.random() < 0.5:
+                data = data[:rng.randrange(1, len(data) + 1)]
+            end = rng.choice(("close", "halfclose", "read", "silent"))
+            ends[end] = ends.get(end, 0) + 1
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=2)
+                s.sendall(bytes(data))
+                if end == "close":
+                    s.close()
+                elif end == "read":
+                    s.settimeout(0.3)
+                    try:
+                        s.recv(1 << 20)
+                    except OSError:
+                        pass
+                    s.close()
+                else:
+                    if end == "halfclose":
+                        s.shutdown(socket.SHUT_WR)
+                    silent.append(s)
+            except OSError:
+                ends["refused"] = ends.get("refused", 0) + 1
+        time.sleep(wait)
+        left = gateway_sockets()
+        for s in silent:
+            s.close()
+        print(json.dumps({"ends": ends, "left": {k: v for k, v in left.items() if k in ("ESTAB", "CLOSE-WAIT")},
+                          "silent": len(silent)}))
+        """#
+
+    @Test(
+        "400 hostile connections (cut, changed, pipelined, half-closed, silent): once client_timeout has passed, the gateway holds none of them open, still answers, and stops at once"
+    )
+    func hostileClientsLeaveNothingOpen() async throws {
+        try await withResources {
+            let port = freePort()
+            let gatewayPort = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "storm-\(port)")
+            let agent = try await AgentProcess.start(
+                bed,
+                config: config(
+                    endpoints: [endpoint(server, name: "Studio")], top: #""gateway": {"client_timeout": 1}"#),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            // client_timeout 1 s: a silent client is closed after one to two seconds.
+            let storm = json(
+                try await Command.run(
+                    "/usr/bin/python3", ["-c", Self.stormClient, String(gatewayPort), "400", "7", "3.5"], timeout: 120))
+            #expect((storm["silent"] as? Int ?? 0) > 100, "\(storm)")
+            #expect(storm["left"] as? [String: Int] == [:], "\(storm)")
+            #expect(try await head(["http://127.0.0.1:\(gatewayPort)/v1/models"]).status == 200)
+            let stopped = ContinuousClock.now
+            agent.process.signal(SIGTERM)
+            #expect(try await agent.process.waitForExit(timeout: 12) == 0)
+            #expect((ContinuousClock.now - stopped).seconds < 3)
+        }
+    }
+
     /// One kept connection to the gateway (so one event loop's pool upstream): each
     /// ``upstreamPort()`` asks GET /v1/echo once and gives the client port of the server's
     /// connection that answered.
