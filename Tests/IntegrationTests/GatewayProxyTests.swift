@@ -282,25 +282,34 @@ struct GatewayProxyTests {
                           "body": data.split(b"\r\n\r\n", 1)[-1][:300].decode(errors="replace")}))
         """#
 
+    /// An agent with `server` as its one endpoint (`gateway`: its config's gateway section) and
+    /// its gateway on a port of its own, once it uses the server.
+    private func agentInFront(of server: LMXServer, gateway: String? = nil) async throws -> (AgentProcess, Int) {
+        let gatewayPort = freePort()
+        let agent = try await AgentProcess.start(
+            bed,
+            config: config(endpoints: [endpoint(server, name: "Studio")], top: gateway.map { #""gateway": \#($0)"# }),
+            arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+        #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+        return (agent, gatewayPort)
+    }
+
+    /// ``rawClient`` once against the gateway on `port`: its JSON line.
+    private func raw(_ port: Int, _ what: String) async throws -> [String: Any] {
+        json(try await Command.run("/usr/bin/python3", ["-c", Self.rawClient, String(port), what], timeout: 20))
+    }
+
     @Test(
         "a connection the data path alone serves: a malformed first request gets 400 and the close; a client that closes its side gets the whole answer, then the close; a stream in flight when the daemon stops ends first"
     )
     func connectionLife() async throws {
         try await withResources {
             let port = freePort()
-            let gatewayPort = freePort()
             let server = try await LMXServer.start(
                 bed, on: .h1, port: port, instance: "life-\(port)",
                 extra: ["--stream-chunks", "8", "--stream-interval", "150"])
-            let agent = try await AgentProcess.start(
-                bed, config: config(endpoints: [endpoint(server, name: "Studio")]),
-                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
-            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
-            func raw(_ what: String) async throws -> [String: Any] {
-                json(
-                    try await Command.run(
-                        "/usr/bin/python3", ["-c", Self.rawClient, String(gatewayPort), what], timeout: 20))
-            }
+            let (agent, gatewayPort) = try await agentInFront(of: server)
+            func raw(_ what: String) async throws -> [String: Any] { try await self.raw(gatewayPort, what) }
             let malformed = try await raw("malformed")
             #expect((malformed["status"] as? String)?.hasPrefix("HTTP/1.1 400") == true, "\(malformed)")
             #expect((malformed["closed_after"] as? Double ?? 99) < 5)
@@ -335,22 +344,12 @@ struct GatewayProxyTests {
     func bodyThatStops() async throws {
         try await withResources {
             let port = freePort()
-            let gatewayPort = freePort()
             // A stream of 30 s: longer than the daemon's 10 s shutdown grace.
             let server = try await LMXServer.start(
                 bed, on: .h1, port: port, instance: "stops-\(port)",
                 extra: ["--stream-chunks", "150", "--stream-interval", "200"])
-            let agent = try await AgentProcess.start(
-                bed,
-                config: config(
-                    endpoints: [endpoint(server, name: "Studio")], top: #""gateway": {"client_timeout": 1}"#),
-                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
-            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
-            func raw(_ what: String) async throws -> [String: Any] {
-                json(
-                    try await Command.run(
-                        "/usr/bin/python3", ["-c", Self.rawClient, String(gatewayPort), what], timeout: 20))
-            }
+            let (agent, gatewayPort) = try await agentInFront(of: server, gateway: #"{"client_timeout": 1}"#)
+            func raw(_ what: String) async throws -> [String: Any] { try await self.raw(gatewayPort, what) }
             for what in ["cutbody", "cutchunked"] {
                 let cut = try await raw(what)
                 #expect((cut["status"] as? String)?.hasPrefix("HTTP/1.1 400") == true, "\(what): \(cut)")
@@ -469,14 +468,8 @@ struct GatewayProxyTests {
     func hostileClientsLeaveNothingOpen() async throws {
         try await withResources {
             let port = freePort()
-            let gatewayPort = freePort()
             let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "storm-\(port)")
-            let agent = try await AgentProcess.start(
-                bed,
-                config: config(
-                    endpoints: [endpoint(server, name: "Studio")], top: #""gateway": {"client_timeout": 1}"#),
-                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
-            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            let (agent, gatewayPort) = try await agentInFront(of: server, gateway: #"{"client_timeout": 1}"#)
             // client_timeout 1 s: a silent client is closed after one to two seconds.
             let storm = json(
                 try await Command.run(

@@ -32,7 +32,7 @@ struct UpstreamCodecTests {
         let emit: (UpstreamResponseParser.Part) -> Void = { part in
             switch part {
             case .head(let h):
-                reading.status = Int(h.status.code)
+                reading.status = h.status
                 reading.headers = h.headers.map { "\($0.name): \($0.value)" }
             case .body(let b): reading.body += Array(b.readableBytesView)
             case .end: reading.ended = true
@@ -288,6 +288,36 @@ struct UpstreamCodecTests {
         print(
             "figure: upstream codec vs llhttp: \(agreed) answers read alike; \(refusedMore) refused here that llhttp read"
         )
+    }
+
+    @Test(
+        "an answer's head read with what the rules need: the length, an event stream, Retry-After, what Connection lists, keep-alive hints, the headers kept"
+    )
+    func answerHeadRead() throws {
+        var parser = UpstreamResponseParser()
+        parser.expectAnswer(toHEAD: false)
+        var heads: [UpstreamAnswerHead] = []
+        try parser.read(
+            ByteBuffer(
+                string:
+                    "HTTP/1.1 429 Too Many Requests\r\nContent-Type: Text/Event-Stream; charset=utf-8\r\n"
+                    + "content-type: application/json\r\nRetry-After:  7 \r\nConnection: keep-alive, X-Private\r\n"
+                    + "X-Private: 1\r\nKeep-Alive: timeout=9\r\nSet-Cookie: a=b\r\nX-Request-ID: r1\r\n"
+                    + "Content-Length: 0\r\n\r\n")
+        ) {
+            if case .head(let head) = $0 { heads.append(head) }
+        }
+        let head = try #require(heads.first)
+        #expect(head.status == 429 && head.minor == 1)
+        #expect(head.read.eventStream)  // the first Content-Type
+        #expect(head.read.retryAfter == "7")
+        #expect(head.read.contentLength == 0)
+        #expect(head.read.connectionListed == ["keep-alive", "x-private"])
+        #expect(head.read.keepAlive.seconds == 8)
+        #expect(head.headers.count == 9)
+        // Kept before what Connection lists is known (the handler leaves X-Private out then).
+        let kept = head.headers.enumerated().filter { head.fields[$0.offset].kept }.map(\.element.name)
+        #expect(kept == ["Content-Type", "content-type", "Retry-After", "X-Private", "X-Request-ID"])
     }
 
     @Test("a head made in one piece is the same whether it fits the first buffer or is made again in larger ones")

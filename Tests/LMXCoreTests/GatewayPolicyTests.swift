@@ -338,6 +338,33 @@ struct GatewayPolicyTests {
         #expect(!GatewayPolicy.keepsDownstream("x-private", connectionListed: ["x-private"]))
     }
 
+    @Test("the data path's reading of header names as bytes keeps exactly the headers the rules keep")
+    func keepsDownstreamBytes() {
+        var names = [
+            "Connection", "keep-alive", "Proxy-Connection", "TE", "Trailer", "Transfer-Encoding", "Upgrade", "Host",
+            "Content-Length", "Set-Cookie", "SET-COOKIE2", "X-Content-Type-Options", "content-security-policy",
+            "Cross-Origin-Resource-Policy", "Content-Type", "X-Request-ID", "Date", "Server", "x_private", "X_PRIVATE",
+            "t", "tee", "set-cookie3", "x-privatE", "~^_", "CONNECTIO", "connectionx",
+        ]
+        // Every name above with each letter's case flipped, one at a time.
+        for name in names.prefix(10) {
+            for index in name.utf8.indices where name.utf8[index] >= 0x41 {
+                var bytes = Array(name.utf8)
+                bytes[name.utf8.distance(from: name.utf8.startIndex, to: index)] ^= 0x20
+                names.append(String(decoding: bytes, as: UTF8.self))
+            }
+        }
+        for listed in [[], ["x-private"], ["x_private", "date"]] {
+            for name in names {
+                let bytes = Array(name.utf8)
+                let fromBytes = bytes.withUnsafeBytes {
+                    GatewayPolicy.keepsDownstream(nameBytes: $0, connectionListed: listed)
+                }
+                #expect(fromBytes == GatewayPolicy.keepsDownstream(name, connectionListed: listed), "\(name) \(listed)")
+            }
+        }
+    }
+
     @Test("keys that could not be sent as header values are told apart (line breaks, NUL, DEL; tab and UTF-8 are fine)")
     func headerSafeCredentials() {
         #expect(

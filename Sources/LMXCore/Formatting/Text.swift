@@ -75,7 +75,7 @@ extension String {
     }
 
     /// An ASCII capital as its lower case; any other byte as it is.
-    private static func foldedASCII(_ byte: UInt8) -> UInt8 {
+    static func foldedASCII(_ byte: UInt8) -> UInt8 {
         byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte
     }
 }

@@ -211,6 +211,26 @@ public enum GatewayPolicy {
         !listed(name, in: droppedDownstream) && (connectionListed.isEmpty || !listed(name, in: connectionListed))
     }
 
+    /// ``keepsDownstream(_:connectionListed:)`` for a name as the server's bytes (a token), so
+    /// that the data path need not make a `String` of every header it passes on.
+    public static func keepsDownstream(nameBytes name: UnsafeRawBufferPointer, connectionListed: [String]) -> Bool {
+        for dropped in droppedDownstreamBytes where equalsFolded(name, dropped) { return false }
+        for listed in connectionListed {
+            var listed = listed
+            if listed.withUTF8({ equalsFolded(name, UnsafeRawBufferPointer($0)) }) { return false }
+        }
+        return true
+    }
+
+    private static let droppedDownstreamBytes: [[UInt8]] = droppedDownstream.map { Array($0.utf8) }
+
+    /// `bytes` are `lower` (lower case) ignoring ASCII case.
+    private static func equalsFolded(_ bytes: UnsafeRawBufferPointer, _ lower: some Collection<UInt8>) -> Bool {
+        guard bytes.count == lower.count else { return false }
+        for (byte, expected) in zip(bytes, lower) where String.foldedASCII(byte) != expected { return false }
+        return true
+    }
+
     /// The header names a message's `Connection` lists, lower case: they belong to its hop
     /// (RFC 9110 §7.6.1). At most 64 per header.
     public static func connectionListed(_ headers: [(name: String, value: String)]) -> [String] {

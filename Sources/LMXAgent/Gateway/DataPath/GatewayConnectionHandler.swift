@@ -651,17 +651,16 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     // MARK: The answer
 
-    func upstreamRead(_ part: HTTPClientResponsePart) {
+    func upstreamRead(_ part: UpstreamResponseParser.Part) {
         guard let request, let context, let upstream = request.upstream else { return }
         switch part {
         case .head(let head):
-            if head.status.code < 200 { return }  // 100 Continue and other interim answers
+            if head.status < 200 { return }  // 100 Continue and other interim answers (the parser skips them)
             let target = request.targets[request.attempt]
-            // What the rules read of the answer's headers, in one pass.
-            var read = AnswerHeaders()
-            for (name, value) in head.headers { read.read(name: name, value: value) }
+            // What the rules read of the answer's headers, read with the head.
+            let read = head.read
             if let cooldown = RouteLoad.busyCooldown(
-                code: Int(head.status.code), retryAfter: read.retryAfter, cap: gateway.configuration.busyCooldownMax)
+                code: head.status, retryAfter: read.retryAfter, cap: gateway.configuration.busyCooldownMax)
             {
                 gateway.load.coolDown(target.routeID, seconds: cooldown)
                 if request.attempt + 1 < request.targets.count, request.clientEnded {
@@ -673,11 +672,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                     request.releaseTokens()
                     gateway.logger.info(
                         "gateway: server busy, trying the next",
-                        metadata: ["route": "\(target.routeID)", "status": "\(head.status.code)"])
+                        metadata: ["route": "\(target.routeID)", "status": "\(head.status)"])
                     return handOver(request)
                 }
             }
-            if (200..<300).contains(head.status.code), let instance = target.instanceID,
+            if (200..<300).contains(head.status), let instance = target.instanceID,
                 let made = request.madeByRequest
             {
                 gateway.affinity.record(made, on: instance)
@@ -685,23 +684,39 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             let events = read.eventStream
             if events { request.relay = EventRelay() }
             TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
-                .answered(target.via, status: Int(head.status.code), stream: events)
-            // GatewayPolicy.downstreamHeaders, one header at a time, written straight into the
-            // head's bytes (the names and values are the server's, read strictly by
+                .answered(target.via, status: head.status, stream: events)
+            // GatewayPolicy.downstreamHeaders, one header at a time, copied from the server's
+            // bytes straight into the head's (the names and values read strictly by
             // ``UpstreamResponseParser``: tokens, no line breaks or control characters; and ours).
             upstream.keepFor = .seconds(Int64(read.keepAlive.seconds))
             let length = read.contentLength
             let connectionListed = read.connectionListed
             request.keepAlive = request.head.keepAlive
-            let estimate = head.headers.reduce(320) { $0 + $1.name.utf8.count + $1.value.utf8.count + 4 }
-            let bytes = answerHead(request, status: head.status, sized: length != nil, estimate: estimate) { out in
-                for (name, value) in head.headers
-                where GatewayPolicy.keepsDownstream(name, connectionListed: connectionListed) {
-                    out.header(name, value)
+            let bytes = head.bytes.withUnsafeReadableBytes { raw in
+                answerHead(
+                    request, status: .init(statusCode: head.status), sized: length != nil,
+                    estimate: raw.count + 320
+                ) { out in
+                    for field in head.fields where field.kept {
+                        let name = UnsafeRawBufferPointer(rebasing: raw[field.name])
+                        if !connectionListed.isEmpty,
+                            !GatewayPolicy.keepsDownstream(nameBytes: name, connectionListed: connectionListed)
+                        {
+                            continue
+                        }
+                        out.add(name)
+                        out.add(": ")
+                        out.add(UnsafeRawBufferPointer(rebasing: raw[field.value]))
+                        out.add("\r\n")
+                    }
+                    if let length {
+                        out.add("Content-Length: ")
+                        out.add(String(length))
+                        out.add("\r\n")
+                    }
+                    out.add(Self.securityHeaderLines)
+                    out.header("X-LMX-Via", target.via.rawValue)
                 }
-                if let length { out.header("Content-Length", length) }
-                out.add(Self.securityHeaderLines)
-                out.header("X-LMX-Via", target.via.rawValue)
             }
             request.answerStarted = true
             // An answer that comes before the client has sent its whole body (a server that
@@ -960,36 +975,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             answerSeen = nil
         }
         armIdleTimer(in: busy ? clientTimeout : deadline - .now())
-    }
-}
-
-/// What the data path reads of a server's answer's headers, in one pass over them: the first
-/// `Content-Length`, `Content-Type` and `Retry-After` (as `HTTPHeaders.first(name:)` would give
-/// them), what `Connection` lists, and the keep-alive hints.
-struct AnswerHeaders {
-    var contentLength: String?
-    var retryAfter: String?
-    var eventStream = false
-    private var contentTypeSeen = false
-    var connectionListed: [String] = []
-    var keepAlive = UpstreamKeepAlive()
-
-    mutating func read(name: String, value: String) {
-        // Lengths first: most headers are none of these.
-        switch name.utf8.count {
-        case 14 where contentLength == nil && name.hasASCIILowercasedPrefix("content-length"):
-            contentLength = value
-        case 12 where !contentTypeSeen && name.hasASCIILowercasedPrefix("content-type"):
-            contentTypeSeen = true
-            eventStream = value.hasASCIILowercasedPrefix("text/event-stream")
-        case 11 where retryAfter == nil && name.hasASCIILowercasedPrefix("retry-after"):
-            retryAfter = value
-        case 10:
-            GatewayPolicy.addConnectionListed(name: name, value: value, to: &connectionListed)
-        default:
-            break
-        }
-        keepAlive.read(name: name, value: value)
     }
 }
 

@@ -1,3 +1,4 @@
+import LMXCore
 import NIOCore
 import NIOHTTP1
 
@@ -15,7 +16,7 @@ import NIOHTTP1
 /// answer can be taken as the start of another.
 struct UpstreamResponseParser {
     enum Part {
-        case head(HTTPResponseHead)
+        case head(UpstreamAnswerHead)
         case body(ByteBuffer)
         case end
     }
@@ -137,7 +138,7 @@ struct UpstreamResponseParser {
                         // Read as a header line, then dropped (the client gets no trailers).
                         var ignored = Head()
                         try line.withUnsafeReadableBytes { bytes throws(Malformed) in
-                            try Self.headerLine(bytes, into: &ignored)
+                            try Self.headerLine(bytes, at: 0, into: &ignored)
                         }
                         state = .trailers(read: read + line.readableBytes + 2)
                     }
@@ -185,9 +186,8 @@ struct UpstreamResponseParser {
         if parsed.version != 1 || parsed.close { reusable = false }
         emit(
             .head(
-                HTTPResponseHead(
-                    version: .init(major: 1, minor: parsed.version), status: .init(statusCode: code),
-                    headers: HTTPHeaders(parsed.headers))))
+                UpstreamAnswerHead(
+                    minor: parsed.version, status: code, bytes: head, fields: parsed.fields, read: parsed.read)))
         if headRequest || code == 204 || code == 304 {
             return finish(more: more, emit: emit)
         }
@@ -209,7 +209,10 @@ struct UpstreamResponseParser {
     struct Head {
         var version = 1
         var status = 0
-        var headers: [(String, String)] = []
+        /// Where each header line's name and value are in the head's bytes.
+        var fields: [UpstreamAnswerHead.Field] = []
+        /// What the data path's rules read of the headers.
+        var read = AnswerHeaders()
         var contentLength: Int?
         var chunked = false
         var transferEncoded = false
@@ -241,7 +244,7 @@ struct UpstreamResponseParser {
     static func parseHead(_ head: ByteBuffer) throws(Malformed) -> Head {
         try head.withUnsafeReadableBytes { bytes throws(Malformed) -> Head in
             var parsed = Head()
-            parsed.headers.reserveCapacity(16)
+            parsed.fields.reserveCapacity(16)
             // Lines end with CRLF; the last two bytes are the blank line's.
             var start = 0
             var first = true
@@ -262,7 +265,7 @@ struct UpstreamResponseParser {
                     first = false
                     try statusLine(line, into: &parsed)
                 } else {
-                    try headerLine(line, into: &parsed)
+                    try headerLine(line, at: start, into: &parsed)
                 }
                 start = index + 2
             }
@@ -293,8 +296,9 @@ struct UpstreamResponseParser {
         parsed.status = status
     }
 
+    /// A header line (`offset`: where it starts in the head's bytes).
     private static func headerLine(
-        _ line: UnsafeRawBufferPointer, into parsed: inout Head
+        _ line: UnsafeRawBufferPointer, at offset: Int, into parsed: inout Head
     ) throws(Malformed) {
         guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > 0 else {
             throw Malformed(reason: "a header line without a name")
@@ -325,6 +329,7 @@ struct UpstreamResponseParser {
             }
             guard !valueBytes.isEmpty else { throw Malformed(reason: "a Content-Length that is not a number") }
             parsed.contentLength = value
+            parsed.read.contentLength = value
         } else if HTTPSyntax.equalsLowercased(nameBytes, "transfer-encoding") {
             parsed.transferEncoded = true
             // Chunked only when it is the last coding.
@@ -336,7 +341,11 @@ struct UpstreamResponseParser {
                 parsed.close = true
             }
         }
-        parsed.headers.append((String(decoding: nameBytes, as: UTF8.self), String(decoding: valueBytes, as: UTF8.self)))
+        parsed.read.read(name: nameBytes, value: valueBytes)
+        parsed.fields.append(
+            UpstreamAnswerHead.Field(
+                name: offset..<offset + colon, value: offset + from..<offset + to,
+                kept: GatewayPolicy.keepsDownstream(nameBytes: nameBytes, connectionListed: [])))
     }
 
     /// A line through its CRLF, taken from `input`; nil while it has not all come.
@@ -423,6 +432,80 @@ struct UpstreamResponseParser {
         return slice
     }
 
+}
+
+/// A server's answer head as the data path reads it: its bytes as they came, where each header is
+/// in them, and what the rules read of them (``AnswerHeaders``), in the one pass that checks the
+/// head. No `String` is made of a header the gateway only passes on: the kept ones are written to
+/// the client from these bytes (read strictly by ``UpstreamResponseParser``: names are tokens,
+/// values have no line breaks or control characters).
+struct UpstreamAnswerHead {
+    struct Field {
+        /// Where the name and the value (without the spaces around it) are in ``bytes``.
+        var name: Range<Int>
+        var value: Range<Int>
+        /// Not one the gateway drops (hop-by-hop, cookies, its own): ``GatewayPolicy/keepsDownstream(nameBytes:connectionListed:)``
+        /// before what `Connection` lists is known.
+        var kept: Bool
+    }
+
+    /// `HTTP/1.<minor>`.
+    var minor: Int
+    var status: Int
+    /// The head, status line through the blank line.
+    var bytes: ByteBuffer
+    var fields: [Field]
+    var read: AnswerHeaders
+
+    /// The headers as text (tests, logs): the data path itself reads ``fields``.
+    var headers: [(name: String, value: String)] {
+        bytes.withUnsafeReadableBytes { raw in
+            fields.map {
+                (
+                    String(decoding: UnsafeRawBufferPointer(rebasing: raw[$0.name]), as: UTF8.self),
+                    String(decoding: UnsafeRawBufferPointer(rebasing: raw[$0.value]), as: UTF8.self)
+                )
+            }
+        }
+    }
+}
+
+/// What the data path reads of a server's answer's headers, as they are read: the
+/// `Content-Length`, the first `Content-Type` and `Retry-After` (as `HTTPHeaders.first(name:)`
+/// would give them), what `Connection` lists, and the keep-alive hints. `String`s are made only of
+/// the few headers these need.
+struct AnswerHeaders {
+    var contentLength: Int?
+    var retryAfter: String?
+    var eventStream = false
+    private var contentTypeSeen = false
+    var connectionListed: [String] = []
+    var keepAlive = UpstreamKeepAlive()
+
+    mutating func read(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+        // Lengths first: most headers are none of these.
+        switch name.count {
+        case 12 where !contentTypeSeen && HTTPSyntax.equalsLowercased(name, "content-type"):
+            contentTypeSeen = true
+            eventStream =
+                value.count >= 17
+                && HTTPSyntax.equalsLowercased(UnsafeRawBufferPointer(rebasing: value[0..<17]), "text/event-stream")
+        case 11 where retryAfter == nil && HTTPSyntax.equalsLowercased(name, "retry-after"):
+            retryAfter = String(decoding: value, as: UTF8.self)
+        case 10, 6:
+            // Connection, Keep-Alive, CF-RAY, Server: read as text by the rules they belong to.
+            guard
+                HTTPSyntax.equalsLowercased(name, "connection") || HTTPSyntax.equalsLowercased(name, "keep-alive")
+                    || HTTPSyntax.equalsLowercased(name, "cf-ray") || HTTPSyntax.equalsLowercased(name, "server")
+            else { return }
+            let name = String(decoding: name, as: UTF8.self)
+            let value = String(decoding: value, as: UTF8.self)
+            GatewayPolicy.addConnectionListed(name: name, value: value, to: &connectionListed)
+            keepAlive.read(name: name, value: value)
+        default:
+            break
+        }
+    }
 }
 
 /// The bytes of HTTP/1.1's grammar both sides of the data path read (RFC 9110 §5.6.2).

@@ -239,13 +239,7 @@ final class UpstreamHandler: ChannelDuplexHandler {
         } catch {
             failure = error
         }
-        for part in parts {
-            switch part {
-            case .head(let head): owner?.upstreamRead(.head(head))
-            case .body(let bytes): owner?.upstreamRead(.body(bytes))
-            case .end: owner?.upstreamRead(.end(nil))
-            }
-        }
+        for part in parts { owner?.upstreamRead(part) }
         if let failure {
             owner?.upstreamClosed(failure)
             context.close(promise: nil)
@@ -258,7 +252,7 @@ final class UpstreamHandler: ChannelDuplexHandler {
 
     func channelInactive(context: ChannelHandlerContext) {
         // An answer whose body runs until the server closes ends here.
-        if parser.closed() { owner?.upstreamRead(.end(nil)) }
+        if parser.closed() { owner?.upstreamRead(.end) }
         owner?.upstreamClosed(nil)
         context.fireChannelInactive()
     }
