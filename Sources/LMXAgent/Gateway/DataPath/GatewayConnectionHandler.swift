@@ -54,8 +54,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// A read is asked of the socket and no bytes have come since (false while reads are held,
     /// here or by the general path).
     var readAsked = false
+    /// Bytes of answers' bodies written to the client on this connection so far.
+    private var answerBytesWritten = 0
     /// The same for the answer, while the client could take no more of it.
-    private var answerSeen: (request: ObjectIdentifier, written: Int)?
+    private var answerSeen: Int?
 
     /// The request this handler is forwarding, if any.
     private var request: ForwardedRequest?
@@ -709,11 +711,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                         out.add(UnsafeRawBufferPointer(rebasing: raw[field.value]))
                         out.add("\r\n")
                     }
-                    if let length {
-                        out.add("Content-Length: ")
-                        out.add(String(length))
-                        out.add("\r\n")
-                    }
+                    if let length { out.header("Content-Length", String(length)) }
                     out.add(Self.securityHeaderLines)
                     out.header("X-LMX-Via", target.via.rawValue)
                 }
@@ -821,7 +819,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .head(let bytes):
             output.write(NIOAny(bytes), promise: nil)
         case .body(let bytes):
-            request.answerWritten &+= bytes.readableBytes
+            answerBytesWritten &+= bytes.readableBytes
             HTTP1Bytes.writeBody(bytes, chunked: request.chunkedToClient, to: output)
         case .end:
             if request.chunkedToClient { output.write(NIOAny(HTTP1Bytes.lastChunk), promise: nil) }
@@ -945,7 +943,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if midRequest, readAsked, let read = front?.bytesRead {
             if let bytesSeen, bytesSeen == read {
                 gateway.logger.info(
-                    "gateway: a client sent nothing of its request's body for gateway.client_timeout; answered 408")
+                    "gateway: a client sent nothing of its request for gateway.client_timeout; its connection is closed"
+                )
                 if let request, !request.clientEnded {
                     return bodyNotWhole(
                         request, status: 408, code: "request_timeout",
@@ -963,14 +962,13 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if let request, request.answerStarted, !request.holdsAnswer, !clientWritable {
             // The client takes nothing of its answer (as nginx's `send_timeout`): the server's
             // connection is not held for it any longer.
-            let seen = (ObjectIdentifier(request), request.answerWritten)
-            if let answerSeen, answerSeen == seen {
+            if let answerSeen, answerSeen == answerBytesWritten {
                 gateway.logger.info(
                     "gateway: a client took nothing of its answer for gateway.client_timeout; its connection is closed")
                 context?.close(promise: nil)
                 return
             }
-            answerSeen = seen
+            answerSeen = answerBytesWritten
         } else {
             answerSeen = nil
         }
@@ -1021,8 +1019,6 @@ final class ForwardedRequest {
     var holdsAnswer = false
     var heldAnswer: [ClientOutput] = []
     var heldBytes = 0
-    /// Bytes of the answer's body written to the client so far.
-    var answerWritten = 0
     var relay: EventRelay?
     var inFlight: InFlightToken?
     var routeToken: (any AnyObject & Sendable)?

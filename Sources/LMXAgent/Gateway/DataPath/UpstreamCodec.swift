@@ -197,7 +197,7 @@ struct UpstreamResponseParser {
             // Another coding last: the body runs until the server closes.
             reusable = false
             state = .untilClose
-        } else if let length = parsed.contentLength {
+        } else if let length = parsed.read.contentLength {
             if length == 0 { return finish(more: more, emit: emit) }
             state = .fixed(remaining: length)
         } else {
@@ -213,7 +213,6 @@ struct UpstreamResponseParser {
         var fields: [UpstreamAnswerHead.Field] = []
         /// What the data path's rules read of the headers.
         var read = AnswerHeaders()
-        var contentLength: Int?
         var chunked = false
         var transferEncoded = false
         var close = false
@@ -270,7 +269,7 @@ struct UpstreamResponseParser {
                 start = index + 2
             }
             guard !first else { throw Malformed(reason: "no status line") }
-            if parsed.transferEncoded, parsed.contentLength != nil {
+            if parsed.transferEncoded, parsed.read.contentLength != nil {
                 // Both: the framing a request smuggler relies on (RFC 9112 §6.3 allows reading the
                 // coding; llhttp refuses it, and so does this).
                 throw Malformed(reason: "both Transfer-Encoding and Content-Length")
@@ -318,7 +317,7 @@ struct UpstreamResponseParser {
         }
         if HTTPSyntax.equalsLowercased(nameBytes, "content-length") {
             // One header, digits only: as strict as llhttp (which refuses even two that agree).
-            guard parsed.contentLength == nil else { throw Malformed(reason: "more than one Content-Length") }
+            guard parsed.read.contentLength == nil else { throw Malformed(reason: "more than one Content-Length") }
             guard to == line.count else { throw Malformed(reason: "a Content-Length with spaces after it") }
             var value = 0
             for byte in valueBytes {
@@ -328,7 +327,6 @@ struct UpstreamResponseParser {
                 value = value * 10 + Int(byte - 0x30)
             }
             guard !valueBytes.isEmpty else { throw Malformed(reason: "a Content-Length that is not a number") }
-            parsed.contentLength = value
             parsed.read.contentLength = value
         } else if HTTPSyntax.equalsLowercased(nameBytes, "transfer-encoding") {
             parsed.transferEncoded = true
