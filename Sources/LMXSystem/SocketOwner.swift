@@ -21,14 +21,41 @@ public enum SocketOwner {
     /// machine), or nil when the kernel does not say (not loopback, already closed).
     /// - Parameters: IPv4 or IPv6 addresses as 4 or 16 bytes, ports in host order.
     public static func uid(peer: (address: [UInt8], port: UInt16), local: (address: [UInt8], port: UInt16)) -> UInt32? {
+        switch peerSocket(peer: peer, local: local) {
+        case .held(let uid), .closed(let uid): uid
+        case .absent, .unknown: nil
+        }
+    }
+
+    /// What the kernel's tables say of the peer's socket of a TCP connection on this machine.
+    public enum PeerSocket: Equatable, Sendable {
+        /// A process holds it (its owner's uid).
+        case held(uid: UInt32)
+        /// Its process has closed it: the kernel finishes the connection alone (an orphan).
+        case closed(uid: UInt32)
+        /// The tables have no such socket (gone, or not on this machine).
+        case absent
+        /// The kernel could not be asked.
+        case unknown
+    }
+
+    /// The socket bound to `peer` and connected to `local`, from the kernel's tables: whether a
+    /// process still holds it. A client that has closed its connection and one that has only
+    /// ended its side (`shutdown(SHUT_WR)`, still reading) both look the same from the
+    /// connection itself until something is written to it; the peer's own socket tells them
+    /// apart, when it is on this machine.
+    /// - Parameters: IPv4 or IPv6 addresses as 4 or 16 bytes, ports in host order.
+    public static func peerSocket(peer: (address: [UInt8], port: UInt16), local: (address: [UInt8], port: UInt16))
+        -> PeerSocket
+    {
         let family: UInt8
         switch (peer.address.count, local.address.count) {
         case (4, 4): family = UInt8(AF_INET)
         case (16, 16): family = UInt8(AF_INET6)
-        default: return nil
+        default: return .unknown
         }
-        guard let fd = kept.withLock({ $0.popLast() }) ?? openSocket() else { return nil }
-        let (uid, clean) = ask(fd, family: family, peer: peer, local: local)
+        guard let fd = kept.withLock({ $0.popLast() }) ?? openSocket() else { return .unknown }
+        let (found, clean) = ask(fd, family: family, peer: peer, local: local)
         let keep =
             clean
             && kept.withLock { list in
@@ -37,7 +64,23 @@ public enum SocketOwner {
                 return true
             }
         if !keep { close(fd) }
-        return uid
+        return found
+    }
+
+    /// Whether `address` (4 or 16 bytes) is a loopback address: 127.0.0.0/8, `::1`, or an
+    /// IPv4 loopback address mapped into IPv6. A connection from one has its peer's socket on
+    /// this machine.
+    public static func isLoopback(_ address: [UInt8]) -> Bool {
+        switch address.count {
+        case 4:
+            return address[0] == 127
+        case 16:
+            if address[0..<15].allSatisfy({ $0 == 0 }) { return address[15] == 1 }
+            let mapped = address[0..<10].allSatisfy { $0 == 0 } && address[10] == 0xFF && address[11] == 0xFF
+            return mapped && address[12] == 127
+        default:
+            return false
+        }
     }
 
     private static func openSocket() -> Int32? {
@@ -52,7 +95,7 @@ public enum SocketOwner {
     /// nothing left to read and can be asked again).
     private static func ask(
         _ fd: Int32, family: UInt8, peer: (address: [UInt8], port: UInt16), local: (address: [UInt8], port: UInt16)
-    ) -> (UInt32?, clean: Bool) {
+    ) -> (PeerSocket, clean: Bool) {
         // One SOCK_DIAG_BY_FAMILY request: a netlink header, then the socket asked about. Its
         // source is the peer's socket's own end, its destination ours.
         struct Request {
@@ -85,7 +128,7 @@ public enum SocketOwner {
                 }
             }
         }
-        guard case .success(MemoryLayout<Request>.size) = sent else { return (nil, false) }
+        guard case .success(MemoryLayout<Request>.size) = sent else { return (.unknown, false) }
         // One datagram answers (the socket's record, or an error): the one numbered as ours.
         // One left by an earlier question is skipped (there is none unless that question's
         // socket was kept by mistake: a socket is kept only after a clean exchange).
@@ -95,19 +138,20 @@ public enum SocketOwner {
                 case .success(let n) = SystemCall.retrying({
                     answer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
                 })
-            else { return (nil, false) }
+            else { return (.unknown, false) }
             let headerSize = MemoryLayout<nlmsghdr>.size
-            guard n >= headerSize else { return (nil, false) }
+            guard n >= headerSize else { return (.unknown, false) }
             let header = answer.withUnsafeBytes { $0.loadUnaligned(as: nlmsghdr.self) }
             guard header.nlmsg_seq == number else { continue }
             // NLMSG_ERROR or NLMSG_DONE: no such socket.
-            guard header.nlmsg_type == UInt16(SOCK_DIAG_BY_FAMILY) else { return (nil, true) }
-            guard n >= Int(lmx_nlmsg_hdrlen()) + MemoryLayout<inet_diag_msg>.size else { return (nil, false) }
-            let uid = answer.withUnsafeBytes {
-                $0.loadUnaligned(fromByteOffset: Int(lmx_nlmsg_hdrlen()), as: inet_diag_msg.self).idiag_uid
+            guard header.nlmsg_type == UInt16(SOCK_DIAG_BY_FAMILY) else { return (.absent, true) }
+            guard n >= Int(lmx_nlmsg_hdrlen()) + MemoryLayout<inet_diag_msg>.size else { return (.unknown, false) }
+            let record = answer.withUnsafeBytes {
+                $0.loadUnaligned(fromByteOffset: Int(lmx_nlmsg_hdrlen()), as: inet_diag_msg.self)
             }
-            return (uid, true)
+            // A socket no process holds any more has no inode (as `ss` shows it: `ino:0`).
+            return (record.idiag_inode == 0 ? .closed(uid: record.idiag_uid) : .held(uid: record.idiag_uid), true)
         }
-        return (nil, false)
+        return (.unknown, false)
     }
 }

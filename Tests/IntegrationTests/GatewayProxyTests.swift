@@ -400,6 +400,87 @@ struct GatewayProxyTests {
         }
     }
 
+    @Test(
+        "a client that closes its connection while its answer is awaited has its request cut at the server at once (which stops working on it), streamed or not, over TCP and the Unix socket; a client that only ended its side gets its answer"
+    )
+    func clientThatLeaves() async throws {
+        try await withResources {
+            let port = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "leaves-\(port)")
+            let (agent, gatewayPort) = try await agentInFront(of: server)
+            // The server takes 3 s before its answer starts (a model thinking), watching the
+            // connection meanwhile: a close is logged as "GONE <path> after <ms>".
+            await server.set("think 3000")
+            func gone() -> [String] { server.process.stdoutLines.filter { $0.hasPrefix("GONE ") } }
+            let cases = [
+                ("tcp", String(gatewayPort), "plain"), ("tcp", String(gatewayPort), "stream"),
+                ("unix", agent.directory + "/gateway.sock", "plain"),
+            ]
+            for (kind, target, answer) in cases {
+                let before = gone().count
+                // The client closes its connection 0.3 s after its request.
+                let left = json(
+                    try await Command.run(
+                        "/usr/bin/python3", ["-c", Self.leavingClient, kind, target, answer, "close"], timeout: 10))
+                #expect(left["sent"] as? Bool == true, "\(kind) \(answer): \(left)")
+                // Without the cut the server answers after its 3 s and never logs GONE.
+                let heard = await server.process.waitFor(timeout: 2) { _ in gone().count > before }
+                #expect(
+                    heard,
+                    "\(kind) \(answer): the server did not hear the client leave: \(server.process.stdoutLines.suffix(5))"
+                )
+                if heard, let millis = gone().last?.split(separator: " ").last.flatMap({ Int($0) }) {
+                    #expect(millis >= 250 && millis < 1500, "\(kind) \(answer): \(gone())")
+                }
+            }
+            // Only its side ended (shutdown(SHUT_WR)): the client still reads, and gets its answer.
+            let halfClosed = json(
+                try await Command.run(
+                    "/usr/bin/python3", ["-c", Self.leavingClient, "tcp", String(gatewayPort), "plain", "halfclose"],
+                    timeout: 15))
+            #expect((halfClosed["status"] as? String)?.hasPrefix("HTTP/1.1 200") == true, "\(halfClosed)")
+            #expect((halfClosed["body"] as? String)?.contains("Hello from") == true, "\(halfClosed)")
+            // The two TCP clients that left are counted (a Unix socket's hang-up closes the
+            // connection in SwiftNIO before anything of ours hears of it).
+            let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
+            #expect(metrics.contains("lmx_gateway_clients_left_total 2"), "\(metrics)")
+            await server.set("think")
+            #expect(try await head(["http://127.0.0.1:\(gatewayPort)/v1/models"]).status == 200)
+        }
+    }
+
+    /// A chat completion (`plain` or `stream`) over TCP (`tcp PORT`) or the gateway's Unix socket
+    /// (`unix PATH`), then 0.3 s later the connection closed (`close`) or only the client's side
+    /// ended (`halfclose`: the answer is read until the gateway closes). One JSON line.
+    private static let leavingClient = #"""
+        import json, socket, sys, time
+        kind, target, answer, end = sys.argv[1:5]
+        if kind == "unix":
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(target)
+        else:
+            s = socket.create_connection(("127.0.0.1", int(target)))
+        s.settimeout(10)
+        body = json.dumps({"model": "test/model", "stream": answer == "stream",
+                           "messages": [{"role": "user", "content": "hi"}]}).encode()
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.3)
+        if end == "close":
+            s.close()
+            print(json.dumps({"sent": True}))
+            sys.exit(0)
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        print(json.dumps({"sent": True, "status": data.split(b"\r\n", 1)[0].decode(errors="replace"),
+                          "body": data.split(b"\r\n\r\n", 1)[-1][:300].decode(errors="replace")}))
+        """#
+
     /// Hostile clients, seeded: N connections of one to three requests (the data path's, chunked
     /// uploads and the dashboard for the general path, `HEAD`), some bytes changed, some cut short,
     /// then closed, half-closed, read once, or kept open and silent. Prints one JSON line: the
@@ -484,6 +565,17 @@ struct GatewayProxyTests {
         }
     }
 
+    /// Whether the connection from local port `port` to `server` is still open on this machine.
+    private func upstreamOpen(_ server: LMXServer, from port: Int) async throws -> Bool {
+        let listed = try await Command.run(
+            "/usr/bin/ss",
+            [
+                "-Htn", "state", "established", "dst", server.address, "dport", "=", ":\(server.port)", "sport", "=",
+                ":\(port)",
+            ])
+        return !listed.stdout.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty
+    }
+
     /// One kept connection to the gateway (so one event loop's pool upstream): each
     /// ``upstreamPort()`` asks GET /v1/echo once and gives the client port of the server's
     /// connection that answered.
@@ -533,7 +625,7 @@ struct GatewayProxyTests {
     }
 
     @Test(
-        "an idle connection to a server waits as long as its answers allow: 4 s when they say nothing, a second less than their Keep-Alive timeout, 300 s behind Cloudflare's edge"
+        "an idle connection to a server waits as long as its answers allow: 4 s when they say nothing (then the gateway closes it), a second less than their Keep-Alive timeout, 300 s behind Cloudflare's edge"
     )
     func upstreamKeepAlive() async throws {
         try await withResources {
@@ -550,7 +642,11 @@ struct GatewayProxyTests {
             // Nothing said: kept for the next request, not past 4 s.
             let first = await client.upstreamPort()
             #expect(await client.upstreamPort() == first)
+            #expect(try await upstreamOpen(server, from: first))
             try await Task.sleep(for: pause)
+            // Closed by the gateway once past its 4 s (the server would keep it), not left open
+            // until a request finds it stale.
+            #expect(try await !upstreamOpen(server, from: first))
             let afterPause = await client.upstreamPort()
             #expect(afterPause != first)
 

@@ -114,7 +114,7 @@ struct SystemTests {
 
 extension SystemTests {
     @Test(
-        "the owner of a loopback TCP peer comes from the kernel's socket tables, over netlink sockets kept between questions"
+        "the owner of a loopback TCP peer comes from the kernel's socket tables, over netlink sockets kept between questions; a peer socket its process closed is told from one only half-closed"
     )
     func socketOwner() async throws {
         let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -173,5 +173,39 @@ extension SystemTests {
             return await group.reduce(into: [Bool]()) { $0.append($1) }
         }
         #expect(answers == Array(repeating: true, count: 16))
+
+        // A peer that ended only its side still holds its socket; one whose process closed it
+        // left an orphan the kernel finishes alone (what the gateway tells apart when a client's
+        // side ends while its answer is awaited).
+        shutdown(client, Int32(SHUT_WR))
+        #expect(
+            SocketOwner.peerSocket(peer: (loopback, clientPort), local: (loopback, serverPort))
+                == .held(uid: Users.effective))
+        let leaving = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        _ = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(leaving, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &mine) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(leaving, $0, &length) }
+        }
+        let leavingPort = UInt16(bigEndian: mine.sin_port)
+        #expect(
+            SocketOwner.peerSocket(peer: (loopback, leavingPort), local: (loopback, serverPort))
+                == .held(uid: Users.effective))
+        close(leaving)
+        #expect(
+            SocketOwner.peerSocket(peer: (loopback, leavingPort), local: (loopback, serverPort))
+                == .closed(uid: Users.effective))
+        #expect(SocketOwner.peerSocket(peer: (loopback, 3), local: (loopback, serverPort)) == .absent)
+        #expect(SocketOwner.peerSocket(peer: ([1, 2, 3], 3), local: (loopback, serverPort)) == .unknown)
+        #expect(SocketOwner.isLoopback([127, 0, 0, 1]) && SocketOwner.isLoopback([127, 9, 8, 7]))
+        #expect(SocketOwner.isLoopback([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]))
+        #expect(SocketOwner.isLoopback([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 127, 0, 0, 1]))
+        #expect(!SocketOwner.isLoopback([10, 0, 0, 1]) && !SocketOwner.isLoopback([]))
+        #expect(!SocketOwner.isLoopback([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]))
+        #expect(!SocketOwner.isLoopback([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 10, 0, 0, 1]))
     }
 }

@@ -28,6 +28,8 @@ public final class AgentMetrics: Sendable {
     let gatewayRefused: Counter
     let gatewayInFlight: Gauge
     let gatewayHandedOver: Counter
+    /// Requests cut at the server because their client closed its connection before the answer.
+    let gatewayClientsLeft: Counter
     /// Connections the data path opened to servers, by path (`lan`, `wan`).
     let gatewayUpstreamConnections: [Via: Counter]
     /// Dropped store writes already added to the counter.
@@ -106,6 +108,11 @@ public final class AgentMetrics: Sendable {
             descriptor: .lmx(
                 "lmx_gateway_general_path_total",
                 "Gateway requests answered by its general path (dashboard, waits, affinity, refusals, handovers) rather than the event-loop data path."
+            ))
+        gatewayClientsLeft = r.makeCounter(
+            descriptor: .lmx(
+                "lmx_gateway_clients_left_total",
+                "Requests whose client closed its connection before the answer ended: the request to the server was cut (the server stops working on it)."
             ))
         var connections: [Via: Counter] = [:]
         for via in Via.allCases {

@@ -1,5 +1,6 @@
 import LMXCore
 import LMXProbe
+import LMXSystem
 import NIOCore
 import NIOHTTP1
 
@@ -127,6 +128,39 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if closeWhenIdle, idle, queued.isEmpty { context?.close(promise: nil) }
     }
 
+    /// The client closed its side while a request of ours waits for (or streams) its answer. A
+    /// client that has closed its whole connection (an SDK's timeout, Ctrl-C, a process that
+    /// ended) and one that has only ended its side (`shutdown(SHUT_WR)`, still reading) look the
+    /// same on the connection until something is written to it. On a Unix socket the kernel
+    /// tells them apart (a whole close hangs the connection up, and SwiftNIO closes it); on a TCP
+    /// connection from this machine the client's own socket does, in the kernel's tables: one
+    /// its process has closed is held by no file. A client that has left has its request cut at
+    /// the server, which stops working on it (nginx cuts it on either close); one that only
+    /// ended its side gets its answer. The client's socket is looked at again a moment later
+    /// when it seemed held: its FIN can come before its process has quite let go of it.
+    private func cutIfClientLeft(lookAgain: Bool) {
+        guard let request, request.clientEnded, overTCP, let channel = context?.channel,
+            let local = channel.localAddress?.bytesAndPort, let remote = channel.remoteAddress?.bytesAndPort
+        else { return }
+        switch SocketOwner.peerSocket(peer: remote, local: local) {
+        case .closed:
+            break
+        case .absent where SocketOwner.isLoopback(remote.address):
+            break  // a loopback peer's socket is on this machine: gone
+        case .held where lookAgain:
+            context?.eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(100)) { [self] in
+                if self.request === request { self.cutIfClientLeft(lookAgain: false) }
+            }
+            return
+        case .held, .absent, .unknown:
+            return
+        }
+        gateway.metrics.gatewayClientsLeft.increment()
+        gateway.logger.info(
+            "gateway: a client closed its connection before its answer ended; the request to the server is cut")
+        context?.close(promise: nil)
+    }
+
     /// What the client can take now (an upstream is read only while it can).
     var clientWritable: Bool { context?.channel.isWritable ?? false }
 
@@ -179,6 +213,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             }
             if generalPathStarted, handedOver > 0 || passing { context.fireUserInboundEventTriggered(event) }
             closeIfDone()
+            if !stopping { cutIfClientLeft(lookAgain: true) }
             return
         }
         context.fireUserInboundEventTriggered(event)

@@ -93,6 +93,10 @@ final class UpstreamPool {
     /// them, this (uvicorn closes idle connections after 5 s); see ``UpstreamKeepAlive``.
     static let idleLimit = TimeAmount.seconds(Int64(UpstreamKeepAlive.unknownSeconds))
     static let maxIdlePerAddress = 64
+    /// Closes idle connections once they are past their `keepFor`, while any are idle (one timer
+    /// per loop): after a burst, the connections it opened do not stay open against a server that
+    /// would keep them longer than the gateway uses them.
+    private var sweep: Scheduled<Void>?
 
     init(eventLoop: any EventLoop, tls: NIOSSLContext) {
         self.eventLoop = eventLoop
@@ -169,6 +173,7 @@ final class UpstreamPool {
             return
         }
         connection.idleSince = .now()
+        if sweep == nil { scheduleSweep(at: connection.idleSince + connection.keepFor) }
         guard let slot = idle.index(forKey: connection.address) else {
             idle[connection.address] = [connection]
             return
@@ -180,10 +185,42 @@ final class UpstreamPool {
         idle.values[slot].append(connection)
     }
 
+    private func scheduleSweep(at deadline: NIODeadline) {
+        // A little after the deadline: connections given back just before it go in the same sweep.
+        sweep = eventLoop.assumeIsolated().scheduleTask(deadline: deadline + .milliseconds(250)) { [self] in
+            self.sweep = nil
+            self.closeExpired()
+        }
+    }
+
+    /// Closes the idle connections past their `keepFor`; the next sweep at the earliest expiry of
+    /// those left.
+    private func closeExpired() {
+        let now = NIODeadline.now()
+        var next: NIODeadline?
+        var expired: [UpstreamConnection] = []
+        // (The indices first: a mutation while `indices` is held would copy the dictionary.)
+        for slot in Array(idle.indices) {
+            idle.values[slot].removeAll { connection in
+                let end = connection.idleSince + connection.keepFor
+                if end <= now {
+                    expired.append(connection)
+                    return true
+                }
+                next = min(next ?? end, end)
+                return false
+            }
+        }
+        for connection in expired { connection.channel.close(promise: nil) }
+        if let next, sweep == nil { scheduleSweep(at: next) }
+    }
+
     /// The machine's network changed: idle connections close; those lent finish their answer
     /// and then close.
     func dropAll() {
         generation += 1
+        sweep?.cancel()
+        sweep = nil
         for list in idle.values { for connection in list { connection.channel.close(promise: nil) } }
         idle = [:]
     }
