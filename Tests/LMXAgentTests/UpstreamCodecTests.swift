@@ -1,3 +1,4 @@
+import LMXCore
 import NIOCore
 import NIOEmbedded
 import NIOHTTP1
@@ -318,6 +319,47 @@ struct UpstreamCodecTests {
         // Kept before what Connection lists is known (the handler leaves X-Private out then).
         let kept = head.headers.enumerated().filter { head.fields[$0.offset].kept }.map(\.element.name)
         #expect(kept == ["Content-Type", "content-type", "Retry-After", "X-Private", "X-Request-ID"])
+    }
+
+    @Test(
+        "keep-alive hints and what Connection lists, read from an answer's bytes, are what the rules read from its text, for every mix of Server, CF-RAY, Connection and Keep-Alive"
+    )
+    func answerHintsAsTheRulesReadThem() throws {
+        let choices: [[(String, String)]] = [
+            [], [("Server", "cloudflare")], [("server", "CloudFlare")], [("Server", "nginx")],
+            [("Server", "cloudflare"), ("Server", "nginx")], [("Server", "nginx"), ("SERVER", "cloudflare")],
+        ]
+        let rays: [[(String, String)]] = [[], [("CF-RAY", "8f1c2d-AMS")], [("cf-ray", "")]]
+        let connections: [[(String, String)]] = [
+            [], [("Connection", "keep-alive")], [("Connection", "Keep-Alive")], [("connection", "close")],
+            [("Connection", "keep-alive, X-Private")], [("Connection", "Upgrade")],
+            [("Keep-Alive", "timeout=9, max=5")], [("keep-alive", "timeout=\"3\"")],
+            [("Connection", "keep-alive"), ("Keep-Alive", "timeout=30")],
+        ]
+        for server in choices {
+            for ray in rays {
+                for connection in connections {
+                    let headers = server + ray + connection
+                    var text = "HTTP/1.1 200 OK\r\n"
+                    for (name, value) in headers { text += "\(name): \(value)\r\n" }
+                    text += "Content-Length: 0\r\n\r\n"
+                    var parser = UpstreamResponseParser()
+                    parser.expectAnswer(toHEAD: false)
+                    var heads: [UpstreamAnswerHead] = []
+                    try parser.read(ByteBuffer(string: text)) { if case .head(let head) = $0 { heads.append(head) } }
+                    let head = try #require(heads.first)
+                    var expected = UpstreamKeepAlive()
+                    var listed: [String] = []
+                    for (name, value) in headers + [("Content-Length", "0")] {
+                        expected.read(name: name, value: value)
+                        GatewayPolicy.addConnectionListed(name: name, value: value, to: &listed)
+                    }
+                    #expect(head.read.keepAlive == expected, "\(headers)")
+                    #expect(head.read.keepAlive.seconds == expected.seconds, "\(headers)")
+                    #expect(head.read.connectionListed == listed, "\(headers)")
+                }
+            }
+        }
     }
 
     @Test("a head made in one piece is the same whether it fits the first buffer or is made again in larger ones")

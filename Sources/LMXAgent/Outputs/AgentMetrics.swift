@@ -39,8 +39,13 @@ public final class AgentMetrics: Sendable {
     /// 1,024 entries; the registry keeps the series).
     private let histograms = Mutex<[HistogramKey: ValueHistogram]>([:])
     private struct HistogramKey: Hashable {
-        var name: String
+        /// The series (not its name: hashing the name's text cost most of the look-up made on
+        /// every answer).
+        var series: HistogramSeries
         var key: TrafficStats.Key
+    }
+    private enum HistogramSeries: Hashable {
+        case firstToken, tokensPerSecond
     }
 
     public static let latencyBuckets: [Double] = [
@@ -176,7 +181,7 @@ extension AgentMetrics {
     /// the first token), per model and path. The labels are the traffic table's bounded keys.
     func gatewayFirstByte(_ key: TrafficStats.Key, seconds: Double) {
         record(
-            seconds, in: "lmx_gateway_first_token_seconds",
+            seconds, in: .firstToken, "lmx_gateway_first_token_seconds",
             "Gateway requests: seconds to the answer's first byte; for streams, to the first event (the first token).",
             key: key, buckets: Self.firstTokenBuckets)
     }
@@ -184,15 +189,18 @@ extension AgentMetrics {
     /// A streamed answer's events (tokens) per second, per model and path.
     func gatewayTokensPerSecond(_ key: TrafficStats.Key, _ rate: Double) {
         record(
-            rate, in: "lmx_gateway_stream_tokens_per_second",
+            rate, in: .tokensPerSecond, "lmx_gateway_stream_tokens_per_second",
             "Streamed gateway answers: events (one token each, as servers send them) per second.",
             key: key, buckets: Self.rateBuckets)
     }
 
     /// One value into the histogram `name` of the model and path `key` (made on first use).
-    private func record(_ value: Double, in name: String, _ help: String, key: TrafficStats.Key, buckets: [Double]) {
+    private func record(
+        _ value: Double, in series: HistogramSeries, _ name: String, _ help: String, key: TrafficStats.Key,
+        buckets: [Double]
+    ) {
         guard value.isFinite, value >= 0 else { return }
-        let cacheKey = HistogramKey(name: name, key: key)
+        let cacheKey = HistogramKey(series: series, key: key)
         if let known = histograms.withLock({ $0[cacheKey] }) {
             known.record(value)
             return

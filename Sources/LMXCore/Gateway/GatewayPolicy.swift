@@ -214,7 +214,12 @@ public enum GatewayPolicy {
     /// ``keepsDownstream(_:connectionListed:)`` for a name as the server's bytes (a token), so
     /// that the data path need not make a `String` of every header it passes on.
     public static func keepsDownstream(nameBytes name: UnsafeRawBufferPointer, connectionListed: [String]) -> Bool {
-        for dropped in droppedDownstreamBytes where equalsFolded(name, dropped) { return false }
+        // Compared only with the dropped names of its length (most have none).
+        let count = name.count
+        for dropped in count < droppedByLength.count ? droppedByLength[count] : droppedDownstreamBytes
+        where equalsFolded(name, dropped) {
+            return false
+        }
         for listed in connectionListed {
             var listed = listed
             if listed.withUTF8({ equalsFolded(name, UnsafeRawBufferPointer($0)) }) { return false }
@@ -223,6 +228,10 @@ public enum GatewayPolicy {
     }
 
     private static let droppedDownstreamBytes: [[UInt8]] = droppedDownstream.map { Array($0.utf8) }
+    /// The dropped names by their length, up to 63 bytes (longer names are compared with all).
+    private static let droppedByLength: [[[UInt8]]] = (0..<64).map { length in
+        droppedDownstreamBytes.filter { $0.count == length }
+    }
 
     /// `bytes` are `lower` (lower case) ignoring ASCII case.
     private static func equalsFolded(_ bytes: UnsafeRawBufferPointer, _ lower: some Collection<UInt8>) -> Bool {

@@ -44,6 +44,12 @@ public struct UpstreamKeepAlive: Sendable, Equatable {
         }
     }
 
+    /// A `Server` header (its value is `cloudflare`, ignoring case and the spaces around it, or
+    /// not) and a `CF-RAY` header (it has a value, or not), read by the caller from the bytes:
+    /// as ``read(name:value:)`` reads them, without their `String`s.
+    public mutating func readServer(isCloudflare: Bool) { serverCloudflare = isCloudflare }
+    public mutating func readRayID(present: Bool) { rayID = present }
+
     /// Seconds the connection may wait idle; 0: not kept.
     public var seconds: Int {
         if let hint { return min(max(hint - 1, 0), Self.maxSeconds) }

@@ -48,12 +48,21 @@ final class GatewayDataPath: Sendable {
         let pool: UpstreamPool
         /// Routes' addresses, read once per base URL (bounded: cleared past 1,024).
         private var addresses: [String: UpstreamAddress?] = [:]
+        /// The last one asked for: the same route's, request after request, its URL the same
+        /// `String` (compared without reading it), not hashed again.
+        private var lastAddress: (baseURL: String, address: UpstreamAddress?)?
 
         func address(_ baseURL: String) -> UpstreamAddress? {
-            if let known = addresses[baseURL] { return known }
-            if addresses.count >= 1024 { addresses = [:] }
-            let address = UpstreamAddress(baseURL)
-            addresses[baseURL] = address
+            if let last = lastAddress, last.baseURL == baseURL { return last.address }
+            let address: UpstreamAddress?
+            if let known = addresses[baseURL] {
+                address = known
+            } else {
+                if addresses.count >= 1024 { addresses = [:] }
+                address = UpstreamAddress(baseURL)
+                addresses[baseURL] = address
+            }
+            lastAddress = (baseURL, address)
             return address
         }
 

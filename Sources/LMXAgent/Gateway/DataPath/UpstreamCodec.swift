@@ -315,7 +315,9 @@ struct UpstreamResponseParser {
         for byte in valueBytes where byte < 0x20 && byte != 0x09 || byte == 0x7F {
             throw Malformed(reason: "a control character in a header value")
         }
-        if HTTPSyntax.equalsLowercased(nameBytes, "content-length") {
+        // The framing headers, by the name's length first (most headers are none of them).
+        switch colon {
+        case 14 where HTTPSyntax.equalsLowercased(nameBytes, "content-length"):
             // One header, digits only: as strict as llhttp (which refuses even two that agree).
             guard parsed.read.contentLength == nil else { throw Malformed(reason: "more than one Content-Length") }
             guard to == line.count else { throw Malformed(reason: "a Content-Length with spaces after it") }
@@ -328,16 +330,18 @@ struct UpstreamResponseParser {
             }
             guard !valueBytes.isEmpty else { throw Malformed(reason: "a Content-Length that is not a number") }
             parsed.read.contentLength = value
-        } else if HTTPSyntax.equalsLowercased(nameBytes, "transfer-encoding") {
+        case 17 where HTTPSyntax.equalsLowercased(nameBytes, "transfer-encoding"):
             parsed.transferEncoded = true
             // Chunked only when it is the last coding.
             let last = valueBytes.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false).last
             parsed.chunked = last.map { HTTPSyntax.equalsLowercased(trimmed($0), "chunked") } ?? false
-        } else if HTTPSyntax.equalsLowercased(nameBytes, "connection") {
+        case 10 where HTTPSyntax.equalsLowercased(nameBytes, "connection"):
             for item in valueBytes.split(separator: UInt8(ascii: ","))
             where HTTPSyntax.equalsLowercased(trimmed(item), "close") {
                 parsed.close = true
             }
+        default:
+            break
         }
         parsed.read.read(name: nameBytes, value: valueBytes)
         parsed.fields.append(
@@ -490,12 +494,25 @@ struct AnswerHeaders {
                 && HTTPSyntax.equalsLowercased(UnsafeRawBufferPointer(rebasing: value[0..<17]), "text/event-stream")
         case 11 where retryAfter == nil && HTTPSyntax.equalsLowercased(name, "retry-after"):
             retryAfter = String(decoding: value, as: UTF8.self)
-        case 10, 6:
-            // Connection, Keep-Alive, CF-RAY, Server: read as text by the rules they belong to.
-            guard
-                HTTPSyntax.equalsLowercased(name, "connection") || HTTPSyntax.equalsLowercased(name, "keep-alive")
-                    || HTTPSyntax.equalsLowercased(name, "cf-ray") || HTTPSyntax.equalsLowercased(name, "server")
-            else { return }
+        case 6:
+            // CF-RAY and Server (behind Cloudflare's edge): read from the bytes.
+            if HTTPSyntax.equalsLowercased(name, "cf-ray") {
+                keepAlive.readRayID(present: !value.isEmpty)
+            } else if HTTPSyntax.equalsLowercased(name, "server") {
+                // (The value's spaces are already trimmed.)
+                keepAlive.readServer(isCloudflare: HTTPSyntax.equalsLowercased(value, "cloudflare"))
+            }
+        case 10:
+            // `Connection: keep-alive` or `close` (the usual values) name no other header and say
+            // nothing of how long the connection is kept: no `String`s. Otherwise, and
+            // `Keep-Alive`, read as text by the rules they belong to.
+            let connection = HTTPSyntax.equalsLowercased(name, "connection")
+            guard connection || HTTPSyntax.equalsLowercased(name, "keep-alive") else { return }
+            if connection,
+                HTTPSyntax.equalsLowercased(value, "keep-alive") || HTTPSyntax.equalsLowercased(value, "close")
+            {
+                return
+            }
             let name = String(decoding: name, as: UTF8.self)
             let value = String(decoding: value, as: UTF8.self)
             GatewayPolicy.addConnectionListed(name: name, value: value, to: &connectionListed)

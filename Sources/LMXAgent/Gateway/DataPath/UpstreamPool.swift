@@ -20,6 +20,9 @@ struct UpstreamAddress: Hashable, Sendable {
     /// resolver, which calls `getaddrinfo` on a dispatch queue: a thread hop there and back for
     /// every new connection.)
     let socketAddress: SocketAddress?
+    /// The hash of what identifies it, taken once: the pools look an address up three times per
+    /// request, and hashing its host's text each time cost more than the rest of the look-up.
+    private let identity: Int
 
     init?(_ base: String) {
         let url = BaseURL(base)
@@ -42,6 +45,11 @@ struct UpstreamAddress: Hashable, Sendable {
         self.port = port
         authority = url.hostPort
         socketAddress = serverName == nil ? try? SocketAddress(ipAddress: host, port: port) : nil
+        var hasher = Hasher()
+        hasher.combine(host)
+        hasher.combine(port)
+        hasher.combine(tls)
+        identity = hasher.finalize()
     }
 
     // The rest follows from these (the pools look addresses up on every request).
@@ -50,9 +58,7 @@ struct UpstreamAddress: Hashable, Sendable {
     }
 
     func hash(into hasher: inout Hasher) {
-        hasher.combine(host)
-        hasher.combine(port)
-        hasher.combine(tls)
+        hasher.combine(identity)
     }
 }
 
