@@ -7,6 +7,9 @@ framing only): what a codec of the data path's own would reach, without the gate
 Then the floor of any HTTP server on SwiftNIO (Sources/lmx-http-floor: SwiftNIO's HTTP/1 server
 pipeline answering a fixed JSON from memory) beside nginx answering the same from its
 configuration, on kept connections and on a new connection per request, at 1 and 8 clients.
+Last, 64 streams sent at one moment (burst.py, as proxy_bench.py's burst rows) through nginx, the
+gateway and the relay: how far behind direct each one's first events come when nothing but
+relaying is done (CEILING_BURST_ONLY=1: that table alone, about 3 minutes).
 
 The same stand-in upstream, nginx as reverse proxy and gateway as Benchmarks/proxy_bench.py;
 GET /v1/models and 1 KB POSTs at 1 and 64 clients, in rounds taking turns as there (medians): req/s,
@@ -14,6 +17,7 @@ the ratio to nginx, CPU per request. Builds the relay (its own package, not part
 .build-ceiling/. Run after `make release`: python3 Benchmarks/ceiling/ceiling.py
 """
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +32,8 @@ import proxy_bench as pb  # noqa: E402
 RELAY_PORT = 21720
 FLOOR_PORT = 21721
 CODEC_PORT = 21722
+BURST_RELAY_PORT = 21723
+BURST_ONLY = os.environ.get("CEILING_BURST_ONLY") == "1"
 
 
 def main():
@@ -50,6 +56,9 @@ def main():
         time.sleep(1)
         workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proxy.pid)], capture_output=True,
                                                   text=True).stdout.split()]
+        if BURST_ONLY:
+            bursts(directory, workers)
+            return
         peers = [("nginx", pb.NGINX, workers), ("gateway", pb.GATEWAY, [agent.pid]), ("relay", RELAY_PORT, [relay.pid]),
                  ("codec", CODEC_PORT, [codec.pid])]
         print("| request | clients | nginx req/s, CPU | gateway req/s (× nginx), CPU | relay req/s (× nginx), CPU "
@@ -86,8 +95,51 @@ def main():
                 print("| %s | %d | %.0f, %.0f µs | %.0f (%.2f×), %.0f µs | %.0f, %.0f µs |" % (
                     label, clients, rps["nginx"], cpu["nginx"], rps["floor"], rps["floor"] / rps["nginx"],
                     cpu["floor"], rps["gateway"], cpu["gateway"]), flush=True)
+        bursts(directory, workers)
     finally:
         pb.stop_all()
+
+
+def bursts(directory, workers):
+    """64 streams at once from burst.py's asyncio client to its asyncio stand-in: direct, through
+    nginx, the gateway and the relay, taking turns (the rounds' medians); each proxy's CPU per stream
+    (its request, its answer's head and four events, its client's connection opened and closed)."""
+    relay_binary = os.path.join(lmxtools.REPO, ".build-ceiling", "release", "lmx-relay-ceiling")
+    pb.start(["python3", pb.BURST, "serve", str(pb.INSTANT)])
+    agent = pb.start_gateway(directory, "instant", pb.INSTANT, pb.GATEWAY_INSTANT)
+    relay = pb.start([relay_binary, str(BURST_RELAY_PORT), str(pb.INSTANT)])
+    for port in (pb.GATEWAY_INSTANT, pb.NGINX_INSTANT):
+        assert lmxtools.wait_http("http://127.0.0.1:%d/v1/models" % port), "not answering: %d" % port
+    time.sleep(1)
+    peers = [("direct", pb.INSTANT, []), ("nginx", pb.NGINX_INSTANT, workers),
+             ("gateway", pb.GATEWAY_INSTANT, [agent.pid]), ("relay", BURST_RELAY_PORT, [relay.pid])]
+    for _, port, _ in peers:
+        pb.burst(port)  # the proxies' connections to the stand-in opened once before the rounds
+    cpu = {name: 0.0 for name, _, _ in peers}
+
+    def run(name, port, pids):
+        before = sum(pb.cpu_seconds(p) for p in pids)
+        result = pb.burst(port)
+        cpu[name] += sum(pb.cpu_seconds(p) for p in pids) - before
+        return result
+
+    runs = pb.taking_turns([(name, lambda name=name, port=port, pids=pids: run(name, port, pids))
+                            for name, port, pids in peers], pb.BURST_ROUNDS)
+    medians = {name: statistics.median(r["first_event_p50_ms"] for r in rs) for name, rs in runs.items()}
+    print()
+    print("| 64 streams at once (%d rounds) | direct | nginx | gateway | relay |" % pb.BURST_ROUNDS)
+    print("|---|---|---|---|---|")
+    print("| first event, median of the rounds' medians | %s |" % " | ".join(
+        "%.2f ms" % medians[name] for name, _, _ in peers))
+    print("| behind direct | — | %s |" % " | ".join(
+        "%+.2f ms" % (medians[name] - medians["direct"]) for name, _, _ in peers[1:]))
+    print("| completed, fewest of a round | %s |" % " | ".join(
+        str(min(r["completed"] for r in runs[name])) for name, _, _ in peers))
+    print("| CPU per stream | — | %s |" % " | ".join(
+        "%.0f µs" % (cpu[name] / (64 * pb.BURST_ROUNDS) * 1e6) for name, _, _ in peers[1:]))
+    print()
+    print("Rounds' medians (ms): %s." % "; ".join(
+        "%s %s" % (name, ", ".join("%.2f" % r["first_event_p50_ms"] for r in runs[name])) for name, _, _ in peers))
 
 
 if __name__ == "__main__":
