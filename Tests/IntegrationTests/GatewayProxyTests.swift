@@ -401,7 +401,7 @@ struct GatewayProxyTests {
     }
 
     @Test(
-        "a client that closes its connection while its answer is awaited has its request cut at the server at once (which stops working on it), streamed or not, over TCP and the Unix socket; a client that only ended its side gets its answer"
+        "a client that closes its connection while its answer is awaited has its request cut at the server at once (which stops working on it), streamed or not, over TCP and the Unix socket, the OpenAI SDK giving up too; a client that only ended its side gets its answer"
     )
     func clientThatLeaves() async throws {
         try await withResources {
@@ -433,6 +433,21 @@ struct GatewayProxyTests {
                     #expect(millis >= 250 && millis < 1500, "\(kind) \(answer): \(gone())")
                 }
             }
+            // The official OpenAI SDK giving up after 1 s (its timeout): the server hears of it
+            // then, not after its 3 s.
+            let before = gone().count
+            let sdk = json(
+                try await Command.run(
+                    bed["LMX_TESTBED_PYTHON"],
+                    [
+                        "\(TestBed.repo)/scripts/fixtures/openai-sdk-client.py", "http://127.0.0.1:\(gatewayPort)/v1",
+                        "test/model", "--give-up", "1",
+                    ], timeout: 20))
+            #expect(sdk["timed_out"] as? Bool == true, "\(sdk)")
+            #expect(await server.process.waitFor(timeout: 1.5) { _ in gone().count > before }, "the SDK's close")
+            if let millis = gone().last?.split(separator: " ").last.flatMap({ Int($0) }) {
+                #expect(millis >= 900 && millis < 2000, "\(gone())")
+            }
             // Only its side ended (shutdown(SHUT_WR)): the client still reads, and gets its answer.
             let halfClosed = json(
                 try await Command.run(
@@ -440,10 +455,10 @@ struct GatewayProxyTests {
                     timeout: 15))
             #expect((halfClosed["status"] as? String)?.hasPrefix("HTTP/1.1 200") == true, "\(halfClosed)")
             #expect((halfClosed["body"] as? String)?.contains("Hello from") == true, "\(halfClosed)")
-            // The two TCP clients that left are counted (a Unix socket's hang-up closes the
+            // The three TCP clients that left are counted (a Unix socket's hang-up closes the
             // connection in SwiftNIO before anything of ours hears of it).
             let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
-            #expect(metrics.contains("lmx_gateway_clients_left_total 2"), "\(metrics)")
+            #expect(metrics.contains("lmx_gateway_clients_left_total 3"), "\(metrics)")
             await server.set("think")
             #expect(try await head(["http://127.0.0.1:\(gatewayPort)/v1/models"]).status == 200)
         }
