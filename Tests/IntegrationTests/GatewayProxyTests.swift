@@ -282,6 +282,17 @@ struct GatewayProxyTests {
                           "body": data.split(b"\r\n\r\n", 1)[-1][:300].decode(errors="replace")}))
         """#
 
+    /// A test server on h1 (instance `name-PORT`, `extra` arguments) and an agent in front of it
+    /// (``agentInFront(of:gateway:)``).
+    private func serverAndAgent(
+        _ name: String, extra: [String] = [], gateway: String? = nil
+    ) async throws -> (LMXServer, AgentProcess, Int) {
+        let port = freePort()
+        let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "\(name)-\(port)", extra: extra)
+        let (agent, gatewayPort) = try await agentInFront(of: server, gateway: gateway)
+        return (server, agent, gatewayPort)
+    }
+
     /// An agent with `server` as its one endpoint (`gateway`: its config's gateway section) and
     /// its gateway on a port of its own, once it uses the server.
     private func agentInFront(of server: LMXServer, gateway: String? = nil) async throws -> (AgentProcess, Int) {
@@ -304,11 +315,8 @@ struct GatewayProxyTests {
     )
     func connectionLife() async throws {
         try await withResources {
-            let port = freePort()
-            let server = try await LMXServer.start(
-                bed, on: .h1, port: port, instance: "life-\(port)",
-                extra: ["--stream-chunks", "8", "--stream-interval", "150"])
-            let (agent, gatewayPort) = try await agentInFront(of: server)
+            let (_, agent, gatewayPort) = try await serverAndAgent(
+                "life", extra: ["--stream-chunks", "8", "--stream-interval", "150"])
             func raw(_ what: String) async throws -> [String: Any] { try await self.raw(gatewayPort, what) }
             let malformed = try await raw("malformed")
             #expect((malformed["status"] as? String)?.hasPrefix("HTTP/1.1 400") == true, "\(malformed)")
@@ -343,12 +351,10 @@ struct GatewayProxyTests {
     )
     func bodyThatStops() async throws {
         try await withResources {
-            let port = freePort()
             // A stream of 30 s: longer than the daemon's 10 s shutdown grace.
-            let server = try await LMXServer.start(
-                bed, on: .h1, port: port, instance: "stops-\(port)",
-                extra: ["--stream-chunks", "150", "--stream-interval", "200"])
-            let (agent, gatewayPort) = try await agentInFront(of: server, gateway: #"{"client_timeout": 1}"#)
+            let (_, agent, gatewayPort) = try await serverAndAgent(
+                "stops", extra: ["--stream-chunks", "150", "--stream-interval", "200"],
+                gateway: #"{"client_timeout": 1}"#)
             func raw(_ what: String) async throws -> [String: Any] { try await self.raw(gatewayPort, what) }
             for what in ["cutbody", "cutchunked"] {
                 let cut = try await raw(what)
@@ -405,9 +411,7 @@ struct GatewayProxyTests {
     )
     func clientThatLeaves() async throws {
         try await withResources {
-            let port = freePort()
-            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "leaves-\(port)")
-            let (agent, gatewayPort) = try await agentInFront(of: server)
+            let (server, agent, gatewayPort) = try await serverAndAgent("leaves")
             // The server takes 3 s before its answer starts (a model thinking), watching the
             // connection meanwhile: a close is logged as "GONE <path> after <ms>".
             await server.set("think 3000")
@@ -563,9 +567,7 @@ struct GatewayProxyTests {
     )
     func hostileClientsLeaveNothingOpen() async throws {
         try await withResources {
-            let port = freePort()
-            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "storm-\(port)")
-            let (agent, gatewayPort) = try await agentInFront(of: server, gateway: #"{"client_timeout": 1}"#)
+            let (_, agent, gatewayPort) = try await serverAndAgent("storm", gateway: #"{"client_timeout": 1}"#)
             // client_timeout 1 s: a silent client is closed after one to two seconds.
             let storm = json(
                 try await Command.run(

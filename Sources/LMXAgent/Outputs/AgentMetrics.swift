@@ -46,6 +46,29 @@ public final class AgentMetrics: Sendable {
     }
     private enum HistogramSeries: Hashable {
         case firstToken, tokensPerSecond
+
+        var name: String {
+            switch self {
+            case .firstToken: "lmx_gateway_first_token_seconds"
+            case .tokensPerSecond: "lmx_gateway_stream_tokens_per_second"
+            }
+        }
+
+        var help: String {
+            switch self {
+            case .firstToken:
+                "Gateway requests: seconds to the answer's first byte; for streams, to the first event (the first token)."
+            case .tokensPerSecond:
+                "Streamed gateway answers: events (one token each, as servers send them) per second."
+            }
+        }
+
+        var buckets: [Double] {
+            switch self {
+            case .firstToken: AgentMetrics.firstTokenBuckets
+            case .tokensPerSecond: AgentMetrics.rateBuckets
+            }
+        }
     }
 
     public static let latencyBuckets: [Double] = [
@@ -180,25 +203,16 @@ extension AgentMetrics {
     /// The time from a gateway request to its answer's first byte (for streams, the first event:
     /// the first token), per model and path. The labels are the traffic table's bounded keys.
     func gatewayFirstByte(_ key: TrafficStats.Key, seconds: Double) {
-        record(
-            seconds, in: .firstToken, "lmx_gateway_first_token_seconds",
-            "Gateway requests: seconds to the answer's first byte; for streams, to the first event (the first token).",
-            key: key, buckets: Self.firstTokenBuckets)
+        record(seconds, in: .firstToken, key: key)
     }
 
     /// A streamed answer's events (tokens) per second, per model and path.
     func gatewayTokensPerSecond(_ key: TrafficStats.Key, _ rate: Double) {
-        record(
-            rate, in: .tokensPerSecond, "lmx_gateway_stream_tokens_per_second",
-            "Streamed gateway answers: events (one token each, as servers send them) per second.",
-            key: key, buckets: Self.rateBuckets)
+        record(rate, in: .tokensPerSecond, key: key)
     }
 
-    /// One value into the histogram `name` of the model and path `key` (made on first use).
-    private func record(
-        _ value: Double, in series: HistogramSeries, _ name: String, _ help: String, key: TrafficStats.Key,
-        buckets: [Double]
-    ) {
+    /// One value into the histogram `series` of the model and path `key` (made on first use).
+    private func record(_ value: Double, in series: HistogramSeries, key: TrafficStats.Key) {
         guard value.isFinite, value >= 0 else { return }
         let cacheKey = HistogramKey(series: series, key: key)
         if let known = histograms.withLock({ $0[cacheKey] }) {
@@ -206,7 +220,8 @@ extension AgentMetrics {
             return
         }
         let histogram = registry.makeValueHistogram(
-            descriptor: .lmx(name, help), labels: [("model", key.model), ("via", key.via.rawValue)], buckets: buckets)
+            descriptor: .lmx(series.name, series.help), labels: [("model", key.model), ("via", key.via.rawValue)],
+            buckets: series.buckets)
         histograms.withLock {
             if $0.count >= 1024 { $0 = [:] }
             $0[cacheKey] = histogram

@@ -36,9 +36,9 @@ public struct UpstreamKeepAlive: Sendable, Equatable {
         case 10 where name.equalsASCIILowercased("keep-alive"):
             if let timeout = Self.timeout(in: value) { hint = min(hint ?? timeout, timeout) }
         case 6 where name.equalsASCIILowercased("cf-ray"):
-            rayID = !value.isEmpty
+            readRayID(present: !value.isEmpty)
         case 6 where name.equalsASCIILowercased("server"):
-            serverCloudflare = value.trimmingASCIIWhitespace().equalsASCIILowercased("cloudflare")
+            readServer(isCloudflare: value.trimmingASCIIWhitespace().equalsASCIILowercased("cloudflare"))
         default:
             break
         }

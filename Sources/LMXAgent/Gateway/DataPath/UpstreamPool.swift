@@ -218,7 +218,7 @@ final class UpstreamPool {
             }
         }
         for connection in expired { connection.channel.close(promise: nil) }
-        if let next, sweep == nil { scheduleSweep(at: next) }
+        if let next { scheduleSweep(at: next) }
     }
 
     /// The machine's network changed: idle connections close; those lent finish their answer
