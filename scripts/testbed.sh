@@ -159,7 +159,12 @@ make_network() {
     fi
     local i
     for i in 1 2 3 4; do
-        [ -e "/run/netns/lmxh$i" ] && continue
+        if [ -e "/run/netns/lmxh$i" ]; then
+            # Half torn down (its veth pair gone): made again whole, its avahi-daemon with it.
+            ip link show "lmxv$i" >/dev/null 2>&1 && continue
+            [ "$i" = 3 ] || stop_avahi "h$i"
+            ip netns delete "lmxh$i"
+        fi
         ip netns add "lmxh$i"
         ip link add "lmxv$i" type veth peer name lan0 netns "lmxh$i"
         ip link set "lmxv$i" master "$BRIDGE" up
@@ -170,13 +175,27 @@ make_network() {
         mkdir -p "$STATE/h$i"
     done
     # h4's second link: the way to the tunnels, whatever happens to the LAN.
-    if ! ip link show lmxw4 >/dev/null 2>&1; then
+    if ! ip link show lmxw4 >/dev/null 2>&1 || ! ip -n lmxh4 link show wan0 >/dev/null 2>&1; then
+        ip link delete lmxw4 2>/dev/null || true
         ip link add lmxw4 type veth peer name wan0 netns lmxh4
         ip addr add "$WAN_SUBNET.1/24" dev lmxw4
         ip link set lmxw4 up
         ip -n lmxh4 addr add "$WAN_SUBNET.2/24" dev wan0
         ip -n lmxh4 link set wan0 up
     fi
+    # A run stopped midway (a killed CI job, a test cut off between `link h1 down` and `up`, or
+    # between `roam away` and `home`) leaves namespaces that `up` reuses: put every host back on
+    # the bridge with its link up and its own address, h4 home.
+    local addresses
+    for i in 1 2 3; do
+        ip link set "lmxv$i" master "$BRIDGE" up
+        ip -n "lmxh$i" link set lan0 up
+        addresses=$(ip -n "lmxh$i" -o -4 addr show dev lan0)
+        [[ $addresses == *"inet $SUBNET.1$i/"* ]] || ip -n "lmxh$i" addr add "$SUBNET.1$i/24" dev lan0
+    done
+    ip link set lmxv4 up
+    ip -n lmxh4 link set lan0 up
+    roam home
 }
 
 # h4 leaves home for another network (its LAN port off the bridge, its address on another

@@ -53,8 +53,10 @@ struct RoamingTests {
         return home
     }
 
-    /// Always brings h4 home again, whatever the test did.
+    /// Starts with h4 at home (whatever an earlier run cut off midway left) and always brings it
+    /// home again, whatever the test did.
     private func roaming(_ body: () async throws -> Void) async throws {
+        try await bed.control("roam", "home")
         do {
             try await withResources { try await body() }
         } catch {
