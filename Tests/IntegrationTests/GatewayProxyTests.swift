@@ -159,7 +159,8 @@ struct GatewayProxyTests {
     }
 
     @Test(
-        "no usable route for a moment: a request is held until one is; past hold_seconds, 503 with Retry-After and why")
+        "no usable route for a moment: a request is held until one is (dropped if its client leaves); past hold_seconds, 503 with Retry-After and why"
+    )
     func holdWhileNoRoute() async throws {
         try await withResources {
             let port = freePort()
@@ -182,6 +183,22 @@ struct GatewayProxyTests {
             let answer = try await held
             #expect(answer.stdout == "200")
             #expect(answer.seconds >= 0.9 && answer.seconds < 4.5)
+            // A client that leaves while its request is held: the request is dropped, and the
+            // server, back a moment later, never gets it.
+            await server.set("dead")
+            #expect(await agent.waitForActive(timeout: 10) { $0 == nil } != nil)
+            func completions() -> Int { server.process.stdoutLines.filter { $0.hasPrefix("REQ POST ") }.count }
+            let before = completions()
+            let left = json(
+                try await Command.run(
+                    "/usr/bin/python3", ["-c", Self.leavingClient, "tcp", String(gatewayPort), "plain", "close"],
+                    timeout: 10))
+            #expect(left["sent"] as? Bool == true, "\(left)")
+            try await Task.sleep(for: .milliseconds(500))
+            await server.set("alive")
+            #expect(await agent.waitForActive(timeout: 10) { $0?.baseURL == server.baseURL } != nil)
+            try await Task.sleep(for: .seconds(1))
+            #expect(completions() == before, "sent after its client left: \(server.process.stdoutLines.suffix(5))")
             // Still nothing usable after hold_seconds: 503, Retry-After, and why.
             await server.set("dead")
             #expect(await agent.waitForActive(timeout: 10) { $0 == nil } != nil)
@@ -419,6 +436,8 @@ struct GatewayProxyTests {
             let cases = [
                 ("tcp", String(gatewayPort), "plain"), ("tcp", String(gatewayPort), "stream"),
                 ("unix", agent.directory + "/gateway.sock", "plain"),
+                // A body sent chunked: the general path forwards it.
+                ("tcp", String(gatewayPort), "chunked"), ("unix", agent.directory + "/gateway.sock", "chunked"),
             ]
             for (kind, target, answer) in cases {
                 let before = gone().count
@@ -453,22 +472,26 @@ struct GatewayProxyTests {
                 #expect(millis >= 900 && millis < 2000, "\(gone())")
             }
             // Only its side ended (shutdown(SHUT_WR)): the client still reads, and gets its answer.
-            let halfClosed = json(
-                try await Command.run(
-                    "/usr/bin/python3", ["-c", Self.leavingClient, "tcp", String(gatewayPort), "plain", "halfclose"],
-                    timeout: 15))
-            #expect((halfClosed["status"] as? String)?.hasPrefix("HTTP/1.1 200") == true, "\(halfClosed)")
-            #expect((halfClosed["body"] as? String)?.contains("Hello from") == true, "\(halfClosed)")
-            // The three TCP clients that left are counted (a Unix socket's hang-up closes the
+            for answer in ["plain", "chunked"] {
+                let halfClosed = json(
+                    try await Command.run(
+                        "/usr/bin/python3",
+                        ["-c", Self.leavingClient, "tcp", String(gatewayPort), answer, "halfclose"],
+                        timeout: 15))
+                #expect(
+                    (halfClosed["status"] as? String)?.hasPrefix("HTTP/1.1 200") == true, "\(answer): \(halfClosed)")
+                #expect((halfClosed["body"] as? String)?.contains("Hello from") == true, "\(answer): \(halfClosed)")
+            }
+            // The four TCP clients that left are counted (a Unix socket's hang-up closes the
             // connection in SwiftNIO before anything of ours hears of it).
             let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
-            #expect(metrics.contains("lmx_gateway_clients_left_total 3"), "\(metrics)")
+            #expect(metrics.contains("lmx_gateway_clients_left_total 4"), "\(metrics)")
             await server.set("think")
             #expect(try await head(["http://127.0.0.1:\(gatewayPort)/v1/models"]).status == 200)
         }
     }
 
-    /// A chat completion (`plain` or `stream`) over TCP (`tcp PORT`) or the gateway's Unix socket
+    /// A chat completion (`plain`, `stream`, or `chunked`: not streamed, its body sent chunked) over TCP (`tcp PORT`) or the gateway's Unix socket
     /// (`unix PATH`), then 0.3 s later the connection closed (`close`) or only the client's side
     /// ended (`halfclose`: the answer is read until the gateway closes). One JSON line.
     private static let leavingClient = #"""
@@ -482,8 +505,11 @@ struct GatewayProxyTests {
         s.settimeout(10)
         body = json.dumps({"model": "test/model", "stream": answer == "stream",
                            "messages": [{"role": "user", "content": "hi"}]}).encode()
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                  + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        if answer == "chunked":
+            s.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+        else:
+            s.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
         time.sleep(0.3)
         if end == "close":
             s.close()

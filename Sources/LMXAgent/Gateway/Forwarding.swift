@@ -112,7 +112,8 @@ extension Gateway {
         case .forward(let routes):
             targets = load.order(routes)
         case .refuse(let status, let code, let message):
-            metrics.gatewayFailures.increment()
+            // (Not a failure when the client left while the request was held.)
+            if !Task.isCancelled { metrics.gatewayFailures.increment() }
             var response = Self.error(status, code: code, message: message)
             if status == 503 { response.headers[.retryAfter] = "2" }
             return response

@@ -139,7 +139,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// ended its side gets its answer. The client's socket is looked at again a moment later
     /// when it seemed held: its FIN can come before its process has quite let go of it.
     private func cutIfClientLeft(lookAgain: Bool) {
-        guard let request, request.clientEnded, overTCP, let channel = context?.channel,
+        // A request of ours whose body has all come, or one handed over to the general path
+        // (closing the connection cancels its task, and with it the request to the server).
+        let awaited = request.map(\.clientEnded) ?? (handedOver > 0)
+        guard awaited, overTCP, let channel = context?.channel,
             let local = channel.localAddress?.bytesAndPort, let remote = channel.remoteAddress?.bytesAndPort
         else { return }
         switch SocketOwner.peerSocket(peer: remote, local: local) {
@@ -148,8 +151,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .absent where SocketOwner.isLoopback(remote.address):
             break  // a loopback peer's socket is on this machine: gone
         case .held where lookAgain:
+            let current = request
             context?.eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(100)) { [self] in
-                if self.request === request { self.cutIfClientLeft(lookAgain: false) }
+                if self.request === current { self.cutIfClientLeft(lookAgain: false) }
             }
             return
         case .held, .absent, .unknown:

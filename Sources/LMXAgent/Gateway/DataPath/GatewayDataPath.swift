@@ -210,7 +210,11 @@ struct GatewayChildChannel: ServerChildChannel, HTTPChannelHandler {
         try sync.addHandler(HTTPConnectionStateHandler(idleTimeout: nil, logger: logger))
         let asyncChannel = try NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>(
             wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
-        Task { await handleHTTP(asyncChannel: asyncChannel, logger: logger) }
+        let task = Task { await handleHTTP(asyncChannel: asyncChannel, logger: logger) }
+        // Hummingbird's task goes on when its connection closes: a client that left would still
+        // have its request waited for (held while no route is usable) and its server working on
+        // it. Cancelled, the request to the server is cut (async-http-client cancels it).
+        channel.closeFuture.whenComplete { _ in task.cancel() }
     }
 
     func handle(value: Value, logger: Logger) async {}
