@@ -8,7 +8,9 @@ in front of the same static nginx upstream as the proxy benchmark; one client on
 connection sends `WARMUP` requests, the counters are zeroed, then it sends `REQUESTS` more and the
 count is read. nginx runs as one process (`master_process off`), the gateway as lmx-agentd with
 the upstream as its one endpoint. Rows: GET /v1/models, POST /v1/chat/completions with 1 KB and
-64 KB bodies, and GET /v1/models on a new connection for each request.
+64 KB bodies, and GET /v1/models on a new connection for each request; then a streamed chat
+completion (its head, one event, `data: [DONE]`, chunked) from burst.py's stand-in, through nginx's
+proxy of it and a second gateway with the stand-in as its endpoint.
 
 valgrind 3.19 cannot read the DWARF 5 debug information Swift writes, so the daemon runs from a
 copy with its debug sections stripped (the code is the release build's, byte for byte).
@@ -20,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +38,36 @@ WARMUP = int(os.environ.get("BENCH_WARMUP", "300"))
 REQUESTS = int(os.environ.get("BENCH_REQUESTS", "2000"))
 ROWS = [("GET /v1/models", "GET", 0, True), ("POST, 1 KB body", "POST", 1024, True),
         ("POST, 64 KB body", "POST", 64 * 1024, True), ("GET /v1/models, a new connection each", "GET", 0, False)]
+
+
+STREAM_ROW = "POST, a streamed completion (one event)"
+STREAM_BODY = json.dumps({"model": "test/model", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def streams(port, count):
+    """`count` streamed completions on one kept connection, each read to its last chunk."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as connection:
+        request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   b"Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(STREAM_BODY), STREAM_BODY))
+        for _ in range(count):
+            connection.sendall(request)
+            seen = b""
+            while not seen.endswith(b"\r\n0\r\n\r\n"):
+                chunk = connection.recv(65536)
+                if not chunk:
+                    raise SystemExit("a stream through port %d ended early: %r" % (port, seen[-200:]))
+                seen += chunk
+            if not seen.startswith(b"HTTP/1.1 200") or b"data: [DONE]" not in seen:
+                raise SystemExit("a stream through port %d: %r" % (port, seen[:300]))
+
+
+def measure_streams(pid, port, out):
+    streams(port, WARMUP)
+    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+    streams(port, REQUESTS)
+    figure = counted(pid, out) / REQUESTS
+    print("  %s: %.0f instructions per request" % (STREAM_ROW, figure), flush=True)
+    return figure
 
 
 def callgrind(argv, out):
@@ -123,25 +156,37 @@ def main():
         os.symlink("lmx-agent", bindir + "/lmx-agentd")
         with open(directory + "/gateway.json", "w") as f:
             json.dump({"discovery": False, "endpoints": [{"url": "http://127.0.0.1:%d" % pb.UPSTREAM, "name": "bench"}]}, f)
-        results = {}
-        for name, argv, port in (
-            ("gateway", [bindir + "/lmx-agentd", "--socket", directory + "/agent.sock", "--db", directory + "/agent.db",
-                         "--config", directory + "/gateway.json", "--no-discovery", "--gateway", "127.0.0.1:%d" % pb.GATEWAY,
-                         "--gateway-socket", directory + "/gateway.sock", "--log-level", "warning"], pb.GATEWAY),
+        with open(directory + "/gateway-streams.json", "w") as f:
+            json.dump({"discovery": False, "endpoints": [{"url": "http://127.0.0.1:%d" % pb.INSTANT, "name": "streams"}]}, f)
+        pb.start(["python3", pb.BURST, "serve", str(pb.INSTANT), "--events", "0"])
+        results = {"gateway": {}, "nginx": {}}
+
+        def gateway(name, config, port):
+            return [bindir + "/lmx-agentd", "--socket", "%s/%s.sock" % (directory, name), "--db",
+                    "%s/%s.db" % (directory, name), "--config", config, "--no-discovery", "--gateway",
+                    "127.0.0.1:%d" % port, "--gateway-socket", "%s/%s-gateway.sock" % (directory, name),
+                    "--log-level", "warning"]
+        for name, argv, port, stream_port in (
+            ("gateway", gateway("agent", directory + "/gateway.json", pb.GATEWAY), pb.GATEWAY, None),
+            ("gateway", gateway("streams", directory + "/gateway-streams.json", pb.GATEWAY_INSTANT), None,
+             pb.GATEWAY_INSTANT),
             ("nginx", ["nginx", "-c", proxy_conf, "-p", directory, "-g", "daemon off; master_process off;"],
-             pb.NGINX),
+             pb.NGINX, pb.NGINX_INSTANT),
         ):
-            out = "%s/callgrind-%s" % (directory, name)
+            out = "%s/callgrind-%s-%d" % (directory, name, port or stream_port)
             process = callgrind(argv, out)
-            if not lmxtools.wait_http("http://127.0.0.1:%d/v1/models" % port, timeout=180):
+            if not lmxtools.wait_http("http://127.0.0.1:%d/v1/models" % (port or stream_port), timeout=180):
                 raise SystemExit("%s under callgrind did not answer" % name)
             print("%s:" % name, flush=True)
-            results[name] = measure(process.pid, port, out)
+            if port:
+                results[name].update(measure(process.pid, port, out))
+            if stream_port:
+                results[name][STREAM_ROW] = measure_streams(process.pid, stream_port, out)
             process.terminate()
             process.wait()
         rows = ["| request (one client, %d requests after %d) | gateway | nginx | gateway ÷ nginx |" % (REQUESTS, WARMUP),
                 "|---|---|---|---|"]
-        for label, *_ in ROWS:
+        for label in [row[0] for row in ROWS] + [STREAM_ROW]:
             g, n = results["gateway"][label], results["nginx"][label]
             rows.append("| %s | %s | %s | %.1f× |" % (label, format(round(g), ","), format(round(n), ","), g / n))
         resent = {name: RESENT.get(port, 0) for name, port in (("gateway", pb.GATEWAY), ("nginx", pb.NGINX))}

@@ -1,10 +1,54 @@
 import Foundation
 import LMXCore
 import LMXStatusClient
+import Synchronization
 import Testing
 
-/// Ports of this run's test servers: distinct per test, away from anything else.
-func freePort() -> Int { Int.random(in: 20_000...39_999) }
+/// A port for a test's server or gateway: never one handed out before in this run, free when
+/// handed out (bound and let go here), below the kernel's range of ports for outgoing connections
+/// (32768–60999 by default: any connection the agent or a test opens could take one of those
+/// between now and the server's `bind`, which then fails), and away from the benchmarks' ports.
+func freePort() -> Int { TestPorts.shared.next() }
+
+final class TestPorts: Sendable {
+    static let shared = TestPorts()
+    private let counter = Mutex(Int.random(in: 0..<10_000))
+
+    func next() -> Int {
+        let low = 20_000
+        let high = min(Self.ephemeralLow(), 32_768)
+        while true {
+            let port = counter.withLock { index in
+                defer { index += 1 }
+                return low + index % (high - low)
+            }
+            if (21_700..<21_800).contains(port) { continue }  // the benchmarks'
+            if Self.bindable(port) { return port }
+        }
+    }
+
+    /// The first port of the kernel's range for outgoing connections.
+    private static func ephemeralLow() -> Int {
+        let range = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8)) ?? ""
+        return range.split(whereSeparator: \.isWhitespace).first.flatMap { Int($0) } ?? 32_768
+    }
+
+    /// A TCP socket can be bound to the port on every address now.
+    private static func bindable(_ port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { return true }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr = in_addr(s_addr: INADDR_ANY)
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
+            }
+        }
+    }
+}
 
 /// A config that browses only the test bridge, with a short stability window so tests are quick.
 /// - Parameter trust: the trust policy; failover tests whose tunnel is a separate test server (not

@@ -378,4 +378,52 @@ struct UpstreamCodecTests {
             #expect(Array(made.readableBytesView) == expected, "estimate \(estimate)")
         }
     }
+
+    @Test(
+        "parts gathered for one write: chunk size lines as String(radix: 16) writes them, small parts in one write per flush, a large part after what was gathered, in order"
+    )
+    func gatheredWrites() throws {
+        for size in [1, 9, 10, 15, 16, 255, 256, 4095, 4096, 65535, 1 << 20, Int(Int32.max), Int.max] {
+            var line = ByteBuffer()
+            HTTP1Bytes.writeChunkSize(size, to: &line)
+            #expect(String(buffer: line) == String(size, radix: 16) + "\r\n")
+        }
+        final class Sink: ChannelOutboundHandler {
+            typealias OutboundIn = ByteBuffer
+        }
+        let channel = EmbeddedChannel()
+        try channel.pipeline.syncOperations.addHandler(Sink())
+        let context = try channel.pipeline.syncOperations.context(handlerType: Sink.self)
+        func written() throws -> [String] {
+            var out: [String] = []
+            while let buffer = try channel.readOutbound(as: ByteBuffer.self) { out.append(String(buffer: buffer)) }
+            return out
+        }
+        var gathered = Gathered()
+        // A head, two small chunks and the last chunk: one write.
+        gathered.add(head: ByteBuffer(string: "HTTP/1.1 200 OK\r\n\r\n"), to: context)
+        gathered.add(ByteBuffer(string: "data: a\n\n"), chunked: true, to: context)
+        gathered.add(ByteBuffer(), chunked: true, to: context)  // nothing: no empty chunk (the end)
+        gathered.add(ByteBuffer(string: "data: b\n\n"), chunked: true, to: context)
+        gathered.add(HTTP1Bytes.lastChunk, chunked: false, to: context)
+        #expect(try written().isEmpty)
+        gathered.write(to: context)
+        context.flush()
+        #expect(try written() == ["HTTP/1.1 200 OK\r\n\r\n9\r\ndata: a\n\n\r\n9\r\ndata: b\n\n\r\n0\r\n\r\n"])
+        // A large part: what was gathered goes first, then the part as it is (not copied).
+        let large = String(repeating: "x", count: HTTP1Bytes.gatherLimit + 1)
+        gathered.add(ByteBuffer(string: "small"), chunked: false, to: context)
+        gathered.add(ByteBuffer(string: large), chunked: true, to: context)
+        gathered.add(ByteBuffer(string: "tail"), chunked: false, to: context)
+        gathered.write(to: context)
+        context.flush()
+        #expect(try written() == ["small", "1001\r\n", large, "\r\n", "tail"])
+        // Dropped (the connection closed): nothing goes.
+        gathered.add(ByteBuffer(string: "lost"), chunked: false, to: context)
+        gathered.drop()
+        gathered.write(to: context)
+        context.flush()
+        #expect(try written().isEmpty)
+        _ = try channel.finish()
+    }
 }

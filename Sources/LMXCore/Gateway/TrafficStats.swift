@@ -59,11 +59,16 @@ public struct TrafficStats: Sendable {
     /// The key a request is counted under: its model (bounded, printable), `(other)` past the
     /// bound. The same key labels the Prometheus series, so they are bounded alike.
     public func key(model: String?, via: Via) -> Key {
-        let name =
-            model.flatMap { OutsideInput.label($0, maxBytes: 128) }.flatMap { $0.isEmpty ? nil : $0 } ?? Self.unnamed
-        let key = Key(model: name, via: via)
+        let key = Self.named(model: model, via: via)
         if entries[key] != nil || entries.count < maxKeys - 1 { return key }
         return Key(model: Self.other, via: via)
+    }
+
+    /// The key of `model` before the bound.
+    private static func named(model: String?, via: Via) -> Key {
+        let name =
+            model.flatMap { OutsideInput.label($0, maxBytes: 128) }.flatMap { $0.isEmpty ? nil : $0 } ?? Self.unnamed
+        return Key(model: name, via: via)
     }
 
     /// A request answered with `status` (`answered` false: no server answered it; the gateway
@@ -74,21 +79,28 @@ public struct TrafficStats: Sendable {
     public mutating func answered(
         model: String?, via: Via, status: Int, firstByte: Double?, answered: Bool = true, now: Double
     ) -> Key {
-        let key = key(model: model, via: via)
         let samples = samples
-        // Changed in place: a copy of the entry would share its sample arrays with the one in
-        // the dictionary, and the first append would copy them whole, on every request.
-        update(key) { entry in
+        return update(model: model, via: via) { entry in
             entry.requests &+= 1
             if status >= 500 || status == 429 || !answered { entry.errors &+= 1 }
             if let firstByte, status < 400 { entry.firstByte.add(firstByte * 1000, keeping: samples) }
             entry.last = now
         }
-        return key
     }
 
-    private mutating func update(_ key: Key, _ change: (inout Entry) -> Void) {
+    /// Changes the entry of `model` and `via` (made if the bound allows, else `(other)`'s), in
+    /// place: a copy of the entry would share its sample arrays with the one in the dictionary,
+    /// and the first append would copy them whole, on every request. One look-up of the key
+    /// when it is known (its text hashed once). Returns the key.
+    private mutating func update(model: String?, via: Via, _ change: (inout Entry) -> Void) -> Key {
+        var key = Self.named(model: model, via: via)
+        if let index = entries.index(forKey: key) {
+            change(&entries.values[index])
+            return key
+        }
+        if entries.count >= maxKeys - 1 { key = Key(model: Self.other, via: via) }
         change(&entries[key, default: Entry()])
+        return key
     }
 
     /// A streamed answer ended: `events` events over `seconds` from the first to the last, the
@@ -98,15 +110,13 @@ public struct TrafficStats: Sendable {
     public mutating func streamed(
         model: String?, via: Via, firstEvent: Double?, events: Int, seconds: Double, now: Double
     ) -> Key {
-        let key = key(model: model, via: via)
         let samples = samples
-        update(key) { entry in
+        return update(model: model, via: via) { entry in
             entry.streams &+= 1
             if let firstEvent { entry.firstByte.add(firstEvent * 1000, keeping: samples) }
             if events >= 2, seconds > 0 { entry.rate.add(Double(events - 1) / seconds, keeping: samples) }
             entry.last = now
         }
-        return key
     }
 
     /// The figures, busiest first.

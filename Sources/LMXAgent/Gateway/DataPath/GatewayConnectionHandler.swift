@@ -60,6 +60,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// The same for the answer, while the client could take no more of it.
     private var answerSeen: Int?
 
+    /// Parts of the data path's answers written since the last flush (``writeToClient``).
+    private var gathered = Gathered()
     /// The request this handler is forwarding, if any.
     private var request: ForwardedRequest?
     /// llhttp is in the middle of a request (its parts go to the general path as they come).
@@ -247,6 +249,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if let rawOutput { gathered.write(to: rawOutput) }  // (empty: answers are flushed as they end)
         // The general path's answers pass through; when the last one ends, the next request is ours.
         if case .end = unwrapOutboundIn(data), handedOver > 0 {
             handedOver -= 1
@@ -653,7 +656,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         writeToClient(.head(head), for: request)
         if request.head.method != .HEAD { writeToClient(.body(body), for: request) }
         writeToClient(.end, for: request)
-        context.flush()
+        flushToClient()
         request.phase = .done
         request.releaseTokens()
         if request.clientEnded { finished(request) } else { context.close(promise: nil) }
@@ -693,7 +696,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     // MARK: The answer
 
     func upstreamRead(_ part: UpstreamResponseParser.Part) {
-        guard let request, let context, let upstream = request.upstream else { return }
+        guard let request, context != nil, let upstream = request.upstream else { return }
         switch part {
         case .head(let head):
             if head.status < 200 { return }  // 100 Continue and other interim answers (the parser skips them)
@@ -781,7 +784,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                 }
             }
             emit(.end, for: request)
-            context.flush()
+            flushToClient()
             request.phase = .done
             upstream.handler.owner = nil
             request.upstream = nil
@@ -852,31 +855,38 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// Writes a part of an answer of the data path to the client as bytes, past SwiftNIO's HTTP/1
     /// response encoder (through its context): the encoder frames only the general path's
     /// answers, to requests llhttp read (``ClientFront``).
+    /// Small parts are gathered and written as one at the flush (``flushToClient()``).
     private func writeToClient(_ part: ClientOutput, for request: ForwardedRequest) {
         guard let output = rawOutput else { return }
         switch part {
         case .head(let bytes):
-            output.write(NIOAny(bytes), promise: nil)
+            gathered.add(head: bytes, to: output)
         case .body(let bytes):
             answerBytesWritten &+= bytes.readableBytes
-            HTTP1Bytes.writeBody(bytes, chunked: request.chunkedToClient, to: output)
+            gathered.add(bytes, chunked: request.chunkedToClient, to: output)
         case .end:
-            if request.chunkedToClient { output.write(NIOAny(HTTP1Bytes.lastChunk), promise: nil) }
+            if request.chunkedToClient { gathered.add(HTTP1Bytes.lastChunk, chunked: false, to: output) }
         }
+    }
+
+    /// Sends what was written to the client.
+    private func flushToClient() {
+        if let rawOutput { gathered.write(to: rawOutput) }
+        context?.flush()
     }
 
     /// Writes what was held of the answer, and holds no more.
     private func releaseHeldAnswer(_ request: ForwardedRequest) {
-        guard request.holdsAnswer, let context else { return }
+        guard request.holdsAnswer, context != nil else { return }
         request.holdsAnswer = false
         for part in request.heldAnswer { writeToClient(part, for: request) }
         request.heldAnswer = []
         request.heldBytes = 0
-        context.flush()
+        flushToClient()
     }
 
     func upstreamReadComplete() {
-        context?.flush()
+        flushToClient()
     }
 
     func upstreamWritable() {
@@ -897,7 +907,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // close, as from the server.
         request.upstream?.handler.owner = nil
         releaseHeldAnswer(request)
-        context?.flush()
+        flushToClient()
         request.upstream = nil
         request.releaseTokens()
         request.phase = .done
@@ -908,7 +918,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// A stream of events lost mid-answer: ended with an `error` event naming the route, and the
     /// agent probes it again.
     private func streamLost(_ request: ForwardedRequest, error: any Error) {
-        guard let context, var relay = request.relay else { return }
+        guard context != nil, var relay = request.relay else { return }
         let target = request.targets[request.attempt]
         if let upstream = request.upstream {
             upstream.handler.owner = nil
@@ -917,7 +927,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         }
         emit(.body(relay.lost(target: target, error: error)), for: request)
         emit(.end, for: request)
-        context.flush()
+        flushToClient()
         TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
             .streamed(target.via, relay.tally)
         request.relay = relay

@@ -138,7 +138,8 @@ struct UpstreamResponseParser {
                         // Read as a header line, then dropped (the client gets no trailers).
                         var ignored = Head()
                         try line.withUnsafeReadableBytes { bytes throws(Malformed) in
-                            try Self.headerLine(bytes, at: 0, into: &ignored)
+                            let control = bytes.contains { ($0 < 0x20 && $0 != 0x09) || $0 == 0x7F }
+                            try Self.headerLine(bytes, at: 0, control: control, into: &ignored)
                         }
                         state = .trailers(read: read + line.readableBytes + 2)
                     }
@@ -249,10 +250,18 @@ struct UpstreamResponseParser {
             var first = true
             let end = bytes.count - 2
             while start < end {
+                // One pass over the line: its end, and whether it has a control character
+                // (other than a tab) that a header line may not have.
                 var index = start
-                while index < end, bytes[index] != 0x0D {
-                    guard bytes[index] != 0x0A, bytes[index] != 0 else {
-                        throw Malformed(reason: "a bare line feed or NUL in the head")
+                var control = false
+                while index < end {
+                    let byte = bytes[index]
+                    if byte < 0x20 || byte == 0x7F {
+                        if byte == 0x0D { break }
+                        guard byte != 0x0A, byte != 0 else {
+                            throw Malformed(reason: "a bare line feed or NUL in the head")
+                        }
+                        if byte != 0x09 { control = true }
                     }
                     index += 1
                 }
@@ -264,7 +273,7 @@ struct UpstreamResponseParser {
                     first = false
                     try statusLine(line, into: &parsed)
                 } else {
-                    try headerLine(line, at: start, into: &parsed)
+                    try headerLine(line, at: start, control: control, into: &parsed)
                 }
                 start = index + 2
             }
@@ -295,9 +304,10 @@ struct UpstreamResponseParser {
         parsed.status = status
     }
 
-    /// A header line (`offset`: where it starts in the head's bytes).
+    /// A header line (`offset`: where it starts in the head's bytes; `control`: it has a
+    /// control character other than a tab).
     private static func headerLine(
-        _ line: UnsafeRawBufferPointer, at offset: Int, into parsed: inout Head
+        _ line: UnsafeRawBufferPointer, at offset: Int, control: Bool, into parsed: inout Head
     ) throws(Malformed) {
         guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > 0 else {
             throw Malformed(reason: "a header line without a name")
@@ -312,9 +322,8 @@ struct UpstreamResponseParser {
         while to > from, line[to - 1] == 0x20 || line[to - 1] == 0x09 { to -= 1 }
         let nameBytes = UnsafeRawBufferPointer(rebasing: line[0..<colon])
         let valueBytes = UnsafeRawBufferPointer(rebasing: line[from..<to])
-        for byte in valueBytes where byte < 0x20 && byte != 0x09 || byte == 0x7F {
-            throw Malformed(reason: "a control character in a header value")
-        }
+        // Not in the name (a token): in the value.
+        if control { throw Malformed(reason: "a control character in a header value") }
         // The framing headers, by the name's length first (most headers are none of them).
         switch colon {
         case 14 where HTTPSyntax.equalsLowercased(nameBytes, "content-length"):
@@ -614,6 +623,10 @@ enum HTTP1Bytes {
     static let lineEnd = ByteBuffer(string: "\r\n")
     static let lastChunk = ByteBuffer(string: "0\r\n\r\n")
 
+    /// Parts up to this size are copied into the bytes gathered for the next write
+    /// (``Gathered``); larger ones are written as they are.
+    static let gatherLimit = 4096
+
     /// Writes a body part through `context`: as it is, or as one chunk.
     static func writeBody(_ bytes: ByteBuffer, chunked: Bool, to context: ChannelHandlerContext) {
         guard bytes.readableBytes > 0 else { return }
@@ -629,8 +642,68 @@ enum HTTP1Bytes {
     /// A chunk's size line.
     static func chunkHeader(_ size: Int, allocator: ByteBufferAllocator) -> ByteBuffer {
         var out = allocator.buffer(capacity: 18)
-        out.writeString(String(size, radix: 16))
-        out.writeStaticString("\r\n")
+        writeChunkSize(size, to: &out)
         return out
     }
+
+    /// `size` in hexadecimal and CRLF.
+    static func writeChunkSize(_ size: Int, to out: inout ByteBuffer) {
+        var digits = 1
+        while digits < 16, size >> (4 * digits) != 0 { digits += 1 }
+        out.reserveCapacity(minimumWritableBytes: digits + 2)
+        for index in stride(from: digits - 1, through: 0, by: -1) {
+            let nibble = UInt8(truncatingIfNeeded: size >> (4 * index)) & 0x0F
+            out.writeInteger(nibble < 10 ? 0x30 + nibble : 0x57 + nibble)
+        }
+        out.writeStaticString("\r\n")
+    }
+}
+
+/// Small parts of what goes out on one connection (a head, a small body and its framing, events
+/// of a stream), gathered into one buffer and written as one at the flush: each write costs
+/// SwiftNIO's channel about as much as copying a few kilobytes (its pending-writes bookkeeping,
+/// and a run-time look-up of its generic channel type's metadata), and an answer went as up to
+/// five. Larger parts go as they are, after what was gathered. What is gathered is written, in
+/// order, before anything else goes out on the connection.
+struct Gathered {
+    private var bytes = ByteBuffer()
+
+    /// Adds `part` (a chunk when `chunked`), or writes what was gathered and then `part` when it
+    /// is large.
+    mutating func add(_ part: ByteBuffer, chunked: Bool, to context: ChannelHandlerContext) {
+        let size = part.readableBytes
+        guard size > 0 else { return }
+        guard size <= HTTP1Bytes.gatherLimit else {
+            write(to: context)
+            return HTTP1Bytes.writeBody(part, chunked: chunked, to: context)
+        }
+        if bytes.capacity == 0 {
+            bytes = context.channel.allocator.buffer(capacity: max(size + 32, 1024))
+        }
+        if chunked { HTTP1Bytes.writeChunkSize(size, to: &bytes) }
+        var part = part
+        bytes.writeBuffer(&part)
+        if chunked { bytes.writeStaticString("\r\n") }
+    }
+
+    /// Starts with `head` (a buffer of its own, the next parts are added to it) when nothing is
+    /// gathered.
+    mutating func add(head: ByteBuffer, to context: ChannelHandlerContext) {
+        if bytes.readableBytes == 0 {
+            bytes = head
+        } else {
+            var head = head
+            bytes.writeBuffer(&head)
+        }
+    }
+
+    /// Writes what was gathered (not flushed).
+    mutating func write(to context: ChannelHandlerContext) {
+        guard bytes.readableBytes > 0 else { return }
+        context.write(NIOAny(bytes), promise: nil)
+        bytes = ByteBuffer()
+    }
+
+    /// Drops what was gathered (the connection is closed).
+    mutating func drop() { bytes = ByteBuffer() }
 }

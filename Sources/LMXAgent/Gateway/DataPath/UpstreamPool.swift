@@ -258,6 +258,8 @@ final class UpstreamHandler: ChannelDuplexHandler {
     private var parser = UpstreamResponseParser()
     /// The request's body goes chunked (its length was not known when it went).
     private var chunkedBody = false
+    /// What was written of the request since the last flush.
+    private var gathered = Gathered()
 
     /// The connection may take another request (its answers so far were framed exactly).
     var reusable: Bool { parser.reusable }
@@ -325,26 +327,31 @@ final class UpstreamHandler: ChannelDuplexHandler {
         context.read()
     }
 
-    /// Writes the request's head, as bytes (flushed by ``flush()``); its body goes chunked when
+    /// Writes the request's head, as bytes (sent by ``flush()``); its body goes chunked when
     /// `chunkedBody`.
     func sendHead(_ head: ByteBuffer, toHEAD: Bool, chunkedBody: Bool) {
         guard let context else { return }
         self.chunkedBody = chunkedBody
         parser.expectAnswer(toHEAD: toHEAD)
-        context.write(wrapOutboundOut(head), promise: nil)
+        gathered.drop()  // (a request's bytes are always flushed before its answer ends)
+        gathered.add(head: head, to: context)
     }
 
     /// Writes a part of the request's body.
     func sendBody(_ bytes: ByteBuffer) {
         guard let context else { return }
-        HTTP1Bytes.writeBody(bytes, chunked: chunkedBody, to: context)
+        gathered.add(bytes, chunked: chunkedBody, to: context)
     }
 
     /// Ends the request.
     func sendEnd() {
         guard let context, chunkedBody else { return }
-        context.write(wrapOutboundOut(HTTP1Bytes.lastChunk), promise: nil)
+        gathered.add(HTTP1Bytes.lastChunk, chunked: false, to: context)
     }
 
-    func flush() { context?.flush() }
+    func flush() {
+        guard let context else { return }
+        gathered.write(to: context)
+        context.flush()
+    }
 }
