@@ -110,7 +110,12 @@ public enum GatewayPolicy {
     /// no `\\` and no percent-encoded `/`, `.` or `\\` (`%2f`, `%2e`, `%5c`, either case). One
     /// pass over the bytes.
     static func isPlainPath(_ path: String) -> Bool {
-        let bytes = path.utf8
+        var path = path
+        // Over the contiguous bytes (walking `String.UTF8View` cost about 50 instructions a byte).
+        return path.withUTF8 { isPlainPath(bytes: $0) }
+    }
+
+    private static func isPlainPath(bytes: UnsafeBufferPointer<UInt8>) -> Bool {
         guard bytes.first == UInt8(ascii: "/") else { return false }
         // The current segment's length and whether it is all dots, so far.
         var length = 0

@@ -377,14 +377,17 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// A request target with no percent-encoding, fragment or dot-dot anywhere (those go to the
     /// general path, which reads them as the policy does). One pass over the bytes.
     static func plainTarget(_ uri: String) -> Bool {
-        var previousDot = false
-        for byte in uri.utf8 {
-            if byte == UInt8(ascii: "%") || byte == UInt8(ascii: "#") { return false }
-            let dot = byte == UInt8(ascii: ".")
-            if dot, previousDot { return false }
-            previousDot = dot
+        var uri = uri
+        return uri.withUTF8 { bytes in
+            var previousDot = false
+            for byte in bytes {
+                if byte == UInt8(ascii: "%") || byte == UInt8(ascii: "#") { return false }
+                let dot = byte == UInt8(ascii: ".")
+                if dot, previousDot { return false }
+                previousDot = dot
+            }
+            return true
         }
-        return true
     }
 
     private func requestPart(_ part: ClientRequestParser.Part, of request: ForwardedRequest) {
