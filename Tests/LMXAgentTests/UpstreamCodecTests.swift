@@ -401,7 +401,7 @@ struct UpstreamCodecTests {
         }
         var gathered = Gathered()
         // A head, two small chunks and the last chunk: one write.
-        gathered.add(head: ByteBuffer(string: "HTTP/1.1 200 OK\r\n\r\n"), to: context)
+        gathered.add(head: ByteBuffer(string: "HTTP/1.1 200 OK\r\n\r\n"))
         gathered.add(ByteBuffer(string: "data: a\n\n"), chunked: true, to: context)
         gathered.add(ByteBuffer(), chunked: true, to: context)  // nothing: no empty chunk (the end)
         gathered.add(ByteBuffer(string: "data: b\n\n"), chunked: true, to: context)

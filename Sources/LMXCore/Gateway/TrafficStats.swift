@@ -56,15 +56,9 @@ public struct TrafficStats: Sendable {
         self.samples = max(samples, 1)
     }
 
-    /// The key a request is counted under: its model (bounded, printable), `(other)` past the
-    /// bound. The same key labels the Prometheus series, so they are bounded alike.
-    public func key(model: String?, via: Via) -> Key {
-        let key = Self.named(model: model, via: via)
-        if entries[key] != nil || entries.count < maxKeys - 1 { return key }
-        return Key(model: Self.other, via: via)
-    }
-
-    /// The key of `model` before the bound.
+    /// The key of `model` (bounded, printable) before the bound on keys (``update(model:via:_:)``
+    /// counts past it under `(other)`). The same key labels the Prometheus series, so they are
+    /// bounded alike.
     private static func named(model: String?, via: Via) -> Key {
         let name =
             model.flatMap { OutsideInput.label($0, maxBytes: 128) }.flatMap { $0.isEmpty ? nil : $0 } ?? Self.unnamed

@@ -863,7 +863,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         guard let output = rawOutput else { return }
         switch part {
         case .head(let bytes):
-            gathered.add(head: bytes, to: output)
+            gathered.add(head: bytes)
         case .body(let bytes):
             answerBytesWritten &+= bytes.readableBytes
             gathered.add(bytes, chunked: request.chunkedToClient, to: output)

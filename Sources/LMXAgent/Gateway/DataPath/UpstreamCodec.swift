@@ -688,7 +688,7 @@ struct Gathered {
 
     /// Starts with `head` (a buffer of its own, the next parts are added to it) when nothing is
     /// gathered.
-    mutating func add(head: ByteBuffer, to context: ChannelHandlerContext) {
+    mutating func add(head: ByteBuffer) {
         if bytes.readableBytes == 0 {
             bytes = head
         } else {

@@ -334,7 +334,7 @@ final class UpstreamHandler: ChannelDuplexHandler {
         self.chunkedBody = chunkedBody
         parser.expectAnswer(toHEAD: toHEAD)
         gathered.drop()  // (a request's bytes are always flushed before its answer ends)
-        gathered.add(head: head, to: context)
+        gathered.add(head: head)
     }
 
     /// Writes a part of the request's body.
