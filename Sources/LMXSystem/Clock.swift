@@ -136,5 +136,9 @@ public final class ManualTime: Sendable {
 
 extension Duration {
     /// The duration in seconds.
-    public var seconds: Double { Double(components.seconds) + Double(components.attoseconds) * 1e-18 }
+    public var seconds: Double {
+        // `components` once: each reading of it divides a 128-bit count of attoseconds.
+        let (seconds, attoseconds) = components
+        return Double(seconds) + Double(attoseconds) * 1e-18
+    }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import LMXCore
 import NIOCore
 import NIOEmbedded
 import NIOHTTP1
@@ -163,6 +164,56 @@ struct ClientCodecTests {
             #expect(
                 slow.requests.count == 1 && slow.stopped && slow.rest == Self.bytes(other), "\(other.debugDescription)")
         }
+    }
+
+    @Test("the upstream head's header lines, copied from the client's bytes, are upstreamHeaders' own, for 3,000 heads")
+    func upstreamLinesFromBytes() throws {
+        var random = ByteMutations(state: 0x0B17_E5)
+        let names = [
+            "Host", "Authorization", "AUTHORIZATION", "X-Api-Key", "x-admin-key", "Cookie", "cookie", "Connection",
+            "Keep-Alive", "TE", "Upgrade2", "Proxy-Authorization", "Content-Type", "Accept", "User-Agent", "user-agent",
+            "X-Private", "x-private", "CF-Access-Client-Id", "X-Trace", "Expect",
+        ]
+        let values = ["", "v", " spaced  value ", "a,b", "X-Private, te", "close", "Bearer sk-client", "\t*/*"]
+        let routes = [
+            Credentials(), Credentials(inferenceKey: "sk-route"),
+            Credentials(adminKey: "a", inferenceKey: "k", accessClientID: "i", accessClientSecret: "s"),
+        ]
+        var read = 0
+        for round in 0..<3000 {
+            var text = "POST /v1/chat/completions HTTP/1.1\r\n"
+            for _ in 0..<random.next(8) {
+                text += "\(names[random.next(names.count)]):\(values[random.next(values.count)])\r\n"
+            }
+            text += "\r\n"
+            var head: ClientHead?
+            var parser = ClientRequestParser()
+            parser.read(ByteBuffer(string: text)) { part in
+                if case .head(let h, _, _) = part { head = h }
+            }
+            guard let head else { continue }  // (a Connection: upgrade-like head goes to llhttp)
+            read += 1
+            let credentials = routes[round % routes.count]
+            let path = round % 5 == 0 ? "/admin/models" : "/v1/chat/completions"
+            let expected = GatewayPolicy.upstreamHeaders(
+                client: head.headers, credentials: credentials, path: path, userAgent: "lmx-agent/test"
+            ).map { "\($0.name): \($0.value)\r\n" }.joined()
+            let rule = GatewayPolicy.UpstreamHeaderRule(
+                connectionListed: head.contains("connection")
+                    ? GatewayPolicy.connectionListed(head.all("connection")) : [],
+                credentials: credentials, path: path)
+            let lines = HeadLines.make(ByteBufferAllocator(), estimate: 16) {
+                $0.clientHeaders(head, keeping: rule, userAgent: "lmx-agent/test")
+            }
+            #expect(String(buffer: lines) == expected, "\(text.debugDescription)")
+            // The rules' look-ups read the bytes as the Strings would.
+            for name in ["host", "authorization", "cookie", "x-private", "absent"] {
+                let first = head.headers.first { $0.name.lowercased() == name }?.value
+                #expect(head.first(name) == first, "\(name) \(text.debugDescription)")
+                #expect(head.contains("cookie") == head.headers.contains { $0.name.lowercased() == "cookie" })
+            }
+        }
+        #expect(read > 2500)
     }
 
     /// Requests built from parts, valid and then mutated.

@@ -365,6 +365,47 @@ struct GatewayPolicyTests {
         }
     }
 
+    @Test("which client headers go upstream: the rule on a name's bytes equals the rule on its String")
+    func keepsUpstreamBytes() {
+        var names = [
+            "Connection", "keep-alive", "Proxy-Connection", "Proxy-Authorization", "TE", "Trailer", "Transfer-Encoding",
+            "Upgrade", "Host", "Content-Length", "Cookie", "Authorization", "X-Api-Key", "X-Admin-Key",
+            "CF-Access-Client-Id", "cf-access-client-secret", "User-Agent", "Content-Type", "Accept", "x_private",
+            "X_PRIVATE", "t", "tee", "cookies", "x-privatE", "~^_", "CONNECTIO", "connectionx", "authorizatio",
+        ]
+        // Every name above with each letter's case flipped, one at a time.
+        for name in names.prefix(14) {
+            for index in name.utf8.indices where name.utf8[index] >= 0x41 {
+                var bytes = Array(name.utf8)
+                bytes[name.utf8.distance(from: name.utf8.startIndex, to: index)] ^= 0x20
+                names.append(String(decoding: bytes, as: UTF8.self))
+            }
+        }
+        let routes = [
+            Credentials(), Credentials(inferenceKey: "sk-route"), Credentials(adminKey: "admin"),
+            Credentials(accessClientID: "id", accessClientSecret: "secret"),
+            Credentials(adminKey: "a", inferenceKey: "k", accessClientID: "i", accessClientSecret: "s"),
+        ]
+        for credentials in routes {
+            for path in ["/v1/chat/completions", "/admin/models"] {
+                for listed in [[], ["x-private"], ["x_private", "accept"]] {
+                    let rule = GatewayPolicy.UpstreamHeaderRule(
+                        connectionListed: listed, credentials: credentials, path: path)
+                    for name in names {
+                        let fromBytes = Array(name.utf8).withUnsafeBytes { rule.keeps(nameBytes: $0) }
+                        #expect(fromBytes == rule.keeps(name), "\(name) \(listed) \(path)")
+                    }
+                }
+            }
+        }
+        // The rule is the one upstreamHeaders applies: a route's key replaces the client's.
+        let rule = GatewayPolicy.UpstreamHeaderRule(
+            connectionListed: [], credentials: Credentials(inferenceKey: "k"), path: "/v1/models")
+        #expect(!rule.keeps("x-api-key") && !rule.keeps("Authorization") && !rule.keeps("cookie"))
+        #expect(rule.keeps("Content-Type") && rule.keeps("X-Admin-Key"))
+        #expect(rule.routeHeaders.map(\.name) == ["Authorization"])
+    }
+
     @Test("keys that could not be sent as header values are told apart (line breaks, NUL, DEL; tab and UTF-8 are fine)")
     func headerSafeCredentials() {
         #expect(

@@ -33,7 +33,18 @@ public enum GatewayPolicy {
         method: String, path: String, authority: String?, headers: [(name: String, value: String)], adminEnabled: Bool,
         overTCP: Bool, localhostIsOurs: Bool = true
     ) -> Refusal? {
-        func header(_ name: String) -> String? { headers.first { $0.name.equalsASCIILowercased(name) }?.value }
+        refusal(
+            method: method, path: path, authority: authority,
+            header: { name in headers.first { $0.name.equalsASCIILowercased(name) }?.value },
+            adminEnabled: adminEnabled, overTCP: overTCP, localhostIsOurs: localhostIsOurs)
+    }
+
+    /// ``refusal(method:path:authority:headers:adminEnabled:overTCP:localhostIsOurs:)`` with the
+    /// headers read through `header` (the first value of a lower-case name, ignoring case).
+    public static func refusal(
+        method: String, path: String, authority: String?, header: (String) -> String?, adminEnabled: Bool,
+        overTCP: Bool, localhostIsOurs: Bool = true
+    ) -> Refusal? {
         // A web page must not use the gateway (and the keys it adds) through DNS rebinding or a
         // cross-site form: the Host must name loopback, and an Origin, if any, must be local.
         if overTCP {
@@ -172,34 +183,73 @@ public enum GatewayPolicy {
     public static func upstreamHeaders(
         client: [(name: String, value: String)], credentials: Credentials, path: String, userAgent: String
     ) -> [(name: String, value: String)] {
-        let connectionListed = connectionListed(client)
-        let routeHeaders = credentials.headers(forPath: path)
-        var replaced = routeHeaders.map { $0.name.lowercased() }
-        if replaced.contains("authorization") { replaced.append("x-api-key") }
+        let rule = UpstreamHeaderRule(connectionListed: connectionListed(client), credentials: credentials, path: path)
         var out: [(name: String, value: String)] = []
-        out.reserveCapacity(client.count + routeHeaders.count + 1)
+        out.reserveCapacity(client.count + rule.routeHeaders.count + 1)
         var hasUserAgent = false
-        for header in client {
-            let name = header.name
-            // Cookies are not scoped by port: another local app's cookies never travel on.
-            if listed(name, in: hopByHop) || name.equalsASCIILowercased("cookie") { continue }
-            if !connectionListed.isEmpty, listed(name, in: connectionListed) { continue }
-            if !replaced.isEmpty, listed(name, in: replaced) { continue }
+        for header in client where rule.keeps(header.name) {
             out.append(header)
-            if name.equalsASCIILowercased("user-agent") { hasUserAgent = true }
+            if header.name.equalsASCIILowercased("user-agent") { hasUserAgent = true }
         }
-        out.append(contentsOf: routeHeaders)
+        out.append(contentsOf: rule.routeHeaders)
         if !hasUserAgent { out.append(("User-Agent", userAgent)) }
         return out
+    }
+
+    /// Which of a client's headers travel upstream (``upstreamHeaders(client:credentials:path:userAgent:)``),
+    /// one name at a time: as a `String`, or as the client's bytes (the data path makes no
+    /// `String` of the headers it passes on).
+    public struct UpstreamHeaderRule {
+        /// The route's headers for the path (its credentials), sent after the client's.
+        public let routeHeaders: [(name: String, value: String)]
+        /// What the client's `Connection` lists, and the client headers the route's replace (lower case).
+        private let connectionListed: [String]
+        private let replaced: [String]
+        private let listedBytes: [[UInt8]]
+
+        public init(connectionListed: [String], credentials: Credentials, path: String) {
+            routeHeaders = credentials.headers(forPath: path)
+            var replaced = routeHeaders.map { $0.name.lowercased() }
+            if replaced.contains("authorization") { replaced.append("x-api-key") }
+            self.replaced = replaced
+            self.connectionListed = connectionListed
+            listedBytes = (connectionListed + replaced).map { Array($0.utf8) }
+        }
+
+        public func keeps(_ name: String) -> Bool {
+            // Cookies are not scoped by port: another local app's cookies never travel on.
+            !GatewayPolicy.listed(name, in: GatewayPolicy.droppedUpstream)
+                && (connectionListed.isEmpty || !GatewayPolicy.listed(name, in: connectionListed))
+                && (replaced.isEmpty || !GatewayPolicy.listed(name, in: replaced))
+        }
+
+        /// ``keeps(_:)`` for a name as the client's bytes (a token).
+        public func keeps(nameBytes name: UnsafeRawBufferPointer) -> Bool {
+            let count = name.count
+            for dropped in count < GatewayPolicy.droppedUpstreamByLength.count
+                ? GatewayPolicy.droppedUpstreamByLength[count] : GatewayPolicy.droppedUpstreamBytes
+            where GatewayPolicy.equalsFolded(name, dropped) {
+                return false
+            }
+            for listed in listedBytes where GatewayPolicy.equalsFolded(name, listed) { return false }
+            return true
+        }
+    }
+
+    private static let droppedUpstream: [String] = hopByHop + ["cookie"]
+    private static let droppedUpstreamBytes: [[UInt8]] = droppedUpstream.map { Array($0.utf8) }
+    private static let droppedUpstreamByLength: [[[UInt8]]] = (0..<64).map { length in
+        droppedUpstreamBytes.filter { $0.count == length }
     }
 
     /// The request carries a key of its own that would travel upstream: an `Authorization` or
     /// `X-Api-Key`. Only meaningful for routes without an inference key (the route's wins).
     public static func clientHasKey(_ headers: [(name: String, value: String)]) -> Bool {
-        headers.contains {
-            $0.name.equalsASCIILowercased("authorization") || $0.name.equalsASCIILowercased("x-api-key")
-        }
+        headers.contains { listed($0.name, in: clientKeyHeaders) }
     }
+
+    /// The headers that carry a client's own key (``clientHasKey(_:)``).
+    public static let clientKeyHeaders = ["authorization", "x-api-key"]
 
     /// The headers sent back to the client: the server's, minus hop-by-hop ones and cookies
     /// (cookies are not scoped by port: they would reach every local app), and minus whatever

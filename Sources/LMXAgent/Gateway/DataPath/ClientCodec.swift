@@ -84,7 +84,8 @@ struct ClientRequestParser {
                         state = .other
                         continue
                     }
-                    let raw = input.readSlice(length: length)!
+                    input.moveReaderIndex(forwardBy: length)
+                    let raw = request.head.raw
                     // Nothing after a request that closes the connection is read (llhttp refuses
                     // it; the connection closes once this one is answered).
                     closesAfter = !request.head.keepAlive
@@ -166,8 +167,8 @@ struct ClientRequestParser {
                 let (method, target, minor) = Self.requestLine(
                     UnsafeRawBufferPointer(rebasing: bytes[requestLine.0..<requestLine.1]))
             else { return nil }
-            var headers: [(name: String, value: String)] = []
-            headers.reserveCapacity(lines.count - 1)
+            var fields: [ClientHead.Field] = []
+            fields.reserveCapacity(lines.count - 1)
             var length: Int?
             // What `Connection` says, as llhttp reads it (SwiftNIO's `isKeepAlive` of a head it
             // decoded): HTTP/1.1 closes with a `close` token, HTTP/1.0 keeps only with `keep-alive`.
@@ -192,15 +193,16 @@ struct ClientRequestParser {
                     if containsLowercased(value, "upgrade") || line.contains(0x09) { return nil }
                     Self.connectionTokens(value, close: &connectionClose, keepAlive: &connectionKeepAlive)
                 }
-                headers.append(
-                    (
-                        String(decoding: UnsafeRawBufferPointer(rebasing: name), as: UTF8.self),
-                        String(decoding: UnsafeRawBufferPointer(rebasing: value), as: UTF8.self)
-                    ))
+                // Where the name and value are in the head (no `String` is made of them here).
+                fields.append(
+                    ClientHead.Field(
+                        name: (from + name.startIndex)..<(from + name.endIndex),
+                        value: (from + value.startIndex)..<(from + value.endIndex)))
             }
             let keepAlive = minor == 1 ? !connectionClose : connectionKeepAlive
             return Request(
-                head: ClientHead(method: method, uri: target, minor: minor, headers: headers, keepAlive: keepAlive),
+                head: ClientHead(
+                    method: method, uri: target, minor: minor, raw: head, fields: fields, keepAlive: keepAlive),
                 length: length ?? 0)
         }
     }
@@ -299,24 +301,88 @@ struct ClientRequestParser {
     }
 }
 
-/// A client's request head as the data path reads it (``ClientRequestParser``): no
-/// `HTTPRequestHead` is made for it.
+/// A client's request head as the data path reads it (``ClientRequestParser``): its bytes as read
+/// and where each header is in them. No `HTTPRequestHead` is made for it, and no `String` of a
+/// header but of those the rules read (``first(_:)``).
 struct ClientHead {
     var method: HTTPMethod
     /// The origin-form target, as sent.
     var uri: String
     /// `HTTP/1.<minor>` (0 or 1).
     var minor: Int
-    /// The header lines as sent, in order (values without the spaces around them).
-    var headers: [(name: String, value: String)]
+    /// The head's bytes as read, through its blank line.
+    var raw: ByteBuffer
+    /// Each header line's name and value (without the spaces around it), as offsets into `raw`'s
+    /// readable bytes, in the order sent.
+    var fields: [Field]
     /// The connection stays open after the answer (HTTP/1.1 unless `Connection: close`; HTTP/1.0
     /// only with `Connection: keep-alive`), as llhttp reads it.
     var keepAlive: Bool
 
+    struct Field {
+        var name: Range<Int>
+        var value: Range<Int>
+    }
+
+    /// The header lines as `String`s, in order.
+    var headers: [(name: String, value: String)] {
+        raw.withUnsafeReadableBytes { bytes in
+            fields.map { (Self.text(bytes, $0.name), Self.text(bytes, $0.value)) }
+        }
+    }
+
     /// The first value of header `name` (lower case), ignoring case.
     func first(_ name: StaticString) -> String? {
-        for header in headers where HTTPSyntax.equalsLowercased(header.name.utf8, name) { return header.value }
-        return nil
+        name.withUTF8Buffer { first(lower: UnsafeRawBufferPointer($0)) }
+    }
+
+    /// The first value of header `name` (lower case), ignoring case.
+    func first(_ name: String) -> String? {
+        var name = name
+        return name.withUTF8 { first(lower: UnsafeRawBufferPointer($0)) }
+    }
+
+    /// Whether header `name` (lower case) is present, ignoring case.
+    func contains(_ name: StaticString) -> Bool {
+        name.withUTF8Buffer { lower in
+            raw.withUnsafeReadableBytes { bytes in
+                fields.contains { Self.named(bytes, $0, UnsafeRawBufferPointer(lower)) }
+            }
+        }
+    }
+
+    /// The headers named `name` (lower case), as `String`s.
+    func all(_ name: StaticString) -> [(name: String, value: String)] {
+        name.withUTF8Buffer { lower in
+            raw.withUnsafeReadableBytes { bytes in
+                fields.filter { Self.named(bytes, $0, UnsafeRawBufferPointer(lower)) }.map {
+                    (Self.text(bytes, $0.name), Self.text(bytes, $0.value))
+                }
+            }
+        }
+    }
+
+    private func first(lower: UnsafeRawBufferPointer) -> String? {
+        raw.withUnsafeReadableBytes { bytes in
+            for field in fields where Self.named(bytes, field, lower) { return Self.text(bytes, field.value) }
+            return nil
+        }
+    }
+
+    private static func named(_ bytes: UnsafeRawBufferPointer, _ field: Field, _ lower: UnsafeRawBufferPointer) -> Bool
+    {
+        guard field.name.count == lower.count else { return false }
+        var index = field.name.lowerBound
+        for expected in lower {
+            let byte = bytes[index]
+            if (byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte) != expected { return false }
+            index += 1
+        }
+        return true
+    }
+
+    private static func text(_ bytes: UnsafeRawBufferPointer, _ range: Range<Int>) -> String {
+        String(decoding: UnsafeRawBufferPointer(rebasing: bytes[range]), as: UTF8.self)
     }
 }
 

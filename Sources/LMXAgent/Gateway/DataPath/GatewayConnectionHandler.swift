@@ -363,9 +363,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         }
         let path = ForwardedRequest.path(of: uri)
         guard !ServerAffinity.answerMakes(method: head.method.rawValue, path: path) else { return nil }
-        if head.first("expect") != nil { return nil }
+        if head.contains("expect") { return nil }
         if GatewayPolicy.refusal(
-            method: head.method.rawValue, path: path, authority: head.first("host"), headers: head.headers,
+            method: head.method.rawValue, path: path, authority: head.first("host"), header: head.first,
             adminEnabled: gateway.configuration.admin, overTCP: overTCP,
             localhostIsOurs: gateway.listeners.localhostIsOurs) != nil
         {
@@ -446,9 +446,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if ServerAffinity.named(method: method, path: path, body: bytes) != nil {
             return handOver(request)
         }
-        let headers = request.clientHeaders
-        let plan = state.plan(
-            model: model, clientHasKey: GatewayPolicy.clientHasKey(headers), limit: gateway.configuration.attempts)
+        let clientHasKey = request.head.contains("authorization") || request.head.contains("x-api-key")
+        let plan = state.plan(model: model, clientHasKey: clientHasKey, limit: gateway.configuration.attempts)
         guard case .forward(let routes) = plan, !routes.isEmpty else { return handOver(request) }
         var targets = gateway.load.order(routes)
         if !request.clientEnded { targets = Array(targets.prefix(1)) }
@@ -544,9 +543,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // tokens, their values as visible ASCII by ``ClientRequestParser``), the route's (checked
         // by `isHeaderSafe` before the request was taken) and ours.
         let handler = connection.handler
-        let upstreamHeaders = GatewayPolicy.upstreamHeaders(
-            client: request.clientHeaders, credentials: target.credentials, path: request.path,
-            userAgent: Gateway.userAgent)
+        // Which of the client's headers go on (``GatewayPolicy/upstreamHeaders``), decided on their
+        // names' bytes; the kept lines are copied from the client's bytes.
+        let rule = GatewayPolicy.UpstreamHeaderRule(
+            connectionListed: head.contains("connection") ? GatewayPolicy.connectionListed(head.all("connection")) : [],
+            credentials: target.credentials, path: request.path)
         // The body's framing: its length when known (all of it read, or declared), else chunked.
         let length: Int? =
             request.clientEnded
@@ -562,7 +563,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             out.add(" HTTP/1.1\r\nHost: ")
             out.add(connection.address.authority)
             out.add("\r\n")
-            for header in upstreamHeaders { out.header(header.name, header.value) }
+            out.clientHeaders(head, keeping: rule, userAgent: Gateway.userAgent)
             if let length {
                 out.add("Content-Length: ")
                 out.add(String(length))
@@ -1053,7 +1054,6 @@ final class ForwardedRequest {
     /// The body's length as the client declared it (0: none).
     let declaredLength: Int
     var clientEnded = false
-    var clientHeaders: [(name: String, value: String)] { head.headers }
     var model: String?
     var madeByRequest: ServerObject?
     var targets: [GatewayTarget] = []

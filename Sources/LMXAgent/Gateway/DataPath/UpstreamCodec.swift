@@ -615,6 +615,25 @@ struct HeadLines {
         add(value)
         add("\r\n")
     }
+
+    /// The lines of a client's head that travel upstream (``GatewayPolicy/upstreamHeaders``), as
+    /// its bytes, then the route's headers and, if the client sent none, our `User-Agent`.
+    mutating func clientHeaders(_ head: ClientHead, keeping rule: GatewayPolicy.UpstreamHeaderRule, userAgent: String) {
+        var hasUserAgent = false
+        head.raw.withUnsafeReadableBytes { bytes in
+            for field in head.fields {
+                let name = UnsafeRawBufferPointer(rebasing: bytes[field.name])
+                guard rule.keeps(nameBytes: name) else { continue }
+                add(name)
+                add(": ")
+                add(UnsafeRawBufferPointer(rebasing: bytes[field.value]))
+                add("\r\n")
+                if HTTPSyntax.equalsLowercased(name, "user-agent") { hasUserAgent = true }
+            }
+        }
+        for header in rule.routeHeaders { self.header(header.name, header.value) }
+        if !hasUserAgent { header("User-Agent", userAgent) }
+    }
 }
 
 /// HTTP/1.1 body parts of requests and answers written as they come (as they are, or chunked
