@@ -132,26 +132,29 @@ public enum SocketOwner {
         // One datagram answers (the socket's record, or an error): the one numbered as ours.
         // One left by an earlier question is skipped (there is none unless that question's
         // socket was kept by mistake: a socket is kept only after a clean exchange).
-        var answer = [UInt8](repeating: 0, count: 8192)
-        for _ in 0..<4 {
-            guard
-                case .success(let n) = SystemCall.retrying({
-                    answer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-                })
-            else { return (.unknown, false) }
-            let headerSize = MemoryLayout<nlmsghdr>.size
-            guard n >= headerSize else { return (.unknown, false) }
-            let header = answer.withUnsafeBytes { $0.loadUnaligned(as: nlmsghdr.self) }
-            guard header.nlmsg_seq == number else { continue }
-            // NLMSG_ERROR or NLMSG_DONE: no such socket.
-            guard header.nlmsg_type == UInt16(SOCK_DIAG_BY_FAMILY) else { return (.absent, true) }
-            guard n >= Int(lmx_nlmsg_hdrlen()) + MemoryLayout<inet_diag_msg>.size else { return (.unknown, false) }
-            let record = answer.withUnsafeBytes {
-                $0.loadUnaligned(fromByteOffset: Int(lmx_nlmsg_hdrlen()), as: inet_diag_msg.self)
+        // A record is about a hundred bytes, an error about as much: a buffer of 1 KiB on the
+        // stack, never cleared (only the `n` bytes received are read; a longer datagram is cut,
+        // and its rest dropped by the kernel). An array of 8 KiB cleared on every connection
+        // cost about 8,000 instructions, a new connection's twentieth.
+        return withUnsafeTemporaryAllocation(byteCount: 1024, alignment: 8) { answer -> (PeerSocket, clean: Bool) in
+            for _ in 0..<4 {
+                guard
+                    case .success(let n) = SystemCall.retrying({ recv(fd, answer.baseAddress, answer.count, 0) })
+                else { return (.unknown, false) }
+                let bytes = UnsafeRawBufferPointer(rebasing: answer[..<min(n, answer.count)])
+                guard bytes.count >= MemoryLayout<nlmsghdr>.size else { return (.unknown, false) }
+                let header = bytes.loadUnaligned(as: nlmsghdr.self)
+                guard header.nlmsg_seq == number else { continue }
+                // NLMSG_ERROR or NLMSG_DONE: no such socket.
+                guard header.nlmsg_type == UInt16(SOCK_DIAG_BY_FAMILY) else { return (.absent, true) }
+                guard bytes.count >= Int(lmx_nlmsg_hdrlen()) + MemoryLayout<inet_diag_msg>.size else {
+                    return (.unknown, false)
+                }
+                let record = bytes.loadUnaligned(fromByteOffset: Int(lmx_nlmsg_hdrlen()), as: inet_diag_msg.self)
+                // A socket no process holds any more has no inode (as `ss` shows it: `ino:0`).
+                return (record.idiag_inode == 0 ? .closed(uid: record.idiag_uid) : .held(uid: record.idiag_uid), true)
             }
-            // A socket no process holds any more has no inode (as `ss` shows it: `ino:0`).
-            return (record.idiag_inode == 0 ? .closed(uid: record.idiag_uid) : .held(uid: record.idiag_uid), true)
+            return (.unknown, false)
         }
-        return (.unknown, false)
     }
 }
