@@ -172,7 +172,8 @@ struct ClientCodecTests {
         let names = [
             "Host", "Authorization", "AUTHORIZATION", "X-Api-Key", "x-admin-key", "Cookie", "cookie", "Connection",
             "Keep-Alive", "TE", "Upgrade2", "Proxy-Authorization", "Content-Type", "Accept", "User-Agent", "user-agent",
-            "X-Private", "x-private", "CF-Access-Client-Id", "X-Trace", "Expect",
+            "X-Private", "x-private", "CF-Access-Client-Id", "X-Trace", "Expect", "Origin", "SEC-FETCH-SITE",
+            "Sec-Fetch-Sites", "Hosts", "Origim",
         ]
         let values = ["", "v", " spaced  value ", "a,b", "X-Private, te", "close", "Bearer sk-client", "\t*/*"]
         let routes = [
@@ -207,11 +208,17 @@ struct ClientCodecTests {
             }
             #expect(String(buffer: lines) == expected, "\(text.debugDescription)")
             // The rules' look-ups read the bytes as the Strings would.
-            for name in ["host", "authorization", "cookie", "x-private", "absent"] {
+            // (Known names are answered from what the parser noted: never absent when present.)
+            for name in [
+                "host", "origin", "sec-fetch-site", "upgrade", "expect", "authorization", "x-api-key", "cookie",
+                "connection", "user-agent", "x-private", "absent",
+            ] {
                 let first = head.headers.first { $0.name.lowercased() == name }?.value
                 #expect(head.first(name) == first, "\(name) \(text.debugDescription)")
-                #expect(head.contains("cookie") == head.headers.contains { $0.name.lowercased() == "cookie" })
             }
+            #expect(head.contains("cookie") == head.headers.contains { $0.name.lowercased() == "cookie" })
+            #expect(head.contains("expect") == head.headers.contains { $0.name.lowercased() == "expect" })
+            #expect(head.contains("x-api-key") == head.headers.contains { $0.name.lowercased() == "x-api-key" })
         }
         #expect(read > 2500)
     }

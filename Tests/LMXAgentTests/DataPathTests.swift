@@ -34,10 +34,15 @@ struct DataPathTests {
 
     @Test("request targets the data path takes itself; the rest goes to the general path")
     func plainTargets() {
-        #expect(GatewayConnectionHandler.plainTarget("/v1/chat/completions?stream=true"))
-        #expect(GatewayConnectionHandler.plainTarget("/v1/models/qwen3.5-32b"))
-        for target in ["/v1/%2e%2e/admin", "/v1/../admin", "/v1/models#x", "/v1/a..b"] {
-            #expect(!GatewayConnectionHandler.plainTarget(target), "\(target)")
+        #expect(GatewayConnectionHandler.plainV1Path("/v1/chat/completions?stream=true") == "/v1/chat/completions")
+        #expect(GatewayConnectionHandler.plainV1Path("/v1/models/qwen3.5-32b") == "/v1/models/qwen3.5-32b")
+        #expect(GatewayConnectionHandler.plainV1Path("/v1/x?a=b?c") == "/v1/x")
+        #expect(GatewayConnectionHandler.plainV1Path("/v1/?") == "/v1/")
+        for target in [
+            "/v1/%2e%2e/admin", "/v1/../admin", "/v1/models#x", "/v1/a..b", "/v1/x?a=..", "/v1", "/v2/models",
+            "/V1/models", "/admin/models", "/", "", "/v1?x",
+        ] {
+            #expect(GatewayConnectionHandler.plainV1Path(target) == nil, "\(target)")
         }
     }
 

@@ -169,6 +169,7 @@ struct ClientRequestParser {
             else { return nil }
             var fields: [ClientHead.Field] = []
             fields.reserveCapacity(lines.count - 1)
+            var known: UInt16 = 0
             var length: Int?
             // What `Connection` says, as llhttp reads it (SwiftNIO's `isKeepAlive` of a head it
             // decoded): HTTP/1.1 closes with a `close` token, HTTP/1.0 keeps only with `keep-alive`.
@@ -193,6 +194,7 @@ struct ClientRequestParser {
                     if containsLowercased(value, "upgrade") || line.contains(0x09) { return nil }
                     Self.connectionTokens(value, close: &connectionClose, keepAlive: &connectionKeepAlive)
                 }
+                known |= ClientHead.knownBit(UnsafeRawBufferPointer(rebasing: name))
                 // Where the name and value are in the head (no `String` is made of them here).
                 fields.append(
                     ClientHead.Field(
@@ -202,7 +204,8 @@ struct ClientRequestParser {
             let keepAlive = minor == 1 ? !connectionClose : connectionKeepAlive
             return Request(
                 head: ClientHead(
-                    method: method, uri: target, minor: minor, raw: head, fields: fields, keepAlive: keepAlive),
+                    method: method, uri: target, minor: minor, raw: head, fields: fields, known: known,
+                    keepAlive: keepAlive),
                 length: length ?? 0)
         }
     }
@@ -315,9 +318,38 @@ struct ClientHead {
     /// Each header line's name and value (without the spaces around it), as offsets into `raw`'s
     /// readable bytes, in the order sent.
     var fields: [Field]
+    /// Which of the headers the rules look up (``knownBit(_:)``) are present: a look-up of one
+    /// that is absent (most of them, on most requests) reads no header.
+    var known: UInt16
     /// The connection stays open after the answer (HTTP/1.1 unless `Connection: close`; HTTP/1.0
     /// only with `Connection: keep-alive`), as llhttp reads it.
     var keepAlive: Bool
+
+    /// The headers the data path and its rules look up, each a bit of ``known`` (0: another).
+    static func knownBit(_ name: UnsafeRawBufferPointer) -> UInt16 {
+        switch name.count {
+        case 4: HTTPSyntax.equalsLowercased(name, "host") ? 1 << 0 : 0
+        case 6:
+            HTTPSyntax.equalsLowercased(name, "origin")
+                ? 1 << 1
+                : HTTPSyntax.equalsLowercased(name, "expect")
+                    ? 1 << 2 : HTTPSyntax.equalsLowercased(name, "cookie") ? 1 << 3 : 0
+        case 7: HTTPSyntax.equalsLowercased(name, "upgrade") ? 1 << 4 : 0
+        case 9: HTTPSyntax.equalsLowercased(name, "x-api-key") ? 1 << 5 : 0
+        case 10:
+            HTTPSyntax.equalsLowercased(name, "connection")
+                ? 1 << 6 : HTTPSyntax.equalsLowercased(name, "user-agent") ? 1 << 7 : 0
+        case 13: HTTPSyntax.equalsLowercased(name, "authorization") ? 1 << 8 : 0
+        case 14: HTTPSyntax.equalsLowercased(name, "sec-fetch-site") ? 1 << 9 : 0
+        default: 0
+        }
+    }
+
+    /// Whether a header named `lower` may be present: false only when it is a known one that is absent.
+    private func mayHave(_ lower: UnsafeRawBufferPointer) -> Bool {
+        let bit = Self.knownBit(lower)
+        return bit == 0 || known & bit != 0
+    }
 
     struct Field {
         var name: Range<Int>
@@ -345,7 +377,8 @@ struct ClientHead {
     /// Whether header `name` (lower case) is present, ignoring case.
     func contains(_ name: StaticString) -> Bool {
         name.withUTF8Buffer { lower in
-            raw.withUnsafeReadableBytes { bytes in
+            guard mayHave(UnsafeRawBufferPointer(lower)) else { return false }
+            return raw.withUnsafeReadableBytes { bytes in
                 fields.contains { Self.named(bytes, $0, UnsafeRawBufferPointer(lower)) }
             }
         }
@@ -363,7 +396,8 @@ struct ClientHead {
     }
 
     private func first(lower: UnsafeRawBufferPointer) -> String? {
-        raw.withUnsafeReadableBytes { bytes in
+        guard mayHave(lower) else { return nil }
+        return raw.withUnsafeReadableBytes { bytes in
             for field in fields where Self.named(bytes, field, lower) { return Self.text(bytes, field.value) }
             return nil
         }

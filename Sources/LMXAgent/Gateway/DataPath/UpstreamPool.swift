@@ -277,7 +277,8 @@ final class UpstreamHandler: ChannelDuplexHandler {
         // gives the connection back (and may send the next request on it), which must find the
         // parser done, and knowing whether bytes followed the answer.
         var parts: [UpstreamResponseParser.Part] = []
-        parts.reserveCapacity(3)  // a head, a body, the end: one allocation, not three
+        // A head, a few chunks (a stream's first event, its `[DONE]`), the end: one allocation.
+        parts.reserveCapacity(8)
         var failure: UpstreamResponseParser.Malformed?
         do {
             try parser.read(unwrapInboundIn(data)) { parts.append($0) }
@@ -330,7 +331,7 @@ final class UpstreamHandler: ChannelDuplexHandler {
     /// Writes the request's head, as bytes (sent by ``flush()``); its body goes chunked when
     /// `chunkedBody`.
     func sendHead(_ head: ByteBuffer, toHEAD: Bool, chunkedBody: Bool) {
-        guard let context else { return }
+        guard context != nil else { return }
         self.chunkedBody = chunkedBody
         parser.expectAnswer(toHEAD: toHEAD)
         gathered.drop()  // (a request's bytes are always flushed before its answer ends)
