@@ -53,7 +53,7 @@ UPSTREAM, NGINX, GATEWAY, STREAMER, NGINX_STREAM, GATEWAY_STREAM = 21700, 21701,
 # The burst rows: burst.py's asyncio stand-in, nginx in front of it, a gateway in front of it.
 INSTANT, NGINX_INSTANT, GATEWAY_INSTANT = 21707, 21708, 21709
 BURST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "burst.py")
-BURST_ROUNDS, BURST_IDLE_ROUNDS, BURST_IDLE_SECONDS = 15, 5, 5
+BURST_ROUNDS, BURST_IDLE_ROUNDS, BURST_IDLE_SECONDS = 25, 5, 5
 BURST_SIZES = (1, 8, 64)
 # BENCH_BURST_ONLY=1: the burst rows alone (about 2 minutes).
 BURST_ONLY = os.environ.get("BENCH_BURST_ONLY") == "1"
@@ -284,10 +284,20 @@ def burst_rounds(rounds, concurrency, idle):
     the slowest of all, and the fewest completed."""
     runs = taking_turns([(name, lambda port=port: burst(port, concurrency, idle)) for name, port in
                          (("direct", INSTANT), ("nginx", NGINX_INSTANT), ("gateway", GATEWAY_INSTANT))], rounds)
-    return {name: {"completed": min(r["completed"] for r in rs),
-                   "first_event_p50_ms": statistics.median(r["first_event_p50_ms"] for r in rs),
-                   "first_event_max_ms": max(r["first_event_max_ms"] for r in rs),
-                   "rounds": [r["first_event_p50_ms"] for r in rs]} for name, rs in runs.items()}
+    results = {name: {"completed": min(r["completed"] for r in rs),
+                      "first_event_p50_ms": statistics.median(r["first_event_p50_ms"] for r in rs),
+                      "first_event_max_ms": max(r["first_event_max_ms"] for r in rs),
+                      "rounds": [r["first_event_p50_ms"] for r in rs]} for name, rs in runs.items()}
+    for name in ("nginx", "gateway"):
+        results[name]["behind_direct_ms"] = paired(results[name]["rounds"], results["direct"]["rounds"])
+    return results
+
+
+def paired(rounds, direct):
+    """How far behind direct, round by round: the median of each round's own difference (a round's
+    peers run one right after the other, so what slows the machine for a while slows them alike;
+    the difference of the medians over all rounds carries that noise)."""
+    return statistics.median(r - d for r, d in zip(rounds, direct))
 
 
 def bursts():
@@ -310,6 +320,8 @@ def burst_rows(results, columns):
         rows.append("| %s: completed; first event p50 / slowest | %s |%s" % (label, " | ".join(
             "%d, %.2f / %.1f ms" % (r[name]["completed"], r[name]["first_event_p50_ms"], r[name]["first_event_max_ms"])
             for name in ("direct", "nginx", "gateway")), " — |" * columns))
+        rows.append("| %s: behind direct, median of the rounds' own differences | — | %+.2f ms | %+.2f ms |%s" % (
+            label.split(" (")[0], r["nginx"]["behind_direct_ms"], r["gateway"]["behind_direct_ms"], " — |" * columns))
     return rows
 
 
