@@ -38,6 +38,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// (``writeToClient``), past SwiftNIO's HTTP/1 response encoder (between the front and this
     /// handler once the general path is set up).
     private var rawOutput: ChannelHandlerContext?
+    /// Something was written to the client (``writeToClient(_:for:)``) since the last flush.
+    private var clientUnflushed = false
     /// Sets up the general path behind this handler (once).
     private let startGeneralPath: (any Channel) throws -> Void
     private var generalPathStarted = false
@@ -869,6 +871,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// Small parts are gathered and written as one at the flush (``flushToClient()``).
     private func writeToClient(_ part: ClientOutput, for request: ForwardedRequest) {
         guard let output = rawOutput else { return }
+        clientUnflushed = true
         switch part {
         case .head(let bytes):
             gathered.add(head: bytes)
@@ -882,6 +885,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     /// Sends what was written to the client.
     private func flushToClient() {
+        // Not again when nothing was written since (an answer that ends in a read batch is
+        // flushed as it ends, and the batch's end would flush nothing through the pipeline).
+        guard clientUnflushed else { return }
+        clientUnflushed = false
         if let rawOutput { gathered.write(to: rawOutput) }
         context?.flush()
     }

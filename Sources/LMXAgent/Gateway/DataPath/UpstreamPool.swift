@@ -330,28 +330,38 @@ final class UpstreamHandler: ChannelDuplexHandler {
 
     /// Writes the request's head, as bytes (sent by ``flush()``); its body goes chunked when
     /// `chunkedBody`.
+    /// Something was written (``sendHead(_:toHEAD:chunkedBody:)``, a body part, the end) since
+    /// the last ``flush()``.
+    private var unflushed = false
+
     func sendHead(_ head: ByteBuffer, toHEAD: Bool, chunkedBody: Bool) {
         guard context != nil else { return }
         self.chunkedBody = chunkedBody
         parser.expectAnswer(toHEAD: toHEAD)
         gathered.drop()  // (a request's bytes are always flushed before its answer ends)
         gathered.add(head: head)
+        unflushed = true
     }
 
     /// Writes a part of the request's body.
     func sendBody(_ bytes: ByteBuffer) {
         guard let context else { return }
         gathered.add(bytes, chunked: chunkedBody, to: context)
+        unflushed = true
     }
 
     /// Ends the request.
     func sendEnd() {
         guard let context, chunkedBody else { return }
         gathered.add(HTTP1Bytes.lastChunk, chunked: false, to: context)
+        unflushed = true
     }
 
+    /// Sends what was written since the last flush; nothing when nothing was (the client's read
+    /// batch ends with a flush, after the request it brought was sent and flushed whole).
     func flush() {
-        guard let context else { return }
+        guard let context, unflushed else { return }
+        unflushed = false
         gathered.write(to: context)
         context.flush()
     }
