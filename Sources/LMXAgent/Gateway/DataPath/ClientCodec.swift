@@ -18,8 +18,8 @@ import NIOHTTP1
 /// is given to llhttp as those bytes and its body's, and read there afresh.
 struct ClientRequestParser {
     enum Part {
-        /// A head, its bytes as read, and its body's length (0: none).
-        case head(ClientHead, raw: ByteBuffer, length: Int)
+        /// A head (with its bytes as read, ``ClientHead/raw``) and its body's length (0: none).
+        case head(ClientHead, length: Int)
         case body(ByteBuffer)
         case end
         /// Bytes not read here: llhttp reads them, and every byte after them.
@@ -85,11 +85,10 @@ struct ClientRequestParser {
                         continue
                     }
                     input.moveReaderIndex(forwardBy: length)
-                    let raw = request.head.raw
                     // Nothing after a request that closes the connection is read (llhttp refuses
                     // it; the connection closes once this one is answered).
                     closesAfter = !request.head.keepAlive
-                    emit(.head(request.head, raw: raw, length: request.length))
+                    emit(.head(request.head, length: request.length))
                     if request.length > 0 {
                         state = .body(remaining: request.length)
                     } else {
@@ -376,18 +375,25 @@ struct ClientHead {
 
     /// Whether header `name` (lower case) is present, ignoring case.
     func contains(_ name: StaticString) -> Bool {
-        name.withUTF8Buffer { lower in
-            guard mayHave(UnsafeRawBufferPointer(lower)) else { return false }
-            return raw.withUnsafeReadableBytes { bytes in
-                fields.contains { Self.named(bytes, $0, UnsafeRawBufferPointer(lower)) }
-            }
-        }
+        name.withUTF8Buffer { contains(lower: UnsafeRawBufferPointer($0)) }
+    }
+
+    /// Whether header `name` (lower case) is present, ignoring case.
+    func contains(_ name: String) -> Bool {
+        var name = name
+        return name.withUTF8 { contains(lower: UnsafeRawBufferPointer($0)) }
+    }
+
+    private func contains(lower: UnsafeRawBufferPointer) -> Bool {
+        guard mayHave(lower) else { return false }
+        return raw.withUnsafeReadableBytes { bytes in fields.contains { Self.named(bytes, $0, lower) } }
     }
 
     /// The headers named `name` (lower case), as `String`s.
     func all(_ name: StaticString) -> [(name: String, value: String)] {
         name.withUTF8Buffer { lower in
-            raw.withUnsafeReadableBytes { bytes in
+            guard mayHave(UnsafeRawBufferPointer(lower)) else { return [] }
+            return raw.withUnsafeReadableBytes { bytes in
                 fields.filter { Self.named(bytes, $0, UnsafeRawBufferPointer(lower)) }.map {
                     (Self.text(bytes, $0.name), Self.text(bytes, $0.value))
                 }

@@ -329,15 +329,15 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             requestPart(part, of: request)
             return
         }
-        guard case .head(let head, let raw, let length) = part else {
+        guard case .head(let head, let length) = part else {
             // Parts of a request already abandoned (its answer ended before its body).
             return
         }
         guard handedOver == 0, !passing, let path = takes(head, length: length) else {
-            handOver(raw: raw, parts: [], ended: false)
+            handOver(raw: head.raw, parts: [], ended: false)
             return
         }
-        request = ForwardedRequest(head: head, raw: raw, path: path, declaredLength: length)
+        request = ForwardedRequest(head: head, path: path, declaredLength: length)
     }
 
     /// Handles the queued parts, in order, until a request of ours waits for its answer.
@@ -455,7 +455,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if ServerAffinity.named(method: method, path: path, body: bytes) != nil {
             return handOver(request)
         }
-        let clientHasKey = request.head.contains("authorization") || request.head.contains("x-api-key")
+        let clientHasKey = GatewayPolicy.clientKeyHeaders.contains { request.head.contains($0) }
         let plan = state.plan(model: model, clientHasKey: clientHasKey, limit: gateway.configuration.attempts)
         guard case .forward(let routes) = plan, !routes.isEmpty else { return handOver(request) }
         var targets = gateway.load.order(routes)
@@ -479,7 +479,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// llhttp, the rest as it arrives; then the requests read after it.
     private func handOver(_ request: ForwardedRequest) {
         self.request = nil
-        handOver(raw: request.rawHead, parts: request.parts, ended: request.clientEnded)
+        handOver(raw: request.head.raw, parts: request.parts, ended: request.clientEnded)
         drainQueue()
     }
 
@@ -555,7 +555,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // Which of the client's headers go on (``GatewayPolicy/upstreamHeaders``), decided on their
         // names' bytes; the kept lines are copied from the client's bytes.
         let rule = GatewayPolicy.UpstreamHeaderRule(
-            connectionListed: head.contains("connection") ? GatewayPolicy.connectionListed(head.all("connection")) : [],
+            connectionListed: GatewayPolicy.connectionListed(head.all("connection")),
             credentials: target.credentials, path: request.path)
         // The body's framing: its length when known (all of it read, or declared), else chunked.
         let length: Int? =
@@ -564,7 +564,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             : (request.declaredLength > 0 ? request.declaredLength : nil)
         let chunked = !request.clientEnded && length == nil
         let bytes = HeadLines.make(
-            context?.channel.allocator ?? ByteBufferAllocator(), estimate: request.rawHead.readableBytes + 512
+            context?.channel.allocator ?? ByteBufferAllocator(), estimate: head.raw.readableBytes + 512
         ) { out in
             out.add(head.method.rawValue)
             out.add(" ")
@@ -1054,9 +1054,8 @@ enum ClientOutput {
 final class ForwardedRequest {
     enum Phase { case collecting, connecting, forwarding, done }
 
+    /// The head, with its bytes as the client sent them (given to llhttp if the request is handed over).
     let head: ClientHead
-    /// The head's bytes as the client sent them (given to llhttp if the request is handed over).
-    let rawHead: ByteBuffer
     let path: String
     let started = ContinuousClock.now
     /// What the body read ahead holds of the shared budget (made with the first body part).
@@ -1089,9 +1088,8 @@ final class ForwardedRequest {
     var inFlight: InFlightToken?
     var routeToken: (any AnyObject & Sendable)?
 
-    init(head: ClientHead, raw: ByteBuffer, path: String, declaredLength: Int) {
+    init(head: ClientHead, path: String, declaredLength: Int) {
         self.head = head
-        self.rawHead = raw
         self.declaredLength = declaredLength
         self.path = path
     }
