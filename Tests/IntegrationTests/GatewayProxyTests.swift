@@ -438,13 +438,20 @@ struct GatewayProxyTests {
                 ("unix", agent.directory + "/gateway.sock", "plain"),
                 // A body sent chunked: the general path forwards it.
                 ("tcp", String(gatewayPort), "chunked"), ("unix", agent.directory + "/gateway.sock", "chunked"),
+                // A client that resets its connection (SO_LINGER 0).
+                ("tcp", String(gatewayPort), "reset"),
             ]
             for (kind, target, answer) in cases {
                 let before = gone().count
                 // The client closes its connection 0.3 s after its request.
                 let left = json(
                     try await Command.run(
-                        "/usr/bin/python3", ["-c", Self.leavingClient, kind, target, answer, "close"], timeout: 10))
+                        "/usr/bin/python3",
+                        [
+                            "-c", Self.leavingClient, kind, target, answer == "reset" ? "plain" : answer,
+                            answer == "reset" ? "reset" : "close",
+                        ],
+                        timeout: 10))
                 #expect(left["sent"] as? Bool == true, "\(kind) \(answer): \(left)")
                 // Without the cut the server answers after its 3 s and never logs GONE.
                 let heard = await server.process.waitFor(timeout: 2) { _ in gone().count > before }
@@ -482,17 +489,19 @@ struct GatewayProxyTests {
                     (halfClosed["status"] as? String)?.hasPrefix("HTTP/1.1 200") == true, "\(answer): \(halfClosed)")
                 #expect((halfClosed["body"] as? String)?.contains("Hello from") == true, "\(answer): \(halfClosed)")
             }
-            // The four TCP clients that left are counted (a Unix socket's hang-up closes the
-            // connection in SwiftNIO before anything of ours hears of it).
+            // Every client that left is counted, once: the four that closed over TCP (their sockets
+            // looked up in the kernel's tables), the one that reset its connection, and the two over
+            // the Unix socket (whose hang-up SwiftNIO closes the connection on); the two that only
+            // ended their side are not.
             let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
-            #expect(metrics.contains("lmx_gateway_clients_left_total 4"), "\(metrics)")
+            #expect(metrics.contains("lmx_gateway_clients_left_total 7"), "\(metrics)")
             await server.set("think")
             #expect(try await head(["http://127.0.0.1:\(gatewayPort)/v1/models"]).status == 200)
         }
     }
 
     /// A chat completion (`plain`, `stream`, or `chunked`: not streamed, its body sent chunked) over TCP (`tcp PORT`) or the gateway's Unix socket
-    /// (`unix PATH`), then 0.3 s later the connection closed (`close`) or only the client's side
+    /// (`unix PATH`), then 0.3 s later the connection closed (`close`; `reset`: with a reset) or only the client's side
     /// ended (`halfclose`: the answer is read until the gateway closes). One JSON line.
     private static let leavingClient = #"""
         import json, socket, sys, time
@@ -511,7 +520,9 @@ struct GatewayProxyTests {
         else:
             s.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
         time.sleep(0.3)
-        if end == "close":
+        if end in ("close", "reset"):
+            if end == "reset":  # SO_LINGER 0: the close sends a reset, not a FIN
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
             s.close()
             print(json.dumps({"sent": True}))
             sys.exit(0)

@@ -80,6 +80,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var queued = CircularBuffer<ClientRequestParser.Part>()
     private var draining = false
     private var readPending = false
+    /// The gateway closed the connection (this handler, or one behind it on the general path):
+    /// a close it did not make while an answer was awaited is the client's (``countIfClientLeft()``).
+    private var closing = false
     /// Parts were passed to the general path since the last read batch ended.
     private var firedRead = false
     private var idleTimer: Scheduled<Void>?
@@ -111,7 +114,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         } catch {
             gateway.logger.error(
                 "gateway: could not set up a connection's general path", metadata: ["error": "\(error)"])
-            context.close(promise: nil)
+            closeConnection()
             return false
         }
     }
@@ -129,7 +132,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                     "the client closed its side of the connection after \(request.received) of the body's \(request.declaredLength) bytes"
             )
         }
-        if closeWhenIdle, idle, queued.isEmpty { context?.close(promise: nil) }
+        if closeWhenIdle, idle, queued.isEmpty { closeConnection() }
     }
 
     /// The client closed its side while a request of ours waits for (or streams) its answer. A
@@ -166,7 +169,28 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         gateway.metrics.gatewayClientsLeft.increment()
         gateway.logger.info(
             "gateway: a client closed its connection before its answer ended; the request to the server is cut")
+        closeConnection()
+    }
+
+    /// Closes the client's connection (noted: not the client's leaving).
+    private func closeConnection() {
+        closing = true
         context?.close(promise: nil)
+    }
+
+    /// The connection ended, or failed, without the gateway closing it: if an answer was awaited
+    /// (a request of ours whose body had all come, or one handed over), its client left — a Unix
+    /// socket's client hung up, a TCP client reset its connection. Counted as
+    /// ``cutIfClientLeft(lookAgain:)`` counts a TCP client's close (the request to the server is cut
+    /// as the connection goes: ``abandon()``).
+    private func countIfClientLeft() {
+        guard !closing else { return }
+        let awaited = (request.map { $0.clientEnded && $0.phase != .done } ?? false) || handedOver > 0
+        guard awaited else { return }
+        closing = true
+        gateway.metrics.gatewayClientsLeft.increment()
+        gateway.logger.info(
+            "gateway: a client's connection ended before its answer did; the request to the server is cut")
     }
 
     /// What the client can take now (an upstream is read only while it can).
@@ -190,6 +214,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        countIfClientLeft()
         idleTimer?.cancel()
         shutdownTimer?.cancel()
         abandon()
@@ -197,7 +222,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        // A malformed request: the general path answers 400 and closes the connection.
+        // The connection failed (a client's reset), or a malformed request: the general path
+        // answers 400 and closes the connection.
+        if error is IOError { countIfClientLeft() }
         abandon()
         if ensureGeneralPath() { context.fireErrorCaught(error) }
     }
@@ -216,7 +243,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                 // What is in progress gets the grace, not more: the daemon always stops.
                 shutdownTimer = context.eventLoop.assumeIsolated().scheduleTask(in: GatewayChildChannel.shutdownGrace) {
                     [self] in
-                    self.context?.close(promise: nil)
+                    self.closeConnection()
                 }
             }
             if generalPathStarted, handedOver > 0 || passing { context.fireUserInboundEventTriggered(event) }
@@ -248,6 +275,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             firedRead = false
             context.fireChannelReadComplete()
         }
+    }
+
+    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        if mode == .all { closing = true }
+        context.close(mode: mode, promise: promise)
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
@@ -655,7 +687,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// An answer of the gateway's own, in the OpenAI error shape.
     /// Written as bytes like forwarded answers (SwiftNIO's encoder sees only the general path's).
     private func respond(_ request: ForwardedRequest, status: Int, code: String, message: String) {
-        guard let context else { return }
+        guard context != nil else { return }
         let body = ByteBuffer(bytes: Gateway.errorBody(code: code, message: message))
         request.keepAlive = request.head.keepAlive && request.clientEnded
         request.holdsAnswer = false
@@ -672,7 +704,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         flushToClient()
         request.phase = .done
         request.releaseTokens()
-        if request.clientEnded { finished(request) } else { context.close(promise: nil) }
+        if request.clientEnded { finished(request) } else { closeConnection() }
     }
 
     private func tooLarge(_ request: ForwardedRequest) {
@@ -700,7 +732,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             request.answerStarted = false
         }
         guard !request.answerStarted else {
-            context?.close(promise: nil)
+            closeConnection()
             return
         }
         respond(request, status: status, code: code, message: message)
@@ -930,7 +962,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         request.releaseTokens()
         request.phase = .done
         self.request = nil
-        context?.close(promise: nil)
+        closeConnection()
     }
 
     /// A stream of events lost mid-answer: ended with an `error` event naming the route, and the
@@ -966,7 +998,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         guard self.request === request else { return }
         self.request = nil
         if !request.keepAlive {
-            context?.close(promise: nil)
+            closeConnection()
             return
         }
         idleSince = .now()
@@ -1001,7 +1033,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         let busy = request != nil || handedOver > 0 || passing
         let deadline = idleSince + clientTimeout
         if !busy, deadline <= .now() {
-            context?.close(promise: nil)
+            closeConnection()
             return
         }
         // In the middle of a request (ours, or one llhttp reads for the general path), waiting
@@ -1019,7 +1051,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                             "no byte of the request's body came for \(clientTimeout.nanoseconds / 1_000_000_000) s (gateway.client_timeout)"
                     )
                 }
-                context?.close(promise: nil)
+                closeConnection()
                 return
             }
             bytesSeen = read
@@ -1032,7 +1064,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             if let answerSeen, answerSeen == answerBytesWritten {
                 gateway.logger.info(
                     "gateway: a client took nothing of its answer for gateway.client_timeout; its connection is closed")
-                context?.close(promise: nil)
+                closeConnection()
                 return
             }
             answerSeen = answerBytesWritten
