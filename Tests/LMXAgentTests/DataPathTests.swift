@@ -89,7 +89,7 @@ struct DataPathTests {
 
     /// Runs `chunks` through a relay: what was passed on, chunk by chunk, and the finish.
     func relay(_ chunks: [String]) -> (out: [String], rest: String?, cut: Bool, events: Int) {
-        var relay = EventRelay()
+        let relay = EventRelay()
         var out: [String] = []
         for chunk in chunks {
             relay.pass(ByteBuffer(string: chunk)) { out.append(String(buffer: $0)) }
@@ -115,7 +115,7 @@ struct DataPathTests {
 
     @Test("an event larger than the held limit goes as it is; a loss after it starts on a boundary")
     func hugeEventAndLoss() {
-        var relay = EventRelay()
+        let relay = EventRelay()
         var passed = 0
         relay.pass(ByteBuffer(repeating: UInt8(ascii: "x"), count: Gateway.maxHeldEvent + 1)) {
             passed += $0.readableBytes

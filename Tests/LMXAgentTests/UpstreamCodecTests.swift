@@ -377,6 +377,19 @@ struct UpstreamCodecTests {
             let made = HeadLines.make(ByteBufferAllocator(), estimate: estimate, build)
             #expect(Array(made.readableBytesView) == expected, "estimate \(estimate)")
         }
+        // Numbers written in place read as `String(_:)` writes them, whatever the space left.
+        let numbers = [0, 7, 9, 10, 99, 100, 200, 404, 65_535, 1 << 20, 999_999_999, Int.max, -1, -42, Int.min]
+        for number in numbers {
+            for estimate in [0, 3, 300] {
+                let filler = String(repeating: "x", count: 253)
+                let made = HeadLines.make(ByteBufferAllocator(), estimate: estimate) { out in
+                    out.add(filler)
+                    out.add(decimal: number)
+                    out.add("\r\n")
+                }
+                #expect(String(buffer: made) == filler + String(number) + "\r\n", "\(number), estimate \(estimate)")
+            }
+        }
     }
 
     @Test(

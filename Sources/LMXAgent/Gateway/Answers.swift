@@ -37,7 +37,7 @@ extension Gateway {
                 try await writer.finish(nil)
                 return
             }
-            var relay = EventRelay()
+            let relay = EventRelay()
             var writing = false  // a failure now is the client's, not the server's
             defer { traffic?.streamed(target.via, relay.tally) }
             do {
@@ -124,42 +124,42 @@ extension Gateway {
 /// that answered 429 (all slots busy) or 503 overloaded, passed over until their `Retry-After`.
 final class RouteLoad: Sendable {
     private struct State {
-        var inFlight: [String: Int] = [:]
-        var coolUntil: [String: ContinuousClock.Instant] = [:]
+        var inFlight: [RouteKey: Int] = [:]
+        var coolUntil: [RouteKey: ContinuousClock.Instant] = [:]
     }
     private let state = Mutex(State())
 
-    /// Counts a request to `routeID` until the returned token is released.
-    func started(_ routeID: String) -> any AnyObject & Sendable {
-        state.withLock { $0.inFlight[routeID, default: 0] += 1 }
-        return Token(load: self, routeID: routeID)
+    /// Counts a request to `route` until the returned token is released.
+    func started(_ route: RouteKey) -> any AnyObject & Sendable {
+        state.withLock { $0.inFlight[route, default: 0] += 1 }
+        return Token(load: self, route: route)
     }
 
     /// A request counted by ``started(_:)``: uncounted when released (one object per request,
     /// where a ``Release`` would take a closure's too).
     private final class Token: Sendable {
         let load: RouteLoad
-        let routeID: String
+        let route: RouteKey
 
-        init(load: RouteLoad, routeID: String) {
+        init(load: RouteLoad, route: RouteKey) {
             self.load = load
-            self.routeID = routeID
+            self.route = route
         }
 
         deinit {
             load.state.withLock { s in
                 // A route's count stays at zero (its next request would put it back), unless
                 // many routes are counted: then the idle ones go.
-                s.inFlight[routeID, default: 1] -= 1
+                s.inFlight[route, default: 1] -= 1
                 if s.inFlight.count > 64 { s.inFlight = s.inFlight.filter { $0.value > 0 } }
             }
         }
     }
 
-    func coolDown(_ routeID: String, seconds: Double) {
+    func coolDown(_ route: RouteKey, seconds: Double) {
         guard seconds.isFinite, seconds > 0 else { return }
         let until = ContinuousClock.now + .milliseconds(Int64(min(seconds, 86_400) * 1000))
-        state.withLock { $0.coolUntil[routeID] = until }
+        state.withLock { $0.coolUntil[route] = until }
     }
 
     /// Best first: routes not cooling down before those that are, then the planner's rank, then
@@ -168,22 +168,20 @@ final class RouteLoad: Sendable {
     func order(_ targets: [GatewayTarget]) -> [GatewayTarget] {
         guard targets.count > 1 else { return targets }  // one route: nothing to weigh
         let now = ContinuousClock.now
-        let (cooling, counts): ([String: Bool], [String: Int]) = state.withLock { s in
+        // Each target's weights, read under the lock in the targets' order.
+        let weights: [(cooling: Bool, count: Int)] = state.withLock { s in
             s.coolUntil = s.coolUntil.filter { $0.value > now }
-            return (
-                Dictionary(uniqueKeysWithValues: targets.map { ($0.routeID, s.coolUntil[$0.routeID] != nil) }),
-                Dictionary(
-                    uniqueKeysWithValues: targets.map {
-                        (
-                            $0.routeID,
-                            (s.inFlight[$0.routeID] ?? 0) &+ min(max($0.serverInFlight, 0), OutsideInput.maxCount)
-                        )
-                    })
-            )
+            return targets.map {
+                (
+                    s.coolUntil[$0.routeKey] != nil,
+                    (s.inFlight[$0.routeKey] ?? 0) &+ min(max($0.serverInFlight, 0), OutsideInput.maxCount)
+                )
+            }
         }
         return targets.enumerated().sorted { a, b in
-            let ka = (cooling[a.element.routeID]! ? 1 : 0, a.element.rank, counts[a.element.routeID]!, a.offset)
-            let kb = (cooling[b.element.routeID]! ? 1 : 0, b.element.rank, counts[b.element.routeID]!, b.offset)
+            let (wa, wb) = (weights[a.offset], weights[b.offset])
+            let ka = (wa.cooling ? 1 : 0, a.element.rank, wa.count, a.offset)
+            let kb = (wb.cooling ? 1 : 0, b.element.rank, wb.count, b.offset)
             return ka < kb
         }.map(\.element)
     }
@@ -287,14 +285,23 @@ struct TrafficTap: Sendable {
     let started: ContinuousClock.Instant
 
     /// The answer's head came (now): its status, and the time to it unless it is a stream.
-    func answered(_ via: Via, status: Int, stream: Bool) {
+    /// Returns the key it was counted under.
+    @discardableResult
+    func answered(_ via: Via, status: Int, stream: Bool) -> TrafficStats.Key {
         let firstByte = (ContinuousClock.now - started).seconds
-        traffic.answered(model: model, via: via, status: status, firstByte: stream ? nil : firstByte, answered: true)
+        return traffic.answered(
+            model: model, via: via, status: status, firstByte: stream ? nil : firstByte, answered: true)
     }
 
     func streamed(_ via: Via, _ tally: Gateway.EventTally) {
+        streamed(key: TrafficStats.named(model: model, via: via), tally)
+    }
+
+    /// A stream's figures under the key its answer was counted under (its model's text is
+    /// labelled and hashed once per request).
+    func streamed(key: TrafficStats.Key, _ tally: Gateway.EventTally) {
         let firstEvent = tally.first.map { ($0 - started).seconds }
         let span = tally.first.flatMap { first in tally.last.map { ($0 - first).seconds } } ?? 0
-        traffic.streamed(model: model, via: via, firstEvent: firstEvent, events: tally.events, seconds: span)
+        traffic.streamed(key: key, firstEvent: firstEvent, events: tally.events, seconds: span)
     }
 }

@@ -133,7 +133,7 @@ extension Gateway {
                 let length = request.headers[.contentLength].flatMap(OutsideInput.contentLength)
                 outgoing.body = .stream(streamed, length: length.map { .known(Int64($0)) } ?? .unknown)
             }
-            let routeToken = load.started(target.routeID)
+            let routeToken = load.started(target.routeKey)
             // The client's connection pool stays open until the answer has streamed through.
             let lease = (target.via == .lan ? lanClient : wanClient).lease(server: target.baseURL)
             do {
@@ -147,7 +147,7 @@ extension Gateway {
                 // All slots busy (429) or overloaded (503): before any byte reached the client,
                 // another server with the model may take it; the busy one cools down meanwhile.
                 if let cooldown = RouteLoad.busyCooldown(upstream, cap: configuration.busyCooldownMax) {
-                    load.coolDown(target.routeID, seconds: cooldown)
+                    load.coolDown(target.routeKey, seconds: cooldown)
                     if index + 1 < targets.count, streamed == nil {
                         logger.info(
                             "gateway: server busy, trying the next",

@@ -32,26 +32,41 @@ extension String {
     /// Whether the UTF-8 bytes contain `needle`'s, byte for byte: no Unicode segmentation (a
     /// server reads bytes, so a match inside a grapheme counts), no generic search machinery.
     /// For the request checks on the gateway's hot path.
+    @_disfavoredOverload
     func containsBytes(_ needle: String) -> Bool {
-        var haystack = self
         var needle = needle
-        return haystack.withUTF8 { h in
-            needle.withUTF8 { n in
-                guard let first = n.first else { return true }
-                guard n.count <= h.count else { return false }
-                var i = 0
-                let last = h.count - n.count
-                while i <= last {
-                    if h[i] == first {
-                        var j = 1
-                        while j < n.count, h[i + j] == n[j] { j += 1 }
-                        if j == n.count { return true }
-                    }
-                    i += 1
-                }
-                return false
-            }
+        return needle.withUTF8 { containsBytes(UnsafeRawBufferPointer($0)) }
+    }
+
+    /// (A literal needle: read in place, not retained and released as a `String` would be.)
+    func containsBytes(_ needle: StaticString) -> Bool {
+        needle.withUTF8Buffer { containsBytes(UnsafeRawBufferPointer($0)) }
+    }
+
+    private func containsBytes(_ n: UnsafeRawBufferPointer) -> Bool {
+        // A native string's bytes are read where they are; another (bridged, or a shared
+        // substring's) is made contiguous first.
+        if let found = utf8.withContiguousStorageIfAvailable({ Self.contains(UnsafeRawBufferPointer($0), n) }) {
+            return found
         }
+        var haystack = self
+        return haystack.withUTF8 { Self.contains(UnsafeRawBufferPointer($0), n) }
+    }
+
+    private static func contains(_ h: UnsafeRawBufferPointer, _ n: UnsafeRawBufferPointer) -> Bool {
+        guard let first = n.first else { return true }
+        guard n.count <= h.count else { return false }
+        var i = 0
+        let last = h.count - n.count
+        while i <= last {
+            if h[i] == first {
+                var j = 1
+                while j < n.count, h[i + j] == n[j] { j += 1 }
+                if j == n.count { return true }
+            }
+            i += 1
+        }
+        return false
     }
 
     /// Equal to `lowercase` (ASCII, lower case) ignoring ASCII case, without making a new string.

@@ -4,12 +4,26 @@
 /// (the rest are counted under `(other)`), the latest `samples` figures of each kind per pair.
 public struct TrafficStats: Sendable {
     public struct Key: Sendable, Hashable {
-        public var model: String
-        public var via: Via
+        public let model: String
+        public let via: Via
+        /// Its hash, taken once: a request's key is looked up in the table and in the
+        /// histograms, and hashing the model's text each time cost most of each look-up.
+        private let hash: Int
+
         public init(model: String, via: Via) {
             self.model = model
             self.via = via
+            var hasher = Hasher()
+            hasher.combine(model)
+            hasher.combine(via)
+            hash = hasher.finalize()
         }
+
+        public static func == (a: Key, b: Key) -> Bool {
+            a.hash == b.hash && a.via == b.via && a.model == b.model
+        }
+
+        public func hash(into hasher: inout Hasher) { hasher.combine(hash) }
     }
 
     struct Entry: Sendable {
@@ -59,7 +73,7 @@ public struct TrafficStats: Sendable {
     /// The key of `model` (bounded, printable) before the bound on keys (``update(model:via:_:)``
     /// counts past it under `(other)`). The same key labels the Prometheus series, so they are
     /// bounded alike.
-    private static func named(model: String?, via: Via) -> Key {
+    public static func named(model: String?, via: Via) -> Key {
         let name =
             model.flatMap { OutsideInput.label($0, maxBytes: 128) }.flatMap { $0.isEmpty ? nil : $0 } ?? Self.unnamed
         return Key(model: name, via: via)
@@ -87,12 +101,17 @@ public struct TrafficStats: Sendable {
     /// and the first append would copy them whole, on every request. One look-up of the key
     /// when it is known (its text hashed once). Returns the key.
     private mutating func update(model: String?, via: Via, _ change: (inout Entry) -> Void) -> Key {
-        var key = Self.named(model: model, via: via)
+        update(key: Self.named(model: model, via: via), change)
+    }
+
+    /// As ``update(model:via:_:)``, for a key ``named(model:via:)`` made (a request's, made once).
+    private mutating func update(key named: Key, _ change: (inout Entry) -> Void) -> Key {
+        var key = named
         if let index = entries.index(forKey: key) {
             change(&entries.values[index])
             return key
         }
-        if entries.count >= maxKeys - 1 { key = Key(model: Self.other, via: via) }
+        if entries.count >= maxKeys - 1 { key = Key(model: Self.other, via: key.via) }
         change(&entries[key, default: Entry()])
         return key
     }
@@ -104,8 +123,15 @@ public struct TrafficStats: Sendable {
     public mutating func streamed(
         model: String?, via: Via, firstEvent: Double?, events: Int, seconds: Double, now: Double
     ) -> Key {
+        streamed(
+            key: Self.named(model: model, via: via), firstEvent: firstEvent, events: events, seconds: seconds, now: now)
+    }
+
+    /// As ``streamed(model:via:firstEvent:events:seconds:now:)``, under a key ``named(model:via:)`` made.
+    @discardableResult
+    public mutating func streamed(key: Key, firstEvent: Double?, events: Int, seconds: Double, now: Double) -> Key {
         let samples = samples
-        return update(model: model, via: via) { entry in
+        return update(key: key) { entry in
             entry.streams &+= 1
             if let firstEvent { entry.firstByte.add(firstEvent * 1000, keeping: samples) }
             if events >= 2, seconds > 0 { entry.rate.add(Double(events - 1) / seconds, keeping: samples) }

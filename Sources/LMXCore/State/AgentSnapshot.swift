@@ -191,30 +191,78 @@ extension AgentSnapshot {
     }
 }
 
-/// Where a gateway request may go: one route and what it takes to reach it.
+/// A route's id as a key of the gateway's tables (requests in flight, cool-downs), its hash taken
+/// once: they are looked up twice per request, and hashing the id's text each time cost most of it.
+public struct RouteKey: Hashable, Sendable, ExpressibleByStringLiteral, CustomStringConvertible {
+    public let id: String
+    private let hash: Int
+
+    public init(_ id: String) {
+        self.id = id
+        var hasher = Hasher()
+        hasher.combine(id)
+        hash = hasher.finalize()
+    }
+
+    public init(stringLiteral id: String) { self.init(id) }
+
+    public var description: String { id }
+
+    public static func == (a: RouteKey, b: RouteKey) -> Bool { a.hash == b.hash && a.id == b.id }
+
+    public func hash(into hasher: inout Hasher) { hasher.combine(hash) }
+}
+
+/// Where a gateway request may go: one route and what it takes to reach it. Immutable, and held
+/// in one object: the gateway's data path copies a request's targets several times per request,
+/// and a copy is one retain, not one for each of its texts.
 public struct GatewayTarget: Sendable {
-    public var routeID: String
-    public var baseURL: String
-    public var via: Via
-    public var credentials: Credentials
+    private final class Storage: Sendable {
+        let routeID: String
+        let baseURL: String
+        let via: Via
+        let credentials: Credentials
+        let rank: Int
+        let serverInFlight: Int
+        let instanceID: String?
+        let routeKey: RouteKey
+
+        init(
+            routeID: String, baseURL: String, via: Via, credentials: Credentials, rank: Int, serverInFlight: Int,
+            instanceID: String?
+        ) {
+            routeKey = RouteKey(routeID)
+            self.routeID = routeID
+            self.baseURL = baseURL
+            self.via = via
+            self.credentials = credentials
+            self.rank = rank
+            self.serverInFlight = serverInFlight
+            self.instanceID = instanceID
+        }
+    }
+    private let storage: Storage
+
+    public var routeID: String { storage.routeID }
+    /// ``routeID`` as a key, hashed once.
+    public var routeKey: RouteKey { storage.routeKey }
+    public var baseURL: String { storage.baseURL }
+    public var via: Via { storage.via }
+    public var credentials: Credentials { storage.credentials }
     /// The planner's rank (lower is better): among equal ranks the gateway picks the least busy.
-    public var rank: Int
+    public var rank: Int { storage.rank }
     /// Requests the server said it was working on at its last full probe.
-    public var serverInFlight: Int
+    public var serverInFlight: Int { storage.serverInFlight }
     /// The server's `instance_id` (what objects made there are kept against).
-    public var instanceID: String?
+    public var instanceID: String? { storage.instanceID }
 
     public init(
         routeID: String, baseURL: String, via: Via, credentials: Credentials, rank: Int = 0, serverInFlight: Int = 0,
         instanceID: String? = nil
     ) {
-        self.instanceID = instanceID
-        self.routeID = routeID
-        self.baseURL = baseURL
-        self.via = via
-        self.credentials = credentials
-        self.rank = rank
-        self.serverInFlight = serverInFlight
+        storage = Storage(
+            routeID: routeID, baseURL: baseURL, via: via, credentials: credentials, rank: rank,
+            serverInFlight: serverInFlight, instanceID: instanceID)
     }
 }
 

@@ -4,15 +4,16 @@ import NIOCore
 /// Server-sent events passed on whole: a chunk goes out up to its last event boundary at once;
 /// only a trailing partial event waits for its end (at most ``Gateway/maxHeldEvent`` bytes, then
 /// it goes as it is). Counts events as they pass (first and last, for the traffic figures). Both
-/// paths of the gateway pass streams through it.
-struct EventRelay {
+/// paths of the gateway pass streams through it. An object: a request's relay changes with every
+/// chunk, in place (a value held by the request would be copied out and back).
+final class EventRelay {
     private var held = ByteBuffer()
     /// Bytes of an unfinished event were passed on.
     private(set) var midEvent = false
     private(set) var tally = Gateway.EventTally()
 
     /// Passes what may go now of `chunk` to `out`.
-    mutating func pass(_ chunk: ByteBuffer, _ out: (ByteBuffer) -> Void) {
+    func pass(_ chunk: ByteBuffer, _ out: (ByteBuffer) -> Void) {
         var chunk = chunk
         chunk.withUnsafeReadableBytes { tally.count($0) }
         if let boundary = chunk.withUnsafeReadableBytes({ EventBoundary.end(in: $0) }) ?? straddling(chunk) {
@@ -52,7 +53,7 @@ struct EventRelay {
     /// The stream ended: what completes its last event (one that ends after a whole line but
     /// without the blank line), nil when nothing is held; `cut` when it ended mid-line (a reader
     /// would drop that event: treated as a lost connection).
-    mutating func finish() -> (rest: ByteBuffer?, cut: Bool) {
+    func finish() -> (rest: ByteBuffer?, cut: Bool) {
         guard held.readableBytes > 0 else { return (nil, false) }
         guard held.readableBytesView.last == 0x0A else { return (nil, true) }
         var rest = held
@@ -63,7 +64,7 @@ struct EventRelay {
 
     /// The connection was lost mid-stream: what was held is dropped; an event already partly
     /// passed on is ended first, so the error event stands on its own.
-    mutating func lost(target: GatewayTarget, error: any Error) -> ByteBuffer {
+    func lost(target: GatewayTarget, error: any Error) -> ByteBuffer {
         held = ByteBuffer()
         var out = ByteBuffer()
         if midEvent { out.writeString("\n\n") }

@@ -548,7 +548,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         }
         if index > 0 { gateway.metrics.gatewayRetries.increment() }
         request.attempt = index
-        request.routeToken = gateway.load.started(target.routeID)
+        request.routeToken = gateway.load.started(target.routeKey)
         request.phase = .connecting
         if !fresh, let connection = state.pool.takeIdle(address) {
             request.onKeptConnection = true
@@ -607,14 +607,16 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             out.clientHeaders(head, keeping: rule, userAgent: Gateway.userAgent)
             if let length {
                 out.add("Content-Length: ")
-                out.add(String(length))
+                out.add(decimal: length)
                 out.add("\r\n")
             } else if chunked {
                 out.add("Transfer-Encoding: chunked\r\n")
             }
             out.add("\r\n")
         }
-        handler.sendHead(bytes, toHEAD: head.method == .HEAD, chunkedBody: chunked)
+        // (Let go of here: the body parts that follow are added to the same buffer, which must be
+        // held by nothing else, or the first of them copies it.)
+        handler.sendHead(consume bytes, toHEAD: head.method == .HEAD, chunkedBody: chunked)
         for part in request.parts { handler.sendBody(part) }
         if request.clientEnded {
             handler.sendEnd()
@@ -695,7 +697,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             out.add("Content-Type: application/json\r\nCache-Control: no-store\r\n")
             out.add(Self.securityHeaderLines)
             out.add("Content-Length: ")
-            out.add(String(body.readableBytes))
+            out.add(decimal: body.readableBytes)
             out.add("\r\n")
         }
         writeToClient(.head(head), for: request)
@@ -751,7 +753,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             if let cooldown = RouteLoad.busyCooldown(
                 code: head.status, retryAfter: read.retryAfter, cap: gateway.configuration.busyCooldownMax)
             {
-                gateway.load.coolDown(target.routeID, seconds: cooldown)
+                gateway.load.coolDown(target.routeKey, seconds: cooldown)
                 if request.attempt + 1 < request.targets.count, request.clientEnded {
                     // Another server may take it: the general path hands it over (and answers
                     // with this server's own answer if none does).
@@ -772,8 +774,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             }
             let events = read.eventStream
             if events { request.relay = EventRelay() }
-            TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
-                .answered(target.via, status: head.status, stream: events)
+            request.trafficKey = TrafficTap(
+                traffic: gateway.agent.traffic, model: request.model, started: request.started
+            )
+            .answered(target.via, status: head.status, stream: events)
             // GatewayPolicy.downstreamHeaders, one header at a time, copied from the server's
             // bytes straight into the head's (the names and values read strictly by
             // ``UpstreamResponseParser``: tokens, no line breaks or control characters; and ours).
@@ -798,7 +802,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                         out.add(UnsafeRawBufferPointer(rebasing: raw[field.value]))
                         out.add("\r\n")
                     }
-                    if let length { out.header("Content-Length", String(length)) }
+                    if let length {
+                        out.add("Content-Length: ")
+                        out.add(decimal: length)
+                        out.add("\r\n")
+                    }
                     out.add(Self.securityHeaderLines)
                     out.header("X-LMX-Via", target.via.rawValue)
                 }
@@ -811,21 +819,20 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             emit(.head(bytes), for: request)
         case .body(let chunk):
             guard request.answerStarted else { return }
-            if request.relay != nil {
-                request.relay!.pass(chunk) { emit(.body($0), for: request) }
+            if let relay = request.relay {
+                relay.pass(chunk) { emit(.body($0), for: request) }
             } else {
                 emit(.body(chunk), for: request)
             }
         case .end:
             guard request.answerStarted else { return }
-            if var relay = request.relay {
+            if let relay = request.relay {
                 let (rest, cut) = relay.finish()
-                request.relay = relay
                 if cut { return streamLost(request, error: Gateway.StreamEndedMidEvent()) }
                 if let rest { emit(.body(rest), for: request) }
-                if let relay = request.relay {
+                if let key = request.trafficKey {
                     TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
-                        .streamed(request.targets[request.attempt].via, relay.tally)
+                        .streamed(key: key, relay.tally)
                 }
             }
             emit(.end, for: request)
@@ -881,7 +888,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         let keepAlive = request.keepAlive
         return HeadLines.make(context?.channel.allocator ?? ByteBufferAllocator(), estimate: estimate) { out in
             out.add("HTTP/1.1 ")
-            out.add(String(code))
+            out.add(decimal: Int(code))
             out.add(" ")
             out.add(status.reasonPhrase)
             out.add("\r\n")
@@ -968,7 +975,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// A stream of events lost mid-answer: ended with an `error` event naming the route, and the
     /// agent probes it again.
     private func streamLost(_ request: ForwardedRequest, error: any Error) {
-        guard context != nil, var relay = request.relay else { return }
+        guard context != nil, let relay = request.relay else { return }
         let target = request.targets[request.attempt]
         if let upstream = request.upstream {
             upstream.handler.owner = nil
@@ -978,9 +985,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         emit(.body(relay.lost(target: target, error: error)), for: request)
         emit(.end, for: request)
         flushToClient()
-        TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
-            .streamed(target.via, relay.tally)
-        request.relay = relay
+        let tap = TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
+        if let key = request.trafficKey {
+            tap.streamed(key: key, relay.tally)
+        } else {
+            tap.streamed(target.via, relay.tally)
+        }
         let manager = gateway.agent.manager
         let routeID = target.routeID
         Task { await manager.gatewayFailed(routeID, reason: "a stream was cut mid-answer") }
@@ -1117,6 +1127,8 @@ final class ForwardedRequest {
     var heldAnswer: [ClientOutput] = []
     var heldBytes = 0
     var relay: EventRelay?
+    /// The traffic figures' key the answer was counted under (its stream's figures go under it).
+    var trafficKey: TrafficStats.Key?
     var inFlight: InFlightToken?
     var routeToken: (any AnyObject & Sendable)?
 

@@ -605,16 +605,49 @@ struct HeadLines {
         count += bytes.count
     }
 
+    /// (Chosen for literals: a `String` would be retained and released around each piece.)
     mutating func add(_ text: StaticString) { text.withUTF8Buffer { add(UnsafeRawBufferPointer($0)) } }
 
+    @_disfavoredOverload
     mutating func add(_ text: String) {
         var text = text
         text.withUTF8 { add(UnsafeRawBufferPointer($0)) }
     }
 
+    /// `value` in decimal, written in place (no `String` made for it).
+    mutating func add(decimal value: Int) {
+        if value < 0 { add("-") }
+        let magnitude = value.magnitude
+        var digits = 1
+        var rest = magnitude / 10
+        while rest > 0 {
+            digits += 1
+            rest /= 10
+        }
+        guard !overflowed, digits <= capacity - count else {
+            overflowed = true
+            return
+        }
+        var left = magnitude
+        for index in stride(from: count + digits - 1, through: count, by: -1) {
+            base.storeBytes(of: UInt8(truncatingIfNeeded: 0x30 + left % 10), toByteOffset: index, as: UInt8.self)
+            left /= 10
+        }
+        count += digits
+    }
+
     mutating func add(_ bytes: [UInt8]) { bytes.withUnsafeBytes { add($0) } }
 
     /// `name: value` and its line end.
+    mutating func header(_ name: StaticString, _ value: String) {
+        add(name)
+        add(": ")
+        add(value)
+        add("\r\n")
+    }
+
+    /// `name: value` and its line end.
+    @_disfavoredOverload
     mutating func header(_ name: String, _ value: String) {
         add(name)
         add(": ")

@@ -8,26 +8,52 @@ import NIOSSL
 /// IP literals and names over HTTP or HTTPS. A link-local IPv6 route (with its interface) is left
 /// to the general path.
 struct UpstreamAddress: Hashable, Sendable {
-    let tls: Bool
+    /// What an address is, read once and held in one object: the data path copies a request's
+    /// address several times per request, and a copy is one retain, not one per text.
+    private final class Storage: Sendable {
+        let tls: Bool
+        let host: String
+        let port: Int
+        let authority: String
+        let serverName: String?
+        let socketAddress: SocketAddress?
+        let identity: Int
+
+        init(tls: Bool, host: String, port: Int, authority: String, serverName: String?) {
+            self.tls = tls
+            self.host = host
+            self.port = port
+            self.authority = authority
+            self.serverName = serverName
+            socketAddress = serverName == nil ? try? SocketAddress(ipAddress: host, port: port) : nil
+            var hasher = Hasher()
+            hasher.combine(host)
+            hasher.combine(port)
+            hasher.combine(tls)
+            identity = hasher.finalize()
+        }
+    }
+    private let storage: Storage
+
+    var tls: Bool { storage.tls }
     /// What to connect to: an IP literal or a DNS name.
-    let host: String
-    let port: Int
+    var host: String { storage.host }
+    var port: Int { storage.port }
     /// The `Host` header: the authority as the route's URL writes it.
-    let authority: String
+    var authority: String { storage.authority }
     /// SNI and certificate name for a tunnel reached by name.
-    let serverName: String?
+    var serverName: String? { storage.serverName }
     /// An IP literal's socket address: connected to as it is. (A name is looked up by SwiftNIO's
     /// resolver, which calls `getaddrinfo` on a dispatch queue: a thread hop there and back for
     /// every new connection.)
-    let socketAddress: SocketAddress?
-    /// The hash of what identifies it, taken once: the pools look an address up three times per
-    /// request, and hashing its host's text each time cost more than the rest of the look-up.
-    private let identity: Int
+    var socketAddress: SocketAddress? { storage.socketAddress }
 
     init?(_ base: String) {
         let url = BaseURL(base)
         guard url.isWellFormed, url.suffix.isEmpty, url.scheme == "http" || url.scheme == "https" else { return nil }
-        tls = url.scheme == "https"
+        let tls = url.scheme == "https"
+        let host: String
+        let serverName: String?
         switch url.host {
         case .ipv4(let address):
             host = address
@@ -42,23 +68,19 @@ struct UpstreamAddress: Hashable, Sendable {
         }
         let port = url.port ?? (tls ? 443 : 80)
         guard (1...65535).contains(port) else { return nil }
-        self.port = port
-        authority = url.hostPort
-        socketAddress = serverName == nil ? try? SocketAddress(ipAddress: host, port: port) : nil
-        var hasher = Hasher()
-        hasher.combine(host)
-        hasher.combine(port)
-        hasher.combine(tls)
-        identity = hasher.finalize()
+        storage = Storage(tls: tls, host: host, port: port, authority: url.hostPort, serverName: serverName)
     }
 
-    // The rest follows from these (the pools look addresses up on every request).
+    // The rest follows from these (the pools look addresses up on every request). The hash of
+    // what identifies an address was taken once: hashing its host's text on each look-up cost
+    // more than the rest of the look-up.
     static func == (a: Self, b: Self) -> Bool {
-        a.tls == b.tls && a.port == b.port && a.host == b.host && a.authority == b.authority
+        a.storage === b.storage
+            || (a.tls == b.tls && a.port == b.port && a.host == b.host && a.authority == b.authority)
     }
 
     func hash(into hasher: inout Hasher) {
-        hasher.combine(identity)
+        hasher.combine(storage.identity)
     }
 }
 
