@@ -146,37 +146,37 @@ struct ClientRequestParser {
     /// A whole head, or nil when it is not one read here.
     static func parseHead(_ head: ByteBuffer) -> Request? {
         head.withUnsafeReadableBytes { bytes -> Request? in
-            // Lines end with CRLF (headEnd found no bare CR or LF); the last two bytes are the blank line's.
-            var lines: [(Int, Int)] = []
-            lines.reserveCapacity(16)
-            var start = 0
-            var index = 0
-            let end = bytes.count - 2
-            while index < end {
-                if bytes[index] == 0x0D {
-                    lines.append((start, index))
-                    index += 2
-                    start = index
-                } else {
-                    index += 1
-                }
-            }
-            guard let requestLine = lines.first, lines.count <= maxHeaders + 1 else { return nil }
-            guard
-                let (method, target, minor) = Self.requestLine(
-                    UnsafeRawBufferPointer(rebasing: bytes[requestLine.0..<requestLine.1]))
-            else { return nil }
+            // Lines end with CRLF (headEnd found no bare CR or LF); the last two bytes are the
+            // blank line's. Each line is read as it is found: the request line, then the headers.
+            var request: (method: HTTPMethod, target: String, minor: Int)?
+            var lines = 0
             var fields: [ClientHead.Field] = []
-            fields.reserveCapacity(lines.count - 1)
+            fields.reserveCapacity(16)
             var known: UInt16 = 0
             var length: Int?
             // What `Connection` says, as llhttp reads it (SwiftNIO's `isKeepAlive` of a head it
             // decoded): HTTP/1.1 closes with a `close` token, HTTP/1.0 keeps only with `keep-alive`.
             var connectionClose = false
             var connectionKeepAlive = false
-            for (from, to) in lines.dropFirst() {
-                let line = UnsafeRawBufferPointer(rebasing: bytes[from..<to])
-                guard let (name, value) = Self.headerLine(line) else { return nil }
+            var start = 0
+            var index = 0
+            let end = bytes.count - 2
+            while index < end {
+                guard bytes[index] == 0x0D else {
+                    index += 1
+                    continue
+                }
+                let from = start
+                let line = UnsafeRawBufferPointer(rebasing: bytes[from..<index])
+                index += 2
+                start = index
+                lines += 1
+                if lines == 1 {
+                    guard let parsed = Self.requestLine(line) else { return nil }
+                    request = parsed
+                    continue
+                }
+                guard lines <= maxHeaders + 1, let (name, value) = Self.headerLine(line) else { return nil }
                 if HTTPSyntax.equalsLowercased(name, "content-length") {
                     // One, digits only, nothing after them (llhttp refuses two even when equal,
                     // and trailing spaces).
@@ -200,6 +200,7 @@ struct ClientRequestParser {
                         name: (from + name.startIndex)..<(from + name.endIndex),
                         value: (from + value.startIndex)..<(from + value.endIndex)))
             }
+            guard let (method, target, minor) = request else { return nil }
             let keepAlive = minor == 1 ? !connectionClose : connectionKeepAlive
             return Request(
                 head: ClientHead(

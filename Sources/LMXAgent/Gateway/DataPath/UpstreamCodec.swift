@@ -554,8 +554,17 @@ enum HTTPSyntax {
 
     /// Whether `bytes` are `lower` (lowercase letters and `-`) in any case.
     static func equalsLowercased(_ bytes: some Collection<UInt8>, _ lower: StaticString) -> Bool {
-        lower.withUTF8Buffer { expected in
-            bytes.count == expected.count && zip(bytes, expected).allSatisfy { ($0 | 0x20) == $1 }
+        // Most names asked about differ in length: answered without reading a byte.
+        // (A one-scalar literal has no pointer, nor a count without one.)
+        guard !lower.hasPointerRepresentation || bytes.count == lower.utf8CodeUnitCount else { return false }
+        return lower.withUTF8Buffer { expected in
+            guard bytes.count == expected.count else { return false }
+            var index = 0
+            for byte in bytes {
+                guard byte | 0x20 == expected[index] else { return false }
+                index += 1
+            }
+            return true
         }
     }
 }
