@@ -25,7 +25,7 @@ extension Gateway {
         let length = upstream.headers.first(name: "content-length").flatMap(OutsideInput.contentLength)
         let events = upstream.headers.first(name: "content-type")?.lowercased().hasPrefix("text/event-stream") == true
         // A stream's first figure is its first event (the first token), taken as it passes.
-        traffic?.answered(target.via, status: Int(upstream.status.code), stream: events)
+        let trafficKey = traffic?.answered(target.via, status: Int(upstream.status.code), stream: events)
         let body = upstream.body
         let response = ResponseBody(contentLength: length) { writer in
             withExtendedLifetime(tokens) {}
@@ -39,7 +39,7 @@ extension Gateway {
             }
             let relay = EventRelay()
             var writing = false  // a failure now is the client's, not the server's
-            defer { traffic?.streamed(target.via, relay.tally) }
+            defer { if let traffic, let trafficKey { traffic.streamed(key: trafficKey, relay.tally) } }
             do {
                 for try await chunk in body {
                     var out: [ByteBuffer] = []
@@ -291,10 +291,6 @@ struct TrafficTap: Sendable {
         let firstByte = (ContinuousClock.now - started).seconds
         return traffic.answered(
             model: model, via: via, status: status, firstByte: stream ? nil : firstByte, answered: true)
-    }
-
-    func streamed(_ via: Via, _ tally: Gateway.EventTally) {
-        streamed(key: TrafficStats.named(model: model, via: via), tally)
     }
 
     /// A stream's figures under the key its answer was counted under (its model's text is

@@ -985,11 +985,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         emit(.body(relay.lost(target: target, error: error)), for: request)
         emit(.end, for: request)
         flushToClient()
-        let tap = TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
         if let key = request.trafficKey {
-            tap.streamed(key: key, relay.tally)
-        } else {
-            tap.streamed(target.via, relay.tally)
+            TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
+                .streamed(key: key, relay.tally)
         }
         let manager = gateway.agent.manager
         let routeID = target.routeID
