@@ -42,6 +42,47 @@ struct OutputsTests {
         #expect(series.contains { $0.contains(#"model="(other)""#) })
     }
 
+    @Test(
+        "a connection's last traffic series is used again only for the same model and path, and counts as a new look-up would"
+    )
+    func trafficSeriesReused() {
+        let metrics = AgentMetrics()
+        let traffic = GatewayTraffic(metrics: metrics)
+        let first = traffic.answered(model: "m1", via: .lan, status: 200, firstByte: 0.05, answered: true)
+        let again = traffic.answered(
+            model: "m1", via: .lan, status: 200, firstByte: 0.05, answered: true, recent: first)
+        #expect(again === first)
+        // Another model, another path, no model: each its own series, not the recent one.
+        let other = traffic.answered(model: "m2", via: .lan, status: 200, firstByte: 0.05, answered: true, recent: first)
+        let tunnel = traffic.answered(model: "m1", via: .wan, status: 500, firstByte: nil, answered: true, recent: first)
+        let unnamed = traffic.answered(model: nil, via: .lan, status: 200, firstByte: nil, answered: false, recent: first)
+        #expect(other !== first && other.key.model == "m2")
+        #expect(tunnel !== first && tunnel.key.via == .wan)
+        #expect(unnamed !== first && unnamed.key.model == TrafficStats.unnamed)
+        traffic.streamed(series: again, firstEvent: 0.2, events: 11, seconds: 0.5)
+        let report = traffic.report().models
+        let lan = report.first { $0.model == "m1" && $0.via == .lan }
+        #expect(lan?.requests == 2 && lan?.streams == 1 && lan?.errors == 0, "\(report)")
+        #expect(report.first { $0.model == "m1" && $0.via == .wan }?.errors == 1)
+        #expect(report.first { $0.model == TrafficStats.unnamed }?.errors == 1)
+        var bytes: [UInt8] = []
+        metrics.registry.emit(into: &bytes)
+        let text = String(decoding: bytes, as: UTF8.self)
+        // Two answers' first bytes and the stream's first event, in the recent series' histogram.
+        #expect(text.contains(#"lmx_gateway_first_token_seconds_count{model="m1",via="lan"} 3"#), "\(text)")
+        #expect(text.contains(#"lmx_gateway_stream_tokens_per_second_count{model="m1",via="lan"} 1"#))
+        #expect(!text.contains(#"lmx_gateway_first_token_seconds_count{model="m1",via="wan"} 1"#))
+        // A series counted under `(other)` (the table was full) stays there for its model.
+        for n in 0..<70 {
+            traffic.answered(model: "flood-\(n)", via: .lan, status: 200, firstByte: 0.01, answered: true)
+        }
+        let late = traffic.answered(model: "late", via: .lan, status: 200, firstByte: 0.01, answered: true)
+        let lateAgain = traffic.answered(
+            model: "late", via: .lan, status: 200, firstByte: 0.01, answered: true, recent: late)
+        #expect(late.key.model == TrafficStats.other && lateAgain === late)
+        #expect(!traffic.report().models.contains { $0.model == "late" })
+    }
+
     @Test("the watch hub numbers lines, replays what a watcher missed, and starts a late one with a snapshot")
     func watchHub() async throws {
         let board = StateBoard()

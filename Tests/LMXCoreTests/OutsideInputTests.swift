@@ -265,16 +265,34 @@ struct OutsideInputTests {
         #expect(accepted > 1000)
     }
 
-    @Test("100,000 mutated request bodies: the model field reader never traps")
+    @Test(
+        "100,000 mutated request bodies: the model field reader never traps, and agrees with Foundation's JSON reader on every whole body"
+    )
     func fuzzModelField() {
         var rng = SplitMix64(seed: 0x30DE1)
         let seed = Array(
             #"{"messages":[{"role":"user","content":"hi \"there\""}],"stream":true,"model":"qwen3-32b","n":1}"#.utf8)
+        let key = Array(#""model""#.utf8)
         var found = 0
+        var compared = 0
         for _ in 0..<Self.iterations {
             let bytes = Self.mutate(seed, &rng)
-            if ModelField.find(in: bytes) != nil { found += 1 }
+            let model = ModelField.find(in: bytes)
+            if model != nil { found += 1 }
+            // A whole JSON object whose text names `"model"` once (no other key or value that
+            // spells it): the reader's answer is the object's `model` string, or nil.
+            guard Self.occurrences(of: key, in: bytes) == 1,
+                let object = try? JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any]
+            else { continue }
+            compared += 1
+            #expect(model == object["model"] as? String, "\(String(decoding: bytes, as: UTF8.self))")
         }
         #expect(found > 10_000)
+        #expect(compared > 1_000, "\(compared) bodies compared")
+    }
+
+    private static func occurrences(of needle: [UInt8], in haystack: [UInt8]) -> Int {
+        guard haystack.count >= needle.count else { return 0 }
+        return (0...(haystack.count - needle.count)).count { haystack[$0..<($0 + needle.count)].elementsEqual(needle) }
     }
 }

@@ -25,7 +25,7 @@ extension Gateway {
         let length = upstream.headers.first(name: "content-length").flatMap(OutsideInput.contentLength)
         let events = upstream.headers.first(name: "content-type")?.lowercased().hasPrefix("text/event-stream") == true
         // A stream's first figure is its first event (the first token), taken as it passes.
-        let trafficKey = traffic?.answered(target.via, status: Int(upstream.status.code), stream: events)
+        let trafficSeries = traffic?.answered(target.via, status: Int(upstream.status.code), stream: events)
         let body = upstream.body
         let response = ResponseBody(contentLength: length) { writer in
             withExtendedLifetime(tokens) {}
@@ -39,7 +39,7 @@ extension Gateway {
             }
             let relay = EventRelay()
             var writing = false  // a failure now is the client's, not the server's
-            defer { if let traffic, let trafficKey { traffic.streamed(key: trafficKey, relay.tally) } }
+            defer { if let traffic, let trafficSeries { traffic.streamed(series: trafficSeries, relay.tally) } }
             do {
                 for try await chunk in body {
                     var out: [ByteBuffer] = []
@@ -285,19 +285,21 @@ struct TrafficTap: Sendable {
     let started: ContinuousClock.Instant
 
     /// The answer's head came (now): its status, and the time to it unless it is a stream.
-    /// Returns the key it was counted under.
+    /// Returns the series it was counted under (`recent`, the connection's last, when the model
+    /// and path are the same: ``GatewayTraffic/answered(model:via:status:firstByte:answered:recent:)``).
     @discardableResult
-    func answered(_ via: Via, status: Int, stream: Bool) -> TrafficStats.Key {
-        let firstByte = (ContinuousClock.now - started).seconds
+    func answered(_ via: Via, status: Int, stream: Bool, recent: GatewayTraffic.Series? = nil) -> GatewayTraffic.Series
+    {
+        let firstByte = stream ? nil : (ContinuousClock.now - started).seconds
         return traffic.answered(
-            model: model, via: via, status: status, firstByte: stream ? nil : firstByte, answered: true)
+            model: model, via: via, status: status, firstByte: firstByte, answered: true, recent: recent)
     }
 
-    /// A stream's figures under the key its answer was counted under (its model's text is
-    /// labelled and hashed once per request).
-    func streamed(key: TrafficStats.Key, _ tally: Gateway.EventTally) {
+    /// A stream's figures under the series its answer was counted under (its model's text is
+    /// labelled and hashed at most once per request).
+    func streamed(series: GatewayTraffic.Series, _ tally: Gateway.EventTally) {
         let firstEvent = tally.first.map { ($0 - started).seconds }
         let span = tally.first.flatMap { first in tally.last.map { ($0 - first).seconds } } ?? 0
-        traffic.streamed(key: key, firstEvent: firstEvent, events: tally.events, seconds: span)
+        traffic.streamed(series: series, firstEvent: firstEvent, events: tally.events, seconds: span)
     }
 }

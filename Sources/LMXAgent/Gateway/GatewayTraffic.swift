@@ -1,5 +1,6 @@
 import LMXCore
 import LMXSystem
+import Prometheus
 import Synchronization
 
 /// The gateway's traffic per model (``TrafficStats``), shared by the gateway that records it and
@@ -14,34 +15,90 @@ public final class GatewayTraffic: Sendable {
         self.metrics = metrics
     }
 
-    /// Returns the key it was counted under (for the stream's figures that may follow).
-    @discardableResult
-    func answered(model: String?, via: Via, status: Int, firstByte: Double?, answered: Bool) -> TrafficStats.Key {
-        let now = SystemClock.realtime()
-        let key = stats.withLock {
-            $0.answered(model: model, via: via, status: status, firstByte: firstByte, answered: answered, now: now)
+    /// One model and path's figures, resolved once: the key the table counts them under (past
+    /// its bound, `(other)`'s) and the key's two Prometheus histograms. A request's answer returns
+    /// it, and the request's stream, if any, is counted through it; a connection keeps the last one
+    /// and gives it back with its next request (``answered(model:via:status:firstByte:answered:recent:)``):
+    /// a client's requests mostly name the same model, whose text is then compared, not labelled
+    /// and hashed, and whose histograms are not looked up again.
+    final class Series: Sendable {
+        /// The model as the request named it (what the next request's is compared with).
+        let model: String?
+        let key: TrafficStats.Key
+        let firstToken: ValueHistogram?
+        let tokensPerSecond: ValueHistogram?
+
+        init(model: String?, key: TrafficStats.Key, metrics: AgentMetrics?) {
+            self.model = model
+            self.key = key
+            let histograms = metrics?.gatewayHistograms(key)
+            firstToken = histograms?.firstToken
+            tokensPerSecond = histograms?.tokensPerSecond
         }
-        if let firstByte, status < 400 { metrics?.gatewayFirstByte(key, seconds: firstByte) }
-        return key
+
+        func names(model other: String?, via: Via) -> Bool { key.via == via && model == other }
+    }
+
+    /// Counts an answer; returns the figures' series (for the stream's figures that may follow).
+    /// `recent`: the series the connection's last request was counted under, used again when the
+    /// model and path are the same (the table never lets a key go, so its key is still there).
+    @discardableResult
+    func answered(
+        model: String?, via: Via, status: Int, firstByte: Double?, answered: Bool, recent: Series? = nil
+    ) -> Series {
+        let now = SystemClock.realtime()
+        let series: Series
+        if let recent, recent.names(model: model, via: via) {
+            series = recent
+            stats.withLock {
+                _ = $0.answered(
+                    key: recent.key, status: status, firstByte: firstByte, answered: answered, now: now)
+            }
+        } else {
+            let key = stats.withLock {
+                $0.answered(model: model, via: via, status: status, firstByte: firstByte, answered: answered, now: now)
+            }
+            series = Series(model: model, key: key, metrics: metrics)
+        }
+        if let firstByte, status < 400 { series.firstToken?.record(seconds: firstByte) }
+        return series
     }
 
     func streamed(model: String?, via: Via, firstEvent: Double?, events: Int, seconds: Double) {
-        streamed(
-            key: TrafficStats.named(model: model, via: via), firstEvent: firstEvent, events: events, seconds: seconds)
+        let key = TrafficStats.named(model: model, via: via)
+        let now = SystemClock.realtime()
+        let counted = stats.withLock {
+            $0.streamed(key: key, firstEvent: firstEvent, events: events, seconds: seconds, now: now)
+        }
+        streamed(Series(model: model, key: counted, metrics: metrics), firstEvent: firstEvent, events: events, seconds: seconds)
     }
 
-    /// A stream's figures under the key its answer was counted under (``answered(model:via:status:firstByte:answered:)``).
-    func streamed(key named: TrafficStats.Key, firstEvent: Double?, events: Int, seconds: Double) {
+    /// A stream's figures, under the series its answer was counted under
+    /// (``answered(model:via:status:firstByte:answered:recent:)``).
+    func streamed(series: Series, firstEvent: Double?, events: Int, seconds: Double) {
         let now = SystemClock.realtime()
-        let key = stats.withLock {
-            $0.streamed(key: named, firstEvent: firstEvent, events: events, seconds: seconds, now: now)
+        stats.withLock {
+            _ = $0.streamed(key: series.key, firstEvent: firstEvent, events: events, seconds: seconds, now: now)
         }
-        if let firstEvent { metrics?.gatewayFirstByte(key, seconds: firstEvent) }
-        if events >= 2, seconds > 0 { metrics?.gatewayTokensPerSecond(key, Double(events - 1) / seconds) }
+        streamed(series, firstEvent: firstEvent, events: events, seconds: seconds)
+    }
+
+    /// The stream's figures into the series' histograms.
+    private func streamed(_ series: Series, firstEvent: Double?, events: Int, seconds: Double) {
+        if let firstEvent { series.firstToken?.record(seconds: firstEvent) }
+        if events >= 2, seconds > 0 { series.tokensPerSecond?.record(seconds: Double(events - 1) / seconds) }
     }
 
     public func report() -> StatusAPI.Traffic {
         let models = stats.withLock { $0.report(iso: Timestamp.iso8601) }
         return StatusAPI.Traffic(since: Timestamp.iso8601(started), models: models)
+    }
+}
+
+extension ValueHistogram {
+    /// Records `value` when it is a figure (finite, not negative), as the metrics' own recording does.
+    fileprivate func record(seconds value: Double) {
+        guard value.isFinite, value >= 0 else { return }
+        record(value)
     }
 }

@@ -200,25 +200,19 @@ extension AgentMetrics {
     /// Buckets for streamed tokens (events) per second.
     static let rateBuckets: [Double] = [1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 500]
 
-    /// The time from a gateway request to its answer's first byte (for streams, the first event:
-    /// the first token), per model and path. The labels are the traffic table's bounded keys.
-    func gatewayFirstByte(_ key: TrafficStats.Key, seconds: Double) {
-        record(seconds, in: .firstToken, key: key)
+    /// The two histograms of the model and path `key` (made on first use), for a caller that
+    /// keeps them and records into them itself (``GatewayTraffic/Series``): the time from a
+    /// gateway request to its answer's first byte (for streams, the first event: the first token),
+    /// and a streamed answer's events (tokens) per second. The labels are the traffic table's
+    /// bounded keys.
+    func gatewayHistograms(_ key: TrafficStats.Key) -> (firstToken: ValueHistogram, tokensPerSecond: ValueHistogram) {
+        (histogram(.firstToken, key: key), histogram(.tokensPerSecond, key: key))
     }
 
-    /// A streamed answer's events (tokens) per second, per model and path.
-    func gatewayTokensPerSecond(_ key: TrafficStats.Key, _ rate: Double) {
-        record(rate, in: .tokensPerSecond, key: key)
-    }
-
-    /// One value into the histogram `series` of the model and path `key` (made on first use).
-    private func record(_ value: Double, in series: HistogramSeries, key: TrafficStats.Key) {
-        guard value.isFinite, value >= 0 else { return }
+    /// The histogram `series` of the model and path `key`, made on first use.
+    private func histogram(_ series: HistogramSeries, key: TrafficStats.Key) -> ValueHistogram {
         let cacheKey = HistogramKey(series: series, key: key)
-        if let known = histograms.withLock({ $0[cacheKey] }) {
-            known.record(value)
-            return
-        }
+        if let known = histograms.withLock({ $0[cacheKey] }) { return known }
         let histogram = registry.makeValueHistogram(
             descriptor: .lmx(series.name, series.help), labels: [("model", key.model), ("via", key.via.rawValue)],
             buckets: series.buckets)
@@ -226,7 +220,7 @@ extension AgentMetrics {
             if $0.count >= 1024 { $0 = [:] }
             $0[cacheKey] = histogram
         }
-        histogram.record(value)
+        return histogram
     }
 }
 

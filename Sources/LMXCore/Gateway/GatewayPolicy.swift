@@ -339,30 +339,44 @@ public enum GatewayPolicy {
     }
 
     private static func isLoopbackAuthority(bytes: UnsafeBufferPointer<UInt8>) -> Bool {
-        func digits(_ slice: Slice<UnsafeBufferPointer<UInt8>>) -> Bool {
-            slice.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
-        }
-        // An optional `:port` (digits, possibly none) after the host.
+        let count = bytes.count
+        // An optional `:port` (digits, possibly none) after the host, which ends at `index`.
         func port(from index: Int) -> Bool {
-            index == bytes.count || (bytes[index] == UInt8(ascii: ":") && digits(bytes[(index + 1)...]))
-        }
-        if bytes.first == UInt8(ascii: "[") {
-            guard let close = bytes.firstIndex(of: UInt8(ascii: "]")) else { return false }
-            return close == 4 && bytes[1..<4].elementsEqual("::1".utf8) && port(from: close + 1)
-        }
-        let hostEnd = bytes.firstIndex(of: UInt8(ascii: ":")) ?? bytes.count
-        guard port(from: hostEnd) else { return false }
-        let host = bytes[..<hostEnd]
-        if host.count == 9,
-            zip(host, "localhost".utf8).allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A ? $0 | 0x20 : $0) == $1 })
-        {
+            if index == count { return true }
+            guard bytes[index] == UInt8(ascii: ":") else { return false }
+            var digit = index + 1
+            while digit < count {
+                guard bytes[digit] >= 0x30, bytes[digit] <= 0x39 else { return false }
+                digit += 1
+            }
             return true
+        }
+        guard count > 0 else { return false }
+        if bytes[0] == UInt8(ascii: "[") {
+            // `[::1]` only (the one IPv6 loopback address, as clients write it).
+            return count >= 5 && bytes[1] == UInt8(ascii: ":") && bytes[2] == UInt8(ascii: ":")
+                && bytes[3] == UInt8(ascii: "1") && bytes[4] == UInt8(ascii: "]") && port(from: 5)
+        }
+        var hostEnd = 0
+        while hostEnd < count, bytes[hostEnd] != UInt8(ascii: ":") { hostEnd += 1 }
+        guard port(from: hostEnd) else { return false }
+        if hostEnd == 9 {
+            var matches = true
+            for (offset, expected) in "localhost".utf8.enumerated() {
+                let byte = bytes[offset]
+                if (byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte) != expected {
+                    matches = false
+                    break
+                }
+            }
+            if matches { return true }
         }
         // A dotted 127/8 address: four parts of 1…3 digits, each at most 255, the first `127`.
         var parts = 0
         var value = 0
         var length = 0
-        for byte in host {
+        for index in 0..<hostEnd {
+            let byte = bytes[index]
             if byte == UInt8(ascii: ".") {
                 guard length > 0, parts < 3, parts > 0 || value == 127 else { return false }
                 parts += 1

@@ -20,7 +20,13 @@ public enum ModelField {
     /// The top-level string field `name` of the JSON object in `data` (a prefix is enough when
     /// the field comes early); nil when it is not there (yet) or is not a string.
     public static func string(named name: String, in data: [UInt8]) -> String? {
-        let wanted = Array("\"\(name)\"".utf8)
+        var name = name
+        return name.withUTF8 { wanted in data.withUnsafeBufferPointer { string(named: wanted, in: $0) } }
+    }
+
+    /// As ``string(named:in:)``, over the bytes in place: the key is compared where it
+    /// lies (no quoted copy of `name` is made per call), and no index is checked twice.
+    static func string(named wanted: UnsafeBufferPointer<UInt8>, in data: UnsafeBufferPointer<UInt8>) -> String? {
         var i = 0
         @inline(__always) func isSpace(_ b: UInt8) -> Bool { b == 0x20 || b == 0x09 || b == 0x0A || b == 0x0D }
         func skipSpace() { while i < data.count, isSpace(data[i]) { i += 1 } }
@@ -72,6 +78,13 @@ public enum ModelField {
                 return i < data.count
             }
         }
+        /// The key's text between its quotes is exactly `wanted` (escapes are not read: a key
+        /// written with one is not the field, as before).
+        func isWanted(_ key: Range<Int>) -> Bool {
+            guard key.count == wanted.count + 2 else { return false }
+            for offset in 0..<wanted.count where data[key.lowerBound + 1 + offset] != wanted[offset] { return false }
+            return true
+        }
         skipSpace()
         guard i < data.count, data[i] == 0x7B else { return nil }
         i += 1
@@ -82,11 +95,11 @@ public enum ModelField {
             guard i < data.count, data[i] == 0x3A else { return nil }
             i += 1
             skipSpace()
-            if data[key].elementsEqual(wanted) {
+            if isWanted(key) {
                 guard i < data.count, data[i] == 0x22, let value = skipString() else { return nil }
                 // Printable ASCII without escapes (model names, ids) is its own text; anything
                 // else is read by the JSON decoder (escapes, UTF-8, control characters refused).
-                let inner = data[(value.lowerBound + 1)..<(value.upperBound - 1)]
+                let inner = UnsafeBufferPointer(rebasing: data[(value.lowerBound + 1)..<(value.upperBound - 1)])
                 if inner.allSatisfy({ $0 >= 0x20 && $0 < 0x7F && $0 != 0x5C }) {
                     return String(decoding: inner, as: UTF8.self)
                 }

@@ -70,7 +70,7 @@ public struct TrafficStats: Sendable {
         self.samples = max(samples, 1)
     }
 
-    /// The key of `model` (bounded, printable) before the bound on keys (``update(model:via:_:)``
+    /// The key of `model` (bounded, printable) before the bound on keys (``update(key:_:)``
     /// counts past it under `(other)`). The same key labels the Prometheus series, so they are
     /// bounded alike.
     public static func named(model: String?, via: Via) -> Key {
@@ -87,8 +87,15 @@ public struct TrafficStats: Sendable {
     public mutating func answered(
         model: String?, via: Via, status: Int, firstByte: Double?, answered: Bool = true, now: Double
     ) -> Key {
+        self.answered(key: Self.named(model: model, via: via), status: status, firstByte: firstByte, answered: answered, now: now)
+    }
+
+    /// As ``answered(model:via:status:firstByte:answered:now:)``, under a key ``named(model:via:)``
+    /// made or one this table returned (it keeps every key it counted under).
+    @discardableResult
+    public mutating func answered(key: Key, status: Int, firstByte: Double?, answered: Bool = true, now: Double) -> Key {
         let samples = samples
-        return update(model: model, via: via) { entry in
+        return update(key: key) { entry in
             entry.requests &+= 1
             if status >= 500 || status == 429 || !answered { entry.errors &+= 1 }
             if let firstByte, status < 400 { entry.firstByte.add(firstByte * 1000, keeping: samples) }
@@ -96,15 +103,10 @@ public struct TrafficStats: Sendable {
         }
     }
 
-    /// Changes the entry of `model` and `via` (made if the bound allows, else `(other)`'s), in
-    /// place: a copy of the entry would share its sample arrays with the one in the dictionary,
-    /// and the first append would copy them whole, on every request. One look-up of the key
-    /// when it is known (its text hashed once). Returns the key.
-    private mutating func update(model: String?, via: Via, _ change: (inout Entry) -> Void) -> Key {
-        update(key: Self.named(model: model, via: via), change)
-    }
-
-    /// As ``update(model:via:_:)``, for a key ``named(model:via:)`` made (a request's, made once).
+    /// Changes the entry of the key ``named(model:via:)`` made (made if the bound allows, else
+    /// `(other)`'s), in place: a copy of the entry would share its sample arrays with the one in
+    /// the dictionary, and the first append would copy them whole, on every request. One look-up
+    /// of the key when it is known. Returns the key counted under.
     private mutating func update(key named: Key, _ change: (inout Entry) -> Void) -> Key {
         var key = named
         if let index = entries.index(forKey: key) {

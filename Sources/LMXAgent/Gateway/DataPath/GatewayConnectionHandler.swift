@@ -86,6 +86,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// Parts were passed to the general path since the last read batch ended.
     private var firedRead = false
     private var idleTimer: Scheduled<Void>?
+    /// The traffic series the connection's last answer was counted under: the next request's,
+    /// when it names the same model over the same path (``GatewayTraffic/Series``).
+    private var recentTraffic: GatewayTraffic.Series?
     /// When the connection last became idle (no request in progress).
     private var idleSince = NIODeadline.now()
 
@@ -774,10 +777,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             }
             let events = read.eventStream
             if events { request.relay = EventRelay() }
-            request.trafficKey = TrafficTap(
+            let series = TrafficTap(
                 traffic: gateway.agent.traffic, model: request.model, started: request.started
             )
-            .answered(target.via, status: head.status, stream: events)
+            .answered(target.via, status: head.status, stream: events, recent: recentTraffic)
+            request.traffic = series
+            recentTraffic = series
             // GatewayPolicy.downstreamHeaders, one header at a time, copied from the server's
             // bytes straight into the head's (the names and values read strictly by
             // ``UpstreamResponseParser``: tokens, no line breaks or control characters; and ours).
@@ -830,9 +835,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                 let (rest, cut) = relay.finish()
                 if cut { return streamLost(request, error: Gateway.StreamEndedMidEvent()) }
                 if let rest { emit(.body(rest), for: request) }
-                if let key = request.trafficKey {
+                if let series = request.traffic {
                     TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
-                        .streamed(key: key, relay.tally)
+                        .streamed(series: series, relay.tally)
                 }
             }
             emit(.end, for: request)
@@ -985,9 +990,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         emit(.body(relay.lost(target: target, error: error)), for: request)
         emit(.end, for: request)
         flushToClient()
-        if let key = request.trafficKey {
+        if let series = request.traffic {
             TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
-                .streamed(key: key, relay.tally)
+                .streamed(series: series, relay.tally)
         }
         let manager = gateway.agent.manager
         let routeID = target.routeID
@@ -1125,8 +1130,8 @@ final class ForwardedRequest {
     var heldAnswer: [ClientOutput] = []
     var heldBytes = 0
     var relay: EventRelay?
-    /// The traffic figures' key the answer was counted under (its stream's figures go under it).
-    var trafficKey: TrafficStats.Key?
+    /// The traffic figures' series the answer was counted under (its stream's figures go under it).
+    var traffic: GatewayTraffic.Series?
     var inFlight: InFlightToken?
     var routeToken: (any AnyObject & Sendable)?
 
