@@ -67,7 +67,7 @@ struct ClientRequestParser {
                     state = .body(remaining: remaining - n)
                 }
             case .head:
-                switch Self.headEnd(input) {
+                switch Self.readHead(input) {
                 case .incomplete:
                     if input.readableBytes > Self.maxHead {
                         state = .other
@@ -77,14 +77,8 @@ struct ClientRequestParser {
                     return
                 case .other:
                     state = .other
-                case .length(let length):
-                    guard length <= Self.maxHead,
-                        let request = Self.parseHead(input.getSlice(at: input.readerIndex, length: length)!)
-                    else {
-                        state = .other
-                        continue
-                    }
-                    input.moveReaderIndex(forwardBy: length)
+                case .request(var request, let headLength):
+                    request.head.raw = input.readSlice(length: headLength)!
                     // Nothing after a request that closes the connection is read (llhttp refuses
                     // it; the connection closes once this one is answered).
                     closesAfter = !request.head.keepAlive
@@ -106,36 +100,13 @@ struct ClientRequestParser {
         emit(.end)
     }
 
-    enum HeadEnd {
+    enum HeadRead {
+        /// The head has not all come (nothing in it so far is refused).
         case incomplete
-        case length(Int)
+        /// Not a head read here: llhttp reads it.
         case other
-    }
-
-    /// Where the head at the start of `buffer` ends (through its blank line); `.other` as soon
-    /// as it cannot be a head read here (a first byte that is no method's, a bare CR or LF).
-    static func headEnd(_ buffer: ByteBuffer) -> HeadEnd {
-        buffer.withUnsafeReadableBytes { bytes -> HeadEnd in
-            guard let first = bytes.first else { return .incomplete }
-            guard (0x41...0x5A).contains(first) else { return .other }
-            var index = 0
-            while index < bytes.count {
-                let byte = bytes[index]
-                if byte == 0x0D {
-                    guard index + 1 < bytes.count else { return .incomplete }
-                    guard bytes[index + 1] == 0x0A else { return .other }
-                    if index + 3 < bytes.count, bytes[index + 2] == 0x0D {
-                        return bytes[index + 3] == 0x0A ? .length(index + 4) : .other
-                    }
-                    index += 2
-                } else if byte == 0x0A {
-                    return .other
-                } else {
-                    index += 1
-                }
-            }
-            return .incomplete
-        }
+        /// A whole head (its `raw` bytes not yet set: the first `headLength` bytes of the input).
+        case request(Request, headLength: Int)
     }
 
     struct Request {
@@ -143,70 +114,110 @@ struct ClientRequestParser {
         var length: Int
     }
 
-    /// A whole head, or nil when it is not one read here.
-    static func parseHead(_ head: ByteBuffer) -> Request? {
-        head.withUnsafeReadableBytes { bytes -> Request? in
-            // Lines end with CRLF (headEnd found no bare CR or LF); the last two bytes are the
-            // blank line's. Each line is read as it is found: the request line, then the headers.
-            var request: (method: HTTPMethod, target: String, minor: Int)?
-            var lines = 0
+    /// The head at the start of `buffer`, read in one pass: each line is read as its end is
+    /// found, and the head is refused (`.other`) as soon as a line is not one read here — a
+    /// first byte that is no method's, a bare CR or LF, a request line or header line not read
+    /// here — or it is longer than ``maxHead``, without waiting for the rest of it (llhttp reads
+    /// the same bytes, from the same start, whenever they come).
+    static func readHead(_ buffer: ByteBuffer) -> HeadRead {
+        buffer.withUnsafeReadableBytes { bytes -> HeadRead in
+            let count = bytes.count
+            guard count > 0 else { return .incomplete }
+            guard (0x41...0x5A).contains(bytes[0]) else { return .other }
             var fields: [ClientHead.Field] = []
-            fields.reserveCapacity(16)
             var known: UInt16 = 0
             var length: Int?
             // What `Connection` says, as llhttp reads it (SwiftNIO's `isKeepAlive` of a head it
             // decoded): HTTP/1.1 closes with a `close` token, HTTP/1.0 keeps only with `keep-alive`.
             var connectionClose = false
             var connectionKeepAlive = false
-            var start = 0
+            // The request line: its end (any byte but a bare LF before the CRLF; read after).
             var index = 0
-            let end = bytes.count - 2
-            while index < end {
-                guard bytes[index] == 0x0D else {
+            while index < count, bytes[index] != 0x0D {
+                if bytes[index] == 0x0A { return .other }
+                index += 1
+            }
+            guard index + 1 < count else { return count > maxHead ? .other : .incomplete }
+            guard bytes[index + 1] == 0x0A,
+                let (method, target, minor) = Self.requestLine(UnsafeRawBufferPointer(rebasing: bytes[0..<index]))
+            else { return .other }
+            index += 2
+            fields.reserveCapacity(16)
+            while true {
+                // A header line, or the blank line; the name is read (a token) up to its colon,
+                // then the value (visible ASCII, spaces and tabs) up to the line's CRLF.
+                let start = index
+                guard index < count else { return .incomplete }
+                if bytes[index] == 0x0D {
+                    guard index + 1 < count else { return .incomplete }
+                    guard bytes[index + 1] == 0x0A else { return .other }
+                    break
+                }
+                guard fields.count < maxHeaders else { return .other }
+                while index < count, bytes[index] != UInt8(ascii: ":") {
+                    guard HTTPSyntax.isTokenByte(bytes[index]) else { return .other }
                     index += 1
-                    continue
                 }
-                let from = start
-                let line = UnsafeRawBufferPointer(rebasing: bytes[from..<index])
+                guard index < count else { return .incomplete }
+                guard index > start else { return .other }  // no name
+                let colon = index
+                index += 1
+                var valueStart = -1  // the first byte that is not a space or tab
+                var valueEnd = index  // after the last byte that is not a space or tab
+                var tab = false
+                while index < count {
+                    let byte = bytes[index]
+                    if byte == 0x0D { break }
+                    if byte == 0x20 || byte == 0x09 {
+                        if byte == 0x09 { tab = true }
+                    } else {
+                        guard byte > 0x20, byte < 0x7F else { return .other }
+                        if valueStart < 0 { valueStart = index }
+                        valueEnd = index + 1
+                    }
+                    index += 1
+                }
+                guard index + 1 < count else { return .incomplete }
+                guard bytes[index + 1] == 0x0A else { return .other }
+                if valueStart < 0 { valueStart = valueEnd }
+                let lineEnd = index
                 index += 2
-                start = index
-                lines += 1
-                if lines == 1 {
-                    guard let parsed = Self.requestLine(line) else { return nil }
-                    request = parsed
-                    continue
-                }
-                guard lines <= maxHeaders + 1, let (name, value) = Self.headerLine(line) else { return nil }
-                if HTTPSyntax.equalsLowercased(name, "content-length") {
+                guard index <= maxHead else { return .other }
+                let name = UnsafeRawBufferPointer(rebasing: bytes[start..<colon])
+                let value = bytes[valueStart..<valueEnd]
+                switch name.count {
+                case 14 where HTTPSyntax.equalsLowercased(name, "content-length"):
                     // One, digits only, nothing after them (llhttp refuses two even when equal,
                     // and trailing spaces).
-                    guard length == nil, !value.isEmpty, value.count <= 15, value.endIndex == line.endIndex,
+                    guard length == nil, !value.isEmpty, value.count <= 15, valueEnd == lineEnd,
                         value.allSatisfy({ (0x30...0x39).contains($0) })
-                    else { return nil }
+                    else { return .other }
                     length = value.reduce(0) { $0 * 10 + Int($1 - 0x30) }
-                } else if HTTPSyntax.equalsLowercased(name, "transfer-encoding")
-                    || HTTPSyntax.equalsLowercased(name, "upgrade")
-                {
-                    return nil
-                } else if HTTPSyntax.equalsLowercased(name, "connection") {
+                case 17 where HTTPSyntax.equalsLowercased(name, "transfer-encoding"):
+                    return .other
+                case 7 where HTTPSyntax.equalsLowercased(name, "upgrade"):
+                    return .other
+                case 10 where HTTPSyntax.equalsLowercased(name, "connection"):
                     // (llhttp reads a tab anywhere on the line otherwise than a space: left to llhttp.)
-                    if containsLowercased(value, "upgrade") || line.contains(0x09) { return nil }
-                    Self.connectionTokens(value, close: &connectionClose, keepAlive: &connectionKeepAlive)
+                    let valueBytes = UnsafeRawBufferPointer(rebasing: value)
+                    if tab || containsLowercased(valueBytes[...], "upgrade") { return .other }
+                    Self.connectionTokens(valueBytes[...], close: &connectionClose, keepAlive: &connectionKeepAlive)
+                default:
+                    break
                 }
-                known |= ClientHead.knownBit(UnsafeRawBufferPointer(rebasing: name))
+                known |= ClientHead.knownBit(name)
                 // Where the name and value are in the head (no `String` is made of them here).
-                fields.append(
-                    ClientHead.Field(
-                        name: (from + name.startIndex)..<(from + name.endIndex),
-                        value: (from + value.startIndex)..<(from + value.endIndex)))
+                fields.append(ClientHead.Field(name: start..<colon, value: valueStart..<valueEnd))
             }
-            guard let (method, target, minor) = request else { return nil }
+            guard index + 2 <= maxHead else { return .other }
             let keepAlive = minor == 1 ? !connectionClose : connectionKeepAlive
-            return Request(
-                head: ClientHead(
-                    method: method, uri: target, minor: minor, raw: head, fields: fields, known: known,
-                    keepAlive: keepAlive),
-                length: length ?? 0)
+            return .request(
+                Request(
+                    head: ClientHead(
+                        method: method, uri: target, minor: minor, raw: ByteBuffer(), fields: fields, known: known,
+                        keepAlive: keepAlive),
+                    length: length ?? 0),
+                headLength: index + 2)
         }
     }
 
@@ -246,22 +257,6 @@ struct ClientRequestParser {
             method, String(decoding: UnsafeRawBufferPointer(rebasing: target), as: UTF8.self),
             Int(minor - 0x30)
         )
-    }
-
-    /// `token ":" OWS value OWS`, the value of visible ASCII, spaces and tabs; nil otherwise.
-    private static func headerLine(
-        _ line: UnsafeRawBufferPointer
-    ) -> (Slice<UnsafeRawBufferPointer>, Slice<UnsafeRawBufferPointer>)? {
-        guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > 0,
-            line[..<colon].allSatisfy(HTTPSyntax.isTokenByte)
-        else { return nil }
-        var from = colon + 1
-        var to = line.count
-        while from < to, line[from] == 0x20 || line[from] == 0x09 { from += 1 }
-        while to > from, line[to - 1] == 0x20 || line[to - 1] == 0x09 { to -= 1 }
-        let value = line[from..<to]
-        guard value.allSatisfy({ (0x20...0x7E).contains($0) || $0 == 0x09 }) else { return nil }
-        return (line[..<colon], value)
     }
 
     /// Reads a `Connection` value's comma-separated tokens (spaces around them trimmed, case
