@@ -423,6 +423,18 @@ struct UpstreamCodecTests {
         gathered.write(to: context)
         context.flush()
         #expect(try written() == ["HTTP/1.1 200 OK\r\n\r\n9\r\ndata: a\n\n\r\n9\r\ndata: b\n\n\r\n0\r\n\r\n"])
+        // Chunks of every size line length up to the limit, framed as String(radix: 16) writes
+        // them, from a part that is a slice of a larger buffer (its readable bytes only).
+        for size in [1, 15, 16, 255, 256, 4095, 4096, HTTP1Bytes.gatherLimit] {
+            var larger = ByteBuffer(string: "<" + String(repeating: "y", count: size) + ">")
+            larger.moveReaderIndex(forwardBy: 1)
+            let part = larger.getSlice(at: larger.readerIndex, length: size)!
+            gathered.add(head: ByteBuffer(string: "H"))
+            gathered.add(part, chunked: true, to: context)
+            gathered.write(to: context)
+            context.flush()
+            #expect(try written() == ["H" + String(size, radix: 16) + "\r\n" + String(repeating: "y", count: size) + "\r\n"])
+        }
         // A large part: what was gathered goes first, then the part as it is (not copied).
         let large = String(repeating: "x", count: HTTP1Bytes.gatherLimit + 1)
         gathered.add(ByteBuffer(string: "small"), chunked: false, to: context)

@@ -341,9 +341,10 @@ struct UpstreamResponseParser {
             parsed.read.contentLength = value
         case 17 where HTTPSyntax.equalsLowercased(nameBytes, "transfer-encoding"):
             parsed.transferEncoded = true
-            // Chunked only when it is the last coding.
-            let last = valueBytes.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false).last
-            parsed.chunked = last.map { HTTPSyntax.equalsLowercased(trimmed($0), "chunked") } ?? false
+            // Chunked only when it is the last coding (what follows the last comma, trimmed).
+            let lastComma = valueBytes.lastIndex(of: UInt8(ascii: ","))
+            let last = valueBytes[(lastComma.map { $0 + 1 } ?? valueBytes.startIndex)...]
+            parsed.chunked = HTTPSyntax.equalsLowercased(trimmed(last), "chunked")
         case 10 where HTTPSyntax.equalsLowercased(nameBytes, "connection"):
             for item in valueBytes.split(separator: UInt8(ascii: ","))
             where HTTPSyntax.equalsLowercased(trimmed(item), "close") {
@@ -713,16 +714,29 @@ enum HTTP1Bytes {
         return out
     }
 
-    /// `size` in hexadecimal and CRLF.
+    /// `size` in hexadecimal and CRLF, in one access to the buffer's memory.
     static func writeChunkSize(_ size: Int, to out: inout ByteBuffer) {
+        let digits = hexDigits(size)
+        out.writeWithUnsafeMutableBytes(minimumWritableBytes: digits + 2) { putChunkSize(size, digits: digits, at: 0, in: $0) }
+    }
+
+    /// How many hexadecimal digits `size` takes (1 for 0).
+    static func hexDigits(_ size: Int) -> Int {
         var digits = 1
         while digits < 16, size >> (4 * digits) != 0 { digits += 1 }
-        out.reserveCapacity(minimumWritableBytes: digits + 2)
-        for index in stride(from: digits - 1, through: 0, by: -1) {
-            let nibble = UInt8(truncatingIfNeeded: size >> (4 * index)) & 0x0F
-            out.writeInteger(nibble < 10 ? 0x30 + nibble : 0x57 + nibble)
+        return digits
+    }
+
+    /// Puts `size`'s `digits` hexadecimal digits and CRLF at `offset` in `out` (room for them
+    /// made by the caller); returns the offset past them.
+    static func putChunkSize(_ size: Int, digits: Int, at offset: Int, in out: UnsafeMutableRawBufferPointer) -> Int {
+        for index in 0..<digits {
+            let nibble = UInt8(truncatingIfNeeded: size >> (4 * (digits - 1 - index))) & 0x0F
+            out[offset + index] = nibble < 10 ? 0x30 + nibble : 0x57 + nibble
         }
-        out.writeStaticString("\r\n")
+        out[offset + digits] = 0x0D
+        out[offset + digits + 1] = 0x0A
+        return offset + digits + 2
     }
 }
 
@@ -747,10 +761,21 @@ struct Gathered {
         if bytes.capacity == 0 {
             bytes = context.channel.allocator.buffer(capacity: max(size + 32, 1024))
         }
-        if chunked { HTTP1Bytes.writeChunkSize(size, to: &bytes) }
-        var part = part
-        bytes.writeBuffer(&part)
-        if chunked { bytes.writeStaticString("\r\n") }
+        guard chunked else {
+            var part = part
+            bytes.writeBuffer(&part)
+            return
+        }
+        // The size line, the part and its CRLF in one access to the buffer's memory (each
+        // `ByteBuffer` write is an access of its own, checked at run time).
+        let digits = HTTP1Bytes.hexDigits(size)
+        bytes.writeWithUnsafeMutableBytes(minimumWritableBytes: digits + size + 4) { out in
+            let at = HTTP1Bytes.putChunkSize(size, digits: digits, at: 0, in: out)
+            part.withUnsafeReadableBytes { UnsafeMutableRawBufferPointer(rebasing: out[at..<(at + size)]).copyMemory(from: $0) }
+            out[at + size] = 0x0D
+            out[at + size + 1] = 0x0A
+            return at + size + 2
+        }
     }
 
     /// Starts with `head` (a buffer of its own, the next parts are added to it) when nothing is
