@@ -279,6 +279,14 @@ struct OutsideInputTests {
             let bytes = Self.mutate(seed, &rng)
             let model = ModelField.find(in: bytes)
             if model != nil { found += 1 }
+            // Read in place (the data path's first body part) as read from the array.
+            #expect(bytes.withUnsafeBytes { ModelField.find(in: $0) } == model)
+            // A prefix that holds the whole field reads as the whole body does (the data path
+            // reads the first part alone first).
+            if let model, bytes.count > 1 {
+                let prefix = Array(bytes.prefix(Int(rng.next() % UInt64(bytes.count)) + 1))
+                if let early = ModelField.find(in: prefix) { #expect(early == model) }
+            }
             // A whole JSON object whose text names `"model"` once (no other key or value that
             // spells it): the reader's answer is the object's `model` string, or nil.
             guard Self.occurrences(of: key, in: bytes) == 1,

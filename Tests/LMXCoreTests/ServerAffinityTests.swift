@@ -49,6 +49,33 @@ struct ServerAffinityTests {
         #expect(ServerAffinity.madeByAnswer(body(#"{"id": 12}"#), path: "/v1/agents/runs") == nil)
     }
 
+    @Test("a path that may not concern an object (the data path's first check) is one no rule takes, on 20,000 generated paths")
+    func mayConcern() {
+        let segments = [
+            "v1", "agents", "agent", "runs", "run", "rag", "ra", "collections", "query", "context", "ingest", "ingests",
+            "responses", "response", "chat", "completions", "models", "x", "Agents", "RAG", "docs", "run-7", "", "?a=b",
+        ]
+        var rng = SplitMix64(seed: 0xAFF1)
+        let body = Array(#"{"collection": "docs", "previous_response_id": "resp_1"}"#.utf8)
+        var concerned = 0
+        for _ in 0..<20_000 {
+            let count = Int(rng.next() % 6) + 1
+            let path = "/" + (0..<count).map { _ in segments[Int(rng.next() % UInt64(segments.count))] }.joined(separator: "/")
+            let may = ServerAffinity.mayConcern(path: path)
+            if may { concerned += 1 }
+            for method in ["GET", "POST", "DELETE"] {
+                let any =
+                    ServerAffinity.named(method: method, path: path, body: body) != nil
+                    || ServerAffinity.madeByRequest(method: method, path: path, body: body) != nil
+                    || ServerAffinity.answerMakes(method: method, path: path)
+                #expect(may || !any, "\(method) \(path)")
+            }
+        }
+        #expect(concerned > 5_000 && concerned < 19_000, "\(concerned)")
+        #expect(!ServerAffinity.mayConcern(path: "/v1/chat/completions") && !ServerAffinity.mayConcern(path: "/v1/models"))
+        #expect(ServerAffinity.mayConcern(path: "/v1/rag/ingest") && ServerAffinity.mayConcern(path: "/v1/agents/runs"))
+    }
+
     @Test("the table is bounded, least recently used first, and forgets what expired")
     func table() {
         var table = AffinityTable(capacity: 64, lifetime: 100)

@@ -17,6 +17,12 @@ public enum ModelField {
     /// The same over contiguous bytes: one pass, no copy, no generic collection in the loop.
     public static func find(in data: [UInt8]) -> String? { string(named: "model", in: data) }
 
+    /// The same over bytes in place (a request body's first part, as it came).
+    public static func find(in bytes: UnsafeRawBufferPointer) -> String? {
+        let model: StaticString = "model"
+        return model.withUTF8Buffer { string(named: $0, in: bytes.assumingMemoryBound(to: UInt8.self)) }
+    }
+
     /// The top-level string field `name` of the JSON object in `data` (a prefix is enough when
     /// the field comes early); nil when it is not there (yet) or is not a string.
     public static func string(named name: String, in data: [UInt8]) -> String? {

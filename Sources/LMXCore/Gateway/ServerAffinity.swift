@@ -23,6 +23,36 @@ public enum ServerAffinity {
     /// gateway follows (the request goes where any other would).
     public static let maxIdentifierLength = 256
 
+    /// Whether any of ``named(method:path:body:)``, ``madeByRequest(method:path:body:)`` and
+    /// ``answerMakes(method:path:)`` can hold for `path`: false (most requests: chat completions,
+    /// models) when it has none of their segments' names anywhere, found in one pass over its
+    /// bytes (the checks then need no body).
+    public static func mayConcern(path: String) -> Bool {
+        var path = path
+        return path.withUTF8 { bytes in
+            var index = 0
+            while index < bytes.count {
+                let rest = UnsafeBufferPointer(rebasing: bytes[index...])
+                switch bytes[index] {
+                case UInt8(ascii: "a") where starts(rest, "agents"): return true
+                case UInt8(ascii: "r") where starts(rest, "rag") || starts(rest, "responses") || starts(rest, "runs"):
+                    return true
+                case UInt8(ascii: "i") where starts(rest, "ingest"): return true
+                default: index += 1
+                }
+            }
+            return false
+        }
+    }
+
+    private static func starts(_ bytes: UnsafeBufferPointer<UInt8>, _ word: StaticString) -> Bool {
+        guard bytes.count >= word.utf8CodeUnitCount else { return false }
+        return word.withUTF8Buffer { word in
+            for index in 0..<word.count where bytes[index] != word[index] { return false }
+            return true
+        }
+    }
+
     /// The object a request names, which only the server that made it has: from the path (runs,
     /// collections) or the start of the JSON body (`collection`, `previous_response_id`).
     public static func named(method: String, path: String, body: [UInt8]) -> ServerObject? {

@@ -395,7 +395,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// is the dashboard's: ``DashboardPolicy/resource(path:)``.)
     private func takes(_ head: ClientHead, length: Int) -> String? {
         guard !llhttpOnly, gateway.groupGate == nil, let path = Self.plainV1Path(head.uri) else { return nil }
-        guard !ServerAffinity.answerMakes(method: head.method.rawValue, path: path) else { return nil }
+        guard !ServerAffinity.mayConcern(path: path) || !ServerAffinity.answerMakes(method: head.method.rawValue, path: path)
+        else { return nil }
         if head.contains("expect") { return nil }
         if GatewayPolicy.refusal(
             method: head.method.rawValue, path: path, authority: head.first("host"), header: head.first,
@@ -481,13 +482,25 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private func decide(_ request: ForwardedRequest) {
         let method = request.head.method.rawValue
         let path = request.path
-        var bytes: [UInt8] = []
-        if method == "POST" {
+        // The body so far, as one array: only when the model is not in its first part alone (a
+        // prefix with the whole field reads as the whole body does), or the path may name an
+        // object whose field is read from the body.
+        var joined: [UInt8]?
+        func body() -> [UInt8] {
+            if let joined { return joined }
+            var bytes: [UInt8] = []
             bytes.reserveCapacity(request.received)
             for chunk in request.parts { bytes.append(contentsOf: chunk.readableBytesView) }
+            joined = bytes
+            return bytes
         }
-        let model = method == "POST" ? ModelField.find(in: bytes) : nil
-        if ServerAffinity.named(method: method, path: path, body: bytes) != nil {
+        var model: String?
+        if method == "POST", let first = request.parts.first {
+            model = first.withUnsafeReadableBytes { ModelField.find(in: $0) }
+            if model == nil, request.parts.count > 1 { model = ModelField.find(in: body()) }
+        }
+        let mayConcern = ServerAffinity.mayConcern(path: path)
+        if mayConcern, ServerAffinity.named(method: method, path: path, body: method == "POST" ? body() : []) != nil {
             return handOver(request)
         }
         let clientHasKey = GatewayPolicy.clientKeyHeaders.contains { request.head.contains($0) }
@@ -504,7 +517,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         else { return handOver(request) }
         request.model = model
         request.targets = targets
-        request.madeByRequest = ServerAffinity.madeByRequest(method: method, path: path, body: bytes)
+        if mayConcern {
+            request.madeByRequest = ServerAffinity.madeByRequest(
+                method: method, path: path, body: method == "POST" ? body() : [])
+        }
         request.inFlight = InFlightToken(gateway.metrics.gatewayInFlight)
         gateway.metrics.gatewayRequests.increment()
         attempt(request, index: 0, address: address)
