@@ -398,6 +398,17 @@ struct GatewayPolicyTests {
                 }
             }
         }
+        // A route's rule for `/v1/` paths, made once, is the rule made for each such path (that
+        // is not open) when the client's Connection lists nothing.
+        for credentials in routes {
+            let target = GatewayTarget(routeID: "r", baseURL: "http://127.0.0.1:1", via: .lan, credentials: credentials)
+            for path in ["/v1/chat/completions", "/v1/models", "/v1/agents/runs/7/events", "/v1/x"] {
+                let fresh = GatewayPolicy.UpstreamHeaderRule(connectionListed: [], credentials: credentials, path: path)
+                #expect(target.inferenceRule.routeHeaders.map(\.name) == fresh.routeHeaders.map(\.name))
+                #expect(target.inferenceRule.routeHeaders.map(\.value) == fresh.routeHeaders.map(\.value))
+                for name in names { #expect(target.inferenceRule.keeps(name) == fresh.keeps(name), "\(name) \(path)") }
+            }
+        }
         // The rule is the one upstreamHeaders applies: a route's key replaces the client's.
         let rule = GatewayPolicy.UpstreamHeaderRule(
             connectionListed: [], credentials: Credentials(inferenceKey: "k"), path: "/v1/models")

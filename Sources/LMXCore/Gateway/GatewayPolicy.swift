@@ -199,7 +199,7 @@ public enum GatewayPolicy {
     /// Which of a client's headers travel upstream (``upstreamHeaders(client:credentials:path:userAgent:)``),
     /// one name at a time: as a `String`, or as the client's bytes (the data path makes no
     /// `String` of the headers it passes on).
-    public struct UpstreamHeaderRule {
+    public struct UpstreamHeaderRule: Sendable {
         /// The route's headers for the path (its credentials), sent after the client's.
         public let routeHeaders: [(name: String, value: String)]
         /// What the client's `Connection` lists, and the client headers the route's replace (lower case).

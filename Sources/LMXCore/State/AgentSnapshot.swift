@@ -226,12 +226,15 @@ public struct GatewayTarget: Sendable {
         let serverInFlight: Int
         let instanceID: String?
         let routeKey: RouteKey
+        let inferenceRule: GatewayPolicy.UpstreamHeaderRule
 
         init(
             routeID: String, baseURL: String, via: Via, credentials: Credentials, rank: Int, serverInFlight: Int,
             instanceID: String?
         ) {
             routeKey = RouteKey(routeID)
+            inferenceRule = GatewayPolicy.UpstreamHeaderRule(
+                connectionListed: [], credentials: credentials, path: GatewayTarget.inferencePath)
             self.routeID = routeID
             self.baseURL = baseURL
             self.via = via
@@ -255,6 +258,12 @@ public struct GatewayTarget: Sendable {
     public var serverInFlight: Int { storage.serverInFlight }
     /// The server's `instance_id` (what objects made there are kept against).
     public var instanceID: String? { storage.instanceID }
+    /// Which client headers go on and the route's own, for a request under `/v1/` (but the
+    /// paths open without a key: ``Credentials/openPaths``) whose `Connection` lists no header:
+    /// made once for the route, not for every such request (nearly all of them).
+    public var inferenceRule: GatewayPolicy.UpstreamHeaderRule { storage.inferenceRule }
+    /// A path the inference rule stands for (any `/v1/` path but the open ones).
+    static let inferencePath = "/v1/chat/completions"
 
     public init(
         routeID: String, baseURL: String, via: Via, credentials: Credentials, rank: Int = 0, serverInFlight: Int = 0,

@@ -605,9 +605,13 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         let handler = connection.handler
         // Which of the client's headers go on (``GatewayPolicy/upstreamHeaders``), decided on their
         // names' bytes; the kept lines are copied from the client's bytes.
-        let rule = GatewayPolicy.UpstreamHeaderRule(
-            connectionListed: GatewayPolicy.connectionListed(head.all("connection")),
-            credentials: target.credentials, path: request.path)
+        // (The route's rule for `/v1/` paths, made once, when it applies: nearly always.)
+        let listed = head.contains("connection") ? GatewayPolicy.connectionListed(head.all("connection")) : []
+        let rule =
+            listed.isEmpty && !Credentials.openPaths.contains(where: { $0 == request.path })
+            ? target.inferenceRule
+            : GatewayPolicy.UpstreamHeaderRule(
+                connectionListed: listed, credentials: target.credentials, path: request.path)
         // The body's framing: its length when known (all of it read, or declared), else chunked.
         let length: Int? =
             request.clientEnded
