@@ -30,25 +30,29 @@ public enum ServerAffinity {
     public static func mayConcern(path: String) -> Bool {
         var path = path
         return path.withUTF8 { bytes in
-            var index = 0
-            while index < bytes.count {
-                let rest = UnsafeBufferPointer(rebasing: bytes[index...])
+            for index in bytes.indices {
                 switch bytes[index] {
-                case UInt8(ascii: "a") where starts(rest, "agents"): return true
-                case UInt8(ascii: "r") where starts(rest, "rag") || starts(rest, "responses") || starts(rest, "runs"):
-                    return true
-                case UInt8(ascii: "i") where starts(rest, "ingest"): return true
-                default: index += 1
+                case UInt8(ascii: "a"):
+                    if word(bytes, at: index, "agents") { return true }
+                case UInt8(ascii: "r"):
+                    if word(bytes, at: index, "rag") || word(bytes, at: index, "responses") || word(bytes, at: index, "runs") {
+                        return true
+                    }
+                case UInt8(ascii: "i"):
+                    if word(bytes, at: index, "ingest") { return true }
+                default:
+                    break
                 }
             }
             return false
         }
     }
 
-    private static func starts(_ bytes: UnsafeBufferPointer<UInt8>, _ word: StaticString) -> Bool {
-        guard bytes.count >= word.utf8CodeUnitCount else { return false }
-        return word.withUTF8Buffer { word in
-            for index in 0..<word.count where bytes[index] != word[index] { return false }
+    /// `word` is at `index` in `bytes`.
+    private static func word(_ bytes: UnsafeBufferPointer<UInt8>, at index: Int, _ word: StaticString) -> Bool {
+        word.withUTF8Buffer { word in
+            guard bytes.count - index >= word.count else { return false }
+            for offset in 0..<word.count where bytes[index + offset] != word[offset] { return false }
             return true
         }
     }

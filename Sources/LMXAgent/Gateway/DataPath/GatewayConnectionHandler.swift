@@ -368,11 +368,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             // Parts of a request already abandoned (its answer ended before its body).
             return
         }
-        guard handedOver == 0, !passing, let path = takes(head, length: length) else {
+        guard handedOver == 0, !passing, let (path, mayConcern) = takes(head, length: length) else {
             handOver(raw: head.raw, parts: [], ended: false)
             return
         }
-        request = ForwardedRequest(head: head, path: path, declaredLength: length)
+        request = ForwardedRequest(head: head, path: path, declaredLength: length, mayConcern: mayConcern)
     }
 
     /// Handles the queued parts, in order, until a request of ours waits for its answer.
@@ -393,10 +393,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// the general path's waits or checks (`length`: the body's, as the front read it). Its path
     /// (the target without the query) when it is one; nil for the others. (No path under `/v1/`
     /// is the dashboard's: ``DashboardPolicy/resource(path:)``.)
-    private func takes(_ head: ClientHead, length: Int) -> String? {
+    private func takes(_ head: ClientHead, length: Int) -> (path: String, mayConcern: Bool)? {
         guard !llhttpOnly, gateway.groupGate == nil, let path = Self.plainV1Path(head.uri) else { return nil }
-        guard !ServerAffinity.mayConcern(path: path) || !ServerAffinity.answerMakes(method: head.method.rawValue, path: path)
-        else { return nil }
+        // (Most paths can concern no object: told in one pass, and the request keeps the answer.)
+        let mayConcern = ServerAffinity.mayConcern(path: path)
+        guard !mayConcern || !ServerAffinity.answerMakes(method: head.method.rawValue, path: path) else { return nil }
         if head.contains("expect") { return nil }
         if GatewayPolicy.refusal(
             method: head.method.rawValue, path: path, authority: head.first("host"), header: head.first,
@@ -405,7 +406,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         {
             return nil
         }
-        return length <= gateway.configuration.maxRequestBytes ? path : nil
+        return length <= gateway.configuration.maxRequestBytes ? (path, mayConcern) : nil
     }
 
     /// The path (the target without its query) of a `/v1/` target with no percent-encoding,
@@ -499,7 +500,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             model = first.withUnsafeReadableBytes { ModelField.find(in: $0) }
             if model == nil, request.parts.count > 1 { model = ModelField.find(in: body()) }
         }
-        let mayConcern = ServerAffinity.mayConcern(path: path)
+        let mayConcern = request.mayConcern
         if mayConcern, ServerAffinity.named(method: method, path: path, body: method == "POST" ? body() : []) != nil {
             return handOver(request)
         }
@@ -1122,6 +1123,8 @@ final class ForwardedRequest {
     /// The head, with its bytes as the client sent them (given to llhttp if the request is handed over).
     let head: ClientHead
     let path: String
+    /// The path may name or make an object of one server (``ServerAffinity/mayConcern(path:)``).
+    let mayConcern: Bool
     let started = ContinuousClock.now
     /// What the body read ahead holds of the shared budget (made with the first body part).
     private var reservation: ReadAheadBudget.Reservation?
@@ -1155,10 +1158,11 @@ final class ForwardedRequest {
     var inFlight: InFlightToken?
     var routeToken: (any AnyObject & Sendable)?
 
-    init(head: ClientHead, path: String, declaredLength: Int) {
+    init(head: ClientHead, path: String, declaredLength: Int, mayConcern: Bool) {
         self.head = head
         self.declaredLength = declaredLength
         self.path = path
+        self.mayConcern = mayConcern
     }
 
     func reservation(from budget: ReadAheadBudget, for uid: UInt32?) -> ReadAheadBudget.Reservation {

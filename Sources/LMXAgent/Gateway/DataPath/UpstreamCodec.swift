@@ -457,7 +457,7 @@ struct UpstreamResponseParser {
 /// head. No `String` is made of a header the gateway only passes on: the kept ones are written to
 /// the client from these bytes (read strictly by ``UpstreamResponseParser``: names are tokens,
 /// values have no line breaks or control characters).
-struct UpstreamAnswerHead {
+final class UpstreamAnswerHead {
     struct Field {
         /// Where the name and the value (without the spaces around it) are in ``bytes``.
         var name: Range<Int>
@@ -468,12 +468,22 @@ struct UpstreamAnswerHead {
     }
 
     /// `HTTP/1.<minor>`.
-    var minor: Int
-    var status: Int
+    let minor: Int
+    let status: Int
     /// The head, status line through the blank line.
-    var bytes: ByteBuffer
-    var fields: [Field]
-    var read: AnswerHeaders
+    let bytes: ByteBuffer
+    let fields: [Field]
+    let read: AnswerHeaders
+
+    /// (An object: the parser's parts are handed on, and copied, several times per answer; a
+    /// struct of buffers, arrays and texts was retained and released whole at every copy.)
+    init(minor: Int, status: Int, bytes: ByteBuffer, fields: [Field], read: AnswerHeaders) {
+        self.minor = minor
+        self.status = status
+        self.bytes = bytes
+        self.fields = fields
+        self.read = read
+    }
 
     /// The headers as text (tests, logs): the data path itself reads ``fields``.
     var headers: [(name: String, value: String)] {
