@@ -107,6 +107,20 @@ struct ManagerTests {
             "opta-lmx://pair?v=1&name=Studio&url=https%3A%2F%2Ftunnel.example&instance=studio-1" + extra)
     }
 
+    @Test("durations read as seconds: exact for what the gateway times, from a nanosecond to a day")
+    func durationSeconds() {
+        #expect(Duration.seconds(1).seconds == 1)
+        #expect(Duration.milliseconds(250).seconds == 0.25)
+        #expect(Duration.seconds(86_400).seconds == 86_400)
+        #expect(Duration.zero.seconds == 0 && Duration.milliseconds(-1500).seconds == -1.5)
+        for (duration, expected) in [
+            (Duration.nanoseconds(1), 1e-9), (.microseconds(77), 77e-6), (.nanoseconds(123_456_789), 0.123456789),
+            (.seconds(3600) + .nanoseconds(1), 3600.000000001),
+        ] {
+            #expect(abs(duration.seconds - expected) <= expected * 1e-15, "\(duration)")
+        }
+    }
+
     @Test("a pairing imported is probed and becomes the active endpoint, on the manual clock")
     func pairingBecomesActive() async throws {
         let rig = try Rig()

@@ -409,6 +409,14 @@ struct GatewayPolicyTests {
                 for name in names { #expect(target.inferenceRule.keeps(name) == fresh.keeps(name), "\(name) \(path)") }
             }
         }
+        // The open paths, told by length first, and nothing else: not a prefix, another case, a
+        // trailing slash or another path of the same length.
+        for path in Credentials.openPaths { #expect(Credentials.isOpen(path: path)) }
+        for path in ["/healthz/", "/Healthz", "/readyz2", "/v1/discoverx", "/v1/discover", "", "/", "/v1/models"] {
+            #expect(!Credentials.isOpen(path: path), "\(path)")
+        }
+        // The data path looks the client's key headers up as these literals.
+        #expect(GatewayPolicy.clientKeyHeaders == ["authorization", "x-api-key"])
         // The rule is the one upstreamHeaders applies: a route's key replaces the client's.
         let rule = GatewayPolicy.UpstreamHeaderRule(
             connectionListed: [], credentials: Credentials(inferenceKey: "k"), path: "/v1/models")

@@ -504,7 +504,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if mayConcern, ServerAffinity.named(method: method, path: path, body: method == "POST" ? body() : []) != nil {
             return handOver(request)
         }
-        let clientHasKey = GatewayPolicy.clientKeyHeaders.contains { request.head.contains($0) }
+        // (GatewayPolicy.clientKeyHeaders, looked up as literals.)
+        let clientHasKey = request.head.contains("authorization") || request.head.contains("x-api-key")
         let plan = state.plan(model: model, clientHasKey: clientHasKey, limit: gateway.configuration.attempts)
         guard case .forward(let routes) = plan, !routes.isEmpty else { return handOver(request) }
         var targets = gateway.load.order(routes)
@@ -609,7 +610,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // (The route's rule for `/v1/` paths, made once, when it applies: nearly always.)
         let listed = head.contains("connection") ? GatewayPolicy.connectionListed(head.all("connection")) : []
         let rule =
-            listed.isEmpty && !Credentials.openPaths.contains(where: { $0 == request.path })
+            listed.isEmpty && !Credentials.isOpen(path: request.path)
             ? target.inferenceRule
             : GatewayPolicy.UpstreamHeaderRule(
                 connectionListed: listed, credentials: target.credentials, path: request.path)

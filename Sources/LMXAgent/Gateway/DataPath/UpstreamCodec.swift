@@ -139,7 +139,8 @@ struct UpstreamResponseParser {
                         var ignored = Head()
                         try line.withUnsafeReadableBytes { bytes throws(Malformed) in
                             let control = bytes.contains { ($0 < 0x20 && $0 != 0x09) || $0 == 0x7F }
-                            try Self.headerLine(bytes, at: 0, control: control, into: &ignored)
+                            let colon = bytes.firstIndex(of: UInt8(ascii: ":")) ?? -1
+                            try Self.headerLine(bytes, at: 0, colon: colon, control: control, into: &ignored)
                         }
                         state = .trailers(read: read + line.readableBytes + 2)
                     }
@@ -254,8 +255,10 @@ struct UpstreamResponseParser {
                 // (other than a tab) that a header line may not have.
                 var index = start
                 var control = false
+                var colon = -1  // the line's first colon, found in the same pass
                 while index < end {
                     let byte = bytes[index]
+                    if byte == UInt8(ascii: ":"), colon < 0 { colon = index - start }
                     if byte < 0x20 || byte == 0x7F {
                         if byte == 0x0D { break }
                         guard byte != 0x0A, byte != 0 else {
@@ -273,7 +276,7 @@ struct UpstreamResponseParser {
                     first = false
                     try statusLine(line, into: &parsed)
                 } else {
-                    try headerLine(line, at: start, control: control, into: &parsed)
+                    try headerLine(line, at: start, colon: colon, control: control, into: &parsed)
                 }
                 start = index + 2
             }
@@ -304,15 +307,13 @@ struct UpstreamResponseParser {
         parsed.status = status
     }
 
-    /// A header line (`offset`: where it starts in the head's bytes; `control`: it has a
-    /// control character other than a tab).
+    /// A header line (`offset`: where it starts in the head's bytes; `colon`: where its first
+    /// colon is in it, -1 for none; `control`: it has a control character other than a tab).
     private static func headerLine(
-        _ line: UnsafeRawBufferPointer, at offset: Int, control: Bool, into parsed: inout Head
+        _ line: UnsafeRawBufferPointer, at offset: Int, colon: Int, control: Bool, into parsed: inout Head
     ) throws(Malformed) {
-        guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > 0 else {
-            throw Malformed(reason: "a header line without a name")
-        }
-        for byte in line[0..<colon] where !HTTPSyntax.isTokenByte(byte) {
+        guard colon > 0 else { throw Malformed(reason: "a header line without a name") }
+        for index in 0..<colon where !HTTPSyntax.isTokenByte(line[index]) {
             // Folded lines, spaces before the colon: never framing anybody could disagree on.
             throw Malformed(reason: "a header name that is not a token")
         }
