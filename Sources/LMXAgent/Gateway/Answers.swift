@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Hummingbird
 import HummingbirdCore
 import LMXCore
+import LMXSystem
 import NIOCore
 import NIOHTTP1
 import Prometheus
@@ -75,14 +76,17 @@ extension Gateway {
     /// Events of a streamed answer as they pass: how many, when the first and the last came.
     struct EventTally {
         var events = 0
-        var first: ContinuousClock.Instant?
-        var last: ContinuousClock.Instant?
+        /// When the first and the last event passed (``SystemClock/monotonic()``, seconds: read
+        /// as a `Double` at once, where a `Duration` between two clock instants is turned into
+        /// seconds by dividing a 128-bit count, about 190 instructions each).
+        var first: Double?
+        var last: Double?
         var afterNewline = true
 
         mutating func count(_ bytes: UnsafeRawBufferPointer) {
             let ended = EventBoundary.count(in: bytes, afterNewline: &afterNewline)
             guard ended > 0 else { return }
-            let now = ContinuousClock.now
+            let now = SystemClock.monotonic()
             if first == nil { first = now }
             last = now
             events += ended
@@ -282,7 +286,8 @@ final class ReadAheadBudget: Sendable {
 struct TrafficTap: Sendable {
     let traffic: GatewayTraffic
     let model: String?
-    let started: ContinuousClock.Instant
+    /// When the request came (``SystemClock/monotonic()``).
+    let started: Double
 
     /// The answer's head came (now): its status, and the time to it unless it is a stream.
     /// Returns the series it was counted under (`recent`, the connection's last, when the model
@@ -290,7 +295,7 @@ struct TrafficTap: Sendable {
     @discardableResult
     func answered(_ via: Via, status: Int, stream: Bool, recent: GatewayTraffic.Series? = nil) -> GatewayTraffic.Series
     {
-        let firstByte = stream ? nil : (ContinuousClock.now - started).seconds
+        let firstByte = stream ? nil : SystemClock.monotonic() - started
         return traffic.answered(
             model: model, via: via, status: status, firstByte: firstByte, answered: true, recent: recent)
     }
@@ -298,8 +303,8 @@ struct TrafficTap: Sendable {
     /// A stream's figures under the series its answer was counted under (its model's text is
     /// labelled and hashed at most once per request).
     func streamed(series: GatewayTraffic.Series, _ tally: Gateway.EventTally) {
-        let firstEvent = tally.first.map { ($0 - started).seconds }
-        let span = tally.first.flatMap { first in tally.last.map { ($0 - first).seconds } } ?? 0
+        let firstEvent = tally.first.map { $0 - started }
+        let span = tally.first.flatMap { first in tally.last.map { $0 - first } } ?? 0
         traffic.streamed(series: series, firstEvent: firstEvent, events: tally.events, seconds: span)
     }
 }

@@ -122,7 +122,7 @@ extension Gateway {
         metrics.gatewayRequests.increment()
         // Counted until the answer's body is done or dropped (a client that went away).
         let inFlight = InFlightToken(metrics.gatewayInFlight)
-        let started = ContinuousClock.now
+        let started = SystemClock.monotonic()
         var lastFailure = ""
         var lastBusy: (status: HTTPResponseStatus, headers: HTTPHeaders, body: ByteBuffer, target: GatewayTarget)?
         for (index, target) in targets.enumerated() {

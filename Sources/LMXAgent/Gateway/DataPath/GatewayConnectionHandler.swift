@@ -1126,7 +1126,8 @@ final class ForwardedRequest {
     let path: String
     /// The path may name or make an object of one server (``ServerAffinity/mayConcern(path:)``).
     let mayConcern: Bool
-    let started = ContinuousClock.now
+    /// When its head came (``SystemClock/monotonic()``: the traffic figures' start).
+    let started = SystemClock.monotonic()
     /// What the body read ahead holds of the shared budget (made with the first body part).
     private var reservation: ReadAheadBudget.Reservation?
     var phase = Phase.collecting
