@@ -223,40 +223,41 @@ struct ClientRequestParser {
 
     /// `METHOD SP origin-form SP HTTP/1.x`, of the methods clients of the gateway use.
     private static func requestLine(_ line: UnsafeRawBufferPointer) -> (HTTPMethod, String, Int)? {
-        // At least one byte of target between the spaces.
-        guard let space = line.firstIndex(of: 0x20), line.count >= space + 11 else { return nil }
-        let name = line[..<space]
+        // At least one byte of target between the spaces (the method is at most 7 bytes).
+        var space = 0
+        while space < min(line.count, 8), line[space] != 0x20 { space += 1 }
+        guard space < line.count, line[space] == 0x20, line.count >= space + 11 else { return nil }
         let method: HTTPMethod
-        if matches(name, "GET") {
-            method = .GET
-        } else if matches(name, "POST") {
-            method = .POST
-        } else if matches(name, "HEAD") {
-            method = .HEAD
-        } else if matches(name, "PUT") {
-            method = .PUT
-        } else if matches(name, "DELETE") {
-            method = .DELETE
-        } else if matches(name, "OPTIONS") {
-            method = .OPTIONS
-        } else if matches(name, "PATCH") {
-            method = .PATCH
-        } else {
-            return nil
+        switch space {
+        case 3 where matches(line, "GET"): method = .GET
+        case 3 where matches(line, "PUT"): method = .PUT
+        case 4 where matches(line, "POST"): method = .POST
+        case 4 where matches(line, "HEAD"): method = .HEAD
+        case 5 where matches(line, "PATCH"): method = .PATCH
+        case 6 where matches(line, "DELETE"): method = .DELETE
+        case 7 where matches(line, "OPTIONS"): method = .OPTIONS
+        default: return nil
         }
+        // ` HTTP/1.0` or ` HTTP/1.1` at the end.
         let version = line.count - 9
         let minor = line[line.count - 1]
-        guard line[version] == 0x20, matches(line[(version + 1)..<(line.count - 1)], "HTTP/1."),
+        guard line[version] == 0x20, matches(UnsafeRawBufferPointer(rebasing: line[(version + 1)...]), "HTTP/1."),
             minor == UInt8(ascii: "1") || minor == UInt8(ascii: "0")
         else { return nil }
-        let target = line[(space + 1)..<version]
-        guard target.first == UInt8(ascii: "/"), target.allSatisfy({ (0x21...0x7E).contains($0) }) else {
-            return nil
+        // An origin-form target of visible ASCII.
+        guard line[space + 1] == UInt8(ascii: "/") else { return nil }
+        for index in (space + 1)..<version where line[index] < 0x21 || line[index] > 0x7E { return nil }
+        let target = UnsafeRawBufferPointer(rebasing: line[(space + 1)..<version])
+        return (method, String(decoding: target, as: UTF8.self), Int(minor - 0x30))
+    }
+
+    /// `bytes` start with `text`.
+    private static func matches(_ bytes: UnsafeRawBufferPointer, _ text: StaticString) -> Bool {
+        text.withUTF8Buffer { text in
+            guard bytes.count >= text.count else { return false }
+            for index in 0..<text.count where bytes[index] != text[index] { return false }
+            return true
         }
-        return (
-            method, String(decoding: UnsafeRawBufferPointer(rebasing: target), as: UTF8.self),
-            Int(minor - 0x30)
-        )
     }
 
     /// Reads a `Connection` value's comma-separated tokens (spaces around them trimmed, case
@@ -278,10 +279,6 @@ struct ClientRequestParser {
             }
             start = end + 1
         }
-    }
-
-    private static func matches(_ bytes: Slice<UnsafeRawBufferPointer>, _ text: StaticString) -> Bool {
-        text.withUTF8Buffer { bytes.elementsEqual($0) }
     }
 
     private static func containsLowercased(_ bytes: Slice<UnsafeRawBufferPointer>, _ lower: StaticString) -> Bool {
