@@ -53,9 +53,12 @@ struct OutputsTests {
             model: "m1", via: .lan, status: 200, firstByte: 0.05, answered: true, recent: first)
         #expect(again === first)
         // Another model, another path, no model: each its own series, not the recent one.
-        let other = traffic.answered(model: "m2", via: .lan, status: 200, firstByte: 0.05, answered: true, recent: first)
-        let tunnel = traffic.answered(model: "m1", via: .wan, status: 500, firstByte: nil, answered: true, recent: first)
-        let unnamed = traffic.answered(model: nil, via: .lan, status: 200, firstByte: nil, answered: false, recent: first)
+        let other = traffic.answered(
+            model: "m2", via: .lan, status: 200, firstByte: 0.05, answered: true, recent: first)
+        let tunnel = traffic.answered(
+            model: "m1", via: .wan, status: 500, firstByte: nil, answered: true, recent: first)
+        let unnamed = traffic.answered(
+            model: nil, via: .lan, status: 200, firstByte: nil, answered: false, recent: first)
         #expect(other !== first && other.key.model == "m2")
         #expect(tunnel !== first && tunnel.key.via == .wan)
         #expect(unnamed !== first && unnamed.key.model == TrafficStats.unnamed)

@@ -433,7 +433,9 @@ struct UpstreamCodecTests {
             gathered.add(part, chunked: true, to: context)
             gathered.write(to: context)
             context.flush()
-            #expect(try written() == ["H" + String(size, radix: 16) + "\r\n" + String(repeating: "y", count: size) + "\r\n"])
+            #expect(
+                try written() == ["H" + String(size, radix: 16) + "\r\n" + String(repeating: "y", count: size) + "\r\n"]
+            )
         }
         // A large part: what was gathered goes first, then the part as it is (not copied).
         let large = String(repeating: "x", count: HTTP1Bytes.gatherLimit + 1)

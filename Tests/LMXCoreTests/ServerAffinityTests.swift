@@ -49,7 +49,9 @@ struct ServerAffinityTests {
         #expect(ServerAffinity.madeByAnswer(body(#"{"id": 12}"#), path: "/v1/agents/runs") == nil)
     }
 
-    @Test("a path that may not concern an object (the data path's first check) is one no rule takes, on 20,000 generated paths")
+    @Test(
+        "a path that may not concern an object (the data path's first check) is one no rule takes, on 20,000 generated paths"
+    )
     func mayConcern() {
         let segments = [
             "v1", "agents", "agent", "runs", "run", "rag", "ra", "collections", "query", "context", "ingest", "ingests",
@@ -60,7 +62,8 @@ struct ServerAffinityTests {
         var concerned = 0
         for _ in 0..<20_000 {
             let count = Int(rng.next() % 6) + 1
-            let path = "/" + (0..<count).map { _ in segments[Int(rng.next() % UInt64(segments.count))] }.joined(separator: "/")
+            let path =
+                "/" + (0..<count).map { _ in segments[Int(rng.next() % UInt64(segments.count))] }.joined(separator: "/")
             let may = ServerAffinity.mayConcern(path: path)
             if may { concerned += 1 }
             for method in ["GET", "POST", "DELETE"] {
@@ -72,7 +75,8 @@ struct ServerAffinityTests {
             }
         }
         #expect(concerned > 5_000 && concerned < 19_000, "\(concerned)")
-        #expect(!ServerAffinity.mayConcern(path: "/v1/chat/completions") && !ServerAffinity.mayConcern(path: "/v1/models"))
+        #expect(
+            !ServerAffinity.mayConcern(path: "/v1/chat/completions") && !ServerAffinity.mayConcern(path: "/v1/models"))
         #expect(ServerAffinity.mayConcern(path: "/v1/rag/ingest") && ServerAffinity.mayConcern(path: "/v1/agents/runs"))
     }
 

@@ -70,7 +70,9 @@ public final class GatewayTraffic: Sendable {
         let counted = stats.withLock {
             $0.streamed(key: key, firstEvent: firstEvent, events: events, seconds: seconds, now: now)
         }
-        streamed(Series(model: model, key: counted, metrics: metrics), firstEvent: firstEvent, events: events, seconds: seconds)
+        streamed(
+            Series(model: model, key: counted, metrics: metrics), firstEvent: firstEvent, events: events,
+            seconds: seconds)
     }
 
     /// A stream's figures, under the series its answer was counted under

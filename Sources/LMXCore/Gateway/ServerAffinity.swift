@@ -35,7 +35,9 @@ public enum ServerAffinity {
                 case UInt8(ascii: "a"):
                     if word(bytes, at: index, "agents") { return true }
                 case UInt8(ascii: "r"):
-                    if word(bytes, at: index, "rag") || word(bytes, at: index, "responses") || word(bytes, at: index, "runs") {
+                    if word(bytes, at: index, "rag") || word(bytes, at: index, "responses")
+                        || word(bytes, at: index, "runs")
+                    {
                         return true
                     }
                 case UInt8(ascii: "i"):

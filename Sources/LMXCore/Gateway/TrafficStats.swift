@@ -87,13 +87,15 @@ public struct TrafficStats: Sendable {
     public mutating func answered(
         model: String?, via: Via, status: Int, firstByte: Double?, answered: Bool = true, now: Double
     ) -> Key {
-        self.answered(key: Self.named(model: model, via: via), status: status, firstByte: firstByte, answered: answered, now: now)
+        self.answered(
+            key: Self.named(model: model, via: via), status: status, firstByte: firstByte, answered: answered, now: now)
     }
 
     /// As ``answered(model:via:status:firstByte:answered:now:)``, under a key ``named(model:via:)``
     /// made or one this table returned (it keeps every key it counted under).
     @discardableResult
-    public mutating func answered(key: Key, status: Int, firstByte: Double?, answered: Bool = true, now: Double) -> Key {
+    public mutating func answered(key: Key, status: Int, firstByte: Double?, answered: Bool = true, now: Double) -> Key
+    {
         let samples = samples
         return update(key: key) { entry in
             entry.requests &+= 1

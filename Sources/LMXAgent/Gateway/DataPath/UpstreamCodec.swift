@@ -728,7 +728,9 @@ enum HTTP1Bytes {
     /// `size` in hexadecimal and CRLF, in one access to the buffer's memory.
     static func writeChunkSize(_ size: Int, to out: inout ByteBuffer) {
         let digits = hexDigits(size)
-        out.writeWithUnsafeMutableBytes(minimumWritableBytes: digits + 2) { putChunkSize(size, digits: digits, at: 0, in: $0) }
+        out.writeWithUnsafeMutableBytes(minimumWritableBytes: digits + 2) {
+            putChunkSize(size, digits: digits, at: 0, in: $0)
+        }
     }
 
     /// How many hexadecimal digits `size` takes (1 for 0).
@@ -782,7 +784,9 @@ struct Gathered {
         let digits = HTTP1Bytes.hexDigits(size)
         bytes.writeWithUnsafeMutableBytes(minimumWritableBytes: digits + size + 4) { out in
             let at = HTTP1Bytes.putChunkSize(size, digits: digits, at: 0, in: out)
-            part.withUnsafeReadableBytes { UnsafeMutableRawBufferPointer(rebasing: out[at..<(at + size)]).copyMemory(from: $0) }
+            part.withUnsafeReadableBytes {
+                UnsafeMutableRawBufferPointer(rebasing: out[at..<(at + size)]).copyMemory(from: $0)
+            }
             out[at + size] = 0x0D
             out[at + size + 1] = 0x0A
             return at + size + 2
