@@ -20,19 +20,20 @@ public enum ModelField {
     /// The same over bytes in place (a request body's first part, as it came).
     public static func find(in bytes: UnsafeRawBufferPointer) -> String? {
         let model: StaticString = "model"
-        return model.withUTF8Buffer { string(named: $0, in: bytes.assumingMemoryBound(to: UInt8.self)) }
+        return model.withUTF8Buffer { string(named: UnsafeRawBufferPointer($0), in: bytes) }
     }
 
     /// The top-level string field `name` of the JSON object in `data` (a prefix is enough when
     /// the field comes early); nil when it is not there (yet) or is not a string.
     public static func string(named name: String, in data: [UInt8]) -> String? {
         var name = name
-        return name.withUTF8 { wanted in data.withUnsafeBufferPointer { string(named: wanted, in: $0) } }
+        return name.withUTF8 { wanted in data.withUnsafeBytes { string(named: UnsafeRawBufferPointer(wanted), in: $0) }
+        }
     }
 
     /// As ``string(named:in:)``, over the bytes in place: the key is compared where it
     /// lies (no quoted copy of `name` is made per call), and no index is checked twice.
-    static func string(named wanted: UnsafeBufferPointer<UInt8>, in data: UnsafeBufferPointer<UInt8>) -> String? {
+    static func string(named wanted: UnsafeRawBufferPointer, in data: UnsafeRawBufferPointer) -> String? {
         var i = 0
         @inline(__always) func isSpace(_ b: UInt8) -> Bool { b == 0x20 || b == 0x09 || b == 0x0A || b == 0x0D }
         func skipSpace() { while i < data.count, isSpace(data[i]) { i += 1 } }
@@ -105,7 +106,7 @@ public enum ModelField {
                 guard i < data.count, data[i] == 0x22, let value = skipString() else { return nil }
                 // Printable ASCII without escapes (model names, ids) is its own text; anything
                 // else is read by the JSON decoder (escapes, UTF-8, control characters refused).
-                let inner = UnsafeBufferPointer(rebasing: data[(value.lowerBound + 1)..<(value.upperBound - 1)])
+                let inner = UnsafeRawBufferPointer(rebasing: data[(value.lowerBound + 1)..<(value.upperBound - 1)])
                 if inner.allSatisfy({ $0 >= 0x20 && $0 < 0x7F && $0 != 0x5C }) {
                     return String(decoding: inner, as: UTF8.self)
                 }
