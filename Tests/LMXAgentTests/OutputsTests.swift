@@ -18,7 +18,9 @@ struct OutputsTests {
     func gatewayLatencyMetrics() {
         let metrics = AgentMetrics()
         let traffic = GatewayTraffic(metrics: metrics)
-        traffic.streamed(model: "m1", via: .lan, firstEvent: 0.2, events: 21, seconds: 1.0)
+        // A stream, counted as the gateway counts one: its answer's head (no first byte), then its events.
+        let stream = traffic.answered(model: "m1", via: .lan, status: 200, firstByte: nil, answered: true)
+        traffic.streamed(series: stream, firstEvent: 0.2, events: 21, seconds: 1.0)
         traffic.answered(model: "m1", via: .wan, status: 200, firstByte: 0.05, answered: true)
         traffic.answered(model: "m1", via: .wan, status: 503, firstByte: 0.01, answered: true)  // not a latency
         var bytes: [UInt8] = []

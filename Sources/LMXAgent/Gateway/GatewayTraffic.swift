@@ -64,17 +64,6 @@ public final class GatewayTraffic: Sendable {
         return series
     }
 
-    func streamed(model: String?, via: Via, firstEvent: Double?, events: Int, seconds: Double) {
-        let key = TrafficStats.named(model: model, via: via)
-        let now = SystemClock.realtime()
-        let counted = stats.withLock {
-            $0.streamed(key: key, firstEvent: firstEvent, events: events, seconds: seconds, now: now)
-        }
-        streamed(
-            Series(model: model, key: counted, metrics: metrics), firstEvent: firstEvent, events: events,
-            seconds: seconds)
-    }
-
     /// A stream's figures, under the series its answer was counted under
     /// (``answered(model:via:status:firstByte:answered:recent:)``).
     func streamed(series: Series, firstEvent: Double?, events: Int, seconds: Double) {
@@ -82,11 +71,6 @@ public final class GatewayTraffic: Sendable {
         stats.withLock {
             _ = $0.streamed(key: series.key, firstEvent: firstEvent, events: events, seconds: seconds, now: now)
         }
-        streamed(series, firstEvent: firstEvent, events: events, seconds: seconds)
-    }
-
-    /// The stream's figures into the series' histograms.
-    private func streamed(_ series: Series, firstEvent: Double?, events: Int, seconds: Double) {
         if let firstEvent { series.firstToken?.record(seconds: firstEvent) }
         if events >= 2, seconds > 0 { series.tokensPerSecond?.record(seconds: Double(events - 1) / seconds) }
     }

@@ -137,7 +137,7 @@ struct ClientRequestParser {
                 if bytes[index] == 0x0A { return .other }
                 index += 1
             }
-            guard index + 1 < count else { return count > maxHead ? .other : .incomplete }
+            guard index + 1 < count else { return .incomplete }  // (past maxHead: the caller's `.other`)
             guard bytes[index + 1] == 0x0A,
                 let (method, target, minor) = Self.requestLine(UnsafeRawBufferPointer(rebasing: bytes[0..<index]))
             else { return .other }
