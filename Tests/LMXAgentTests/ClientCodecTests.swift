@@ -167,6 +167,42 @@ struct ClientCodecTests {
         }
     }
 
+    @Test(
+        "read a word at a time, every byte position of a long request line and value counts: a byte that is not visible ASCII goes to llhttp, spaces and tabs are trimmed only at the ends"
+    )
+    func everyPosition() {
+        func read(_ text: [UInt8]) -> ClientRequestParser.Request? {
+            guard case .request(var request, let length) = ClientRequestParser.readHead(ByteBuffer(bytes: text)) else {
+                return nil
+            }
+            #expect(length == text.count)
+            request.head.raw = ByteBuffer(bytes: text)
+            return request
+        }
+        let target = "/v1/" + String(repeating: "t", count: 40)
+        let value = String(repeating: "v", count: 40)
+        let line = Array("GET \(target) HTTP/1.1\r\n".utf8)
+        #expect(read(line + Array("X-Long: \(value)\r\n\r\n".utf8))?.head.uri == target)
+        for position in 0..<40 {
+            // A bare LF in the request line, at any place in the target.
+            var bare = line
+            bare[8 + position] = 0x0A
+            #expect(read(bare + Array("\r\n".utf8)) == nil, "LF at \(position)")
+            for bad: UInt8 in [0x00, 0x01, 0x0A, 0x1F, 0x7F, 0x80, 0xFF] {
+                var bytes = Array("X-Long: \(value)".utf8)
+                bytes[8 + position] = bad
+                #expect(read(line + bytes + Array("\r\n\r\n".utf8)) == nil, "\(bad) at \(position)")
+            }
+            for blank: UInt8 in [0x20, 0x09] {
+                var bytes = Array("X-Long: \(value)".utf8)
+                bytes[8 + position] = blank
+                let head = read(line + bytes + Array("\r\n\r\n".utf8))?.head
+                let expected = String(decoding: bytes[8...], as: UTF8.self).trimmingCharacters(in: [" ", "\t"])
+                #expect(head?.first("x-long") == expected, "\(blank) at \(position)")
+            }
+        }
+    }
+
     @Test("the upstream head's header lines, copied from the client's bytes, are upstreamHeaders' own, for 3,000 heads")
     func upstreamLinesFromBytes() throws {
         var random = ByteMutations(state: 0x0B17_E5)

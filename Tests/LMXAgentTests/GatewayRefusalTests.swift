@@ -189,6 +189,48 @@ struct RouteLoadTests {
         #expect(load.order([a, b, c]).map(\.routeID).last == "b")
     }
 
+    @Test(
+        "a route's count of requests in flight: the data path's request counts on one route at a time and gives it back once, however it ends; a full table lets idle counts go and says so"
+    )
+    func counts() {
+        let load = RouteLoad()
+        let a = load.count("a")
+        let b = load.count("b")
+        #expect(load.count("a") === a, "one count per route")
+        let head = ClientHead(
+            method: .GET, uri: "/v1/models", minor: 1, raw: ByteBuffer(), fields: [], known: 0, keepAlive: true)
+        var request: ForwardedRequest? = ForwardedRequest(
+            head: head, path: "/v1/models", declaredLength: 0, mayConcern: false)
+        request?.countOnRoute(a)
+        #expect(a.current == 1 && b.current == 0)
+        #expect(load.order([target("a", rank: 1), target("b", rank: 1)]).map(\.routeID) == ["b", "a"])
+        // The next attempt goes to another route: counted there alone.
+        request?.countOnRoute(b)
+        #expect(a.current == 0 && b.current == 1)
+        #expect(load.order([target("a", rank: 1), target("b", rank: 1)]).map(\.routeID) == ["a", "b"])
+        request?.leaveRoute()
+        #expect(b.current == 0)
+        request?.countOnRoute(b)
+        request?.releaseTokens()
+        request?.releaseTokens()
+        #expect(a.current == 0 && b.current == 0, "given back once")
+        request?.countOnRoute(b)
+        request = nil
+        #expect(b.current == 0, "a request that goes is no longer counted")
+        // Many routes counted: the idle ones go (a count kept from before is looked up again:
+        // the generation changed), the busy ones stay.
+        let before = load.generation
+        var busy: (any AnyObject & Sendable)? = load.started("busy")
+        for index in 0..<70 { _ = load.count(RouteKey("r\(index)")) }
+        #expect(load.generation > before)
+        #expect(load.count("a") !== a)
+        #expect(load.count("busy").current == 1)
+        #expect(load.order([target("busy", rank: 1), target("r1", rank: 1)]).map(\.routeID) == ["r1", "busy"])
+        #expect(busy != nil)
+        busy = nil
+        #expect(load.count("busy").current == 0)
+    }
+
     @Test("the read-ahead budget is shared fairly between users and given back")
     func budget() {
         let budget = ReadAheadBudget(bytes: 400)

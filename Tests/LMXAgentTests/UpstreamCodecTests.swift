@@ -362,6 +362,60 @@ struct UpstreamCodecTests {
         }
     }
 
+    @Test(
+        "eight bytes at a time: a word has a byte below a bound, a given byte, or only visible ASCII exactly when one of its bytes does"
+    )
+    func wordChecks() {
+        var random = ByteMutations(state: 0x3057_0D5)
+        let interesting: [UInt8] = [0, 1, 0x09, 0x0A, 0x0D, 0x1F, 0x20, 0x21, 0x3A, 0x7E, 0x7F, 0x80, 0x81, 0xA0, 0xFF]
+        for _ in 0..<200_000 {
+            let bytes = (0..<8).map { _ in
+                random.next(3) == 0 ? interesting[random.next(interesting.count)] : UInt8(random.next(256))
+            }
+            let word = bytes.withUnsafeBytes { $0.loadUnaligned(as: UInt64.self) }
+            for bound: UInt8 in [1, 0x20, 0x21, 0x80] {
+                #expect(
+                    HTTPSyntax.hasByte(below: bound, in: word) == bytes.contains { $0 < bound }, "\(bytes) < \(bound)")
+            }
+            for byte: UInt8 in [0, 0x0A, 0x0D, 0x3A, 0x7F, 0xFF] {
+                #expect(HTTPSyntax.hasByte(byte, in: word) == bytes.contains(byte), "\(bytes) has \(byte)")
+            }
+            #expect(HTTPSyntax.isVisible(word) == bytes.allSatisfy { (0x21...0x7E).contains($0) }, "\(bytes)")
+        }
+        // Every byte position of a long line, read a word at a time: a control character or DEL
+        // anywhere refuses the answer; a colon anywhere in the name ends it there.
+        let value = String(repeating: "v", count: 40)
+        for position in 0..<40 {
+            for bad: UInt8 in [0x01, 0x0B, 0x1F, 0x7F] {
+                var bytes = Array("X-Long-Header-Name: \(value)".utf8)
+                bytes[20 + position] = bad
+                var head = ByteBuffer(string: "HTTP/1.1 200 OK\r\n")
+                head.writeBytes(bytes + Array("\r\nContent-Length: 0\r\n\r\n".utf8))
+                #expect(throws: UpstreamResponseParser.Malformed.self) { try UpstreamResponseParser.parseHead(head) }
+            }
+            let name = String(repeating: "n", count: position + 1)
+            let head = ByteBuffer(string: "HTTP/1.1 200 OK\r\n\(name):a:b:\(value)\r\n\r\n")
+            let parsed = try? UpstreamResponseParser.parseHead(head)
+            #expect(parsed?.fields.first?.name == 17..<17 + position + 1, "name of \(position + 1) bytes")
+            #expect(parsed?.fields.first?.value.count == 4 + value.count, "name of \(position + 1) bytes")
+        }
+    }
+
+    @Test(
+        "Connection: close among other items, in any case and with spaces, closes; an item that only contains it does not"
+    )
+    func connectionClose() throws {
+        let closing = ["close", "Close", "keep-alive, close", "keep-alive ,\tCLOSE ", ",close,", "x,,close"]
+        let keeping = ["keep-alive", "closed", "x-close", "clo se", "", ",", "keep-alive, closer"]
+        for (values, expected) in [(closing, true), (keeping, false)] {
+            for value in values {
+                let head = try UpstreamResponseParser.parseHead(
+                    ByteBuffer(string: "HTTP/1.1 200 OK\r\nConnection: \(value)\r\nContent-Length: 0\r\n\r\n"))
+                #expect(head.close == expected, "Connection: \(value.debugDescription)")
+            }
+        }
+    }
+
     @Test("a head made in one piece is the same whether it fits the first buffer or is made again in larger ones")
     func headLines() {
         let long = String(repeating: "v", count: 3000)

@@ -345,6 +345,7 @@ struct GatewayPolicyTests {
             "Content-Length", "Set-Cookie", "SET-COOKIE2", "X-Content-Type-Options", "content-security-policy",
             "Cross-Origin-Resource-Policy", "Content-Type", "X-Request-ID", "Date", "Server", "x_private", "X_PRIVATE",
             "t", "tee", "set-cookie3", "x-privatE", "~^_", "CONNECTIO", "connectionx",
+            String(repeating: "x", count: 63), String(repeating: "y", count: 64), String(repeating: "z", count: 200),
         ]
         // Every name above with each letter's case flipped, one at a time.
         for name in names.prefix(10) {

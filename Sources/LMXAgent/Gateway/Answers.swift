@@ -127,37 +127,53 @@ extension Gateway {
 /// How busy each route is, as the gateway sees it: its own requests in flight, and the servers
 /// that answered 429 (all slots busy) or 503 overloaded, passed over until their `Retry-After`.
 final class RouteLoad: Sendable {
+    /// One route's requests in flight: counted without the table's lock (the data path keeps the
+    /// count of the route it last used and adds to it with one atomic operation).
+    final class Count: Sendable {
+        private let value = Atomic<Int>(0)
+        var current: Int { value.load(ordering: .relaxed) }
+        func add() { value.add(1, ordering: .relaxed) }
+        func remove() { value.subtract(1, ordering: .relaxed) }
+    }
+
     private struct State {
-        var inFlight: [RouteKey: Int] = [:]
+        var counts: [RouteKey: Count] = [:]
         var coolUntil: [RouteKey: ContinuousClock.Instant] = [:]
     }
     private let state = Mutex(State())
+    /// Changes whenever counts leave the table: a count kept from before is looked up again.
+    private let generationValue = Atomic<Int>(0)
+    var generation: Int { generationValue.load(ordering: .acquiring) }
+
+    /// The count of `route`'s requests in flight (made at its first request).
+    func count(_ route: RouteKey) -> Count {
+        state.withLock { s in
+            if let known = s.counts[route] { return known }
+            // Many routes counted (servers come and go): the idle ones go (their next request
+            // makes them again); whoever kept one looks it up again.
+            if s.counts.count >= 64 {
+                s.counts = s.counts.filter { $0.value.current > 0 }
+                generationValue.add(1, ordering: .releasing)
+            }
+            let made = Count()
+            s.counts[route] = made
+            return made
+        }
+    }
 
     /// Counts a request to `route` until the returned token is released.
     func started(_ route: RouteKey) -> any AnyObject & Sendable {
-        state.withLock { $0.inFlight[route, default: 0] += 1 }
-        return Token(load: self, route: route)
+        let count = count(route)
+        count.add()
+        return Token(count)
     }
 
     /// A request counted by ``started(_:)``: uncounted when released (one object per request,
     /// where a ``Release`` would take a closure's too).
     private final class Token: Sendable {
-        let load: RouteLoad
-        let route: RouteKey
-
-        init(load: RouteLoad, route: RouteKey) {
-            self.load = load
-            self.route = route
-        }
-
-        deinit {
-            load.state.withLock { s in
-                // A route's count stays at zero (its next request would put it back), unless
-                // many routes are counted: then the idle ones go.
-                s.inFlight[route, default: 1] -= 1
-                if s.inFlight.count > 64 { s.inFlight = s.inFlight.filter { $0.value > 0 } }
-            }
-        }
+        let count: Count
+        init(_ count: Count) { self.count = count }
+        deinit { count.remove() }
     }
 
     func coolDown(_ route: RouteKey, seconds: Double) {
@@ -178,7 +194,8 @@ final class RouteLoad: Sendable {
             return targets.map {
                 (
                     s.coolUntil[$0.routeKey] != nil,
-                    (s.inFlight[$0.routeKey] ?? 0) &+ min(max($0.serverInFlight, 0), OutsideInput.maxCount)
+                    max(s.counts[$0.routeKey]?.current ?? 0, 0)
+                        &+ min(max($0.serverInFlight, 0), OutsideInput.maxCount)
                 )
             }
         }

@@ -269,17 +269,30 @@ public enum GatewayPolicy {
     /// ``keepsDownstream(_:connectionListed:)`` for a name as the server's bytes (a token), so
     /// that the data path need not make a `String` of every header it passes on.
     public static func keepsDownstream(nameBytes name: UnsafeRawBufferPointer, connectionListed: [String]) -> Bool {
-        // Compared only with the dropped names of its length (most have none).
+        // Compared only with the dropped names of its length (most have none: told by one bit).
         let count = name.count
+        if count < 64, droppedLengths & (1 << UInt64(count)) == 0 {
+            return connectionListed.isEmpty || keepsListed(name, connectionListed)
+        }
         for dropped in count < droppedByLength.count ? droppedByLength[count] : droppedDownstreamBytes
         where equalsFolded(name, dropped) {
             return false
         }
+        return keepsListed(name, connectionListed)
+    }
+
+    /// `name` is none of the names `Connection` listed.
+    private static func keepsListed(_ name: UnsafeRawBufferPointer, _ connectionListed: [String]) -> Bool {
         for listed in connectionListed {
             var listed = listed
             if listed.withUTF8({ equalsFolded(name, UnsafeRawBufferPointer($0)) }) { return false }
         }
         return true
+    }
+
+    /// Bit `n`: a dropped name is `n` bytes long (names of 64 bytes and more: compared with all).
+    private static let droppedLengths: UInt64 = droppedDownstreamBytes.reduce(0) { lengths, name in
+        name.count < 64 ? lengths | 1 << UInt64(name.count) : lengths
     }
 
     private static let droppedDownstreamBytes: [[UInt8]] = droppedDownstream.map { Array($0.utf8) }

@@ -133,9 +133,21 @@ struct ClientRequestParser {
             var connectionKeepAlive = false
             // The request line: its end (any byte but a bare LF before the CRLF; read after).
             var index = 0
-            while index < count, bytes[index] != 0x0D {
-                if bytes[index] == 0x0A { return .other }
-                index += 1
+            requestLine: while index < count {
+                var stop = count
+                if count - index >= 8 {
+                    let word = bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self)
+                    if !HTTPSyntax.hasByte(0x0D, in: word), !HTTPSyntax.hasByte(0x0A, in: word) {
+                        index += 8
+                        continue
+                    }
+                    stop = index + 8
+                }
+                while index < stop {
+                    if bytes[index] == 0x0D { break requestLine }
+                    if bytes[index] == 0x0A { return .other }
+                    index += 1
+                }
             }
             guard index + 1 < count else { return .incomplete }  // (past maxHead: the caller's `.other`)
             guard bytes[index + 1] == 0x0A,
@@ -165,17 +177,30 @@ struct ClientRequestParser {
                 var valueStart = -1  // the first byte that is not a space or tab
                 var valueEnd = index  // after the last byte that is not a space or tab
                 var tab = false
-                while index < count {
-                    let byte = bytes[index]
-                    if byte == 0x0D { break }
-                    if byte == 0x20 || byte == 0x09 {
-                        if byte == 0x09 { tab = true }
-                    } else {
-                        guard byte > 0x20, byte < 0x7F else { return .other }
-                        if valueStart < 0 { valueStart = index }
-                        valueEnd = index + 1
+                value: while index < count {
+                    // Eight visible bytes at once; the bytes of any other word one by one.
+                    var stop = count
+                    if count - index >= 8 {
+                        if HTTPSyntax.isVisible(bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self)) {
+                            if valueStart < 0 { valueStart = index }
+                            index += 8
+                            valueEnd = index
+                            continue
+                        }
+                        stop = index + 8
                     }
-                    index += 1
+                    while index < stop {
+                        let byte = bytes[index]
+                        if byte == 0x0D { break value }
+                        if byte == 0x20 || byte == 0x09 {
+                            if byte == 0x09 { tab = true }
+                        } else {
+                            guard byte > 0x20, byte < 0x7F else { return .other }
+                            if valueStart < 0 { valueStart = index }
+                            valueEnd = index + 1
+                        }
+                        index += 1
+                    }
                 }
                 guard index + 1 < count else { return .incomplete }
                 guard bytes[index + 1] == 0x0A else { return .other }

@@ -3,6 +3,7 @@ import LMXProbe
 import LMXSystem
 import NIOCore
 import NIOHTTP1
+import Prometheus
 
 /// One client connection of the gateway, on its event loop: decides each request with the core's
 /// pure rules against the loop's copy of the agent's state, forwards it to a connection of the
@@ -523,7 +524,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             request.madeByRequest = ServerAffinity.madeByRequest(
                 method: method, path: path, body: method == "POST" ? body() : [])
         }
-        request.inFlight = InFlightToken(gateway.metrics.gatewayInFlight)
+        request.countInFlight(gateway.metrics.gatewayInFlight)
         gateway.metrics.gatewayRequests.increment()
         attempt(request, index: 0, address: address)
     }
@@ -569,7 +570,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         }
         if index > 0 { gateway.metrics.gatewayRetries.increment() }
         request.attempt = index
-        request.routeToken = gateway.load.started(target.routeKey)
+        request.countOnRoute(state.routeCount(target.routeKey, in: gateway.load))
         request.phase = .connecting
         if !fresh, let connection = state.pool.takeIdle(address) {
             request.onKeptConnection = true
@@ -667,7 +668,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         _ request: ForwardedRequest, index: Int, detail: String, error: (any Error)?, certainlyNotSent: Bool = false
     ) {
         let target = request.targets[index]
-        request.routeToken = nil
+        request.leaveRoute()
         if let upstream = request.upstream {
             upstream.handler.owner = nil
             upstream.channel.close(promise: nil)
@@ -1157,8 +1158,10 @@ final class ForwardedRequest {
     var relay: EventRelay?
     /// The traffic figures' series the answer was counted under (its stream's figures go under it).
     var traffic: GatewayTraffic.Series?
-    var inFlight: InFlightToken?
-    var routeToken: (any AnyObject & Sendable)?
+    /// The gateway's in-flight gauge, while it counts this request.
+    var inFlight: Gauge?
+    /// The route's count of requests in flight, while it counts this request.
+    var routeCount: RouteLoad.Count?
 
     init(head: ClientHead, path: String, declaredLength: Int, mayConcern: Bool) {
         self.head = head
@@ -1174,8 +1177,33 @@ final class ForwardedRequest {
         return made
     }
 
-    func releaseTokens() {
-        inFlight = nil
-        routeToken = nil
+    /// Counted in flight (the gateway's gauge) from now until released.
+    func countInFlight(_ gauge: Gauge) {
+        guard inFlight == nil else { return }
+        gauge.increment()
+        inFlight = gauge
     }
+
+    /// Counted against `count` (its route's) from now until released, and no longer against the
+    /// route it was counted against before.
+    func countOnRoute(_ count: RouteLoad.Count) {
+        count.add()
+        routeCount?.remove()
+        routeCount = count
+    }
+
+    /// No longer counted against its route (the attempt on it failed).
+    func leaveRoute() {
+        routeCount?.remove()
+        routeCount = nil
+    }
+
+    /// No longer counted in flight, on the gateway or its route.
+    func releaseTokens() {
+        inFlight?.decrement()
+        inFlight = nil
+        leaveRoute()
+    }
+
+    deinit { releaseTokens() }
 }

@@ -66,6 +66,19 @@ final class GatewayDataPath: Sendable {
             return address
         }
 
+        /// The route whose count of requests in flight was last asked for (request after
+        /// request the same route's: its key's `String` the same, compared without reading it),
+        /// and the load's generation it was looked up in.
+        private var lastCount: (route: RouteKey, count: RouteLoad.Count, generation: Int)?
+
+        func routeCount(_ route: RouteKey, in load: RouteLoad) -> RouteLoad.Count {
+            let generation = load.generation
+            if let last = lastCount, last.generation == generation, last.route == route { return last.count }
+            let count = load.count(route)
+            lastCount = (route, count, generation)
+            return count
+        }
+
         init(loop: any EventLoop, snapshot: AgentSnapshot, pool: UpstreamPool) {
             self.loop = loop
             self.snapshot = snapshot

@@ -256,17 +256,32 @@ struct UpstreamResponseParser {
                 var index = start
                 var control = false
                 var colon = -1  // the line's first colon, found in the same pass
-                while index < end {
-                    let byte = bytes[index]
-                    if byte == UInt8(ascii: ":"), colon < 0 { colon = index - start }
-                    if byte < 0x20 || byte == 0x7F {
-                        if byte == 0x0D { break }
-                        guard byte != 0x0A, byte != 0 else {
-                            throw Malformed(reason: "a bare line feed or NUL in the head")
+                line: while index < end {
+                    // A word with no control character, no DEL and (until the colon is found) no
+                    // colon is passed at once; the bytes of any other word are read one by one.
+                    var stop = end
+                    if end - index >= 8 {
+                        let word = bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self)
+                        if !HTTPSyntax.hasByte(below: 0x20, in: word), !HTTPSyntax.hasByte(0x7F, in: word),
+                            colon >= 0 || !HTTPSyntax.hasByte(UInt8(ascii: ":"), in: word)
+                        {
+                            index += 8
+                            continue
                         }
-                        if byte != 0x09 { control = true }
+                        stop = index + 8
                     }
-                    index += 1
+                    while index < stop {
+                        let byte = bytes[index]
+                        if byte == UInt8(ascii: ":"), colon < 0 { colon = index - start }
+                        if byte < 0x20 || byte == 0x7F {
+                            if byte == 0x0D { break line }
+                            guard byte != 0x0A, byte != 0 else {
+                                throw Malformed(reason: "a bare line feed or NUL in the head")
+                            }
+                            if byte != 0x09 { control = true }
+                        }
+                        index += 1
+                    }
                 }
                 guard index + 1 < bytes.count, bytes[index + 1] == 0x0A else {
                     throw Malformed(reason: "a bare carriage return in the head")
@@ -347,9 +362,12 @@ struct UpstreamResponseParser {
             let last = valueBytes[(lastComma.map { $0 + 1 } ?? valueBytes.startIndex)...]
             parsed.chunked = HTTPSyntax.equalsLowercased(trimmed(last), "chunked")
         case 10 where HTTPSyntax.equalsLowercased(nameBytes, "connection"):
-            for item in valueBytes.split(separator: UInt8(ascii: ","))
-            where HTTPSyntax.equalsLowercased(trimmed(item), "close") {
-                parsed.close = true
+            // Each comma-separated item, trimmed, in place (no array of the items).
+            var itemStart = valueBytes.startIndex
+            for index in valueBytes.startIndex...valueBytes.endIndex
+            where index == valueBytes.endIndex || valueBytes[index] == UInt8(ascii: ",") {
+                if HTTPSyntax.equalsLowercased(trimmed(valueBytes[itemStart..<index]), "close") { parsed.close = true }
+                itemStart = index + 1
             }
         default:
             break
@@ -562,6 +580,29 @@ enum HTTPSyntax {
             true
         default: false
         }
+    }
+
+    // Eight bytes at a time (a head's lines are read a word at a time where no byte in the word
+    // needs a look of its own; a word that has one is read byte by byte, as before).
+    private static let ones: UInt64 = 0x0101_0101_0101_0101
+    private static let highBits: UInt64 = 0x8080_8080_8080_8080
+
+    /// Whether any byte of `word` is below `bound` (at most 0x80): exact for whether there is one.
+    @inline(__always)
+    static func hasByte(below bound: UInt8, in word: UInt64) -> Bool {
+        (word &- ones &* UInt64(bound)) & ~word & highBits != 0
+    }
+
+    /// Whether any byte of `word` is `byte`.
+    @inline(__always)
+    static func hasByte(_ byte: UInt8, in word: UInt64) -> Bool {
+        hasByte(below: 1, in: word ^ (ones &* UInt64(byte)))
+    }
+
+    /// Whether every byte of `word` is visible ASCII (0x21–0x7E).
+    @inline(__always)
+    static func isVisible(_ word: UInt64) -> Bool {
+        word & highBits == 0 && !hasByte(below: 0x21, in: word) && !hasByte(0x7F, in: word)
     }
 
     /// Whether `bytes` are `lower` (lowercase letters and `-`) in any case.
