@@ -363,24 +363,28 @@ struct UpstreamCodecTests {
     }
 
     @Test(
-        "eight bytes at a time: a word has a byte below a bound, a given byte, or only visible ASCII exactly when one of its bytes does"
+        "eight bytes at a time: the first byte of a word below a bound, equal to a byte, or not visible ASCII is found exactly, and none when there is none"
     )
     func wordChecks() {
         var random = ByteMutations(state: 0x3057_0D5)
         let interesting: [UInt8] = [0, 1, 0x09, 0x0A, 0x0D, 0x1F, 0x20, 0x21, 0x3A, 0x7E, 0x7F, 0x80, 0x81, 0xA0, 0xFF]
+        func first(_ bytes: [UInt8], _ test: (UInt8) -> Bool) -> Int { bytes.firstIndex(where: test) ?? 8 }
         for _ in 0..<200_000 {
             let bytes = (0..<8).map { _ in
                 random.next(3) == 0 ? interesting[random.next(interesting.count)] : UInt8(random.next(256))
             }
-            let word = bytes.withUnsafeBytes { $0.loadUnaligned(as: UInt64.self) }
+            let word = bytes.withUnsafeBytes { HTTPSyntax.word($0, at: 0) }
             for bound: UInt8 in [1, 0x20, 0x21, 0x80] {
-                #expect(
-                    HTTPSyntax.hasByte(below: bound, in: word) == bytes.contains { $0 < bound }, "\(bytes) < \(bound)")
+                let marks = HTTPSyntax.bytes(below: bound, in: word)
+                #expect((marks != 0) == bytes.contains { $0 < bound }, "\(bytes) < \(bound)")
+                #expect(HTTPSyntax.firstMarked(marks) == first(bytes) { $0 < bound }, "\(bytes) < \(bound)")
             }
             for byte: UInt8 in [0, 0x0A, 0x0D, 0x3A, 0x7F, 0xFF] {
-                #expect(HTTPSyntax.hasByte(byte, in: word) == bytes.contains(byte), "\(bytes) has \(byte)")
+                let marks = HTTPSyntax.bytes(equalTo: byte, in: word)
+                #expect(HTTPSyntax.firstMarked(marks) == first(bytes) { $0 == byte }, "\(bytes) has \(byte)")
             }
-            #expect(HTTPSyntax.isVisible(word) == bytes.allSatisfy { (0x21...0x7E).contains($0) }, "\(bytes)")
+            let invisible = HTTPSyntax.invisibleBytes(in: word)
+            #expect(HTTPSyntax.firstMarked(invisible) == first(bytes) { !(0x21...0x7E).contains($0) }, "\(bytes)")
         }
         // Every byte position of a long line, read a word at a time: a control character or DEL
         // anywhere refuses the answer; a colon anywhere in the name ends it there.

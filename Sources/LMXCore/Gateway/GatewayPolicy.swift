@@ -228,10 +228,12 @@ public enum GatewayPolicy {
             let count = name.count
             for dropped in count < GatewayPolicy.droppedUpstreamByLength.count
                 ? GatewayPolicy.droppedUpstreamByLength[count] : GatewayPolicy.droppedUpstreamBytes
-            where GatewayPolicy.equalsFolded(name, dropped) {
+            where dropped.withUnsafeBytes({ GatewayPolicy.equalsFolded(name, $0) }) {
                 return false
             }
-            for listed in listedBytes where GatewayPolicy.equalsFolded(name, listed) { return false }
+            for listed in listedBytes where listed.withUnsafeBytes({ GatewayPolicy.equalsFolded(name, $0) }) {
+                return false
+            }
             return true
         }
     }
@@ -275,7 +277,7 @@ public enum GatewayPolicy {
             return connectionListed.isEmpty || keepsListed(name, connectionListed)
         }
         for dropped in count < droppedByLength.count ? droppedByLength[count] : droppedDownstreamBytes
-        where equalsFolded(name, dropped) {
+        where dropped.withUnsafeBytes({ equalsFolded(name, $0) }) {
             return false
         }
         return keepsListed(name, connectionListed)
@@ -302,9 +304,9 @@ public enum GatewayPolicy {
     }
 
     /// `bytes` are `lower` (lower case) ignoring ASCII case.
-    private static func equalsFolded(_ bytes: UnsafeRawBufferPointer, _ lower: some Collection<UInt8>) -> Bool {
+    private static func equalsFolded(_ bytes: UnsafeRawBufferPointer, _ lower: UnsafeRawBufferPointer) -> Bool {
         guard bytes.count == lower.count else { return false }
-        for (byte, expected) in zip(bytes, lower) where String.foldedASCII(byte) != expected { return false }
+        for index in 0..<bytes.count where String.foldedASCII(bytes[index]) != lower[index] { return false }
         return true
     }
 

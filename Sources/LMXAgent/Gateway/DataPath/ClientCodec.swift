@@ -134,20 +134,18 @@ struct ClientRequestParser {
             // The request line: its end (any byte but a bare LF before the CRLF; read after).
             var index = 0
             requestLine: while index < count {
-                var stop = count
                 if count - index >= 8 {
-                    let word = bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self)
-                    if !HTTPSyntax.hasByte(0x0D, in: word), !HTTPSyntax.hasByte(0x0A, in: word) {
+                    let word = HTTPSyntax.word(bytes, at: index)
+                    let marks = HTTPSyntax.bytes(equalTo: 0x0D, in: word) | HTTPSyntax.bytes(equalTo: 0x0A, in: word)
+                    if marks == 0 {
                         index += 8
                         continue
                     }
-                    stop = index + 8
+                    index += HTTPSyntax.firstMarked(marks)
                 }
-                while index < stop {
-                    if bytes[index] == 0x0D { break requestLine }
-                    if bytes[index] == 0x0A { return .other }
-                    index += 1
-                }
+                if bytes[index] == 0x0D { break requestLine }
+                if bytes[index] == 0x0A { return .other }
+                index += 1
             }
             guard index + 1 < count else { return .incomplete }  // (past maxHead: the caller's `.other`)
             guard bytes[index + 1] == 0x0A,
@@ -178,29 +176,28 @@ struct ClientRequestParser {
                 var valueEnd = index  // after the last byte that is not a space or tab
                 var tab = false
                 value: while index < count {
-                    // Eight visible bytes at once; the bytes of any other word one by one.
-                    var stop = count
+                    // Past a word's visible bytes at once, to the first that is not (a space, a
+                    // tab, the line's end, or one refused), read by itself.
                     if count - index >= 8 {
-                        if HTTPSyntax.isVisible(bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self)) {
+                        let marks = HTTPSyntax.invisibleBytes(in: HTTPSyntax.word(bytes, at: index))
+                        let visible = HTTPSyntax.firstMarked(marks)
+                        if visible > 0 {
                             if valueStart < 0 { valueStart = index }
-                            index += 8
+                            index += visible
                             valueEnd = index
-                            continue
+                            if visible == 8 { continue }
                         }
-                        stop = index + 8
                     }
-                    while index < stop {
-                        let byte = bytes[index]
-                        if byte == 0x0D { break value }
-                        if byte == 0x20 || byte == 0x09 {
-                            if byte == 0x09 { tab = true }
-                        } else {
-                            guard byte > 0x20, byte < 0x7F else { return .other }
-                            if valueStart < 0 { valueStart = index }
-                            valueEnd = index + 1
-                        }
-                        index += 1
+                    let byte = bytes[index]
+                    if byte == 0x0D { break value }
+                    if byte == 0x20 || byte == 0x09 {
+                        if byte == 0x09 { tab = true }
+                    } else {
+                        guard byte > 0x20, byte < 0x7F else { return .other }
+                        if valueStart < 0 { valueStart = index }
+                        valueEnd = index + 1
                     }
+                    index += 1
                 }
                 guard index + 1 < count else { return .incomplete }
                 guard bytes[index + 1] == 0x0A else { return .other }

@@ -257,31 +257,28 @@ struct UpstreamResponseParser {
                 var control = false
                 var colon = -1  // the line's first colon, found in the same pass
                 line: while index < end {
-                    // A word with no control character, no DEL and (until the colon is found) no
-                    // colon is passed at once; the bytes of any other word are read one by one.
-                    var stop = end
+                    // Past the bytes of a word that need no look (no control character, no DEL,
+                    // no colon until the first is found) to the first that does.
                     if end - index >= 8 {
-                        let word = bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self)
-                        if !HTTPSyntax.hasByte(below: 0x20, in: word), !HTTPSyntax.hasByte(0x7F, in: word),
-                            colon >= 0 || !HTTPSyntax.hasByte(UInt8(ascii: ":"), in: word)
-                        {
+                        let word = HTTPSyntax.word(bytes, at: index)
+                        var marks = HTTPSyntax.bytes(below: 0x20, in: word) | HTTPSyntax.bytes(equalTo: 0x7F, in: word)
+                        if colon < 0 { marks |= HTTPSyntax.bytes(equalTo: UInt8(ascii: ":"), in: word) }
+                        if marks == 0 {
                             index += 8
                             continue
                         }
-                        stop = index + 8
+                        index += HTTPSyntax.firstMarked(marks)
                     }
-                    while index < stop {
-                        let byte = bytes[index]
-                        if byte == UInt8(ascii: ":"), colon < 0 { colon = index - start }
-                        if byte < 0x20 || byte == 0x7F {
-                            if byte == 0x0D { break line }
-                            guard byte != 0x0A, byte != 0 else {
-                                throw Malformed(reason: "a bare line feed or NUL in the head")
-                            }
-                            if byte != 0x09 { control = true }
+                    let byte = bytes[index]
+                    if byte == UInt8(ascii: ":"), colon < 0 { colon = index - start }
+                    if byte < 0x20 || byte == 0x7F {
+                        if byte == 0x0D { break line }
+                        guard byte != 0x0A, byte != 0 else {
+                            throw Malformed(reason: "a bare line feed or NUL in the head")
                         }
-                        index += 1
+                        if byte != 0x09 { control = true }
                     }
+                    index += 1
                 }
                 guard index + 1 < bytes.count, bytes[index + 1] == 0x0A else {
                     throw Malformed(reason: "a bare carriage return in the head")
@@ -582,28 +579,41 @@ enum HTTPSyntax {
         }
     }
 
-    // Eight bytes at a time (a head's lines are read a word at a time where no byte in the word
-    // needs a look of its own; a word that has one is read byte by byte, as before).
+    // Eight bytes at a time: a head's lines are read a word (eight bytes, the first the lowest)
+    // at a time; only the bytes that need a look of their own (a line's end, its colon, a byte
+    // that is not allowed) are read one by one.
     private static let ones: UInt64 = 0x0101_0101_0101_0101
     private static let highBits: UInt64 = 0x8080_8080_8080_8080
 
-    /// Whether any byte of `word` is below `bound` (at most 0x80): exact for whether there is one.
+    /// The eight bytes at `offset` of `bytes` (at least eight from there), the first the lowest.
     @inline(__always)
-    static func hasByte(below bound: UInt8, in word: UInt64) -> Bool {
-        (word &- ones &* UInt64(bound)) & ~word & highBits != 0
+    static func word(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> UInt64 {
+        UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
     }
 
-    /// Whether any byte of `word` is `byte`.
+    /// The bytes of `word` below `bound` (at most 0x80), each marked by its high bit. The lowest
+    /// mark is always right (one above a marked byte may be that byte's borrow): a word has such
+    /// a byte exactly when some byte is marked, and the first is ``firstMarked(_:)``.
     @inline(__always)
-    static func hasByte(_ byte: UInt8, in word: UInt64) -> Bool {
-        hasByte(below: 1, in: word ^ (ones &* UInt64(byte)))
+    static func bytes(below bound: UInt8, in word: UInt64) -> UInt64 {
+        (word &- ones &* UInt64(bound)) & ~word & highBits
     }
 
-    /// Whether every byte of `word` is visible ASCII (0x21–0x7E).
+    /// The bytes of `word` that are `byte`, marked as ``bytes(below:in:)`` marks them.
     @inline(__always)
-    static func isVisible(_ word: UInt64) -> Bool {
-        word & highBits == 0 && !hasByte(below: 0x21, in: word) && !hasByte(0x7F, in: word)
+    static func bytes(equalTo byte: UInt8, in word: UInt64) -> UInt64 {
+        bytes(below: 1, in: word ^ (ones &* UInt64(byte)))
     }
+
+    /// The bytes of `word` that are not visible ASCII (0x21–0x7E), marked the same way.
+    @inline(__always)
+    static func invisibleBytes(in word: UInt64) -> UInt64 {
+        word & highBits | bytes(below: 0x21, in: word) | bytes(equalTo: 0x7F, in: word)
+    }
+
+    /// Where in its word the first marked byte is (0–7; 8 when none is).
+    @inline(__always)
+    static func firstMarked(_ marks: UInt64) -> Int { marks.trailingZeroBitCount >> 3 }
 
     /// Whether `bytes` are `lower` (lowercase letters and `-`) in any case.
     static func equalsLowercased(_ bytes: some Collection<UInt8>, _ lower: StaticString) -> Bool {
