@@ -203,6 +203,39 @@ struct ClientCodecTests {
         }
     }
 
+    @Test(
+        "the headers looked up by their bit: each name (in any case) sets its own bit, and a look-up by the bit finds what a look-up by the name finds"
+    )
+    func knownHeaders() {
+        for header in ClientHead.Known.allCases {
+            let lower = header.lower.description
+            for name in [lower, lower.uppercased(), lower.prefix(1).uppercased() + lower.dropFirst()] {
+                #expect(Array(name.utf8).withUnsafeBytes { ClientHead.knownBit($0) } == header.rawValue, "\(name)")
+            }
+            #expect(Array((lower + "x").utf8).withUnsafeBytes { ClientHead.knownBit($0) } == 0)
+        }
+        let values = [
+            "Host: h:1", "Origin: http://o", "Expect: 100-continue", "Cookie: c=1", "X-Api-Key: k",
+            "Connection: keep-alive", "User-Agent: u/1", "Authorization: Bearer t", "Sec-Fetch-Site: none",
+            "X-Other: 1",
+        ]
+        var random = ByteMutations(state: 0x4B0)
+        for _ in 0..<500 {
+            let lines = values.filter { _ in random.next(2) == 0 }
+            let text = "GET /v1/models HTTP/1.1\r\n" + lines.map { $0 + "\r\n" }.joined() + "\r\n"
+            guard case .request(var request, _) = ClientRequestParser.readHead(ByteBuffer(string: text)) else {
+                Issue.record("not read: \(text.debugDescription)")
+                continue
+            }
+            request.head.raw = ByteBuffer(string: text)
+            for header in ClientHead.Known.allCases where header != .upgrade {
+                let name = header.lower.description
+                #expect(request.head.contains(header) == request.head.contains(name), "\(name) in \(lines)")
+                #expect(request.head.first(header) == request.head.first(name), "\(name) in \(lines)")
+            }
+        }
+    }
+
     @Test("the upstream head's header lines, copied from the client's bytes, are upstreamHeaders' own, for 3,000 heads")
     func upstreamLinesFromBytes() throws {
         var random = ByteMutations(state: 0x0B17_E5)

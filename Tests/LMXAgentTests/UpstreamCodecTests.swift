@@ -415,7 +415,12 @@ struct UpstreamCodecTests {
             for value in values {
                 let head = try UpstreamResponseParser.parseHead(
                     ByteBuffer(string: "HTTP/1.1 200 OK\r\nConnection: \(value)\r\nContent-Length: 0\r\n\r\n"))
+                #expect(!GatewayPolicy.keepsDownstream("Transfer-Encoding", connectionListed: []))
                 #expect(head.close == expected, "Connection: \(value.debugDescription)")
+                // The framing headers never go to the client as they came (the rule's own answer).
+                #expect(head.fields.map(\.kept) == [false, false])
+                #expect(!GatewayPolicy.keepsDownstream("Connection", connectionListed: []))
+                #expect(!GatewayPolicy.keepsDownstream("Content-Length", connectionListed: []))
             }
         }
     }

@@ -341,22 +341,49 @@ struct ClientHead {
 
     /// The headers the data path and its rules look up, each a bit of ``known`` (0: another).
     static func knownBit(_ name: UnsafeRawBufferPointer) -> UInt16 {
-        switch name.count {
-        case 4: HTTPSyntax.equalsLowercased(name, "host") ? 1 << 0 : 0
-        case 6:
-            HTTPSyntax.equalsLowercased(name, "origin")
-                ? 1 << 1
-                : HTTPSyntax.equalsLowercased(name, "expect")
-                    ? 1 << 2 : HTTPSyntax.equalsLowercased(name, "cookie") ? 1 << 3 : 0
-        case 7: HTTPSyntax.equalsLowercased(name, "upgrade") ? 1 << 4 : 0
-        case 9: HTTPSyntax.equalsLowercased(name, "x-api-key") ? 1 << 5 : 0
-        case 10:
-            HTTPSyntax.equalsLowercased(name, "connection")
-                ? 1 << 6 : HTTPSyntax.equalsLowercased(name, "user-agent") ? 1 << 7 : 0
-        case 13: HTTPSyntax.equalsLowercased(name, "authorization") ? 1 << 8 : 0
-        case 14: HTTPSyntax.equalsLowercased(name, "sec-fetch-site") ? 1 << 9 : 0
+        func bit(_ header: Known) -> UInt16 { HTTPSyntax.equalsLowercased(name, header.lower) ? header.rawValue : 0 }
+        return switch name.count {
+        case 4: bit(.host)
+        case 6: bit(.origin) | bit(.expect) | bit(.cookie)
+        case 7: bit(.upgrade)
+        case 9: bit(.xAPIKey)
+        case 10: bit(.connection) | bit(.userAgent)
+        case 13: bit(.authorization)
+        case 14: bit(.secFetchSite)
         default: 0
         }
+    }
+
+    /// The headers the data path and its rules look up by name (each a bit of ``known``, the
+    /// bit ``knownBit(_:)`` gives its name): whether one is present is told by its bit alone.
+    enum Known: UInt16, CaseIterable {
+        case host = 0x1, origin = 0x2, expect = 0x4, cookie = 0x8, upgrade = 0x10, xAPIKey = 0x20
+        case connection = 0x40, userAgent = 0x80, authorization = 0x100, secFetchSite = 0x200
+
+        /// Its name, lower case.
+        var lower: StaticString {
+            switch self {
+            case .host: "host"
+            case .origin: "origin"
+            case .expect: "expect"
+            case .cookie: "cookie"
+            case .upgrade: "upgrade"
+            case .xAPIKey: "x-api-key"
+            case .connection: "connection"
+            case .userAgent: "user-agent"
+            case .authorization: "authorization"
+            case .secFetchSite: "sec-fetch-site"
+            }
+        }
+    }
+
+    /// Whether a `header` is present (read from ``known``: no header line is read).
+    func contains(_ header: Known) -> Bool { known & header.rawValue != 0 }
+
+    /// The first value of `header`, ignoring case (nil at once when its bit says it is absent).
+    func first(_ header: Known) -> String? {
+        guard contains(header) else { return nil }
+        return header.lower.withUTF8Buffer { first(lower: UnsafeRawBufferPointer($0)) }
     }
 
     /// Whether a header named `lower` may be present: false only when it is a known one that is absent.

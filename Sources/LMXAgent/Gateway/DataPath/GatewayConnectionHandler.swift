@@ -399,9 +399,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // (Most paths can concern no object: told in one pass, and the request keeps the answer.)
         let mayConcern = ServerAffinity.mayConcern(path: path)
         guard !mayConcern || !ServerAffinity.answerMakes(method: head.method.rawValue, path: path) else { return nil }
-        if head.contains("expect") { return nil }
+        if head.contains(.expect) { return nil }
         if GatewayPolicy.refusal(
-            method: head.method.rawValue, path: path, authority: head.first("host"), header: head.first,
+            method: head.method.rawValue, path: path, authority: head.first(.host), header: head.first,
             adminEnabled: gateway.configuration.admin, overTCP: overTCP,
             localhostIsOurs: gateway.listeners.localhostIsOurs) != nil
         {
@@ -506,7 +506,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             return handOver(request)
         }
         // (GatewayPolicy.clientKeyHeaders, looked up as literals.)
-        let clientHasKey = request.head.contains("authorization") || request.head.contains("x-api-key")
+        let clientHasKey = request.head.contains(.authorization) || request.head.contains(.xAPIKey)
         let plan = state.plan(model: model, clientHasKey: clientHasKey, limit: gateway.configuration.attempts)
         guard case .forward(let routes) = plan, !routes.isEmpty else { return handOver(request) }
         var targets = gateway.load.order(routes)
@@ -609,7 +609,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // Which of the client's headers go on (``GatewayPolicy/upstreamHeaders``), decided on their
         // names' bytes; the kept lines are copied from the client's bytes.
         // (The route's rule for `/v1/` paths, made once, when it applies: nearly always.)
-        let listed = head.contains("connection") ? GatewayPolicy.connectionListed(head.all("connection")) : []
+        let listed = head.contains(.connection) ? GatewayPolicy.connectionListed(head.all("connection")) : []
         let rule =
             listed.isEmpty && !Credentials.isOpen(path: request.path)
             ? target.inferenceRule

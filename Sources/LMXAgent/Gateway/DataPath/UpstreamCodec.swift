@@ -337,7 +337,9 @@ struct UpstreamResponseParser {
         let valueBytes = UnsafeRawBufferPointer(rebasing: line[from..<to])
         // Not in the name (a token): in the value.
         if control { throw Malformed(reason: "a control character in a header value") }
-        // The framing headers, by the name's length first (most headers are none of them).
+        // The framing headers, by the name's length first (most headers are none of them). None
+        // goes to the client as it came (hop-by-hop, or written anew: GatewayPolicy's rule).
+        var framing = true
         switch colon {
         case 14 where HTTPSyntax.equalsLowercased(nameBytes, "content-length"):
             // One header, digits only: as strict as llhttp (which refuses even two that agree).
@@ -367,13 +369,13 @@ struct UpstreamResponseParser {
                 itemStart = index + 1
             }
         default:
-            break
+            framing = false
         }
         parsed.read.read(name: nameBytes, value: valueBytes)
         parsed.fields.append(
             UpstreamAnswerHead.Field(
                 name: offset..<offset + colon, value: offset + from..<offset + to,
-                kept: GatewayPolicy.keepsDownstream(nameBytes: nameBytes, connectionListed: [])))
+                kept: !framing && GatewayPolicy.keepsDownstream(nameBytes: nameBytes, connectionListed: [])))
     }
 
     /// A line through its CRLF, taken from `input`; nil while it has not all come.
