@@ -84,7 +84,8 @@ def idle_rate(pid, out, seconds=IDLE_SECONDS):
 
 def callgrind(argv, out):
     """Starts `argv` under callgrind, its profile written to `out`.<pid>[.<dump>]."""
-    return pb.start(["valgrind", "--tool=callgrind", "--callgrind-out-file=%s.%%p" % out] + argv)
+    extra = os.environ.get("BENCH_CALLGRIND_ARGS", "").split()
+    return pb.start(["valgrind", "--tool=callgrind", "--callgrind-out-file=%s.%%p" % out] + extra + argv)
 
 
 # Requests sent again on a new connection after a proxy closed one unanswered (see `send`).

@@ -193,6 +193,16 @@ struct ClientCodecTests {
                 bytes[8 + position] = bad
                 #expect(read(line + bytes + Array("\r\n\r\n".utf8)) == nil, "\(bad) at \(position)")
             }
+            // A long name: any token byte anywhere in it is read; any other byte goes to llhttp.
+            let name = Array(("X-" + String(repeating: "n", count: 38)).utf8)
+            for (byte, readable) in [(UInt8(ascii: "_"), true), (UInt8(ascii: "!"), true), (UInt8(ascii: "~"), true),
+                (UInt8(ascii: "@"), false), (UInt8(ascii: " "), false), (UInt8(ascii: "\""), false), (0xC3, false)] {
+                var bytes = name
+                bytes[position] = byte
+                let head = read(line + bytes + Array(": v\r\n\r\n".utf8))?.head
+                #expect((head != nil) == readable, "\(byte) at \(position) of the name")
+                if readable { #expect(head?.first(String(decoding: bytes, as: UTF8.self).lowercased()) == "v") }
+            }
             for blank: UInt8 in [0x20, 0x09] {
                 var bytes = Array("X-Long: \(value)".utf8)
                 bytes[8 + position] = blank

@@ -367,7 +367,10 @@ struct UpstreamCodecTests {
     )
     func wordChecks() {
         var random = ByteMutations(state: 0x3057_0D5)
-        let interesting: [UInt8] = [0, 1, 0x09, 0x0A, 0x0D, 0x1F, 0x20, 0x21, 0x3A, 0x7E, 0x7F, 0x80, 0x81, 0xA0, 0xFF]
+        let interesting: [UInt8] = [
+            0, 1, 0x09, 0x0A, 0x0D, 0x1F, 0x20, 0x21, 0x2C, 0x2D, 0x2E, 0x2F, 0x30, 0x39, 0x3A, 0x40, 0x41, 0x5A, 0x5B,
+            0x60, 0x61, 0x7A, 0x7B, 0x7E, 0x7F, 0x80, 0x81, 0xA0, 0xAD, 0xC1, 0xE1, 0xFF,
+        ]
         func first(_ bytes: [UInt8], _ test: (UInt8) -> Bool) -> Int { bytes.firstIndex(where: test) ?? 8 }
         for _ in 0..<200_000 {
             let bytes = (0..<8).map { _ in
@@ -383,6 +386,15 @@ struct UpstreamCodecTests {
                 let marks = HTTPSyntax.bytes(equalTo: byte, in: word)
                 #expect(HTTPSyntax.firstMarked(marks) == first(bytes) { $0 == byte }, "\(bytes) has \(byte)")
             }
+            // Letters, digits and dashes: every byte marked exactly (not only the first).
+            let names = HTTPSyntax.nameBytes(in: word)
+            for (place, byte) in bytes.enumerated() {
+                let isName = (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte)
+                    || (0x61...0x7A).contains(byte) || byte == 0x2D
+                #expect((names >> UInt64(place * 8 + 7)) & 1 == (isName ? 1 : 0), "\(bytes) at \(place)")
+                #expect(names & ~(0x80 << UInt64(place * 8)) & (0xFF << UInt64(place * 8)) == 0)
+            }
+            #expect(HTTPSyntax.firstUnmarked(names) == first(bytes) { !((0x30...0x39).contains($0) || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0) || $0 == 0x2D) })
             let invisible = HTTPSyntax.invisibleBytes(in: word)
             #expect(HTTPSyntax.firstMarked(invisible) == first(bytes) { !(0x21...0x7E).contains($0) }, "\(bytes)")
         }
@@ -396,6 +408,13 @@ struct UpstreamCodecTests {
                 var head = ByteBuffer(string: "HTTP/1.1 200 OK\r\n")
                 head.writeBytes(bytes + Array("\r\nContent-Length: 0\r\n\r\n".utf8))
                 #expect(throws: UpstreamResponseParser.Malformed.self) { try UpstreamResponseParser.parseHead(head) }
+            }
+            // A long name: a token byte anywhere in it is read, any other refuses the answer.
+            for (byte, valid) in [("_", true), ("!", true), ("~", true), ("@", false), (" ", false), ("\u{C3}", false)] {
+                var long = Array(String(repeating: "n", count: 40).utf8)
+                long.replaceSubrange(position..<position + 1, with: Array(byte.utf8))
+                let head = ByteBuffer(bytes: Array("HTTP/1.1 200 OK\r\n".utf8) + long + Array(": v\r\n\r\n".utf8))
+                #expect(((try? UpstreamResponseParser.parseHead(head)) != nil) == valid, "\(byte) at \(position)")
             }
             let name = String(repeating: "n", count: position + 1)
             let head = ByteBuffer(string: "HTTP/1.1 200 OK\r\n\(name):a:b:\(value)\r\n\r\n")

@@ -164,7 +164,14 @@ struct ClientRequestParser {
                     break
                 }
                 guard fields.count < maxHeaders else { return .other }
-                while index < count, bytes[index] != UInt8(ascii: ":") {
+                name: while index < count {
+                    // Letters, digits and dashes eight at a time; any other byte by itself.
+                    if count - index >= 8 {
+                        let run = HTTPSyntax.firstUnmarked(HTTPSyntax.nameBytes(in: HTTPSyntax.word(bytes, at: index)))
+                        index += run
+                        if run == 8 { continue }
+                    }
+                    if bytes[index] == UInt8(ascii: ":") { break name }
                     guard HTTPSyntax.isTokenByte(bytes[index]) else { return .other }
                     index += 1
                 }
