@@ -195,8 +195,10 @@ struct ClientCodecTests {
             }
             // A long name: any token byte anywhere in it is read; any other byte goes to llhttp.
             let name = Array(("X-" + String(repeating: "n", count: 38)).utf8)
-            for (byte, readable) in [(UInt8(ascii: "_"), true), (UInt8(ascii: "!"), true), (UInt8(ascii: "~"), true),
-                (UInt8(ascii: "@"), false), (UInt8(ascii: " "), false), (UInt8(ascii: "\""), false), (0xC3, false)] {
+            for (byte, readable) in [
+                (UInt8(ascii: "_"), true), (UInt8(ascii: "!"), true), (UInt8(ascii: "~"), true),
+                (UInt8(ascii: "@"), false), (UInt8(ascii: " "), false), (UInt8(ascii: "\""), false), (0xC3, false),
+            ] {
                 var bytes = name
                 bytes[position] = byte
                 let head = read(line + bytes + Array(": v\r\n\r\n".utf8))?.head

@@ -389,12 +389,18 @@ struct UpstreamCodecTests {
             // Letters, digits and dashes: every byte marked exactly (not only the first).
             let names = HTTPSyntax.nameBytes(in: word)
             for (place, byte) in bytes.enumerated() {
-                let isName = (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte)
+                let isName =
+                    (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte)
                     || (0x61...0x7A).contains(byte) || byte == 0x2D
                 #expect((names >> UInt64(place * 8 + 7)) & 1 == (isName ? 1 : 0), "\(bytes) at \(place)")
                 #expect(names & ~(0x80 << UInt64(place * 8)) & (0xFF << UInt64(place * 8)) == 0)
             }
-            #expect(HTTPSyntax.firstUnmarked(names) == first(bytes) { !((0x30...0x39).contains($0) || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0) || $0 == 0x2D) })
+            #expect(
+                HTTPSyntax.firstUnmarked(names)
+                    == first(bytes) {
+                        !((0x30...0x39).contains($0) || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0)
+                            || $0 == 0x2D)
+                    })
             let invisible = HTTPSyntax.invisibleBytes(in: word)
             #expect(HTTPSyntax.firstMarked(invisible) == first(bytes) { !(0x21...0x7E).contains($0) }, "\(bytes)")
         }
@@ -410,7 +416,8 @@ struct UpstreamCodecTests {
                 #expect(throws: UpstreamResponseParser.Malformed.self) { try UpstreamResponseParser.parseHead(head) }
             }
             // A long name: a token byte anywhere in it is read, any other refuses the answer.
-            for (byte, valid) in [("_", true), ("!", true), ("~", true), ("@", false), (" ", false), ("\u{C3}", false)] {
+            for (byte, valid) in [("_", true), ("!", true), ("~", true), ("@", false), (" ", false), ("\u{C3}", false)]
+            {
                 var long = Array(String(repeating: "n", count: 40).utf8)
                 long.replaceSubrange(position..<position + 1, with: Array(byte.utf8))
                 let head = ByteBuffer(bytes: Array("HTTP/1.1 200 OK\r\n".utf8) + long + Array(": v\r\n\r\n".utf8))

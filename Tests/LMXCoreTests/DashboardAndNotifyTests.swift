@@ -115,6 +115,41 @@ struct TrafficStatsTests {
         #expect(count("\ndata: c\r\n\r\n") == 2)
         #expect(count("data: d\n") == 0)
         #expect(count("\n") == 1)
+        // Against the count byte by byte, on streams of events, blank lines, carriage returns
+        // and long lines cut into chunks anywhere (the carried state across each cut).
+        var state: UInt64 = 0xE7E7
+        func next(_ bound: Int) -> Int {
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return Int((state >> 33) % UInt64(bound))
+        }
+        let pieces = [
+            "\n", "\r", "\r\n", "\n\n", "\n\r\n", "data: x", String(repeating: "y", count: 20),
+            String(repeating: "\r", count: 9), "data: {\"a\": 1}\n\n",
+        ]
+        for _ in 0..<3000 {
+            let bytes = Array((0..<(1 + next(12))).map { _ in pieces[next(pieces.count)] }.joined().utf8)
+            var expected = 0
+            var lineStart = true
+            for byte in bytes {
+                if byte == 0x0A {
+                    if lineStart { expected += 1 }
+                    lineStart = true
+                } else if byte != 0x0D || !lineStart {
+                    lineStart = false
+                }
+            }
+            var carried = true
+            var counted = 0
+            var start = 0
+            while start < bytes.count {
+                let end = min(bytes.count, start + 1 + next(40))
+                counted += bytes[start..<end].withUnsafeBytes { EventBoundary.count(in: $0, afterNewline: &carried) }
+                start = end
+            }
+            #expect(
+                counted == expected && carried == lineStart,
+                "\(String(decoding: bytes, as: UTF8.self).debugDescription)")
+        }
     }
 }
 

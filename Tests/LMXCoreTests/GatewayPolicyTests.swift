@@ -293,7 +293,17 @@ struct GatewayPolicyTests {
                 "/v1/chat/completions", "/v1/models/", "/v1/./x", "/v1/../admin", "/v1/x/..", "/v1/x/.", "/v1/%2E%2e/x",
                 "/v1/a%5Cb", "/v1/%2", "/v1/%", "/v1/.hidden", "/v1/a..b", "/v1/...", "/é/./", "/\u{0301}.",
             ]
-        Self.expectAgreement(on: paths, GatewayPolicy.isPlainPath, Self.referencePlainPath)
+        // Long runs of plain bytes around them (read eight at a time), at every offset.
+        let (nine, seventeen) = (String(repeating: "a", count: 9), String(repeating: "c", count: 17))
+        var long: [String] = []
+        for short in Self.strings(["/", ".", "a", "%", "2", "F", "e", "\\"], upTo: 4) {
+            long.append("/" + nine + short)
+            long.append(short + nine + short)
+            long.append("/v1/" + short + seventeen + "/" + short)
+            long.append("/ab" + short + nine)
+            long.append("/abcde" + short + nine)
+        }
+        Self.expectAgreement(on: paths + long, GatewayPolicy.isPlainPath, Self.referencePlainPath)
     }
 
     @Test("Host values: the byte-level loopback check agrees with the string rules")

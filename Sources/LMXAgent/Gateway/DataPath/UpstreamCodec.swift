@@ -334,7 +334,9 @@ struct UpstreamResponseParser {
                 if run == 8 { continue }
             }
             // Folded lines, spaces before the colon: never framing anybody could disagree on.
-            guard HTTPSyntax.isTokenByte(line[index]) else { throw Malformed(reason: "a header name that is not a token") }
+            guard HTTPSyntax.isTokenByte(line[index]) else {
+                throw Malformed(reason: "a header name that is not a token")
+            }
             index += 1
         }
         var from = colon + 1
