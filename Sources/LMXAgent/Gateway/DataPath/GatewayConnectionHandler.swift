@@ -601,7 +601,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         request.upstream = connection
         request.phase = .forwarding
         connection.handler.owner = self
-        let head = request.head
         // The request's head written straight into bytes: the names are the client's (read as
         // tokens, their values as visible ASCII by ``ClientRequestParser``), the route's (checked
         // by `isHeaderSafe` before the request was taken) and ours.
@@ -609,7 +608,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // Which of the client's headers go on (``GatewayPolicy/upstreamHeaders``), decided on their
         // names' bytes; the kept lines are copied from the client's bytes.
         // (The route's rule for `/v1/` paths, made once, when it applies: nearly always.)
-        let listed = head.contains(.connection) ? GatewayPolicy.connectionListed(head.all("connection")) : []
+        let listed =
+            request.head.contains(.connection) ? GatewayPolicy.connectionListed(request.head.all("connection")) : []
         let rule =
             listed.isEmpty && !Credentials.isOpen(path: request.path)
             ? target.inferenceRule
@@ -618,19 +618,19 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // The body's framing: its length when known (all of it read, or declared), else chunked.
         let length: Int? =
             request.clientEnded
-            ? (request.received > 0 || !Self.bodilessMethod(head.method) ? request.received : nil)
+            ? (request.received > 0 || !Self.bodilessMethod(request.head.method) ? request.received : nil)
             : (request.declaredLength > 0 ? request.declaredLength : nil)
         let chunked = !request.clientEnded && length == nil
         let bytes = HeadLines.make(
-            context?.channel.allocator ?? ByteBufferAllocator(), estimate: head.raw.readableBytes + 512
+            context?.channel.allocator ?? ByteBufferAllocator(), estimate: request.head.raw.readableBytes + 512
         ) { out in
-            out.add(head.method.rawValue)
+            out.add(request.head.method.rawValue)
             out.add(" ")
-            out.add(head.uri)
+            out.add(request.head.uri)
             out.add(" HTTP/1.1\r\nHost: ")
             out.add(connection.address.authority)
             out.add("\r\n")
-            out.clientHeaders(head, keeping: rule, userAgent: Gateway.userAgent)
+            out.clientHeaders(request.head, keeping: rule, userAgent: Gateway.userAgent)
             if let length {
                 out.add("Content-Length: ")
                 out.add(decimal: length)
@@ -642,7 +642,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         }
         // (Let go of here: the body parts that follow are added to the same buffer, which must be
         // held by nothing else, or the first of them copies it.)
-        handler.sendHead(consume bytes, toHEAD: head.method == .HEAD, chunkedBody: chunked)
+        handler.sendHead(consume bytes, toHEAD: request.head.method == .HEAD, chunkedBody: chunked)
         for part in request.parts { handler.sendBody(part) }
         if request.clientEnded {
             handler.sendEnd()
