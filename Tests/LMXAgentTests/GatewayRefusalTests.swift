@@ -211,8 +211,8 @@ struct RouteLoadTests {
         request?.leaveRoute()
         #expect(b.current == 0)
         request?.countOnRoute(b)
-        request?.releaseTokens()
-        request?.releaseTokens()
+        request?.releaseCounts()
+        request?.releaseCounts()
         #expect(a.current == 0 && b.current == 0, "given back once")
         request?.countOnRoute(b)
         request = nil

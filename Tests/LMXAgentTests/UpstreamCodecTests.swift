@@ -376,18 +376,18 @@ struct UpstreamCodecTests {
             let bytes = (0..<8).map { _ in
                 random.next(3) == 0 ? interesting[random.next(interesting.count)] : UInt8(random.next(256))
             }
-            let word = bytes.withUnsafeBytes { HTTPSyntax.word($0, at: 0) }
+            let word = bytes.withUnsafeBytes { ByteWord.word($0, at: 0) }
             for bound: UInt8 in [1, 0x20, 0x21, 0x80] {
-                let marks = HTTPSyntax.bytes(below: bound, in: word)
+                let marks = ByteWord.bytes(below: bound, in: word)
                 #expect((marks != 0) == bytes.contains { $0 < bound }, "\(bytes) < \(bound)")
-                #expect(HTTPSyntax.firstMarked(marks) == first(bytes) { $0 < bound }, "\(bytes) < \(bound)")
+                #expect(ByteWord.firstMarked(marks) == first(bytes) { $0 < bound }, "\(bytes) < \(bound)")
             }
             for byte: UInt8 in [0, 0x0A, 0x0D, 0x3A, 0x7F, 0xFF] {
-                let marks = HTTPSyntax.bytes(equalTo: byte, in: word)
-                #expect(HTTPSyntax.firstMarked(marks) == first(bytes) { $0 == byte }, "\(bytes) has \(byte)")
+                let marks = ByteWord.bytes(equalTo: byte, in: word)
+                #expect(ByteWord.firstMarked(marks) == first(bytes) { $0 == byte }, "\(bytes) has \(byte)")
             }
             // Letters, digits and dashes: every byte marked exactly (not only the first).
-            let names = HTTPSyntax.nameBytes(in: word)
+            let names = ByteWord.nameBytes(in: word)
             for (place, byte) in bytes.enumerated() {
                 let isName =
                     (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte)
@@ -396,13 +396,13 @@ struct UpstreamCodecTests {
                 #expect(names & ~(0x80 << UInt64(place * 8)) & (0xFF << UInt64(place * 8)) == 0)
             }
             #expect(
-                HTTPSyntax.firstUnmarked(names)
+                ByteWord.firstUnmarked(names)
                     == first(bytes) {
                         !((0x30...0x39).contains($0) || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0)
                             || $0 == 0x2D)
                     })
-            let invisible = HTTPSyntax.invisibleBytes(in: word)
-            #expect(HTTPSyntax.firstMarked(invisible) == first(bytes) { !(0x21...0x7E).contains($0) }, "\(bytes)")
+            let invisible = ByteWord.invisibleBytes(in: word)
+            #expect(ByteWord.firstMarked(invisible) == first(bytes) { !(0x21...0x7E).contains($0) }, "\(bytes)")
         }
         // Every byte position of a long line, read a word at a time: a control character or DEL
         // anywhere refuses the answer; a colon anywhere in the name ends it there.

@@ -139,9 +139,10 @@ public enum GatewayPolicy {
             // segment's: the segment is then longer than `..`, whatever dots it has), to the first
             // that is.
             if percent == 0, bytes.count - index >= 8 {
-                let word = UInt64(
-                    littleEndian: UnsafeRawBufferPointer(bytes).loadUnaligned(fromByteOffset: index, as: UInt64.self))
-                let plain = firstMatch(0x5C, 0x25, 0x2F, in: word)
+                let word = ByteWord.word(UnsafeRawBufferPointer(bytes), at: index)
+                let plain = ByteWord.firstMarked(
+                    ByteWord.bytes(equalTo: 0x5C, in: word) | ByteWord.bytes(equalTo: 0x25, in: word)
+                        | ByteWord.bytes(equalTo: 0x2F, in: word))
                 if plain >= 3 {
                     length += plain
                     index += plain
@@ -178,18 +179,6 @@ public enum GatewayPolicy {
         }
         // The last segment: empty (a trailing slash) is fine, `.` or `..` is not.
         return !(length > 0 && dots == length && length <= 2)
-    }
-
-    /// Where in `word` (its first byte the lowest) the first byte that is `a`, `b` or `c` is; 8
-    /// when none is. (Each byte's match is marked by its high bit; the lowest mark is exact.)
-    @inline(__always)
-    private static func firstMatch(_ a: UInt8, _ b: UInt8, _ c: UInt8, in word: UInt64) -> Int {
-        let ones: UInt64 = 0x0101_0101_0101_0101
-        func marks(_ byte: UInt8) -> UInt64 {
-            let matches = word ^ ones &* UInt64(byte)
-            return (matches &- ones) & ~matches & 0x8080_8080_8080_8080
-        }
-        return (marks(a) | marks(b) | marks(c)).trailingZeroBitCount >> 3
     }
 
     /// How many `/` end the path, leaving at least one byte.

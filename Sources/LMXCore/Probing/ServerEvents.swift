@@ -111,9 +111,9 @@ public enum EventBoundary {
             // Inside a line that is not empty (most of an event's bytes), words of eight bytes
             // with no line feed are passed at once: nothing in them changes the count or the line.
             if !lineStart {
-                while bytes.count &- index >= 8 {
-                    let feeds = bytes.loadUnaligned(fromByteOffset: index, as: UInt64.self) ^ 0x0A0A_0A0A_0A0A_0A0A
-                    if (feeds &- 0x0101_0101_0101_0101) & ~feeds & 0x8080_8080_8080_8080 != 0 { break }
+                while bytes.count &- index >= 8,
+                    ByteWord.bytes(equalTo: 0x0A, in: ByteWord.word(bytes, at: index)) == 0
+                {
                     index &+= 8
                 }
                 guard index < bytes.count else { break }

@@ -1,3 +1,4 @@
+import LMXCore
 import NIOCore
 import NIOHTTP1
 
@@ -135,13 +136,13 @@ struct ClientRequestParser {
             var index = 0
             requestLine: while index < count {
                 if count - index >= 8 {
-                    let word = HTTPSyntax.word(bytes, at: index)
-                    let marks = HTTPSyntax.bytes(equalTo: 0x0D, in: word) | HTTPSyntax.bytes(equalTo: 0x0A, in: word)
+                    let word = ByteWord.word(bytes, at: index)
+                    let marks = ByteWord.bytes(equalTo: 0x0D, in: word) | ByteWord.bytes(equalTo: 0x0A, in: word)
                     if marks == 0 {
                         index += 8
                         continue
                     }
-                    index += HTTPSyntax.firstMarked(marks)
+                    index += ByteWord.firstMarked(marks)
                 }
                 if bytes[index] == 0x0D { break requestLine }
                 if bytes[index] == 0x0A { return .other }
@@ -167,7 +168,7 @@ struct ClientRequestParser {
                 name: while index < count {
                     // Letters, digits and dashes eight at a time; any other byte by itself.
                     if count - index >= 8 {
-                        let run = HTTPSyntax.firstUnmarked(HTTPSyntax.nameBytes(in: HTTPSyntax.word(bytes, at: index)))
+                        let run = ByteWord.firstUnmarked(ByteWord.nameBytes(in: ByteWord.word(bytes, at: index)))
                         index += run
                         if run == 8 { continue }
                     }
@@ -186,8 +187,8 @@ struct ClientRequestParser {
                     // Past a word's visible bytes at once, to the first that is not (a space, a
                     // tab, the line's end, or one refused), read by itself.
                     if count - index >= 8 {
-                        let marks = HTTPSyntax.invisibleBytes(in: HTTPSyntax.word(bytes, at: index))
-                        let visible = HTTPSyntax.firstMarked(marks)
+                        let marks = ByteWord.invisibleBytes(in: ByteWord.word(bytes, at: index))
+                        let visible = ByteWord.firstMarked(marks)
                         if visible > 0 {
                             if valueStart < 0 { valueStart = index }
                             index += visible

@@ -731,7 +731,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         writeToClient(.end, for: request)
         flushToClient()
         request.phase = .done
-        request.releaseTokens()
+        request.releaseCounts()
         if request.clientEnded { finished(request) } else { closeConnection() }
     }
 
@@ -786,7 +786,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                     upstream.handler.owner = nil
                     upstream.channel.close(promise: nil)
                     request.upstream = nil
-                    request.releaseTokens()
+                    request.releaseCounts()
                     gateway.logger.info(
                         "gateway: server busy, trying the next",
                         metadata: ["route": "\(target.routeID)", "status": "\(head.status)"])
@@ -874,7 +874,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             } else {
                 upstream.channel.close(promise: nil)
             }
-            request.releaseTokens()
+            request.releaseCounts()
             if request.clientEnded {
                 finished(request)
             } else {
@@ -994,7 +994,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         releaseHeldAnswer(request)
         flushToClient()
         request.upstream = nil
-        request.releaseTokens()
+        request.releaseCounts()
         request.phase = .done
         self.request = nil
         closeConnection()
@@ -1021,7 +1021,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         let routeID = target.routeID
         Task { await manager.gatewayFailed(routeID, reason: "a stream was cut mid-answer") }
         request.phase = .done
-        request.releaseTokens()
+        request.releaseCounts()
         if request.clientEnded {
             finished(request)
         } else {
@@ -1050,7 +1050,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             upstream.handler.owner = nil
             upstream.channel.close(promise: nil)
         }
-        request.releaseTokens()
+        request.releaseCounts()
     }
 
     /// One timer per connection, not one per request: when it fires it closes the connection if
@@ -1199,11 +1199,11 @@ final class ForwardedRequest {
     }
 
     /// No longer counted in flight, on the gateway or its route.
-    func releaseTokens() {
+    func releaseCounts() {
         inFlight?.decrement()
         inFlight = nil
         leaveRoute()
     }
 
-    deinit { releaseTokens() }
+    deinit { releaseCounts() }
 }

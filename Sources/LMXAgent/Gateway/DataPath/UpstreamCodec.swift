@@ -260,14 +260,14 @@ struct UpstreamResponseParser {
                     // Past the bytes of a word that need no look (no control character, no DEL,
                     // no colon until the first is found) to the first that does.
                     if end - index >= 8 {
-                        let word = HTTPSyntax.word(bytes, at: index)
-                        var marks = HTTPSyntax.bytes(below: 0x20, in: word) | HTTPSyntax.bytes(equalTo: 0x7F, in: word)
-                        if colon < 0 { marks |= HTTPSyntax.bytes(equalTo: UInt8(ascii: ":"), in: word) }
+                        let word = ByteWord.word(bytes, at: index)
+                        var marks = ByteWord.bytes(below: 0x20, in: word) | ByteWord.bytes(equalTo: 0x7F, in: word)
+                        if colon < 0 { marks |= ByteWord.bytes(equalTo: UInt8(ascii: ":"), in: word) }
                         if marks == 0 {
                             index += 8
                             continue
                         }
-                        index += HTTPSyntax.firstMarked(marks)
+                        index += ByteWord.firstMarked(marks)
                     }
                     let byte = bytes[index]
                     if byte == UInt8(ascii: ":"), colon < 0 { colon = index - start }
@@ -329,7 +329,7 @@ struct UpstreamResponseParser {
         while index < colon {
             // Letters, digits and dashes eight at a time; any other byte by itself.
             if colon - index >= 8 {
-                let run = HTTPSyntax.firstUnmarked(HTTPSyntax.nameBytes(in: HTTPSyntax.word(line, at: index)))
+                let run = ByteWord.firstUnmarked(ByteWord.nameBytes(in: ByteWord.word(line, at: index)))
                 index += run
                 if run == 8 { continue }
             }
@@ -590,70 +590,6 @@ enum HTTPSyntax {
         default: false
         }
     }
-
-    // Eight bytes at a time: a head's lines are read a word (eight bytes, the first the lowest)
-    // at a time; only the bytes that need a look of their own (a line's end, its colon, a byte
-    // that is not allowed) are read one by one.
-    private static let ones: UInt64 = 0x0101_0101_0101_0101
-    private static let highBits: UInt64 = 0x8080_8080_8080_8080
-
-    /// The eight bytes at `offset` of `bytes` (at least eight from there), the first the lowest.
-    @inline(__always)
-    static func word(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> UInt64 {
-        UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
-    }
-
-    /// The bytes of `word` below `bound` (at most 0x80), each marked by its high bit. The lowest
-    /// mark is always right (one above a marked byte may be that byte's borrow): a word has such
-    /// a byte exactly when some byte is marked, and the first is ``firstMarked(_:)``.
-    @inline(__always)
-    static func bytes(below bound: UInt8, in word: UInt64) -> UInt64 {
-        (word &- ones &* UInt64(bound)) & ~word & highBits
-    }
-
-    /// The bytes of `word` that are `byte`, marked as ``bytes(below:in:)`` marks them.
-    @inline(__always)
-    static func bytes(equalTo byte: UInt8, in word: UInt64) -> UInt64 {
-        bytes(below: 1, in: word ^ (ones &* UInt64(byte)))
-    }
-
-    /// The bytes of `word` that are not visible ASCII (0x21–0x7E), marked the same way.
-    @inline(__always)
-    static func invisibleBytes(in word: UInt64) -> UInt64 {
-        word & highBits | bytes(below: 0x21, in: word) | bytes(equalTo: 0x7F, in: word)
-    }
-
-    /// The bytes of `word` that are ASCII letters, digits or `-` (the bytes of nearly every
-    /// header name), each marked exactly.
-    @inline(__always)
-    static func nameBytes(in word: UInt64) -> UInt64 {
-        let low = word & ~highBits  // each byte's low seven bits: no sum below carries past its byte
-        let folded = low | ones &* 0x20
-        let letters = atLeast(0x61, folded) & atMost(0x7A, folded)
-        let digits = atLeast(0x30, low) & atMost(0x39, low)
-        let dashes = ~((low ^ ones &* 0x2D) &+ ones &* 0x7F | low ^ ones &* 0x2D) & highBits
-        return (letters | digits | dashes) & ~word & highBits
-    }
-
-    /// Bytes (each below 0x80) at least `bound`, marked exactly.
-    @inline(__always)
-    private static func atLeast(_ bound: UInt8, _ low: UInt64) -> UInt64 {
-        (low &+ ones &* UInt64(0x80 - bound)) & highBits
-    }
-
-    /// Bytes (each below 0x80) at most `bound`, marked exactly.
-    @inline(__always)
-    private static func atMost(_ bound: UInt8, _ low: UInt64) -> UInt64 {
-        ~(low &+ ones &* UInt64(0x7F - bound)) & highBits
-    }
-
-    /// Where in its word the first byte that is not marked is (0–7; 8 when all are).
-    @inline(__always)
-    static func firstUnmarked(_ marks: UInt64) -> Int { firstMarked(~marks & highBits) }
-
-    /// Where in its word the first marked byte is (0–7; 8 when none is).
-    @inline(__always)
-    static func firstMarked(_ marks: UInt64) -> Int { marks.trailingZeroBitCount >> 3 }
 
     /// Whether `bytes` are `lower` (lowercase letters and `-`) in any case.
     static func equalsLowercased(_ bytes: some Collection<UInt8>, _ lower: StaticString) -> Bool {
