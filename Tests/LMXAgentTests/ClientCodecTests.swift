@@ -226,6 +226,14 @@ struct ClientCodecTests {
             }
             #expect(Array((lower + "x").utf8).withUnsafeBytes { ClientHead.knownBit($0) } == 0)
         }
+        // The headers the policy reads are all known ones: the data path asks for them only when
+        // one of their bits is set (a bit of each, and nothing else).
+        let policy = GatewayConnectionHandler.refusalHeaderBits
+        #expect(
+            policy == ClientHead.Known.origin.rawValue | ClientHead.Known.secFetchSite.rawValue
+                | ClientHead.Known.upgrade.rawValue)
+        #expect(ClientHead.bits(of: ["host", "x-unknown"]) == nil)
+        #expect(ClientHead.bits(of: []) == 0)
         let values = [
             "Host: h:1", "Origin: http://o", "Expect: 100-continue", "Cookie: c=1", "X-Api-Key: k",
             "Connection: keep-alive", "User-Agent: u/1", "Authorization: Bearer t", "Sec-Fetch-Site: none",

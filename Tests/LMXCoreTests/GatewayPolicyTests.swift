@@ -13,6 +13,37 @@ struct GatewayPolicyTests {
             adminEnabled: admin, overTCP: tcp)?.code
     }
 
+    @Test("the rules read no header but those they name (refusalHeaders): the data path looks up only those")
+    func headersRead() {
+        let others = [
+            "cookie": "a=1", "authorization": "Bearer k", "x-api-key": "k", "content-type": "application/json",
+            "connection": "upgrade", "user-agent": "u/1", "host": "127.0.0.1:1235",
+        ]
+        var asked: Set<String> = []
+        for origin in [nil, "http://127.0.0.1:1235", "https://evil.example"] {
+            for site in [nil, "cross-site", "same-origin"] {
+                for upgrade in [nil, "websocket"] {
+                    var present = others
+                    present["origin"] = origin
+                    present["sec-fetch-site"] = site
+                    present["upgrade"] = upgrade
+                    for path in ["/v1/models", "/v1/chat/stream", "/admin/x", "/v1/../x", "/healthz", "/"] {
+                        for (tcp, authority) in [(true, nil), (true, "localhost"), (true, "example.com"), (false, nil)]
+                        {
+                            _ = GatewayPolicy.refusal(
+                                method: "POST", path: path, authority: authority,
+                                header: { name in
+                                    asked.insert(name)
+                                    return present[name]
+                                }, adminEnabled: true, overTCP: tcp, localhostIsOurs: false)
+                        }
+                    }
+                }
+            }
+        }
+        #expect(asked == GatewayPolicy.refusalHeaders)
+    }
+
     @Test("/v1/* is forwarded; the WebSocket path never is, in any spelling")
     func paths() {
         #expect(refusal("/v1/models") == nil)

@@ -22,6 +22,10 @@ public enum GatewayPolicy {
         return false
     }
 
+    /// The headers ``refusal(method:path:authority:header:adminEnabled:overTCP:localhostIsOurs:)``
+    /// reads (lower case): a request with none of them present needs none looked up.
+    public static let refusalHeaders: Set<String> = ["host", "origin", "sec-fetch-site", "upgrade"]
+
     /// Checks the method, path and browser headers before anything is forwarded.
     /// - Parameters:
     ///   - path: the request target's path, without the query.

@@ -388,6 +388,21 @@ struct ClientHead {
     /// Whether a `header` is present (read from ``known``: no header line is read).
     func contains(_ header: Known) -> Bool { known & header.rawValue != 0 }
 
+    /// Whether any header of `bits` (``Known`` values, ORed) is present.
+    func contains(anyOf bits: UInt16) -> Bool { known & bits != 0 }
+
+    /// The bits of known headers named `names` (lower case); nil when one is not a known one.
+    static func bits(of names: Set<String>) -> UInt16? {
+        var bits: UInt16 = 0
+        for name in names {
+            guard let header = Known.allCases.first(where: { String(describing: $0.lower) == name }) else {
+                return nil
+            }
+            bits |= header.rawValue
+        }
+        return bits
+    }
+
     /// The first value of `header`, ignoring case (nil at once when its bit says it is absent).
     func first(_ header: Known) -> String? {
         guard contains(header) else { return nil }
@@ -507,7 +522,12 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
             return
         }
         handler.readAsked = false
+        // (Moved out and back: an access to the property spanning the read would be checked at
+        // run time.)
+        var parser = ClientRequestParser()
+        swap(&parser, &self.parser)
         parser.read(bytes) { handler.receive($0) }
+        swap(&parser, &self.parser)
     }
 
     /// Bytes for llhttp (SwiftNIO's HTTP/1 decoder, behind this handler once the general path is set up).

@@ -63,6 +63,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// The same for the answer, while the client could take no more of it.
     private var answerSeen: Int?
 
+    // (Properties that a call the compiler cannot see into changes — `ByteBuffer`'s writes, a
+    // collection's growth — are changed through locals moved out of them and back: an access to a
+    // class's property that spans such a call is checked at run time, about 70 instructions.)
+
     /// Parts of the data path's answers written since the last flush (``writeToClient``).
     private var gathered = Gathered()
     /// The request this handler is forwarding, if any.
@@ -77,8 +81,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     var front: ClientFront?
     /// Requests handed over whose answer has not ended.
     private var handedOver = 0
-    /// Parts read after the current request (pipelined): handled once it is done.
-    private var queued = CircularBuffer<ClientRequestParser.Part>()
+    /// Parts read after the current request (pipelined): handled once it is done (nil: none).
+    private var queued: CircularBuffer<ClientRequestParser.Part>?
     private var draining = false
     private var readPending = false
     /// The gateway closed the connection (this handler, or one behind it on the general path):
@@ -127,7 +131,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var idle: Bool { request == nil && handedOver == 0 && !passing && !replaying }
 
     private func closeIfDone() {
-        if inputClosed, queued.isEmpty, let request, !request.clientEnded {
+        if inputClosed, queued == nil, let request, !request.clientEnded {
             // The client closed its side before the body's end: the request can never be whole
             // (nginx: "client prematurely closed connection").
             return bodyNotWhole(
@@ -136,7 +140,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                     "the client closed its side of the connection after \(request.received) of the body's \(request.declaredLength) bytes"
             )
         }
-        if closeWhenIdle, idle, queued.isEmpty { closeConnection() }
+        if closeWhenIdle, idle, queued == nil { closeConnection() }
     }
 
     /// The client closed its side while a request of ours waits for (or streams) its answer. A
@@ -287,7 +291,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        if let rawOutput { gathered.write(to: rawOutput) }  // (empty: answers are flushed as they end)
+        if let rawOutput {  // (empty: answers are flushed as they end)
+            var gathered = Gathered()
+            swap(&gathered, &self.gathered)
+            gathered.write(to: rawOutput)
+        }
         // The general path's answers pass through; when the last one ends, the next request is ours.
         if case .end = unwrapOutboundIn(data), handedOver > 0 {
             handedOver -= 1
@@ -305,7 +313,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// Reads wait while parts are queued, while a connection is being made, and while the
     /// upstream cannot take more of the body.
     private var holdsReads: Bool {
-        if !queued.isEmpty { return true }
+        if queued != nil { return true }
         guard let request, !request.clientEnded else { return false }
         if request.phase == .connecting { return true }
         if let upstream = request.upstream, !upstream.channel.isWritable { return true }
@@ -337,8 +345,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     /// A part of a request, from the front.
     func receive(_ part: ClientRequestParser.Part) {
-        if !queued.isEmpty || (request?.clientEnded == true) {
-            queued.append(part)
+        if queued != nil || (request?.clientEnded == true) {
+            var parts = queued.take() ?? []
+            parts.append(part)
+            queued = parts
             return
         }
         handle(part)
@@ -381,8 +391,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         guard !draining else { return }
         draining = true
         defer { draining = false }
-        while !queued.isEmpty, request?.clientEnded != true {
-            handle(queued.removeFirst())
+        while request?.clientEnded != true, var parts = queued.take() {
+            let part = parts.removeFirst()
+            if !parts.isEmpty { queued = parts }
+            handle(part)
         }
         endReadBatchIfFired()
         resumeReadsIfHeld()
@@ -400,8 +412,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         let mayConcern = ServerAffinity.mayConcern(path: path)
         guard !mayConcern || !ServerAffinity.answerMakes(method: head.method.rawValue, path: path) else { return nil }
         if head.contains(.expect) { return nil }
+        // (The rules read a few headers by name, all of them known ones: when none but Host came,
+        // as from API clients, they are not looked for one by one.)
+        let header: (String) -> String? = head.contains(anyOf: Self.refusalHeaderBits) ? head.first : { _ in nil }
         if GatewayPolicy.refusal(
-            method: head.method.rawValue, path: path, authority: head.first(.host), header: head.first,
+            method: head.method.rawValue, path: path, authority: head.first(.host), header: header,
             adminEnabled: gateway.configuration.admin, overTCP: overTCP,
             localhostIsOurs: gateway.listeners.localhostIsOurs) != nil
         {
@@ -409,6 +424,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         }
         return length <= gateway.configuration.maxRequestBytes ? (path, mayConcern) : nil
     }
+
+    /// The headers the policy reads (``GatewayPolicy/refusalHeaders``) but Host, which it is
+    /// given, as the head's bits.
+    /// (Should the policy read a header that is not a known one, every request looks them up.)
+    static let refusalHeaderBits = ClientHead.bits(of: GatewayPolicy.refusalHeaders.subtracting(["host"])) ?? .max
 
     /// The path (the target without its query) of a `/v1/` target with no percent-encoding,
     /// fragment or dot-dot anywhere (those go to the general path, which reads them as the policy
@@ -449,7 +469,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             }
             switch request.phase {
             case .collecting:
-                request.parts.append(chunk)
+                request.add(chunk)
                 // The body's last byte came with this part: its end follows at once, and the
                 // request is decided then; nothing waits to be read ahead.
                 if request.received == request.declaredLength { break }
@@ -459,7 +479,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                     decide(request)
                 }
             case .connecting:
-                request.parts.append(chunk)
+                request.add(chunk)
             case .forwarding:
                 request.upstream?.handler.sendBody(chunk)
             case .done:
@@ -621,8 +641,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             ? (request.received > 0 || !Self.bodilessMethod(request.head.method) ? request.received : nil)
             : (request.declaredLength > 0 ? request.declaredLength : nil)
         let chunked = !request.clientEnded && length == nil
+        // (Room for a small body too: its parts are gathered after the head, in the same buffer.)
+        let body = request.received <= HTTP1Bytes.gatherLimit ? request.received : 0
         let bytes = HeadLines.make(
-            context?.channel.allocator ?? ByteBufferAllocator(), estimate: request.head.raw.readableBytes + 512
+            context?.channel.allocator ?? ByteBufferAllocator(), estimate: request.head.raw.readableBytes + 512 + body
         ) { out in
             out.add(request.head.method.rawValue)
             out.add(" ")
@@ -814,9 +836,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             let connectionListed = read.connectionListed
             request.keepAlive = request.head.keepAlive
             let bytes = head.bytes.withUnsafeReadableBytes { raw in
+                // (Room for a small body, or a stream's first events: gathered after the head,
+                // in the same buffer; growing it cost about 1,000 instructions.)
                 answerHead(
                     request, status: .init(statusCode: head.status), sized: length != nil,
-                    estimate: raw.count + 320
+                    estimate: raw.count + 320 + min(length ?? 1024, HTTP1Bytes.gatherLimit)
                 ) { out in
                     for field in head.fields where field.kept {
                         let name = UnsafeRawBufferPointer(rebasing: raw[field.name])
@@ -892,7 +916,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         guard context != nil else { return }
         if request.holdsAnswer {
             if case .body(let bytes) = part { request.heldBytes += bytes.readableBytes }
-            request.heldAnswer.append(part)
+            request.hold(part)
             if request.heldBytes <= Self.maxHeldAnswer { return }
             releaseHeldAnswer(request)
             return
@@ -939,6 +963,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private func writeToClient(_ part: ClientOutput, for request: ForwardedRequest) {
         guard let output = rawOutput else { return }
         clientUnflushed = true
+        var gathered = Gathered()
+        swap(&gathered, &self.gathered)
         switch part {
         case .head(let bytes):
             gathered.add(head: bytes)
@@ -948,6 +974,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .end:
             if request.chunkedToClient { gathered.add(HTTP1Bytes.lastChunk, chunked: false, to: output) }
         }
+        swap(&gathered, &self.gathered)
     }
 
     /// Sends what was written to the client.
@@ -956,7 +983,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // flushed as it ends, and the batch's end would flush nothing through the pipeline).
         guard clientUnflushed else { return }
         clientUnflushed = false
-        if let rawOutput { gathered.write(to: rawOutput) }
+        if let rawOutput {
+            var gathered = Gathered()
+            swap(&gathered, &self.gathered)
+            gathered.write(to: rawOutput)
+        }
         context?.flush()
     }
 
@@ -964,9 +995,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private func releaseHeldAnswer(_ request: ForwardedRequest) {
         guard request.holdsAnswer, context != nil else { return }
         request.holdsAnswer = false
-        for part in request.heldAnswer { writeToClient(part, for: request) }
+        let held = request.heldAnswer
         request.heldAnswer = []
         request.heldBytes = 0
+        for part in held { writeToClient(part, for: request) }
         flushToClient()
     }
 
@@ -1168,6 +1200,23 @@ final class ForwardedRequest {
         self.declaredLength = declaredLength
         self.path = path
         self.mayConcern = mayConcern
+    }
+
+    /// Keeps a part of the body (the array moved out and back: its growth spans a call the
+    /// compiler cannot see into, which would make every access to it checked at run time).
+    func add(_ chunk: ByteBuffer) {
+        var parts: [ByteBuffer] = []
+        swap(&parts, &self.parts)
+        parts.append(chunk)
+        swap(&parts, &self.parts)
+    }
+
+    /// Holds a part of the answer (as ``add(_:)``).
+    func hold(_ part: ClientOutput) {
+        var held: [ClientOutput] = []
+        swap(&held, &heldAnswer)
+        held.append(part)
+        swap(&held, &heldAnswer)
     }
 
     func reservation(from budget: ReadAheadBudget, for uid: UInt32?) -> ReadAheadBudget.Reservation {

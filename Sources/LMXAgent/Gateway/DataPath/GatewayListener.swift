@@ -106,7 +106,6 @@ struct GatewayListener: Service {
                     try sync.addHandler(quiescing.makeServerChannelHandler(channel: channel))
                 }
             }
-            .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelInitializer { channel in
                 connection.start(channel: channel, logger: logger)
             }

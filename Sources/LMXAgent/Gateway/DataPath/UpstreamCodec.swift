@@ -789,6 +789,11 @@ enum HTTP1Bytes {
 struct Gathered {
     private var bytes = ByteBuffer()
 
+    init() {}
+
+    /// What starts with `head` (a buffer of its own: the next parts are added to it).
+    init(head: ByteBuffer) { bytes = head }
+
     /// Adds `part` (a chunk when `chunked`), or writes what was gathered and then `part` when it
     /// is large.
     mutating func add(_ part: ByteBuffer, chunked: Bool, to context: ChannelHandlerContext) {
