@@ -1,5 +1,7 @@
 import LMXCore
 import NIOCore
+import NIOEmbedded
+import NIOSSL
 import Testing
 
 @testable import LMXAgent
@@ -30,6 +32,59 @@ struct DataPathTests {
         #expect(UpstreamAddress("ftp://10.0.0.5") == nil)
         #expect(UpstreamAddress("http://10.0.0.5:0") == nil)
         #expect(UpstreamAddress("") == nil)
+    }
+
+    @Test(
+        "the pool: connections counted per address (equal addresses alike), idle ones lent newest first, closed or stale ones never, counts given back as they close"
+    )
+    func pool() throws {
+        let loop = EmbeddedEventLoop()
+        let pool = UpstreamPool(eventLoop: loop, tls: try NIOSSLContext(configuration: .makeClientConfiguration()))
+        let a = try #require(UpstreamAddress("http://10.0.0.5:1234"))
+        let sameAsA = try #require(UpstreamAddress("http://10.0.0.5:1234"))  // another object, equal
+        let b = try #require(UpstreamAddress("http://10.0.0.6:1234"))
+        func open(_ address: UpstreamAddress) throws -> UpstreamConnection {
+            let channel = EmbeddedChannel(handler: UpstreamHandler(), loop: loop)
+            try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+            return try pool.adopt(channel, address: address)
+        }
+        #expect(pool.openCount(a) == 0 && pool.takeIdle(a) == nil)
+        let a1 = try open(a)
+        let a2 = try open(sameAsA)
+        let b1 = try open(b)
+        #expect(pool.openCount(a) == 2 && pool.openCount(sameAsA) == 2 && pool.openCount(b) == 1)
+        pool.release(a1)
+        pool.release(a2)
+        #expect(pool.takeIdle(b) == nil)  // b's one is lent
+        #expect(pool.takeIdle(sameAsA) === a2)  // the newest
+        pool.release(a2)
+        // A connection closed while idle is not lent again, and is no longer counted.
+        try a2.channel.close().wait()
+        loop.run()
+        #expect(pool.openCount(a) == 1)
+        #expect(pool.takeIdle(a) === a1)
+        #expect(pool.takeIdle(a) == nil)
+        try a1.channel.close().wait()
+        loop.run()
+        #expect(pool.openCount(a) == 0)
+        // The network changed: idle connections close; one given back after is not kept.
+        let b2 = try open(b)
+        pool.release(b2)
+        pool.dropAll()
+        pool.release(b1)
+        loop.run()
+        #expect(!b1.channel.isActive && !b2.channel.isActive)
+        #expect(pool.takeIdle(b) == nil && pool.openCount(b) == 0)
+        // Addresses come and go: the pool keeps none that has no connection.
+        for round in 0..<100 {
+            let address = try #require(UpstreamAddress("http://10.0.1.\(round):80"))
+            let connection = try open(address)
+            pool.release(connection)
+            try connection.channel.close().wait()
+        }
+        loop.run()
+        #expect(pool.openCount(try #require(UpstreamAddress("http://10.0.1.99:80"))) == 0)
+        #expect(pool.addressCount == 0)
     }
 
     @Test("request targets the data path takes itself; the rest goes to the general path")

@@ -27,7 +27,10 @@ final class GatewayDataPath: Sendable {
     final class LoopState: @unchecked Sendable {
         let loop: any EventLoop
         var snapshot: AgentSnapshot {
-            didSet { plans = [:] }
+            didSet {
+                plans = [:]
+                lastPlan = nil
+            }
         }
         /// Plans made from this snapshot, by model and whether the client brings a key: the
         /// plan is a function of the snapshot alone, so it holds until the next one (bounded).
@@ -37,18 +40,28 @@ final class GatewayDataPath: Sendable {
             var clientHasKey: Bool
         }
 
+        /// The last plan made or found: request after request the same model's, its key compared
+        /// (a model's name is short) rather than hashed.
+        private var lastPlan: (key: PlanKey, plan: GatewayPlan)?
+
         func plan(model: String?, clientHasKey: Bool, limit: Int) -> GatewayPlan {
             let key = PlanKey(model: model, clientHasKey: clientHasKey)
+            if let last = lastPlan, last.key == key { return last.plan }
             // (The table moved out and back, as the addresses': hashing a `String` is a call the
             // compiler cannot see into, and an access to a class's property that spans one is
             // checked at run time.)
             var plans: [PlanKey: GatewayPlan] = [:]
             swap(&plans, &self.plans)
             defer { swap(&plans, &self.plans) }
-            if let known = plans[key] { return known }
-            let plan = snapshot.gatewayPlan(limit: limit, model: model, clientHasKey: clientHasKey, server: nil)
-            if plans.count >= 256 { plans = [:] }
-            plans[key] = plan
+            let plan: GatewayPlan
+            if let known = plans[key] {
+                plan = known
+            } else {
+                plan = snapshot.gatewayPlan(limit: limit, model: model, clientHasKey: clientHasKey, server: nil)
+                if plans.count >= 256 { plans = [:] }
+                plans[key] = plan
+            }
+            lastPlan = (key, plan)
             return plan
         }
         let pool: UpstreamPool

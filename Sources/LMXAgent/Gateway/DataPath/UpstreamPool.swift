@@ -110,13 +110,20 @@ final class UpstreamConnection {
 final class UpstreamPool {
     let eventLoop: any EventLoop
     let tls: NIOSSLContext
-    // (The tables are moved out of the pool and back around each use: hashing an address is a
-    // call the compiler cannot see into, and an access to a class's property that spans one is
-    // checked at run time, about 70 instructions.)
-    /// Idle connections per address, newest last.
-    private var idle: [UpstreamAddress: [UpstreamConnection]] = [:]
-    /// Connections open per address (lent and idle).
-    private var open: [UpstreamAddress: Int] = [:]
+    /// The connections to one address.
+    private struct Entry {
+        let address: UpstreamAddress
+        /// Idle, newest last.
+        var idle: [UpstreamConnection] = []
+        /// Open (lent and idle).
+        var open = 0
+    }
+    /// The addresses with connections open: a few (one per route in use), looked up in order by
+    /// ``UpstreamAddress``'s `==`, which its object's identity decides at once (hashing an
+    /// address and finding it in a dictionary cost three times as much). Moved out of the pool
+    /// and back around each change: an access to a class's property that spans a call the
+    /// compiler cannot see into (an array's growth) is checked at run time, about 70 instructions.
+    private var entries: [Entry] = []
     /// Bumped when the machine's network changes: connections made before are not reused.
     private var generation = 0
     /// Idle connections older than their `keepFor` are closed, not reused: a request sent as the
@@ -134,24 +141,27 @@ final class UpstreamPool {
         self.tls = tls
     }
 
+    /// How many addresses have connections open (the tests').
+    var addressCount: Int { entries.count }
+
     func openCount(_ address: UpstreamAddress) -> Int {
-        var open: [UpstreamAddress: Int] = [:]
-        swap(&open, &self.open)
-        defer { swap(&open, &self.open) }
-        return open[address] ?? 0
+        var entries: [Entry] = []
+        swap(&entries, &self.entries)
+        defer { swap(&entries, &self.entries) }
+        return entries.first { $0.address == address }?.open ?? 0
     }
 
     /// An idle connection that is still fresh, or nil.
     func takeIdle(_ address: UpstreamAddress) -> UpstreamConnection? {
         // The address is looked up once; its list popped in place (a copy of the list taken out
         // would copy it on every request).
-        var idle: [UpstreamAddress: [UpstreamConnection]] = [:]
-        swap(&idle, &self.idle)
-        defer { swap(&idle, &self.idle) }
-        guard let slot = idle.index(forKey: address) else { return nil }
+        var entries: [Entry] = []
+        swap(&entries, &self.entries)
+        defer { swap(&entries, &self.entries) }
+        guard let slot = entries.firstIndex(where: { $0.address == address }) else { return nil }
         let now = NIODeadline.now()
         var found: UpstreamConnection?
-        while let last = idle.values[slot].popLast() {
+        while let last = entries[slot].idle.popLast() {
             if last.channel.isActive, now - last.idleSince < last.keepFor,
                 last.generation == generation, last.handler.reusable
             {
@@ -160,8 +170,8 @@ final class UpstreamPool {
             }
             last.channel.close(promise: nil)
         }
-        // An emptied list stays (the connection usually comes back to it at the answer's end);
-        // it goes when a connection of the address closes while it is empty (``forget(_:)``).
+        // An emptied entry stays (the connection usually comes back to it at the answer's end);
+        // it goes when the address's last connection closes (``forget(_:)``).
         return found
     }
 
@@ -195,10 +205,14 @@ final class UpstreamPool {
         let handler = try channel.pipeline.syncOperations.handler(type: UpstreamHandler.self)
         let connection = UpstreamConnection(
             channel: channel, handler: handler, address: address, generation: generation)
-        var open: [UpstreamAddress: Int] = [:]
-        swap(&open, &self.open)
-        open[address, default: 0] += 1
-        swap(&open, &self.open)
+        var entries: [Entry] = []
+        swap(&entries, &self.entries)
+        if let slot = entries.firstIndex(where: { $0.address == address }) {
+            entries[slot].open += 1
+        } else {
+            entries.append(Entry(address: address, open: 1))
+        }
+        swap(&entries, &self.entries)
         channel.closeFuture.assumeIsolatedUnsafeUnchecked().whenComplete { [self] _ in
             self.forget(connection)
         }
@@ -216,18 +230,17 @@ final class UpstreamPool {
         }
         connection.idleSince = .now()
         if sweep == nil { scheduleSweep(at: connection.idleSince + connection.keepFor) }
-        var idle: [UpstreamAddress: [UpstreamConnection]] = [:]
-        swap(&idle, &self.idle)
-        defer { swap(&idle, &self.idle) }
-        guard let slot = idle.index(forKey: connection.address) else {
-            idle[connection.address] = [connection]
-            return
-        }
-        guard idle.values[slot].count < Self.maxIdlePerAddress else {
+        var entries: [Entry] = []
+        swap(&entries, &self.entries)
+        defer { swap(&entries, &self.entries) }
+        // (Counted open since `adopt`: its entry is there.)
+        guard let slot = entries.firstIndex(where: { $0.address == connection.address }),
+            entries[slot].idle.count < Self.maxIdlePerAddress
+        else {
             connection.channel.close(promise: nil)
             return
         }
-        idle.values[slot].append(connection)
+        entries[slot].idle.append(connection)
     }
 
     private func scheduleSweep(at deadline: NIODeadline) {
@@ -244,11 +257,10 @@ final class UpstreamPool {
         let now = NIODeadline.now()
         var next: NIODeadline?
         var expired: [UpstreamConnection] = []
-        var idle: [UpstreamAddress: [UpstreamConnection]] = [:]
-        swap(&idle, &self.idle)
-        // (The indices first: a mutation while `indices` is held would copy the dictionary.)
-        for slot in Array(idle.indices) {
-            idle.values[slot].removeAll { connection in
+        var entries: [Entry] = []
+        swap(&entries, &self.entries)
+        for slot in entries.indices {
+            entries[slot].idle.removeAll { connection in
                 let end = connection.idleSince + connection.keepFor
                 if end <= now {
                     expired.append(connection)
@@ -258,7 +270,7 @@ final class UpstreamPool {
                 return false
             }
         }
-        swap(&idle, &self.idle)
+        swap(&entries, &self.entries)
         for connection in expired { connection.channel.close(promise: nil) }
         if let next { scheduleSweep(at: next) }
     }
@@ -269,25 +281,28 @@ final class UpstreamPool {
         generation += 1
         sweep?.cancel()
         sweep = nil
-        var idle: [UpstreamAddress: [UpstreamConnection]] = [:]
-        swap(&idle, &self.idle)
-        for list in idle.values { for connection in list { connection.channel.close(promise: nil) } }
+        var idle: [UpstreamConnection] = []
+        var entries: [Entry] = []
+        swap(&entries, &self.entries)
+        for slot in entries.indices {
+            idle += entries[slot].idle
+            entries[slot].idle = []
+        }
+        swap(&entries, &self.entries)
+        // (Each closes and is forgotten later, on the loop, as its close completes.)
+        for connection in idle { connection.channel.close(promise: nil) }
     }
 
     private func forget(_ connection: UpstreamConnection) {
-        var open: [UpstreamAddress: Int] = [:]
-        swap(&open, &self.open)
-        let left = (open[connection.address] ?? 1) - 1
-        open[connection.address] = left > 0 ? left : nil
-        swap(&open, &self.open)
-        var idle: [UpstreamAddress: [UpstreamConnection]] = [:]
-        swap(&idle, &self.idle)
-        defer { swap(&idle, &self.idle) }
-        guard let slot = idle.index(forKey: connection.address) else { return }
-        if let index = idle.values[slot].firstIndex(where: { $0 === connection }) {
-            idle.values[slot].remove(at: index)
+        var entries: [Entry] = []
+        swap(&entries, &self.entries)
+        defer { swap(&entries, &self.entries) }
+        guard let slot = entries.firstIndex(where: { $0.address == connection.address }) else { return }
+        entries[slot].open -= 1
+        if let index = entries[slot].idle.firstIndex(where: { $0 === connection }) {
+            entries[slot].idle.remove(at: index)
         }
-        if idle.values[slot].isEmpty { idle.remove(at: slot) }
+        if entries[slot].open <= 0 { entries.remove(at: slot) }
     }
 }
 
