@@ -291,11 +291,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        if let rawOutput {  // (empty: answers are flushed as they end)
-            var gathered = Gathered()
-            swap(&gathered, &self.gathered)
-            gathered.write(to: rawOutput)
-        }
+        if let rawOutput { withGathered { $0.write(to: rawOutput) } }  // (empty: answers are flushed as they end)
         // The general path's answers pass through; when the last one ends, the next request is ours.
         if case .end = unwrapOutboundIn(data), handedOver > 0 {
             handedOver -= 1
@@ -963,18 +959,16 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private func writeToClient(_ part: ClientOutput, for request: ForwardedRequest) {
         guard let output = rawOutput else { return }
         clientUnflushed = true
-        var gathered = Gathered()
-        swap(&gathered, &self.gathered)
+        let chunked = request.chunkedToClient
         switch part {
         case .head(let bytes):
-            gathered.add(head: bytes)
+            withGathered { $0.add(head: bytes) }
         case .body(let bytes):
             answerBytesWritten &+= bytes.readableBytes
-            gathered.add(bytes, chunked: request.chunkedToClient, to: output)
+            withGathered { $0.add(bytes, chunked: chunked, to: output) }
         case .end:
-            if request.chunkedToClient { gathered.add(HTTP1Bytes.lastChunk, chunked: false, to: output) }
+            if chunked { withGathered { $0.add(HTTP1Bytes.lastChunk, chunked: false, to: output) } }
         }
-        swap(&gathered, &self.gathered)
     }
 
     /// Sends what was written to the client.
@@ -983,12 +977,16 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // flushed as it ends, and the batch's end would flush nothing through the pipeline).
         guard clientUnflushed else { return }
         clientUnflushed = false
-        if let rawOutput {
-            var gathered = Gathered()
-            swap(&gathered, &self.gathered)
-            gathered.write(to: rawOutput)
-        }
+        if let rawOutput { withGathered { $0.write(to: rawOutput) } }
         context?.flush()
+    }
+
+    /// `change` made to what is gathered, moved out of the handler into a local and back.
+    private func withGathered(_ change: (inout Gathered) -> Void) {
+        var gathered = Gathered()
+        swap(&gathered, &self.gathered)
+        change(&gathered)
+        swap(&gathered, &self.gathered)
     }
 
     /// Writes what was held of the answer, and holds no more.

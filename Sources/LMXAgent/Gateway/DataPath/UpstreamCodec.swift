@@ -843,6 +843,4 @@ struct Gathered {
         bytes = ByteBuffer()
     }
 
-    /// Drops what was gathered (the connection is closed).
-    mutating func drop() { bytes = ByteBuffer() }
 }

@@ -124,6 +124,14 @@ final class UpstreamPool {
     /// and back around each change: an access to a class's property that spans a call the
     /// compiler cannot see into (an array's growth) is checked at run time, about 70 instructions.
     private var entries: [Entry] = []
+
+    /// `change` made to the entries, moved out of the pool into a local and back.
+    private func withEntries<Result>(_ change: (inout [Entry]) -> Result) -> Result {
+        var entries: [Entry] = []
+        swap(&entries, &self.entries)
+        defer { swap(&entries, &self.entries) }
+        return change(&entries)
+    }
     /// Bumped when the machine's network changes: connections made before are not reused.
     private var generation = 0
     /// Idle connections older than their `keepFor` are closed, not reused: a request sent as the
@@ -145,34 +153,29 @@ final class UpstreamPool {
     var addressCount: Int { entries.count }
 
     func openCount(_ address: UpstreamAddress) -> Int {
-        var entries: [Entry] = []
-        swap(&entries, &self.entries)
-        defer { swap(&entries, &self.entries) }
-        return entries.first { $0.address == address }?.open ?? 0
+        withEntries { entries in entries.first { $0.address == address }?.open ?? 0 }
     }
 
     /// An idle connection that is still fresh, or nil.
     func takeIdle(_ address: UpstreamAddress) -> UpstreamConnection? {
         // The address is looked up once; its list popped in place (a copy of the list taken out
         // would copy it on every request).
-        var entries: [Entry] = []
-        swap(&entries, &self.entries)
-        defer { swap(&entries, &self.entries) }
-        guard let slot = entries.firstIndex(where: { $0.address == address }) else { return nil }
         let now = NIODeadline.now()
-        var found: UpstreamConnection?
-        while let last = entries[slot].idle.popLast() {
-            if last.channel.isActive, now - last.idleSince < last.keepFor,
-                last.generation == generation, last.handler.reusable
-            {
-                found = last
-                break
-            }
-            last.channel.close(promise: nil)
-        }
+        let generation = generation
         // An emptied entry stays (the connection usually comes back to it at the answer's end);
         // it goes when the address's last connection closes (``forget(_:)``).
-        return found
+        return withEntries { entries in
+            guard let slot = entries.firstIndex(where: { $0.address == address }) else { return nil }
+            while let last = entries[slot].idle.popLast() {
+                if last.channel.isActive, now - last.idleSince < last.keepFor,
+                    last.generation == generation, last.handler.reusable
+                {
+                    return last
+                }
+                last.channel.close(promise: nil)
+            }
+            return nil
+        }
     }
 
     /// Opens a connection on this loop.
@@ -205,14 +208,13 @@ final class UpstreamPool {
         let handler = try channel.pipeline.syncOperations.handler(type: UpstreamHandler.self)
         let connection = UpstreamConnection(
             channel: channel, handler: handler, address: address, generation: generation)
-        var entries: [Entry] = []
-        swap(&entries, &self.entries)
-        if let slot = entries.firstIndex(where: { $0.address == address }) {
-            entries[slot].open += 1
-        } else {
-            entries.append(Entry(address: address, open: 1))
+        withEntries { entries in
+            if let slot = entries.firstIndex(where: { $0.address == address }) {
+                entries[slot].open += 1
+            } else {
+                entries.append(Entry(address: address, open: 1))
+            }
         }
-        swap(&entries, &self.entries)
         channel.closeFuture.assumeIsolatedUnsafeUnchecked().whenComplete { [self] _ in
             self.forget(connection)
         }
@@ -230,17 +232,15 @@ final class UpstreamPool {
         }
         connection.idleSince = .now()
         if sweep == nil { scheduleSweep(at: connection.idleSince + connection.keepFor) }
-        var entries: [Entry] = []
-        swap(&entries, &self.entries)
-        defer { swap(&entries, &self.entries) }
         // (Counted open since `adopt`: its entry is there.)
-        guard let slot = entries.firstIndex(where: { $0.address == connection.address }),
-            entries[slot].idle.count < Self.maxIdlePerAddress
-        else {
-            connection.channel.close(promise: nil)
-            return
+        let kept = withEntries { entries in
+            guard let slot = entries.firstIndex(where: { $0.address == connection.address }),
+                entries[slot].idle.count < Self.maxIdlePerAddress
+            else { return false }
+            entries[slot].idle.append(connection)
+            return true
         }
-        entries[slot].idle.append(connection)
+        if !kept { connection.channel.close(promise: nil) }
     }
 
     private func scheduleSweep(at deadline: NIODeadline) {
@@ -257,20 +257,19 @@ final class UpstreamPool {
         let now = NIODeadline.now()
         var next: NIODeadline?
         var expired: [UpstreamConnection] = []
-        var entries: [Entry] = []
-        swap(&entries, &self.entries)
-        for slot in entries.indices {
-            entries[slot].idle.removeAll { connection in
-                let end = connection.idleSince + connection.keepFor
-                if end <= now {
-                    expired.append(connection)
-                    return true
+        withEntries { entries in
+            for slot in entries.indices {
+                entries[slot].idle.removeAll { connection in
+                    let end = connection.idleSince + connection.keepFor
+                    if end <= now {
+                        expired.append(connection)
+                        return true
+                    }
+                    next = min(next ?? end, end)
+                    return false
                 }
-                next = min(next ?? end, end)
-                return false
             }
         }
-        swap(&entries, &self.entries)
         for connection in expired { connection.channel.close(promise: nil) }
         if let next { scheduleSweep(at: next) }
     }
@@ -281,28 +280,27 @@ final class UpstreamPool {
         generation += 1
         sweep?.cancel()
         sweep = nil
-        var idle: [UpstreamConnection] = []
-        var entries: [Entry] = []
-        swap(&entries, &self.entries)
-        for slot in entries.indices {
-            idle += entries[slot].idle
-            entries[slot].idle = []
+        let idle = withEntries { entries in
+            var idle: [UpstreamConnection] = []
+            for slot in entries.indices {
+                idle += entries[slot].idle
+                entries[slot].idle = []
+            }
+            return idle
         }
-        swap(&entries, &self.entries)
         // (Each closes and is forgotten later, on the loop, as its close completes.)
         for connection in idle { connection.channel.close(promise: nil) }
     }
 
     private func forget(_ connection: UpstreamConnection) {
-        var entries: [Entry] = []
-        swap(&entries, &self.entries)
-        defer { swap(&entries, &self.entries) }
-        guard let slot = entries.firstIndex(where: { $0.address == connection.address }) else { return }
-        entries[slot].open -= 1
-        if let index = entries[slot].idle.firstIndex(where: { $0 === connection }) {
-            entries[slot].idle.remove(at: index)
+        withEntries { entries in
+            guard let slot = entries.firstIndex(where: { $0.address == connection.address }) else { return }
+            entries[slot].open -= 1
+            if let index = entries[slot].idle.firstIndex(where: { $0 === connection }) {
+                entries[slot].idle.remove(at: index)
+            }
+            if entries[slot].open <= 0 { entries.remove(at: slot) }
         }
-        if entries[slot].open <= 0 { entries.remove(at: slot) }
     }
 }
 
@@ -319,8 +317,9 @@ final class UpstreamHandler: ChannelDuplexHandler {
     weak var owner: GatewayConnectionHandler?
     private(set) var context: ChannelHandlerContext?
     private var readPending = false
-    // (The parser and the gathered bytes are changed through locals moved out of them and back,
-    // as in ``EventRelay``: no access checked at run time.)
+    // (The parser and the gathered bytes are changed through locals moved out of them and back
+    // (``withParser(_:)``, ``withGathered(_:)``), as in ``EventRelay``: no access checked at run
+    // time.)
     private var parser = UpstreamResponseParser()
     /// The request's body goes chunked (its length was not known when it went).
     private var chunkedBody = false
@@ -346,14 +345,13 @@ final class UpstreamHandler: ChannelDuplexHandler {
         // A head, a few chunks (a stream's first event, its `[DONE]`), the end: one allocation.
         parts.reserveCapacity(8)
         var failure: UpstreamResponseParser.Malformed?
-        var parser = UpstreamResponseParser()
-        swap(&parser, &self.parser)
-        do {
-            try parser.read(unwrapInboundIn(data)) { parts.append($0) }
-        } catch {
-            failure = error
+        withParser { parser in
+            do throws(UpstreamResponseParser.Malformed) {
+                try parser.read(unwrapInboundIn(data)) { parts.append($0) }
+            } catch {
+                failure = error
+            }
         }
-        swap(&parser, &self.parser)
         for part in parts { owner?.upstreamRead(part) }
         if let failure {
             owner?.upstreamClosed(failure)
@@ -367,11 +365,7 @@ final class UpstreamHandler: ChannelDuplexHandler {
 
     func channelInactive(context: ChannelHandlerContext) {
         // An answer whose body runs until the server closes ends here.
-        var parser = UpstreamResponseParser()
-        swap(&parser, &self.parser)
-        let ended = parser.closed()
-        swap(&parser, &self.parser)
-        if ended { owner?.upstreamRead(.end) }
+        if withParser({ $0.closed() }) { owner?.upstreamRead(.end) }
         owner?.upstreamClosed(nil)
         context.fireChannelInactive()
     }
@@ -410,10 +404,7 @@ final class UpstreamHandler: ChannelDuplexHandler {
     func sendHead(_ head: ByteBuffer, toHEAD: Bool, chunkedBody: Bool) {
         guard context != nil else { return }
         self.chunkedBody = chunkedBody
-        var parser = UpstreamResponseParser()
-        swap(&parser, &self.parser)
-        parser.expectAnswer(toHEAD: toHEAD)
-        swap(&parser, &self.parser)
+        withParser { $0.expectAnswer(toHEAD: toHEAD) }
         // (A request's bytes are always flushed before its answer ends: nothing is gathered.)
         gathered = Gathered(head: head)
         unflushed = true
@@ -422,20 +413,15 @@ final class UpstreamHandler: ChannelDuplexHandler {
     /// Writes a part of the request's body.
     func sendBody(_ bytes: ByteBuffer) {
         guard let context else { return }
-        var gathered = Gathered()
-        swap(&gathered, &self.gathered)
-        gathered.add(bytes, chunked: chunkedBody, to: context)
-        swap(&gathered, &self.gathered)
+        let chunkedBody = chunkedBody
+        withGathered { $0.add(bytes, chunked: chunkedBody, to: context) }
         unflushed = true
     }
 
     /// Ends the request.
     func sendEnd() {
         guard let context, chunkedBody else { return }
-        var gathered = Gathered()
-        swap(&gathered, &self.gathered)
-        gathered.add(HTTP1Bytes.lastChunk, chunked: false, to: context)
-        swap(&gathered, &self.gathered)
+        withGathered { $0.add(HTTP1Bytes.lastChunk, chunked: false, to: context) }
         unflushed = true
     }
 
@@ -444,9 +430,23 @@ final class UpstreamHandler: ChannelDuplexHandler {
     func flush() {
         guard let context, unflushed else { return }
         unflushed = false
+        withGathered { $0.write(to: context) }
+        context.flush()
+    }
+
+    /// `change` made to the parser, moved out of the handler into a local and back.
+    private func withParser<Result>(_ change: (inout UpstreamResponseParser) -> Result) -> Result {
+        var parser = UpstreamResponseParser()
+        swap(&parser, &self.parser)
+        defer { swap(&parser, &self.parser) }
+        return change(&parser)
+    }
+
+    /// `change` made to what is gathered, moved out of the handler into a local and back.
+    private func withGathered(_ change: (inout Gathered) -> Void) {
         var gathered = Gathered()
         swap(&gathered, &self.gathered)
-        gathered.write(to: context)
-        context.flush()
+        change(&gathered)
+        swap(&gathered, &self.gathered)
     }
 }
