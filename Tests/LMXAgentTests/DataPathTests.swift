@@ -2,6 +2,7 @@ import LMXCore
 import NIOCore
 import NIOEmbedded
 import NIOSSL
+import Synchronization
 import Testing
 
 @testable import LMXAgent
@@ -85,6 +86,133 @@ struct DataPathTests {
         loop.run()
         #expect(pool.openCount(try #require(UpstreamAddress("http://10.0.1.99:80"))) == 0)
         #expect(pool.addressCount == 0)
+    }
+
+    @Test(
+        "the listener's gate: no accept past its connections' limit until one closes, slots reused; on shutdown the listener closes, open connections are asked to finish, and the promise is kept when the last has closed"
+    )
+    func listenerGate() throws {
+        /// Counts the accepts (reads) the gate lets through, and the events a connection is sent.
+        final class Probe: ChannelDuplexHandler {
+            typealias InboundIn = Never
+            typealias OutboundIn = Never
+            var reads = 0
+            var quiesced = 0
+            func read(context: ChannelHandlerContext) {
+                reads += 1
+                context.read()
+            }
+            func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+                if event is ChannelShouldQuiesceEvent { quiesced += 1 }
+                context.fireUserInboundEventTriggered(event)
+            }
+        }
+        let loop = EmbeddedEventLoop()
+        let accepts = Probe()
+        let server = EmbeddedChannel(loop: loop)
+        let gate = ListenerGate(loop: loop, maxConnections: 2)
+        try server.pipeline.syncOperations.addHandler(accepts)
+        try server.pipeline.syncOperations.addHandler(gate)
+        func accept() throws -> (channel: EmbeddedChannel, probe: Probe) {
+            let probe = Probe()
+            let child = EmbeddedChannel(handler: probe, loop: loop)
+            try server.writeInbound(child as any Channel)
+            let passed: (any Channel)? = try server.readInbound()
+            #expect(passed === child)  // handed on to the bootstrap's accept handler
+            return (child, probe)
+        }
+        server.read()
+        #expect(accepts.reads == 1)
+        let first = try accept()
+        let second = try accept()
+        #expect(gate.openCount == 2)
+        server.read()
+        #expect(accepts.reads == 1)  // held: two are open
+        try first.channel.close().wait()
+        loop.run()
+        #expect(gate.openCount == 1 && accepts.reads == 2)  // the held accept goes ahead
+        // Slots are reused: connections that come and go leave the table at its peak.
+        for _ in 0..<100 {
+            let passing = try accept()
+            try passing.channel.close().wait()
+            loop.run()
+        }
+        #expect(gate.openCount == 1 && gate.slotCount == 2)
+        // Shutdown: the listener closes, the open connection is asked to finish; the promise
+        // waits for it.
+        let third = try accept()
+        let done = loop.makePromise(of: Void.self)
+        let kept = Mutex(0)
+        done.futureResult.whenSuccess { kept.withLock { $0 += 1 } }
+        gate.quiesce(done)
+        loop.run()
+        #expect(!server.isActive)
+        #expect(second.probe.quiesced == 1 && third.probe.quiesced == 1 && first.probe.quiesced == 0)
+        #expect(kept.withLock { $0 } == 0)
+        try second.channel.close().wait()
+        loop.run()
+        #expect(kept.withLock { $0 } == 0 && gate.openCount == 1)
+        try third.channel.close().wait()
+        loop.run()
+        #expect(kept.withLock { $0 } == 1 && gate.openCount == 0)
+        // Asked again, the promise is kept at once.
+        let again = loop.makePromise(of: Void.self)
+        again.futureResult.whenSuccess { kept.withLock { $0 += 1 } }
+        gate.quiesce(again)
+        loop.run()
+        #expect(kept.withLock { $0 } == 2)
+
+    }
+
+    @Test(
+        "the loop's sweep: every tick it asks the connections whose check is due and no other, one that leaves while asked does not stop the rest, slots are reused, the timer stops when none is open and starts again with the next"
+    )
+    func connectionSweep() {
+        final class Connection: SweptConnection {
+            var nextCheck: NIODeadline
+            var asked = 0
+            var onDue: (() -> Void)?
+            init(due: Bool) { nextCheck = due ? .now() - .seconds(1) : .now() + .hours(1) }
+            func sweepDue() {
+                asked += 1
+                onDue?()
+            }
+        }
+        let loop = EmbeddedEventLoop()
+        let sweep = ConnectionSweep(loop: loop, timeout: .seconds(60))
+        #expect(sweep.tick == .seconds(1))
+        #expect(ConnectionSweep(loop: loop, timeout: .seconds(1)).tick == .milliseconds(125))
+        let due = Connection(due: true)
+        let later = Connection(due: false)
+        let leaving = Connection(due: true)
+        let dueSlot = sweep.add(due)
+        let laterSlot = sweep.add(later)
+        let leavingSlot = sweep.add(leaving)
+        leaving.onDue = { sweep.remove(leavingSlot) }  // closes while asked
+        let after = Connection(due: true)  // in the slot after the one that leaves
+        let afterSlot = sweep.add(after)
+        loop.advanceTime(by: .milliseconds(999))
+        #expect(due.asked == 0)  // not before the tick
+        loop.advanceTime(by: .milliseconds(1))
+        #expect(due.asked == 1 && later.asked == 0 && leaving.asked == 1 && after.asked == 1)
+        #expect(sweep.openCount == 3)
+        loop.advanceTime(by: .seconds(1))
+        #expect(due.asked == 2 && leaving.asked == 1 && after.asked == 2)  // every tick while due
+        due.nextCheck = .now() + .hours(1)
+        loop.advanceTime(by: .seconds(1))
+        #expect(due.asked == 2 && after.asked == 3)
+        for slot in [dueSlot, laterSlot, afterSlot] { sweep.remove(slot) }
+        sweep.remove(afterSlot)  // twice: nothing more
+        #expect(sweep.openCount == 0)
+        loop.advanceTime(by: .seconds(5))
+        #expect(due.asked == 2 && after.asked == 3)  // none open: the timer ran out, none asked
+        for _ in 0..<100 { sweep.remove(sweep.add(Connection(due: false))) }
+        #expect(sweep.slotCount == 4 && sweep.openCount == 0)
+        // A connection added after the timer stopped is asked again.
+        let revived = Connection(due: true)
+        _ = sweep.add(revived)
+        loop.advanceTime(by: .seconds(1))
+        #expect(revived.asked == 1)
     }
 
     @Test("request targets the data path takes itself; the rest goes to the general path")

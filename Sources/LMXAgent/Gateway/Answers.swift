@@ -307,7 +307,7 @@ struct TrafficTap: Sendable {
     let started: Double
 
     /// The answer's head came (now): its status, and the time to it unless it is a stream.
-    /// Returns the series it was counted under (`recent`, the connection's last, when the model
+    /// Returns the series it was counted under (`recent`, the event loop's last, when the model
     /// and path are the same: ``GatewayTraffic/answered(model:via:status:firstByte:answered:recent:)``).
     @discardableResult
     func answered(_ via: Via, status: Int, stream: Bool, recent: GatewayTraffic.Series? = nil) -> GatewayTraffic.Series

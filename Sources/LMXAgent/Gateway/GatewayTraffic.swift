@@ -17,10 +17,10 @@ public final class GatewayTraffic: Sendable {
 
     /// One model and path's figures, resolved once: the key the table counts them under (past
     /// its bound, `(other)`'s) and the key's two Prometheus histograms. A request's answer returns
-    /// it, and the request's stream, if any, is counted through it; a connection keeps the last one
-    /// and gives it back with its next request (``answered(model:via:status:firstByte:answered:recent:)``):
-    /// a client's requests mostly name the same model, whose text is then compared, not labelled
-    /// and hashed, and whose histograms are not looked up again.
+    /// it, and the request's stream, if any, is counted through it; each event loop keeps the last
+    /// one and gives it back with its next answer (``answered(model:via:status:firstByte:answered:recent:)``):
+    /// requests mostly name the same model, whose text is then compared, not labelled and hashed,
+    /// and whose histograms are not looked up again (on a new connection too).
     final class Series: Sendable {
         /// The model as the request named it (what the next request's is compared with).
         let model: String?
@@ -40,7 +40,7 @@ public final class GatewayTraffic: Sendable {
     }
 
     /// Counts an answer; returns the figures' series (for the stream's figures that may follow).
-    /// `recent`: the series the connection's last request was counted under, used again when the
+    /// `recent`: the series the event loop's last answer was counted under, used again when the
     /// model and path are the same (the table never lets a key go, so its key is still there).
     @discardableResult
     func answered(

@@ -23,7 +23,7 @@ import Prometheus
 /// behind this handler when a connection first needs it (a request handed over, a malformed
 /// request); until then this handler alone serves the connection, closing it when it is idle and
 /// the server stops or the client closed its side.
-final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler {
+final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHandler, SweptConnection {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
     typealias OutboundIn = HTTPServerResponsePart
@@ -90,10 +90,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var closing = false
     /// Parts were passed to the general path since the last read batch ended.
     private var firedRead = false
-    private var idleTimer: Scheduled<Void>?
-    /// The traffic series the connection's last answer was counted under: the next request's,
-    /// when it names the same model over the same path (``GatewayTraffic/Series``).
-    private var recentTraffic: GatewayTraffic.Series?
+    /// The connection's slot in its loop's ``ConnectionSweep`` while it is open.
+    private var sweepSlot: Int?
+    /// When the sweep is next to look at the connection (its client timeout).
+    private(set) var nextCheck = NIODeadline.now()
     /// When the connection last became idle (no request in progress).
     private var idleSince = NIODeadline.now()
 
@@ -210,10 +210,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         self.context = context
         rawOutput = try? context.pipeline.syncOperations.context(handlerType: ClientFront.self)
         armIdleTimer()
+        sweepSlot = state.sweep.add(self)
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        idleTimer?.cancel()
+        leaveSweep()
         shutdownTimer?.cancel()
         abandon()
         self.context = nil
@@ -223,7 +224,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     func channelInactive(context: ChannelHandlerContext) {
         countIfClientLeft()
-        idleTimer?.cancel()
+        leaveSweep()
         shutdownTimer?.cancel()
         abandon()
         context.fireChannelInactive()
@@ -821,9 +822,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             let series = TrafficTap(
                 traffic: gateway.agent.traffic, model: request.model, started: request.started
             )
-            .answered(target.via, status: head.status, stream: events, recent: recentTraffic)
+            .answered(target.via, status: head.status, stream: events, recent: state.recentTraffic)
             request.traffic = series
-            recentTraffic = series
+            state.recentTraffic = series
             // GatewayPolicy.downstreamHeaders, one header at a time, copied from the server's
             // bytes straight into the head's (the names and values read strictly by
             // ``UpstreamResponseParser``: tokens, no line breaks or control characters; and ours).
@@ -1083,13 +1084,22 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         request.releaseCounts()
     }
 
-    /// One timer per connection, not one per request: when it fires it closes the connection if
-    /// it has been idle for the whole timeout, else waits for the rest of it.
+    /// The loop's sweep looks at the connection after `delay` (one timer for the loop's
+    /// connections, not one per connection or per request): it then closes the connection if it
+    /// has been idle for the whole timeout, else waits for the rest of it.
     private func armIdleTimer(in delay: TimeAmount? = nil) {
-        guard let context else { return }
-        idleTimer = context.eventLoop.assumeIsolated().scheduleTask(in: delay ?? clientTimeout) { [self] in
-            self.idleTimerFired()
-        }
+        nextCheck = .now() + (delay ?? clientTimeout)
+    }
+
+    private func leaveSweep() {
+        guard let sweepSlot else { return }
+        self.sweepSlot = nil
+        state.sweep.remove(sweepSlot)
+    }
+
+    func sweepDue() {
+        guard context != nil else { return leaveSweep() }
+        idleTimerFired()
     }
 
     /// Closes the connection when it has been idle for the whole timeout; answers 408 when the

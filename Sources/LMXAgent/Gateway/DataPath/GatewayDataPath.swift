@@ -101,10 +101,18 @@ final class GatewayDataPath: Sendable {
             return count
         }
 
-        init(loop: any EventLoop, snapshot: AgentSnapshot, pool: UpstreamPool) {
+        /// The client timeouts of the loop's connections (one timer for all).
+        let sweep: ConnectionSweep
+        /// The traffic series the loop's last answer was counted under: the next answer's when it
+        /// names the same model over the same path (``GatewayTraffic/Series``), on a connection
+        /// of its own or not.
+        var recentTraffic: GatewayTraffic.Series?
+
+        init(loop: any EventLoop, snapshot: AgentSnapshot, pool: UpstreamPool, clientTimeout: TimeAmount) {
             self.loop = loop
             self.snapshot = snapshot
             self.pool = pool
+            sweep = ConnectionSweep(loop: loop, timeout: clientTimeout)
         }
     }
 
@@ -114,9 +122,11 @@ final class GatewayDataPath: Sendable {
         let context = try NIOSSLContext(configuration: tls)
         let snapshot = gateway.agent.board.snapshot
         var loops: [ObjectIdentifier: LoopState] = [:]
+        let clientTimeout = TimeAmount.milliseconds(Int64(gateway.configuration.clientTimeout * 1000))
         for loop in group.makeIterator() {
             loops[ObjectIdentifier(loop)] = LoopState(
-                loop: loop, snapshot: snapshot, pool: UpstreamPool(eventLoop: loop, tls: context))
+                loop: loop, snapshot: snapshot, pool: UpstreamPool(eventLoop: loop, tls: context),
+                clientTimeout: clientTimeout)
         }
         self.loops = loops
         connectionsPerLoop = max(1, gateway.configuration.maxConnectionsPerRoute / max(loops.count, 1))

@@ -1,8 +1,5 @@
-import Hummingbird
-import HummingbirdCore
 import Logging
 import NIOCore
-import NIOExtras
 import NIOPosix
 import ServiceLifecycle
 import Synchronization
@@ -32,7 +29,7 @@ struct GatewayListener: Service {
 
     func run() async throws {
         let group = connection.dataPath.group
-        var listening: [(channel: any Channel, quiescing: ServerQuiescingHelper)] = []
+        var listening: [(channel: any Channel, gate: ListenerGate)] = []
         do {
             switch address {
             case .tcp(let host, let port):
@@ -73,7 +70,7 @@ struct GatewayListener: Service {
                 for bound in sockets {
                     let done = bound.channel.eventLoop.makePromise(of: Void.self)
                     stopping.withLock { $0.append(done.futureResult) }
-                    bound.quiescing.initiateShutdown(promise: done)
+                    bound.gate.quiesce(done)
                 }
             }
         } onCancel: {
@@ -87,8 +84,8 @@ struct GatewayListener: Service {
     private func listen(
         on loop: any EventLoop, serving: any EventLoopGroup, shared: Bool, maxConnections: Int,
         bind: (ServerBootstrap) async throws -> any Channel
-    ) async throws -> (channel: any Channel, quiescing: ServerQuiescingHelper) {
-        let quiescing = ServerQuiescingHelper(group: loop)
+    ) async throws -> (channel: any Channel, gate: ListenerGate) {
+        let gate = ListenerGate(loop: loop, maxConnections: maxConnections)
         let connection = connection
         let logger = logger
         var bootstrap = ServerBootstrap(group: loop, childGroup: serving)
@@ -100,15 +97,11 @@ struct GatewayListener: Service {
         bootstrap =
             bootstrap
             .serverChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    let sync = channel.pipeline.syncOperations
-                    try sync.addHandler(AvailableConnectionsChannelHandler(maxConnections: maxConnections))
-                    try sync.addHandler(quiescing.makeServerChannelHandler(channel: channel))
-                }
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(gate) }
             }
             .childChannelInitializer { channel in
                 connection.start(channel: channel, logger: logger)
             }
-        return (try await bind(bootstrap), quiescing)
+        return (try await bind(bootstrap), gate)
     }
 }
