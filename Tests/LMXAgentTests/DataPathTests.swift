@@ -1,6 +1,7 @@
 import LMXCore
 import NIOCore
 import NIOEmbedded
+import NIOPosix
 import NIOSSL
 import Synchronization
 import Testing
@@ -213,6 +214,45 @@ struct DataPathTests {
         _ = sweep.add(revived)
         loop.advanceTime(by: .seconds(1))
         #expect(revived.asked == 1)
+    }
+
+    @Test(
+        "a client connection's receive buffers (real sockets): SwiftNIO's defaults while reads are small, two reads a wake-up of at most 32 KiB once a read fills the first buffer"
+    )
+    func receiveBuffersLimited() async throws {
+        let group = MultiThreadedEventLoopGroup.singleton
+        let accepted = Mutex<(any Channel)?>(nil)
+        let server = try await ServerBootstrap(group: group)
+            .childChannelInitializer { channel in
+                accepted.withLock { $0 = channel }
+                return channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(ClientFront())
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        let client = try await ClientBootstrap(group: group)
+            .connect(host: "127.0.0.1", port: try #require(server.localAddress?.port)).get()
+        func options() async throws -> (reads: UInt, maximum: Int?) {
+            guard let child = accepted.withLock({ $0 }) else { return (0, nil) }
+            let reads = try await child.getOption(.maxMessagesPerRead).get()
+            let allocator = try await child.getOption(.recvAllocator).get()
+            return (reads, (allocator as? AdaptiveRecvByteBufferAllocator)?.maximum)
+        }
+        for _ in 0..<20 {
+            try await client.writeAndFlush(ByteBuffer(repeating: UInt8(ascii: "a"), count: 100)).get()
+        }
+        try await Task.sleep(for: .milliseconds(200))
+        let small = try await options()
+        #expect(small.reads == 4 && small.maximum == 64 << 10)  // SwiftNIO's defaults
+        try await client.writeAndFlush(ByteBuffer(repeating: UInt8(ascii: "a"), count: 256 << 10)).get()
+        var limited = try await options()
+        for _ in 0..<100 where limited.reads != 2 {
+            try await Task.sleep(for: .milliseconds(20))
+            limited = try await options()
+        }
+        #expect(limited.reads == GatewayChildChannel.readsPerWakeUp && limited.maximum == 32 << 10)
+        try await client.close()
+        try await server.close()
     }
 
     @Test("request targets the data path takes itself; the rest goes to the general path")

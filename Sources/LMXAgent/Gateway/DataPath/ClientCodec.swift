@@ -504,6 +504,8 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
     var handler: GatewayConnectionHandler?
     /// Bytes read from the client so far (the handler's stall check).
     private(set) var bytesRead = 0
+    /// The connection's receive buffers are limited (``GatewayChildChannel/limitReceiveBuffers(of:)``).
+    private(set) var receiveLimited = false
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
@@ -517,6 +519,12 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let bytes = unwrapInboundIn(data)
         bytesRead &+= bytes.readableBytes
+        if !receiveLimited, bytes.readableBytes >= GatewayChildChannel.initialReceiveBuffer {
+            // A read filled the first buffer: from here the buffers would grow (to SwiftNIO's
+            // 64 KiB, four a wake-up); they are limited now, before the next read.
+            receiveLimited = true
+            GatewayChildChannel.limitReceiveBuffers(of: context.channel)
+        }
         guard let handler else {
             context.fireChannelRead(data)
             return

@@ -181,9 +181,22 @@ struct GatewayChildChannel: ServerChildChannel, HTTPChannelHandler {
     /// The loop comes back to a busy connection at once (level-triggered).
     static let readsPerWakeUp: UInt = 2
     static let maxReceiveBuffer = 32 << 10
+    /// The first receive buffer's size (SwiftNIO's default, as ours): a buffer grows only after a
+    /// read has filled it.
+    static let initialReceiveBuffer = 2048
     /// Receive buffers that grow with what a connection reads, up to `maxReceiveBuffer`.
     static var receiveBuffers: AdaptiveRecvByteBufferAllocator {
-        AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 2048, maximum: maxReceiveBuffer)
+        AdaptiveRecvByteBufferAllocator(minimum: 64, initial: initialReceiveBuffer, maximum: maxReceiveBuffer)
+    }
+
+    /// Sets `readsPerWakeUp` and `receiveBuffers` on a connection. A client connection of the
+    /// data path has them set only once a read fills its first buffer (``ClientFront``): until
+    /// then SwiftNIO's defaults hold no more, and most connections (small requests) never need
+    /// them (setting the two cost each new connection about 3,800 instructions).
+    static func limitReceiveBuffers(of channel: any Channel) {
+        let options = channel.syncOptions
+        try? options?.setOption(.maxMessagesPerRead, value: readsPerWakeUp)
+        try? options?.setOption(.recvAllocator, value: receiveBuffers)
     }
     /// When the daemon stops, what a connection is answering may take this long to end (a stream
     /// runs on); then the connection is closed, answered or not. Under the systemd unit's 15 s
@@ -216,12 +229,10 @@ struct GatewayChildChannel: ServerChildChannel, HTTPChannelHandler {
         // Set here, on the channel's loop, rather than as the bootstrap's child options: those are
         // applied through a chain of futures (about 7,000 instructions a connection for one).
         // (Asked for once: each ask makes a value whose generic type is looked up.)
-        let options = channel.syncOptions
-        try options?.setOption(.allowRemoteHalfClosure, value: true)
-        try options?.setOption(.maxMessagesPerRead, value: Self.readsPerWakeUp)
-        try options?.setOption(.recvAllocator, value: Self.receiveBuffers)
+        try channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
         let sync = channel.pipeline.syncOperations
         guard let state = dataPath.state(for: channel.eventLoop) else {
+            Self.limitReceiveBuffers(of: channel)
             try sync.configureHTTPServerPipeline(
                 withPipeliningAssistance: false, withErrorHandling: false, withOutboundHeaderValidation: false)
             try startGeneralPath(on: channel, logger: logger)
