@@ -10,7 +10,9 @@ count is read. nginx runs as one process (`master_process off`), the gateway as 
 the upstream as its one endpoint. Rows: GET /v1/models, POST /v1/chat/completions with 1 KB and
 64 KB bodies, and GET /v1/models on a new connection for each request; then a streamed chat
 completion (its head, one event, `data: [DONE]`, chunked) from burst.py's stand-in, through nginx's
-proxy of it and a second gateway with the stand-in as its endpoint.
+proxy of it and a second gateway with the stand-in as its endpoint; and GET /v1/models through a
+server that closes each connection after its answer (a new connection to it for every request, as
+to a server whose idle connections closed), through nginx's proxy of it and a third gateway.
 
 valgrind 3.19 cannot read the DWARF 5 debug information Swift writes, so the daemon runs from a
 copy with its debug sections stripped (the code is the release build's, byte for byte).
@@ -41,6 +43,9 @@ ROWS = [("GET /v1/models", "GET", 0, True), ("POST, 1 KB body", "POST", 1024, Tr
         ("POST, 64 KB body", "POST", 64 * 1024, True), ("GET /v1/models, a new connection each", "GET", 0, False)]
 
 
+# A server that closes each connection after its answer (proxy_bench's UPSTREAM_CLOSE): every
+# request through the proxy opens a new connection to it (a kept connection from the client).
+CLOSE_ROW = "GET /v1/models, a new server connection each"
 STREAM_ROW = "POST, a streamed completion (one event)"
 STREAM_BODY = json.dumps({"model": "test/model", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
 
@@ -141,9 +146,9 @@ def counted(pid, out):
     raise SystemExit("callgrind wrote no dump for pid %d" % pid)
 
 
-def measure(pid, port, out, windows):
+def measure(pid, port, out, windows, rows=ROWS):
     figures = {}
-    for label, method, size, kept in ROWS:
+    for label, method, size, kept in rows:
         send(port, method, size, kept, WARMUP)
         subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
         started = time.monotonic()
@@ -171,6 +176,9 @@ def main():
         os.symlink("lmx-agent", bindir + "/lmx-agentd")
         with open(directory + "/gateway.json", "w") as f:
             json.dump({"discovery": False, "endpoints": [{"url": "http://127.0.0.1:%d" % pb.UPSTREAM, "name": "bench"}]}, f)
+        with open(directory + "/gateway-close.json", "w") as f:
+            json.dump({"discovery": False, "endpoints": [{"url": "http://127.0.0.1:%d" % pb.UPSTREAM_CLOSE,
+                                                          "name": "closing"}]}, f)
         with open(directory + "/gateway-streams.json", "w") as f:
             json.dump({"discovery": False, "endpoints": [{"url": "http://127.0.0.1:%d" % pb.INSTANT, "name": "streams"}]}, f)
         pb.start(["python3", pb.BURST, "serve", str(pb.INSTANT), "--events", "0"])
@@ -184,16 +192,19 @@ def main():
                     "%s/%s.db" % (directory, name), "--config", config, "--no-discovery", "--gateway",
                     "127.0.0.1:%d" % port, "--gateway-socket", "%s/%s-gateway.sock" % (directory, name),
                     "--log-level", "warning"]
-        for name, argv, port, stream_port in (
-            ("gateway", gateway("agent", directory + "/gateway.json", pb.GATEWAY), pb.GATEWAY, None),
+        for name, argv, port, stream_port, close_port in (
+            ("gateway", gateway("agent", directory + "/gateway.json", pb.GATEWAY), pb.GATEWAY, None, None),
             ("gateway", gateway("streams", directory + "/gateway-streams.json", pb.GATEWAY_INSTANT), None,
-             pb.GATEWAY_INSTANT),
+             pb.GATEWAY_INSTANT, None),
+            ("gateway", gateway("closing", directory + "/gateway-close.json", pb.GATEWAY_CLOSE), None, None,
+             pb.GATEWAY_CLOSE),
             ("nginx", ["nginx", "-c", proxy_conf, "-p", directory, "-g", "daemon off; master_process off;"],
-             pb.NGINX, pb.NGINX_INSTANT),
+             pb.NGINX, pb.NGINX_INSTANT, pb.NGINX_CLOSE),
         ):
-            out = "%s/callgrind-%s-%d" % (directory, name, port or stream_port)
+            first = port or stream_port or close_port
+            out = "%s/callgrind-%s-%d" % (directory, name, first)
             process = callgrind(argv, out)
-            if not lmxtools.wait_http("http://127.0.0.1:%d/v1/models" % (port or stream_port), timeout=180):
+            if not lmxtools.wait_http("http://127.0.0.1:%d/v1/models" % first, timeout=180):
                 raise SystemExit("%s under callgrind did not answer" % name)
             print("%s:" % name, flush=True)
             windows = {}
@@ -201,6 +212,8 @@ def main():
                 results[name].update(measure(process.pid, port, out, windows))
             if stream_port:
                 results[name][STREAM_ROW] = measure_streams(process.pid, stream_port, out, windows)
+            if close_port:
+                results[name].update(measure(process.pid, close_port, out, windows, [(CLOSE_ROW, "GET", 0, True)]))
             rate = idle_rate(process.pid, out)
             print("  idle: %.0f instructions per second" % rate, flush=True)
             for label, seconds in windows.items():
@@ -209,7 +222,7 @@ def main():
             process.wait()
         rows = ["| request (one client, %d requests after %d) | gateway | of which idle work | nginx | gateway ÷ nginx |"
                 % (REQUESTS, WARMUP), "|---|---|---|---|---|"]
-        for label in [row[0] for row in ROWS] + [STREAM_ROW]:
+        for label in [row[0] for row in ROWS] + [STREAM_ROW, CLOSE_ROW]:
             g, n = results["gateway"][label], results["nginx"][label]
             rows.append("| %s | %s | %s | %s | %.1f× |" % (
                 label, format(round(g), ","), format(round(background["gateway"][label]), ","), format(round(n), ","),

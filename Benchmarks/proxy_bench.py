@@ -52,6 +52,11 @@ CLIENTS = [int(c) for c in os.environ.get("BENCH_CLIENTS", "1,8,64").split(",")]
 UPSTREAM, NGINX, GATEWAY, STREAMER, NGINX_STREAM, GATEWAY_STREAM = 21700, 21701, 21702, 21703, 21704, 21705
 # The burst rows: burst.py's asyncio stand-in, nginx in front of it, a gateway in front of it.
 INSTANT, NGINX_INSTANT, GATEWAY_INSTANT = 21707, 21708, 21709
+# A server that closes each connection after its answer (nginx with `keepalive_timeout 0`, which
+# answers `Connection: close`), as one whose idle connections closed before the next request
+# (uvicorn, which Opta LMX servers run on, closes them after 5 s): each request needs a new
+# connection to it. Its proxies: instructions_bench.py's rows of a new server connection each.
+UPSTREAM_CLOSE, NGINX_CLOSE, GATEWAY_CLOSE = 21710, 21711, 21712
 BURST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "burst.py")
 BURST_ROUNDS, BURST_IDLE_ROUNDS, BURST_IDLE_SECONDS = 25, 5, 5
 BURST_SIZES = (1, 8, 64)
@@ -100,24 +105,27 @@ http {
 
 
 def nginx_config(directory, name="upstream"):
-    """The upstream: nginx answering the LMX contract's static answers (one worker, a server)."""
+    """The upstream: nginx answering the LMX contract's static answers (one worker), as a server
+    that keeps connections and as one that closes each (UPSTREAM_CLOSE)."""
     def answer(path, body):
         return "location = %s { default_type application/json; return 200 '%s'; }" % (path, body)
-    return nginx_common(directory, name, 1) + """
+
+    def server(port, keep):
+        return """
     server {
-        listen 127.0.0.1:%(upstream)d;
+        listen 127.0.0.1:%(port)d;
+        %(keep)s
         %(healthz)s
         %(readyz)s
         %(discovery)s
         %(models)s
         location = /v1/chat/completions { client_max_body_size 64m; default_type application/json; return 200 '%(completion)s'; }
-    }
-}
-""" % {"upstream": UPSTREAM,
-       "healthz": answer("/healthz", '{"status":"ok","version":"0.1.0"}'),
-       "readyz": answer("/readyz", '{"status":"ready","version":"0.1.0","models_loaded":1}'),
-       "discovery": answer("/.well-known/opta-lmx", DISCOVERY), "models": answer("/v1/models", MODELS),
-       "completion": COMPLETION}
+    }""" % {"port": port, "keep": "" if keep else "keepalive_timeout 0;",
+            "healthz": answer("/healthz", '{"status":"ok","version":"0.1.0"}'),
+            "readyz": answer("/readyz", '{"status":"ready","version":"0.1.0","models_loaded":1}'),
+            "discovery": answer("/.well-known/opta-lmx", DISCOVERY.replace(str(UPSTREAM), str(port))),
+            "models": answer("/v1/models", MODELS), "completion": COMPLETION}
+    return nginx_common(directory, name, 1) + server(UPSTREAM, True) + server(UPSTREAM_CLOSE, False) + "\n}\n"
 
 
 def nginx_configs(directory):
@@ -144,6 +152,11 @@ def proxy_config(directory):
         listen 127.0.0.1:%(proxy_stream)d;
         location / { proxy_pass http://streamer; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
     }
+    upstream closing { server 127.0.0.1:%(upstream_close)d; keepalive 128; }
+    server {
+        listen 127.0.0.1:%(proxy_close)d;
+        location / { proxy_pass http://closing; proxy_http_version 1.1; proxy_set_header Connection ""; }
+    }
     upstream instant { server 127.0.0.1:%(instant)d; keepalive 128; }
     server {
         listen 127.0.0.1:%(proxy_instant)d;
@@ -151,7 +164,8 @@ def proxy_config(directory):
     }
 }
 """ % {"upstream": UPSTREAM, "proxy": NGINX, "streamer": STREAMER, "proxy_stream": NGINX_STREAM,
-       "instant": INSTANT, "proxy_instant": NGINX_INSTANT}
+       "instant": INSTANT, "proxy_instant": NGINX_INSTANT, "upstream_close": UPSTREAM_CLOSE,
+       "proxy_close": NGINX_CLOSE}
 
 
 COMPLETION = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "test/model",

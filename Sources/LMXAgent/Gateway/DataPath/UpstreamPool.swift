@@ -186,12 +186,13 @@ final class UpstreamPool {
             // (TCP_NODELAY is ClientBootstrap's default; `.socketOption(.tcp_nodelay)` would set
             // SO_DEBUG, a SOL_SOCKET option that needs CAP_NET_ADMIN.)
             .channelOption(.tcpOption(.tcp_nodelay), value: 1)
-            // At most two reads of up to 32 KiB per wake-up: a channel keeps a buffer per read of a
-            // batch for as long as it lives (GatewayChildChannel.readsPerWakeUp).
-            .channelOption(.maxMessagesPerRead, value: GatewayChildChannel.readsPerWakeUp)
-            .channelOption(.recvAllocator, value: GatewayChildChannel.receiveBuffers)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    // At most two reads of up to 32 KiB per wake-up: a channel keeps a buffer per
+                    // read of a batch for as long as it lives (GatewayChildChannel.readsPerWakeUp).
+                    // Set here, on the loop, not as the bootstrap's options, which are applied
+                    // through a chain of futures (about 7,000 instructions each).
+                    GatewayChildChannel.limitReceiveBuffers(of: channel)
                     let sync = channel.pipeline.syncOperations
                     if address.tls {
                         try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: address.serverName))
