@@ -166,6 +166,23 @@ struct DataPathTests {
     }
 
     @Test(
+        "the slot table: a value per slot, freed slots used again, removing twice does nothing, its length the peak held"
+    )
+    func slotTable() {
+        var table = SlotTable<String>()
+        let a = table.add("a")
+        let b = table.add("b")
+        #expect(a != b && table[a] == "a" && table[b] == "b" && table.count == 2)
+        #expect(table.remove(a) == "a" && table.remove(a) == nil && table[a] == nil && table.count == 1)
+        #expect(table.remove(-1) == nil && table.remove(99) == nil && table[99] == nil)
+        let c = table.add("c")
+        #expect(c == a && table.capacity == 2)  // the freed slot
+        #expect(Set(table.elements) == ["b", "c"])
+        for _ in 0..<1000 { table.remove(table.add("x")) }
+        #expect(table.capacity == 3 && table.count == 2)
+    }
+
+    @Test(
         "the loop's sweep: every tick it asks the connections whose check is due and no other, one that leaves while asked does not stop the rest, slots are reused, the timer stops when none is open and starts again with the next"
     )
     func connectionSweep() {

@@ -20,9 +20,7 @@ protocol SweptConnection: AnyObject {
 final class ConnectionSweep: @unchecked Sendable {
     let loop: any EventLoop
     let tick: TimeAmount
-    private var slots: [(any SweptConnection)?] = []
-    private var free: [Int] = []
-    private(set) var openCount = 0
+    private var connections = SlotTable<any SweptConnection>()
     private var timer: Scheduled<Void>?
 
     /// `timeout`: the client timeout; checks come every eighth of it, at least once a second.
@@ -31,29 +29,20 @@ final class ConnectionSweep: @unchecked Sendable {
         tick = min(.seconds(1), .nanoseconds(max(timeout.nanoseconds / 8, 1_000_000)))
     }
 
+    /// Connections followed.
+    var openCount: Int { connections.count }
     /// Slots the table holds (its peak of connections open at once).
-    var slotCount: Int { slots.count }
+    var slotCount: Int { connections.capacity }
 
     /// Follows `connection` until ``remove(_:)``; returns its slot.
     func add(_ connection: any SweptConnection) -> Int {
-        let slot: Int
-        if let empty = free.popLast() {
-            slot = empty
-            slots[slot] = connection
-        } else {
-            slot = slots.count
-            slots.append(connection)
-        }
-        openCount += 1
+        let slot = connections.add(connection)
         if timer == nil { schedule() }
         return slot
     }
 
     func remove(_ slot: Int) {
-        guard slots.indices.contains(slot), slots[slot] != nil else { return }
-        slots[slot] = nil
-        free.append(slot)
-        openCount -= 1
+        connections.remove(slot)
         // The timer is left to run out (not cancelled: connection after connection would
         // schedule and cancel one each); it is not scheduled again while none is open.
     }
@@ -69,12 +58,12 @@ final class ConnectionSweep: @unchecked Sendable {
     /// later; either way the rest are still looked at.
     private func sweep() {
         let now = NIODeadline.now()
-        var index = 0
-        while index < slots.count {
-            if let connection = slots[index], connection.nextCheck <= now {
+        var slot = 0
+        while slot < connections.capacity {
+            if let connection = connections[slot], connection.nextCheck <= now {
                 connection.sweepDue()
             }
-            index += 1
+            slot += 1
         }
         if openCount > 0, timer == nil { schedule() }
     }

@@ -22,13 +22,12 @@ final class ListenerGate: ChannelDuplexHandler, @unchecked Sendable {
     /// The listening socket's event loop.
     let loop: any EventLoop
     let maxConnections: Int
-    /// The open connections, each in its slot; `free` lists the empty slots.
-    private var slots: [(any Channel)?] = []
-    private var free: [Int] = []
+    /// The open connections.
+    private var connections = SlotTable<any Channel>()
     /// Connections accepted and not yet closed.
-    private(set) var openCount = 0
+    var openCount: Int { connections.count }
     /// Slots the table holds (its peak of connections open at once).
-    var slotCount: Int { slots.count }
+    var slotCount: Int { connections.capacity }
     private var context: ChannelHandlerContext?
     /// An accept held back while `maxConnections` are open.
     private var readHeld = false
@@ -60,15 +59,7 @@ final class ListenerGate: ChannelDuplexHandler, @unchecked Sendable {
             channel.close(promise: nil)
             return
         }
-        let slot: Int
-        if let empty = free.popLast() {
-            slot = empty
-            slots[slot] = channel
-        } else {
-            slot = slots.count
-            slots.append(channel)
-        }
-        openCount += 1
+        let slot = connections.add(channel)
         channel.closeFuture.whenComplete { [self, loop] _ in
             if loop.inEventLoop {
                 closed(slot)
@@ -91,9 +82,7 @@ final class ListenerGate: ChannelDuplexHandler, @unchecked Sendable {
     }
 
     private func closed(_ slot: Int) {
-        slots[slot] = nil
-        free.append(slot)
-        openCount -= 1
+        connections.remove(slot)
         if readHeld, openCount < maxConnections, let context {
             readHeld = false
             context.read()
@@ -115,7 +104,7 @@ final class ListenerGate: ChannelDuplexHandler, @unchecked Sendable {
         case .serving:
             phase = .quiescing(promise)
             context?.close(promise: nil)
-            for case let channel? in slots {
+            for channel in connections.elements {
                 channel.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
             }
             if openCount == 0 {
