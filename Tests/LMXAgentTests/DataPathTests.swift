@@ -99,12 +99,17 @@ struct DataPathTests {
             typealias OutboundIn = Never
             var reads = 0
             var quiesced = 0
+            /// Closes its connection when told to finish (as an idle one does).
+            var closesWhenTold = false
             func read(context: ChannelHandlerContext) {
                 reads += 1
                 context.read()
             }
             func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-                if event is ChannelShouldQuiesceEvent { quiesced += 1 }
+                if event is ChannelShouldQuiesceEvent {
+                    quiesced += 1
+                    if closesWhenTold { context.close(promise: nil) }
+                }
                 context.fireUserInboundEventTriggered(event)
             }
         }
@@ -142,6 +147,12 @@ struct DataPathTests {
         // Shutdown: the listener closes, the open connection is asked to finish; the promise
         // waits for it.
         let third = try accept()
+        // One that closes at once when told to finish, as an idle connection does: it gives its
+        // slot back while the gate is telling the others. (Handed in directly: the limit holds
+        // back accepts, not a connection already accepted.)
+        let idle = try accept()
+        idle.probe.closesWhenTold = true
+        #expect(gate.openCount == 3)
         let done = loop.makePromise(of: Void.self)
         let kept = Mutex(0)
         done.futureResult.whenSuccess { kept.withLock { $0 += 1 } }
@@ -149,6 +160,7 @@ struct DataPathTests {
         loop.run()
         #expect(!server.isActive)
         #expect(second.probe.quiesced == 1 && third.probe.quiesced == 1 && first.probe.quiesced == 0)
+        #expect(idle.probe.quiesced == 1 && !idle.channel.isActive && gate.openCount == 2)
         #expect(kept.withLock { $0 } == 0)
         try second.channel.close().wait()
         loop.run()

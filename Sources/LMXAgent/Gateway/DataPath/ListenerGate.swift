@@ -87,10 +87,14 @@ final class ListenerGate: ChannelDuplexHandler, @unchecked Sendable {
             readHeld = false
             context.read()
         }
-        if openCount == 0, case .quiescing(let promise) = phase {
-            phase = .stopped
-            promise.succeed()
-        }
+        stopIfNoneOpen()
+    }
+
+    /// Shutting down and no connection left open: the promise is kept (once).
+    private func stopIfNoneOpen() {
+        guard openCount == 0, case .quiescing(let promise) = phase else { return }
+        phase = .stopped
+        promise.succeed()
     }
 
     /// Stops accepting (the listening socket is closed), asks every open connection to finish
@@ -104,13 +108,11 @@ final class ListenerGate: ChannelDuplexHandler, @unchecked Sendable {
         case .serving:
             phase = .quiescing(promise)
             context?.close(promise: nil)
+            // (A connection told to finish may close at once, giving its slot back meanwhile.)
             for channel in connections.elements {
                 channel.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
             }
-            if openCount == 0 {
-                phase = .stopped
-                promise.succeed()
-            }
+            stopIfNoneOpen()
         case .quiescing(let first):
             first.futureResult.cascade(to: promise)
         case .stopped:
