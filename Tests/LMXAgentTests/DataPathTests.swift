@@ -270,7 +270,17 @@ struct DataPathTests {
         for _ in 0..<20 {
             try await client.writeAndFlush(ByteBuffer(repeating: UInt8(ascii: "a"), count: 100)).get()
         }
-        try await Task.sleep(for: .milliseconds(200))
+        // Until the front has read all 2,000 bytes (in reads that never fill a 2 KiB buffer).
+        func bytesRead() async throws -> Int {
+            guard let child = accepted.withLock({ $0 }) else { return 0 }
+            return try await child.eventLoop.submit {
+                try child.pipeline.syncOperations.handler(type: ClientFront.self).bytesRead
+            }.get()
+        }
+        for _ in 0..<100 where try await bytesRead() < 2000 {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(try await bytesRead() == 2000)
         let small = try await options()
         #expect(small.reads == 4 && small.maximum == 64 << 10)  // SwiftNIO's defaults
         try await client.writeAndFlush(ByteBuffer(repeating: UInt8(ascii: "a"), count: 256 << 10)).get()

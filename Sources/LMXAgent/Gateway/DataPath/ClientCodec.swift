@@ -505,7 +505,7 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
     /// Bytes read from the client so far (the handler's stall check).
     private(set) var bytesRead = 0
     /// The connection's receive buffers are limited (``GatewayChildChannel/limitReceiveBuffers(of:)``).
-    private(set) var receiveLimited = false
+    private var receiveLimited = false
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context

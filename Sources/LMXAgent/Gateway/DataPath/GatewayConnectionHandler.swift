@@ -92,8 +92,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var firedRead = false
     /// The connection's slot in its loop's ``ConnectionSweep`` while it is open.
     private var sweepSlot: Int?
-    /// When the sweep is next to look at the connection (its client timeout).
-    private(set) var nextCheck = NIODeadline.now()
+    /// When the sweep is next to look at the connection (its client timeout; set as it is added).
+    private(set) var nextCheck = NIODeadline.distantFuture
     /// When the connection last became idle (no request in progress).
     private var idleSince = NIODeadline.now()
 
@@ -209,7 +209,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
         rawOutput = try? context.pipeline.syncOperations.context(handlerType: ClientFront.self)
-        armIdleTimer()
+        checkAgain()
         sweepSlot = state.sweep.add(self)
     }
 
@@ -1085,9 +1085,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     /// The loop's sweep looks at the connection after `delay` (one timer for the loop's
-    /// connections, not one per connection or per request): it then closes the connection if it
-    /// has been idle for the whole timeout, else waits for the rest of it.
-    private func armIdleTimer(in delay: TimeAmount? = nil) {
+    /// connections, not one per connection or per request): ``sweepDue()``.
+    private func checkAgain(in delay: TimeAmount? = nil) {
         nextCheck = .now() + (delay ?? clientTimeout)
     }
 
@@ -1097,15 +1096,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         state.sweep.remove(sweepSlot)
     }
 
+    /// Closes the connection when it has been idle for the whole timeout, else looks again at the
+    /// rest of it; answers 408 when the body of the request in progress has not moved for a whole
+    /// period though it was being read (reads held for the server's sake do not count against the
+    /// client).
     func sweepDue() {
         guard context != nil else { return leaveSweep() }
-        idleTimerFired()
-    }
-
-    /// Closes the connection when it has been idle for the whole timeout; answers 408 when the
-    /// body of the request in progress has not moved for a whole period though it was being
-    /// read (reads held for the server's sake do not count against the client).
-    private func idleTimerFired() {
         let busy = request != nil || handedOver > 0 || passing
         let deadline = idleSince + clientTimeout
         if !busy, deadline <= .now() {
@@ -1147,7 +1143,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         } else {
             answerSeen = nil
         }
-        armIdleTimer(in: busy ? clientTimeout : deadline - .now())
+        checkAgain(in: busy ? clientTimeout : deadline - .now())
     }
 }
 

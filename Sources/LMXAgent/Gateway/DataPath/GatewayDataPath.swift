@@ -227,8 +227,8 @@ struct GatewayChildChannel: ServerChildChannel, HTTPChannelHandler {
     /// and Hummingbird's come between them with the general path).
     private func configure(_ channel: any Channel, peer known: UInt32?, logger: Logger) throws {
         // Set here, on the channel's loop, rather than as the bootstrap's child options: those are
-        // applied through a chain of futures (about 7,000 instructions a connection for one).
-        // (Asked for once: each ask makes a value whose generic type is looked up.)
+        // applied through a chain of futures (about 7,000 instructions a connection for one). The
+        // receive limits come later, when needed (``limitReceiveBuffers(of:)``).
         try channel.syncOptions?.setOption(.allowRemoteHalfClosure, value: true)
         let sync = channel.pipeline.syncOperations
         guard let state = dataPath.state(for: channel.eventLoop) else {
