@@ -170,6 +170,10 @@ struct UpstreamCodecTests {
             "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
             "HTTP/1.0 100 Continue\r\n\r\nHTTP/1.0 200 OK\r\n\r\n",
             "HTTP/2 200 OK\r\n\r\n",
+            // Each byte of `HTTP/1.` and the minor version matter.
+            "http/1.1 200 OK\r\n\r\n", "HTTQ/1.1 200 OK\r\n\r\n", "HTTP/1,1 200 OK\r\n\r\n",
+            "HTTP/1.2 200 OK\r\n\r\n", "HTTP/0.9 200 OK\r\n\r\n", "HTTP/11.1 200 OK\r\n\r\n",
+            "XTTP/1.1 200 OK\r\n\r\n", "HTTP/1.1200 OK\r\n\r\n",
             "HTTP/1.1 2000 OK\r\n\r\n",
             "HTTP/1.1 20 OK\r\n\r\n",
             "ICY 200 OK\r\n\r\n",
