@@ -9,7 +9,7 @@
 # Without the run-time exclusivity checks (-enforce-exclusivity=unchecked, as the standard library
 # itself is built): each access to a class's stored property asked the runtime to search a
 # thread-local list of the accesses in progress, 14 % of the gateway's instructions per request,
-# most of them in SwiftNIO's own code (Benchmarks/README.md). Debug builds, which the tests run,
+# most of them in SwiftNIO's own code (Benchmarks/README.md). Debug builds, which `make test` runs,
 # keep them, so an overlapping access still traps there; the compile-time checks are unchanged.
 # LMX_STATIC_STATUS=1 links lmx-status as a static PIE (Package.swift), which needs the local
 # run path off (a static PIE cannot have one). `make release` builds with this list too.
