@@ -614,9 +614,11 @@ enum HTTPSyntax {
 }
 
 /// An HTTP/1.1 head made straight into a buffer's memory, in one access to it: every
-/// `ByteBuffer.write…` call is an access of its own to the buffer's storage, checked for
-/// exclusivity at run time, which for the twenty-odd pieces of a head cost more than the rest of
-/// making it (appending them to an array first still cost about 150 instructions a piece).
+/// `ByteBuffer.write…` call is an access of its own to the buffer's storage (its capacity and
+/// uniqueness checked, and in a build with run-time exclusivity checks — not the release build,
+/// scripts/lib.sh — checked for that too), which for the twenty-odd pieces of a head cost more
+/// than the rest of making it (appending them to an array first still cost about 150
+/// instructions a piece).
 struct HeadLines {
     private let base: UnsafeMutableRawPointer
     private let capacity: Int
