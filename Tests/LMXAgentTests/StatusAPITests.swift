@@ -180,4 +180,72 @@ struct StatusAPITests {
         }
         #expect(await gate.run(for: 1000) { true } == true, "given back")
     }
+
+    @Test(
+        "connections per user: none asked whose while under the limit in all; at the limit every one is named and the limit holds"
+    )
+    func unnamedConnections() {
+        let limiter = ConnectionLimiter(perUser: 3)
+        /// Each connection's user, and how many times the kernel was asked.
+        final class Kernel: Sendable {
+            let asked = Mutex(0)
+            func ask(_ uid: UInt32?) -> @Sendable () -> UInt32? {
+                { self.asked.withLock { $0 += 1 }; return uid }
+            }
+        }
+        let kernel = Kernel()
+        // Two open in all: no user can be at the limit of three, nobody is asked.
+        let a = limiter.admitUnnamed(asking: kernel.ask(1000))
+        let b = limiter.admitUnnamed(asking: kernel.ask(1000))
+        #expect(a != nil && b != nil && limiter.unnamedCount == 2 && kernel.asked.withLock { $0 } == 0)
+        // The third makes three: still no user over it.
+        let c = limiter.admitUnnamed(asking: kernel.ask(1001))
+        #expect(c != nil && limiter.unnamedCount == 3 && kernel.asked.withLock { $0 } == 0)
+        // A fourth for 1000: at the limit in all, so all are named (three) and the new one (one):
+        // 1000 has two, under three: admitted.
+        let d = limiter.admitUnnamed(asking: kernel.ask(1000))
+        #expect(d != nil && limiter.unnamedCount == 0 && kernel.asked.withLock { $0 } == 4)
+        // A fifth for 1000: it has three, refused; another user is not; root never is.
+        #expect(limiter.admitUnnamed(asking: kernel.ask(1000)) == nil && limiter.refused == 1)
+        let e = limiter.admitUnnamed(asking: kernel.ask(1001))
+        #expect(e != nil)
+        #expect(limiter.admitUnnamed(asking: kernel.ask(0)) != nil, "root is not limited")
+        #expect(limiter.admit(1000) == false, "a Unix socket's connection of 1000, named at once, is counted the same")
+        // One of 1000's closes: room for one more.
+        if let a { limiter.release(a) }
+        #expect(limiter.admitUnnamed(asking: kernel.ask(1000)) != nil)
+        #expect(limiter.admitUnnamed(asking: kernel.ask(1000)) == nil && limiter.refused == 3)
+        // A peer the kernel names nobody counts as one unknown user, with a limit of its own.
+        for _ in 0..<3 { #expect(limiter.admitUnnamed(asking: kernel.ask(nil)) != nil) }
+        #expect(limiter.admitUnnamed(asking: kernel.ask(nil)) == nil)
+    }
+
+    @Test("connections per user: one named when first needed, counted from then; released ones give their place back")
+    func namedWhenNeeded() {
+        let limiter = ConnectionLimiter(perUser: 2)
+        let asked = Mutex(0)
+        let ask: @Sendable () -> UInt32? = {
+            asked.withLock { $0 += 1 }
+            return 1000
+        }
+        guard let first = limiter.admitUnnamed(asking: ask) else {
+            Issue.record("the first connection was refused")
+            return
+        }
+        #expect(limiter.uid(of: first) == 1000 && limiter.uid(of: first) == 1000)
+        #expect(asked.withLock { $0 } == 1 && limiter.unnamedCount == 0, "asked once, then kept")
+        let second = limiter.admitUnnamed(asking: ask)
+        #expect(second != nil && limiter.unnamedCount == 1)
+        // Two open, the limit: the third names the second, and 1000 has two.
+        #expect(limiter.admitUnnamed(asking: ask) == nil && asked.withLock { $0 } == 3)
+        // Released, named or not, each gives its place back (the unnamed list stays whole).
+        limiter.release(first)
+        if let second { limiter.release(second) }
+        limiter.release(first)  // a second release changes nothing
+        let again = (0..<2).compactMap { _ in limiter.admitUnnamed(asking: ask) }
+        #expect(again.count == 2 && limiter.unnamedCount == 2)
+        limiter.release(again[0])
+        #expect(limiter.unnamedCount == 1 && limiter.uid(of: again[1]) == 1000 && limiter.unnamedCount == 0)
+        #expect(limiter.uid(of: again[0]) == nil, "a released connection is nobody's")
+    }
 }

@@ -5,39 +5,199 @@ import Logging
 import NIOCore
 import Synchronization
 
-/// Connections per local user on the agent's socket. Any local user may connect (reading the
-/// status is for everyone), so one user must not be able to take every connection, descriptor
-/// or watcher: past `perUser` open connections, a user's next one is closed at once. Root and
-/// the daemon's own user are not limited (they administer the agent).
+/// Connections per local user on the agent's socket and the gateway. Any local user may connect
+/// (reading the status is for everyone), so one user must not be able to take every connection,
+/// descriptor or watcher: past `perUser` open connections, a user's next one is closed at once.
+/// Root and the daemon's own user are not limited (they administer the agent).
+///
+/// Whose a TCP connection is costs a question to the kernel's socket tables (two system calls,
+/// ``SocketOwner``), and it matters only once `perUser` connections are open in all: until then
+/// no user can be at the limit, so a connection is admitted without asking (``admitUnnamed(_:)``),
+/// and its user is asked for only when the total reaches the limit (then every connection still
+/// unnamed is named at once, so each user's count is exact from that moment) or when something
+/// else needs it (``uid(of:)``).
 public final class ConnectionLimiter: Sendable {
     public let perUser: Int
-    private let open = Mutex<[UInt32: Int]>([:])
+    private let state = Mutex(State())
     private let refusedCount = Mutex(0)
+
+    fileprivate struct State {
+        /// Open connections by user, of those whose user is known; administrators not counted.
+        var open: [UInt32: Int] = [:]
+        /// The connections `open` counts.
+        var named = 0
+        /// Connections admitted without asking whose they are.
+        var unnamed: [Admission] = []
+
+        /// Every open connection that may count against a user's limit.
+        var total: Int { named + unnamed.count }
+    }
+
+    /// One admitted connection, until it is released: whose it is, once known. Its fields change
+    /// under the limiter's lock only.
+    final class Admission: @unchecked Sendable {
+        fileprivate enum Whose {
+            /// Not asked yet: the connection's place in `unnamed`.
+            case unnamed(slot: Int)
+            /// The kernel's answer (`UInt32.max`: it named nobody, counted as one unknown user).
+            case user(UInt32)
+            /// Over its user's limit: never counted.
+            case refused(UInt32)
+            case released
+        }
+        fileprivate var whose: Whose
+        /// Asks the kernel whose the connection is (nil once asked).
+        fileprivate var ask: (@Sendable () -> UInt32?)?
+
+        fileprivate init(_ whose: Whose, ask: (@Sendable () -> UInt32?)?) {
+            self.whose = whose
+            self.ask = ask
+        }
+    }
 
     public init(perUser: Int) { self.perUser = perUser }
 
     /// Counts a new connection of `uid`; false when that user is at the limit.
     func admit(_ uid: UInt32) -> Bool {
-        if Users.isAdministrator(uid) { return true }
-        let admitted = open.withLock { counts in
-            guard counts[uid, default: 0] < perUser else { return false }
-            counts[uid, default: 0] += 1
+        admit(Admission(.user(uid), ask: nil))
+    }
+
+    /// Counts a new connection whose user `ask` tells (nil: nobody named), asked only when it
+    /// matters; nil when its user is at the limit.
+    func admitUnnamed(asking ask: @escaping @Sendable () -> UInt32?) -> Admission? {
+        let admission = Admission(.unnamed(slot: -1), ask: ask)
+        return admit(admission) ? admission : nil
+    }
+
+    func release(_ uid: UInt32) {
+        guard !Users.isAdministrator(uid) else { return }
+        state.withLock { $0.forget(uid) }
+    }
+
+    /// Counts `admission` (named, or to be named); false when its user is at the limit.
+    private func admit(_ admission: Admission) -> Bool {
+        let admitted = state.withLock { s -> Bool in
+            if case .unnamed = admission.whose, s.total < perUser {
+                admission.whose = .unnamed(slot: s.unnamed.count)
+                s.unnamed.append(admission)
+                return true
+            }
+            // At the limit in all: every user's count must be exact before this one is counted.
+            if s.total >= perUser { s.nameAll() }
+            let uid = admission.name()
+            if Users.isAdministrator(uid) { return true }
+            guard s.open[uid, default: 0] < perUser else {
+                admission.whose = .refused(uid)
+                return false
+            }
+            s.open[uid, default: 0] += 1
+            s.named += 1
             return true
         }
         if !admitted { refusedCount.withLock { $0 += 1 } }
         return admitted
     }
 
-    func release(_ uid: UInt32) {
-        if Users.isAdministrator(uid) { return }
-        open.withLock { counts in
-            let left = counts[uid, default: 1] - 1
-            counts[uid] = left > 0 ? left : nil
+    /// The connection's user as the kernel names it (nil: it names nobody), asked now if it was
+    /// not yet.
+    func uid(of admission: Admission) -> UInt32? {
+        let uid = state.withLock { s -> UInt32? in
+            switch admission.whose {
+            case .unnamed(let slot):
+                s.remove(slot)
+                let uid = admission.name()
+                if !Users.isAdministrator(uid) {
+                    s.open[uid, default: 0] += 1
+                    s.named += 1
+                }
+                return uid
+            case .user(let uid), .refused(let uid):
+                return uid
+            case .released:
+                return nil
+            }
+        }
+        return uid == UInt32.max ? nil : uid
+    }
+
+    /// The connection has closed.
+    func release(_ admission: Admission) {
+        state.withLock { s in
+            switch admission.whose {
+            case .unnamed(let slot):
+                s.remove(slot)
+            case .user(let uid):
+                if !Users.isAdministrator(uid) { s.forget(uid) }
+            case .refused, .released:
+                break
+            }
+            admission.whose = .released
+            admission.ask = nil
         }
     }
 
     /// Connections refused so far for being over a user's limit.
     public var refused: Int { refusedCount.withLock { $0 } }
+
+    /// Open connections not yet named (for tests).
+    var unnamedCount: Int { state.withLock { $0.unnamed.count } }
+}
+
+extension ConnectionLimiter.State {
+    /// Takes the unnamed connection in `slot` out of `unnamed` (the last one takes its place).
+    fileprivate mutating func remove(_ slot: Int) {
+        let last = unnamed.removeLast()
+        if slot < unnamed.count {
+            unnamed[slot] = last
+            last.whose = .unnamed(slot: slot)
+        }
+    }
+
+    /// Asks the kernel whose every unnamed connection is, and counts each under its user.
+    fileprivate mutating func nameAll() {
+        for admission in unnamed {
+            let uid = admission.name()
+            guard !Users.isAdministrator(uid) else { continue }
+            open[uid, default: 0] += 1
+            named += 1
+        }
+        unnamed = []
+    }
+
+    fileprivate mutating func forget(_ uid: UInt32) {
+        let left = open[uid, default: 1] - 1
+        open[uid] = left > 0 ? left : nil
+        named -= 1
+    }
+}
+
+extension ConnectionLimiter.Admission {
+    /// The user a refused connection was over the limit of (for the log).
+    fileprivate var refusedUID: String {
+        if case .refused(let uid) = whose { return "\(uid)" }
+        return "unknown"
+    }
+
+    /// Whose the connection is: asked of the kernel if it was not yet (`UInt32.max` when it names
+    /// nobody), and kept. (Under the limiter's lock.)
+    fileprivate func name() -> UInt32 {
+        if case .user(let uid) = whose { return uid }
+        if case .refused(let uid) = whose { return uid }
+        let uid = ask?() ?? UInt32.max
+        whose = .user(uid)
+        ask = nil
+        return uid
+    }
+}
+
+/// A connection's user as its limiter knows it: asked of the kernel the first time it is needed
+/// (``ConnectionLimiter/uid(of:)``), then kept.
+struct PeerUser: Sendable {
+    let limiter: ConnectionLimiter
+    let admission: ConnectionLimiter.Admission
+
+    /// The uid (nil: the kernel names nobody, counted as one unknown user).
+    var uid: UInt32? { limiter.uid(of: admission) }
 }
 
 /// Large answers (`/v1/status`, `/v1/servers`, a watch snapshot) being built for each local user
@@ -76,23 +236,37 @@ extension ConnectionLimiter {
     /// Admits `channel` if its peer's user is under the limit (counted until it closes): the
     /// peer's uid as the kernel names it (nil when it does not); a refused channel is closed
     /// and the future fails.
-    func admit(_ channel: any Channel, logger: Logger) -> EventLoopFuture<UInt32?> {
+    func admit(_ channel: any Channel, logger: Logger) -> EventLoopFuture<Admission> {
         channel.peerUID().flatMapThrowing { known in
             try self.admit(channel, peer: known, logger: logger)
-            return known
         }
     }
 
     /// Admits `channel`, whose peer's uid is `known` (nil: the kernel does not name it), or
     /// closes it and throws.
-    func admit(_ channel: any Channel, peer known: UInt32?, logger: Logger) throws {
-        let uid = known ?? UInt32.max
-        guard admit(uid) else {
-            logger.debug("refused a connection over the per-user limit", metadata: ["uid": "\(uid)"])
+    @discardableResult
+    func admit(_ channel: any Channel, peer known: UInt32?, logger: Logger) throws -> Admission {
+        try admit(channel, as: Admission(.user(known ?? UInt32.max), ask: nil), logger: logger)
+    }
+
+    /// Admits a TCP connection without asking whose it is while no user can be at the limit
+    /// (see the type's description), or closes it and throws.
+    func admitUnnamed(_ channel: any Channel, logger: Logger) throws -> Admission {
+        let ask: @Sendable () -> UInt32? = {
+            if case .known(let uid) = channel.peerUIDAtOnce { return uid }
+            return nil
+        }
+        return try admit(channel, as: Admission(.unnamed(slot: -1), ask: ask), logger: logger)
+    }
+
+    private func admit(_ channel: any Channel, as admission: Admission, logger: Logger) throws -> Admission {
+        guard admit(admission) else {
+            logger.debug("refused a connection over the per-user limit", metadata: ["uid": "\(admission.refusedUID)"])
             channel.close(promise: nil)
             throw ChannelError.inputClosed
         }
-        channel.closeFuture.whenComplete { _ in self.release(uid) }
+        channel.closeFuture.whenComplete { _ in self.release(admission) }
+        return admission
     }
 }
 

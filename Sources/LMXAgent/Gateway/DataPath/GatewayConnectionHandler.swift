@@ -32,7 +32,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private let dataPath: GatewayDataPath
     private let gateway: Gateway
     private let state: GatewayDataPath.LoopState
-    private let uid: UInt32?
+    /// Whose the connection is, asked of the kernel when first needed.
+    private let peer: PeerUser
     private let overTCP: Bool
     private var context: ChannelHandlerContext?
     /// The front's context: the data path's answers are written through it as bytes
@@ -98,13 +99,13 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var idleSince = NIODeadline.now()
 
     init(
-        dataPath: GatewayDataPath, state: GatewayDataPath.LoopState, uid: UInt32?, overTCP: Bool,
+        dataPath: GatewayDataPath, state: GatewayDataPath.LoopState, peer: PeerUser, overTCP: Bool,
         startGeneralPath: @escaping (any Channel) throws -> Void
     ) {
         self.dataPath = dataPath
         self.gateway = dataPath.gateway
         self.state = state
-        self.uid = uid
+        self.peer = peer
         self.overTCP = overTCP
         self.startGeneralPath = startGeneralPath
         self.clientTimeout = .milliseconds(Int64(dataPath.gateway.configuration.clientTimeout * 1000))
@@ -471,7 +472,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                 // request is decided then; nothing waits to be read ahead.
                 if request.received == request.declaredLength { break }
                 if request.received >= gateway.configuration.readAheadBytes
-                    || !request.reservation(from: gateway.readAhead, for: uid).take(chunk.readableBytes)
+                    || !request.reservation(from: gateway.readAhead, for: peer).take(chunk.readableBytes)
                 {
                     decide(request)
                 }
@@ -1223,9 +1224,9 @@ final class ForwardedRequest {
         swap(&held, &heldAnswer)
     }
 
-    func reservation(from budget: ReadAheadBudget, for uid: UInt32?) -> ReadAheadBudget.Reservation {
+    func reservation(from budget: ReadAheadBudget, for peer: PeerUser) -> ReadAheadBudget.Reservation {
         if let reservation { return reservation }
-        let made = budget.reservation(for: uid)
+        let made = budget.reservation(for: peer.uid)
         reservation = made
         return made
     }

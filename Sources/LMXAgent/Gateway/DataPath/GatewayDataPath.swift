@@ -207,25 +207,34 @@ struct GatewayChildChannel: ServerChildChannel, HTTPChannelHandler {
         start(channel: channel, logger: logger).map { Value(channel: channel) }
     }
 
-    /// Admits the connection (the per-user limit) and sets up its pipeline. On a TCP connection
-    /// the peer's user is known at once and it all happens now, in one future: the chain of
-    /// futures the general way takes cost a new connection about a tenth of its instructions
-    /// (each future's `Result` type looked up in the runtime's metadata cache).
+    /// Admits the connection (the per-user limit) and sets up its pipeline. A TCP connection is
+    /// admitted at once, its user asked of the kernel only when it matters
+    /// (``ConnectionLimiter/admitUnnamed(_:logger:)``), and it all happens now, without a chain of
+    /// futures (each future's `Result` type is looked up in the runtime's metadata cache: the chain
+    /// the general way takes cost a new connection about a tenth of its instructions). A Unix
+    /// socket's peer is read through a future (`SO_PEERCRED`).
     func start(channel: any Channel, logger: Logger) -> EventLoopFuture<Void> {
-        if case .known(let uid) = channel.peerUIDAtOnce {
-            return channel.eventLoop.makeCompletedFuture {
-                try limiter.admit(channel, peer: uid, logger: logger)
-                try configure(channel, peer: uid, logger: logger)
+        switch channel.localAddress {
+        case .v4?, .v6?:
+            do {
+                let admission = try limiter.admitUnnamed(channel, logger: logger)
+                try configure(channel, peer: admission, overTCP: true, logger: logger)
+                return channel.eventLoop.makeSucceededVoidFuture()
+            } catch {
+                return channel.eventLoop.makeFailedFuture(error)
             }
-        }
-        return limiter.admit(channel, logger: logger).flatMapThrowing { uid in
-            try configure(channel, peer: uid, logger: logger)
+        default:
+            return limiter.admit(channel, logger: logger).flatMapThrowing { admission in
+                try configure(channel, peer: admission, overTCP: false, logger: logger)
+            }
         }
     }
 
     /// The connection's pipeline: the front and the data path's handler (SwiftNIO's HTTP/1 handlers
     /// and Hummingbird's come between them with the general path).
-    private func configure(_ channel: any Channel, peer known: UInt32?, logger: Logger) throws {
+    private func configure(
+        _ channel: any Channel, peer: ConnectionLimiter.Admission, overTCP: Bool, logger: Logger
+    ) throws {
         // Set here, on the channel's loop, rather than as the bootstrap's child options: those are
         // applied through a chain of futures (about 7,000 instructions a connection for one). The
         // receive limits come later, when needed (``limitReceiveBuffers(of:)``).
@@ -238,11 +247,6 @@ struct GatewayChildChannel: ServerChildChannel, HTTPChannelHandler {
             try startGeneralPath(on: channel, logger: logger)
             return
         }
-        let overTCP: Bool
-        switch channel.localAddress {
-        case .v4, .v6: overTCP = true
-        default: overTCP = false
-        }
         // Requests are read by the front (``ClientFront``). SwiftNIO's HTTP/1 handlers, and
         // Hummingbird's, are set up between the front and the data path's handler only when the
         // connection first needs the general path: a connection whose requests all take the data
@@ -250,7 +254,7 @@ struct GatewayChildChannel: ServerChildChannel, HTTPChannelHandler {
         // every flush and read of the connection passed through them).
         let front = ClientFront()
         let handler = GatewayConnectionHandler(
-            dataPath: dataPath, state: state, uid: known, overTCP: overTCP,
+            dataPath: dataPath, state: state, peer: .init(limiter: limiter, admission: peer), overTCP: overTCP,
             startGeneralPath: { channel in
                 try channel.pipeline.syncOperations.configureHTTPServerPipeline(
                     position: .after(front), withPipeliningAssistance: false, withErrorHandling: false,
