@@ -500,7 +500,9 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundOut = ByteBuffer
 
     private var parser = ClientRequestParser()
-    private var context: ChannelHandlerContext?
+    /// Its context: where the data path's answers are written as bytes (added before the data
+    /// path's handler, which takes it from here rather than searching the pipeline for it).
+    private(set) var context: ChannelHandlerContext?
     var handler: GatewayConnectionHandler?
     /// Bytes read from the client so far (the handler's stall check).
     private(set) var bytesRead = 0

@@ -209,7 +209,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
-        rawOutput = try? context.pipeline.syncOperations.context(handlerType: ClientFront.self)
+        rawOutput = front?.context
         checkAgain()
         sweepSlot = state.sweep.add(self)
     }
