@@ -58,7 +58,7 @@ INSTANT, NGINX_INSTANT, GATEWAY_INSTANT = 21707, 21708, 21709
 # connection to it. Its proxies: instructions_bench.py's rows of a new server connection each.
 UPSTREAM_CLOSE, NGINX_CLOSE, GATEWAY_CLOSE = 21710, 21711, 21712
 BURST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "burst.py")
-BURST_ROUNDS, BURST_IDLE_ROUNDS, BURST_IDLE_SECONDS = 25, 5, 5
+BURST_ROUNDS, BURST_IDLE_ROUNDS, BURST_IDLE_SECONDS = 50, 5, 5
 BURST_SIZES = (1, 8, 64)
 # BENCH_BURST_ONLY=1: the burst rows alone (about 2 minutes).
 BURST_ONLY = os.environ.get("BENCH_BURST_ONLY") == "1"

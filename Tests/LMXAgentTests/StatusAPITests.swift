@@ -190,7 +190,10 @@ struct StatusAPITests {
         final class Kernel: Sendable {
             let asked = Mutex(0)
             func ask(_ uid: UInt32?) -> @Sendable () -> UInt32? {
-                { self.asked.withLock { $0 += 1 }; return uid }
+                {
+                    self.asked.withLock { $0 += 1 }
+                    return uid
+                }
             }
         }
         let kernel = Kernel()
