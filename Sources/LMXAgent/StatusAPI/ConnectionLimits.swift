@@ -12,10 +12,10 @@ import Synchronization
 ///
 /// Whose a TCP connection is costs a question to the kernel's socket tables (two system calls,
 /// ``SocketOwner``), and it matters only once `perUser` connections are open in all: until then
-/// no user can be at the limit, so a connection is admitted without asking (``admitUnnamed(_:)``),
-/// and its user is asked for only when the total reaches the limit (then every connection still
-/// unnamed is named at once, so each user's count is exact from that moment) or when something
-/// else needs it (``uid(of:)``).
+/// no user can be at the limit, so a connection is admitted without asking
+/// (``admitUnnamed(_:logger:)``), and its user is asked for only when the total reaches the limit
+/// (then every connection still unnamed is named at once, so each user's count is exact from that
+/// moment) or when something else needs it (``uid(of:)``).
 public final class ConnectionLimiter: Sendable {
     public let perUser: Int
     private let state = Mutex(State())
