@@ -90,8 +90,7 @@ public final class ConnectionLimiter: Sendable {
                 admission.whose = .refused(uid)
                 return false
             }
-            s.open[uid, default: 0] += 1
-            s.named += 1
+            s.count(uid)
             return true
         }
         if !admitted { refusedCount.withLock { $0 += 1 } }
@@ -106,10 +105,7 @@ public final class ConnectionLimiter: Sendable {
             case .unnamed(let slot):
                 s.remove(slot)
                 let uid = admission.name()
-                if !Users.isAdministrator(uid) {
-                    s.open[uid, default: 0] += 1
-                    s.named += 1
-                }
+                s.count(uid)
                 return uid
             case .user(let uid), .refused(let uid):
                 return uid
@@ -155,13 +151,15 @@ extension ConnectionLimiter.State {
 
     /// Asks the kernel whose every unnamed connection is, and counts each under its user.
     fileprivate mutating func nameAll() {
-        for admission in unnamed {
-            let uid = admission.name()
-            guard !Users.isAdministrator(uid) else { continue }
-            open[uid, default: 0] += 1
-            named += 1
-        }
+        for admission in unnamed { count(admission.name()) }
         unnamed = []
+    }
+
+    /// Counts one more connection of `uid` (administrators are not counted).
+    fileprivate mutating func count(_ uid: UInt32) {
+        guard !Users.isAdministrator(uid) else { return }
+        open[uid, default: 0] += 1
+        named += 1
     }
 
     fileprivate mutating func forget(_ uid: UInt32) {
@@ -182,7 +180,6 @@ extension ConnectionLimiter.Admission {
     /// nobody), and kept. (Under the limiter's lock.)
     fileprivate func name() -> UInt32 {
         if case .user(let uid) = whose { return uid }
-        if case .refused(let uid) = whose { return uid }
         let uid = ask?() ?? UInt32.max
         whose = .user(uid)
         ask = nil
