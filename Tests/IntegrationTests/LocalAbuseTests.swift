@@ -205,7 +205,7 @@ extension RobustnessTests {
     }
 
     @Test(
-        "the gateway holds 127.0.0.1 and ::1 (no other user can join its listening sockets); a port another user holds is not advertised, named with its user, retried; localhost refused while ::1 is theirs"
+        "the gateway holds 127.0.0.1 and ::1 (no other user can join its listening sockets); a port another user holds is not advertised, named with its user, retried; localhost refused while ::1 is theirs; a second agent of the same user does not share the port"
     )
     func gatewayAddressIsTheAgents() async throws {
         try await withResources {
@@ -281,6 +281,36 @@ extension RobustnessTests {
                     "LMX_GATEWAY_URL='http://127.0.0.1:\(port4)/v1'")
             }
             #expect(envAfter)
+            await third.finish()
+
+            // 4. A second agent of the same user on the same port does not join the first's
+            // listening sockets (the kernel would hand each a share of the connections): it says
+            // the port is its own user's, advertises nothing, and takes the port once the first
+            // has gone.
+            let shared = freePort()
+            let first = try await AgentProcess.start(
+                bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(shared)"])
+            let firstServed = await first.process.waitFor(timeout: 10) { _ in
+                (try? first.status().gateway?.openAIBaseURL) == "http://127.0.0.1:\(shared)/v1"
+            }
+            #expect(firstServed)
+            let twin = try await AgentProcess.start(
+                bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(shared)"])
+            let waiting = await twin.process.waitFor(timeout: 10) { _ in
+                (try? twin.status().gateway?.problem)?.contains(
+                    "127.0.0.1:\(shared) is held by root (uid 0), the agent's own user (another lmx-agentd?)") == true
+            }
+            #expect(waiting, "\(String(describing: try? twin.status().gateway))")
+            #expect(try twin.status().gateway?.openAIBaseURL == nil)
+            let holders = try await Command.run("/usr/bin/ss", ["-Htlnp", "sport", "=", ":\(shared)"])
+            #expect(holders.stdout.contains("pid=\(first.process.pid),"), "\(holders.stdout)")
+            #expect(!holders.stdout.contains("pid=\(twin.process.pid),"), "\(holders.stdout)")
+            await first.finish()
+            let twinServed = await twin.process.waitFor(timeout: 15) { _ in
+                (try? twin.status().gateway?.openAIBaseURL) == "http://127.0.0.1:\(shared)/v1"
+            }
+            #expect(twinServed)
+            await twin.finish()
         }
     }
 }

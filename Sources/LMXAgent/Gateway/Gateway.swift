@@ -184,7 +184,10 @@ public final class Gateway: Sendable {
                 let holder =
                     (error as? IOError)?.errnoCode == EADDRINUSE
                     ? ListeningSockets.owner(port: address.port, ipv6: family == .v6).map {
+                        // The agent's own user: most likely a second agent (or an earlier one
+                        // still running) on the same port.
                         "held by \(Users.describe($0))"
+                            + ($0 == Users.effective ? ", the agent's own user (another lmx-agentd?)" : "")
                     } ?? "in use"
                     : "cannot be bound: \(error)"
                 let why = "\(address.description) is \(holder); retrying"

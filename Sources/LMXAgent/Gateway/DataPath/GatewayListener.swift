@@ -1,3 +1,4 @@
+import LMXSystem
 import Logging
 import NIOCore
 import NIOPosix
@@ -39,8 +40,13 @@ struct GatewayListener: Service {
                 // third more CPU (the hand-over and, at its close, the bookkeeping go back across),
                 // 128 µs where 87 on one loop, for one-request connections from 8 clients. Only
                 // sockets of the same user can share a port this way: the kernel refuses others
-                // (EADDRINUSE, as before).
+                // (EADDRINUSE, as before). A socket of the same user would join them silently (a
+                // second agent on the same port, each served a share of the connections): the
+                // port is first claimed by a socket that shares it with nobody.
                 let loops = Array(group.makeIterator())
+                if loops.count > 1, port != 0, let refusal = PortClaim.refusal(host: host, port: port) {
+                    throw IOError(errnoCode: refusal, reason: "bind(\(host):\(port))")
+                }
                 var boundPort = port
                 for loop in loops {
                     let bound = try await listen(
