@@ -33,7 +33,8 @@ public enum ListeningSockets {
 /// says whether anyone holds the port, of whichever user.
 public enum PortClaim {
     /// nil when `port` on the numeric address `host` can be bound by a socket that shares it
-    /// with nobody; else the `errno` of the refusal (`EADDRINUSE`: someone listens there).
+    /// with nobody (or `host` is not a numeric address: nothing is claimed); else the `errno` of
+    /// the refusal (`EADDRINUSE`: someone listens there).
     public static func refusal(host: String, port: Int) -> Int32? {
         var v4 = sockaddr_in()
         var v6 = sockaddr_in6()
@@ -47,7 +48,7 @@ public enum PortClaim {
             v6.sin6_family = sa_family_t(AF_INET6)
             v6.sin6_port = in_port_t(UInt16(truncatingIfNeeded: port)).bigEndian
         } else {
-            return EINVAL
+            return nil
         }
         let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return errno }
