@@ -36,38 +36,13 @@ public enum PortClaim {
     /// with nobody (or `host` is not a numeric address: nothing is claimed); else the `errno` of
     /// the refusal (`EADDRINUSE`: someone listens there).
     public static func refusal(host: String, port: Int) -> Int32? {
-        var v4 = sockaddr_in()
-        var v6 = sockaddr_in6()
-        let family: Int32
-        if inet_pton(AF_INET, host, &v4.sin_addr) == 1 {
-            family = AF_INET
-            v4.sin_family = sa_family_t(AF_INET)
-            v4.sin_port = in_port_t(UInt16(truncatingIfNeeded: port)).bigEndian
-        } else if inet_pton(AF_INET6, host, &v6.sin6_addr) == 1 {
-            family = AF_INET6
-            v6.sin6_family = sa_family_t(AF_INET6)
-            v6.sin6_port = in_port_t(UInt16(truncatingIfNeeded: port)).bigEndian
-        } else {
-            return nil
-        }
-        let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard let address = IPSocketAddress(host, port: UInt16(truncatingIfNeeded: port)) else { return nil }
+        let fd = socket(address.family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return errno }
         defer { close(fd) }
         // Connections of an earlier run waiting out TIME_WAIT on the port do not hold it.
         var one: Int32 = 1
         _ = setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        let bound =
-            family == AF_INET
-            ? withUnsafePointer(to: &v4) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-                }
-            }
-            : withUnsafePointer(to: &v6) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size))
-                }
-            }
-        return bound == 0 ? nil : errno
+        return address.withSockAddr { bind(fd, $0, $1) } == 0 ? nil : errno
     }
 }

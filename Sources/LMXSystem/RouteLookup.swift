@@ -71,43 +71,13 @@ public enum RouteLookup {
     /// The path a connection to `host` (an IPv4 or IPv6 literal, `%zone` allowed) would take now.
     /// - Returns: `nil` with the kernel's reason when there is no route at all.
     public static func path(to host: String, in interfaces: Interfaces) -> Result<LocalPath, SystemError> {
-        var storage = sockaddr_storage()
-        let length: socklen_t
-        var literal = host
-        var zone: UInt32 = 0
-        if let percent = host.firstIndex(of: "%") {
-            literal = String(host[..<percent])
-            zone = if_nametoindex(String(host[host.index(after: percent)...]))
+        guard let address = IPSocketAddress(host, port: 9) else {
+            return .failure(SystemError("not an address: \(host)", code: EINVAL))
         }
-        let family: Int32
-        if literal.contains(":") {
-            var a = sockaddr_in6()
-            a.sin6_family = sa_family_t(AF_INET6)
-            a.sin6_port = in_port_t(9).bigEndian
-            a.sin6_scope_id = zone
-            guard inet_pton(AF_INET6, literal, &a.sin6_addr) == 1 else {
-                return .failure(SystemError("not an address: \(host)", code: EINVAL))
-            }
-            withUnsafeMutableBytes(of: &storage) { raw in withUnsafeBytes(of: a) { raw.copyMemory(from: $0) } }
-            length = socklen_t(MemoryLayout<sockaddr_in6>.size)
-            family = AF_INET6
-        } else {
-            var a = sockaddr_in()
-            a.sin_family = sa_family_t(AF_INET)
-            a.sin_port = in_port_t(9).bigEndian
-            guard inet_pton(AF_INET, literal, &a.sin_addr) == 1 else {
-                return .failure(SystemError("not an address: \(host)", code: EINVAL))
-            }
-            withUnsafeMutableBytes(of: &storage) { raw in withUnsafeBytes(of: a) { raw.copyMemory(from: $0) } }
-            length = socklen_t(MemoryLayout<sockaddr_in>.size)
-            family = AF_INET
-        }
-        let fd = socket(family, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        let fd = socket(address.family, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return .failure(SystemError("socket")) }
         defer { close(fd) }
-        let connected = withUnsafePointer(to: &storage) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, length) }
-        }
+        let connected = address.withSockAddr { connect(fd, $0, $1) }
         guard connected == 0 else { return .failure(SystemError("no route to \(host)")) }
         var local = sockaddr_storage()
         var localLength = socklen_t(MemoryLayout<sockaddr_storage>.size)
@@ -117,8 +87,7 @@ public enum RouteLookup {
         guard named == 0,
             let source = withUnsafePointer(
                 to: &local, { $0.withMemoryRebound(to: sockaddr.self, capacity: 1, rawAddress) }),
-            let destination = withUnsafePointer(
-                to: &storage, { $0.withMemoryRebound(to: sockaddr.self, capacity: 1, rawAddress) })
+            let destination = address.withSockAddr({ pointer, _ in rawAddress(pointer) })
         else { return .failure(SystemError("no source address for \(host)")) }
         let sourceText = text(source)
         guard let entry = interfaces.entries.first(where: { $0.address == source }) else {

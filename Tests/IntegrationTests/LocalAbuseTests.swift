@@ -204,6 +204,17 @@ extension RobustnessTests {
         return listener
     }
 
+    /// An agent with its gateway on 127.0.0.1:`port`, and whether it came to serve and advertise
+    /// it there within 10 s.
+    private func agentServing(_ port: Int) async throws -> (agent: AgentProcess, served: Bool) {
+        let agent = try await AgentProcess.start(
+            bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(port)"])
+        let served = await agent.process.waitFor(timeout: 10) { _ in
+            (try? agent.status().gateway?.openAIBaseURL) == "http://127.0.0.1:\(port)/v1"
+        }
+        return (agent, served)
+    }
+
     @Test(
         "the gateway holds 127.0.0.1 and ::1 (no other user can join its listening sockets); a port another user holds is not advertised, named with its user, retried; localhost refused while ::1 is theirs; a second agent of the same user does not share the port"
     )
@@ -211,11 +222,7 @@ extension RobustnessTests {
         try await withResources {
             // 1. Both families free: both are the agent's, localhost is served.
             let free = freePort()
-            let agent = try await AgentProcess.start(
-                bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(free)"])
-            let served = await agent.process.waitFor(timeout: 10) { _ in
-                (try? agent.status().gateway?.openAIBaseURL) == "http://127.0.0.1:\(free)/v1"
-            }
+            let (agent, served) = try await agentServing(free)
             #expect(served)
             #expect(try await curl(["http://[::1]:\(free)/v1/models"]).status == 503)
             #expect(try await curl(["http://localhost:\(free)/v1/models"]).status == 503)
@@ -288,11 +295,7 @@ extension RobustnessTests {
             // the port is its own user's, advertises nothing, and takes the port once the first
             // has gone.
             let shared = freePort()
-            let first = try await AgentProcess.start(
-                bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(shared)"])
-            let firstServed = await first.process.waitFor(timeout: 10) { _ in
-                (try? first.status().gateway?.openAIBaseURL) == "http://127.0.0.1:\(shared)/v1"
-            }
+            let (first, firstServed) = try await agentServing(shared)
             #expect(firstServed)
             let twin = try await AgentProcess.start(
                 bed, config: config(), arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(shared)"])

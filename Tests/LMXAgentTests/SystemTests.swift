@@ -2,6 +2,8 @@ import Foundation
 import LMXCore
 import LMXProbe
 import LMXSystem
+import NIOCore
+import NIOPosix
 import Testing
 
 @Suite("The system layer and the probe adapter")
@@ -85,42 +87,15 @@ struct SystemTests {
     @Test(
         "the port claim: refused while anyone listens there, even sockets sharing it (SO_REUSEPORT); free once they close; a name claims nothing"
     )
-    func portClaim() throws {
-        for (family, host) in [(AF_INET, "127.0.0.1"), (AF_INET6, "::1")] {
+    func portClaim() async throws {
+        for host in ["127.0.0.1", "::1"] {
             // A listener that shares its port, as the gateway's do.
-            let fd = socket(family, Int32(SOCK_STREAM.rawValue), 0)
-            #expect(fd >= 0)
-            var one: Int32 = 1
-            setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, socklen_t(MemoryLayout<Int32>.size))
-            var port = 0
-            if family == AF_INET {
-                var address = sockaddr_in()
-                address.sin_family = sa_family_t(AF_INET)
-                inet_pton(AF_INET, host, &address.sin_addr)
-                var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-                let bound = withUnsafeMutablePointer(to: &address) {
-                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                        bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
-                    }
-                }
-                #expect(bound)
-                port = Int(UInt16(bigEndian: address.sin_port))
-            } else {
-                var address = sockaddr_in6()
-                address.sin6_family = sa_family_t(AF_INET6)
-                inet_pton(AF_INET6, host, &address.sin6_addr)
-                var length = socklen_t(MemoryLayout<sockaddr_in6>.size)
-                let bound = withUnsafeMutablePointer(to: &address) {
-                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                        bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
-                    }
-                }
-                #expect(bound)
-                port = Int(UInt16(bigEndian: address.sin6_port))
-            }
-            #expect(listen(fd, 8) == 0)
+            let listener = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                .serverChannelOption(.socketOption(.init(rawValue: SO_REUSEPORT)), value: 1)
+                .bind(host: host, port: 0).get()
+            let port = try #require(listener.localAddress?.port)
             #expect(PortClaim.refusal(host: host, port: port) == EADDRINUSE, "\(host)")
-            close(fd)
+            try await listener.close()
             #expect(PortClaim.refusal(host: host, port: port) == nil, "\(host)")
         }
         #expect(PortClaim.refusal(host: "localhost", port: 1) == nil)
