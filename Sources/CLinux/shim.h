@@ -4,8 +4,9 @@
 /* The kernel structures the agent reads and writes, from the kernel's own UAPI headers
  * (linux-libc-dev) and eventfd, so that no Swift file holds a structure's byte offset:
  * netlink and rtnetlink (network changes), sock_diag / inet_diag (who owns a loopback socket),
- * and the peer credentials of a Unix socket. Nothing to link: structures, constants and a few
- * inline helpers for the function-like macros Swift does not import. */
+ * and the peer credentials of a Unix socket; and glibc's malloc_trim. Nothing to link: structures,
+ * constants, a declaration and a few inline helpers for the function-like macros Swift does not
+ * import. */
 
 #include <stdint.h>
 #include <stddef.h>
@@ -32,5 +33,10 @@ static inline size_t lmx_nlmsg_length(size_t payload) { return NLMSG_LENGTH(payl
 static inline uint32_t lmx_rtnetlink_groups(void) {
     return RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_IFADDR | RTMGRP_IPV6_ROUTE;
 }
+
+/* glibc's malloc_trim (malloc.h, which Swift's Glibc module does not include): gives the pages of
+ * freed heap memory back to the kernel, in every arena (not only the top of the heap); 1 when any
+ * were given back. */
+int malloc_trim(size_t pad);
 
 #endif

@@ -14,6 +14,16 @@ final class AgentProcess: Sendable {
 
     var client: StatusClient { StatusClient(socketPath: socket, timeout: 5) }
 
+    /// A memory figure of the agent's process from /proc/PID/status (`VmRSS`, `RssAnon`…), KiB;
+    /// -1 when it cannot be read.
+    func memoryKiB(_ field: String = "VmRSS") -> Int {
+        guard case let pid = process.pid, pid > 0,
+            let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+            let line = text.split(separator: "\n").first(where: { $0.hasPrefix(field + ":") })
+        else { return -1 }
+        return Int(line.split(separator: " ").dropFirst().first ?? "") ?? -1
+    }
+
     private init(directory: String, process: LiveProcess) {
         self.directory = directory
         self.socket = directory + "/agent.sock"

@@ -1068,7 +1068,7 @@ struct GatewayProxyTests {
                     "http://127.0.0.1:\(gatewayPort)/v1/models",
                 ])
             #expect(other.stdout == "200")
-            let rss = RobustnessTests.rss(agent)
+            let rss = agent.memoryKiB()
             #expect(rss > 0 && rss < 256 * 1024, "RSS \(rss) KiB against the unit's MemoryMax=512M")
             print(
                 "figure: 1,500 slow-body TCP connections from one user: \(summary); lmx-status --url median \(times[5] * 1000) ms; daemon RSS \(rss / 1024) MiB"

@@ -403,6 +403,47 @@ struct GatewayTests {
         }
     }
 
+    @Test("memory a burst of large bodies used is given back to the system once the gateway is quiet")
+    func heapGivenBack() async throws {
+        try await withResources {
+            let port = freePort()
+            let gatewayPort = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "heap-\(port)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [#"{"url": "http://10.254.0.11:\#(port)"}"#]),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            let file = agent.directory + "/body.bin"
+            _ = try await Command.run("/bin/sh", ["-c", "head -c 1000000 /dev/urandom > \"$0\"", file])
+            let url = "http://127.0.0.1:\(gatewayPort)/v1/upload"
+            _ = try await curl(["--data-binary", "@" + file, url])
+            try await Task.sleep(for: .seconds(6))  // past the first look (nothing to give back yet)
+            let before = agent.memoryKiB("RssAnon")
+            // 48 clients at once, four 1 MB bodies each: buffers on both event loops.
+            let load = try await Command.run(
+                "/bin/sh",
+                [
+                    "-c",
+                    "for i in $(seq 48); do (for j in 1 2 3 4; do curl -s -o /dev/null -w '%{http_code}\\n' --data-binary @\"$0\" \"$1\"; done) & done; wait",
+                    file, url,
+                ], timeout: 60)
+            #expect(load.stdout.split(separator: "\n").filter { $0 == "200" }.count == 192)
+            let after = agent.memoryKiB("RssAnon")
+            // Given back within two looks (5 s apart) after the last answer.
+            var settled = after
+            let deadline = ContinuousClock.now + .seconds(15)
+            while ContinuousClock.now < deadline, settled > before + 3 * 1024 {
+                try await Task.sleep(for: .milliseconds(500))
+                settled = agent.memoryKiB("RssAnon")
+            }
+            print(
+                "figure: daemon's anonymous memory \(before) KiB before the burst, \(after) after it, \(settled) once quiet"
+            )
+            #expect(after >= before + 4 * 1024, "the burst did not leave freed memory behind: nothing to show")
+            #expect(settled <= before + 3 * 1024)
+        }
+    }
+
     @Test("request bodies past 1 MiB stream through (byte for byte), and the cap holds with or without Content-Length")
     func streamedUploads() async throws {
         try await withResources {

@@ -99,7 +99,7 @@ struct HostileUpstreamTests {
                     "\(TestBed.binDir)/lmx-status", ["--socket", agent.socket], environment: ["LMX_SOCKET": ""],
                     timeout: 10)
                 let answers = statusCommand.status == 0 || statusCommand.status == 1
-                let rss = RobustnessTests.rss(agent)
+                let rss = agent.memoryKiB()
                 peakRSS = max(peakRSS, rss)
                 #expect(alive, "lmx-agentd died after \(mode): \(agent.process.stderr.suffix(2000))")
                 #expect(answers, "lmx-status did not answer after \(mode): \(statusCommand.stderr)")

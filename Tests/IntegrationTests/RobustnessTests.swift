@@ -286,7 +286,7 @@ struct RobustnessTests {
                         endpoints: [wanEndpoint("https://127.0.0.1:\(wanPort)")], extraCA: caFile,
                         extra: #", "wan_standby_interval": 5"#, trust: "lan"))
                 #expect(await agent.waitForActive(timeout: 10) { $0?.baseURL == server.baseURL } != nil)
-                let rssBefore = Self.rss(agent)
+                let rssBefore = agent.memoryKiB()
                 var junk = 0
                 let started = ContinuousClock.now
                 while junk < 990, (ContinuousClock.now - started).seconds < 90 {
@@ -311,7 +311,7 @@ struct RobustnessTests {
                 let failover = await agent.waitForActive(timeout: 10) { $0?.via == .wan }
                 #expect(failover != nil)
                 #expect((failover ?? 99) <= 1.5, "failover took \(failover ?? -1) s")
-                let rssAfter = Self.rss(agent)
+                let rssAfter = agent.memoryKiB()
                 print(
                     "figure: flood of 1,000: WAN probed \(after - before) times in 16 s, failover \(failover ?? -1) s, RSS \(rssBefore) → \(rssAfter) KiB"
                 )
@@ -323,15 +323,6 @@ struct RobustnessTests {
                 throw error
             }
         }
-    }
-
-    /// Resident memory of the agent, KiB.
-    static func rss(_ agent: AgentProcess) -> Int {
-        guard case let pid = agent.process.pid, pid > 0,
-            let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
-            let line = text.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") })
-        else { return -1 }
-        return Int(line.split(separator: " ").dropFirst().first ?? "") ?? -1
     }
 
     @Test("a pairing stops being used the moment it expires, not at the next restart")

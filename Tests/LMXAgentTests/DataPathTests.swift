@@ -391,3 +391,14 @@ struct DataPathTests {
         #expect(lost.contains("\"upstream_lost\"") && lost.contains("lan/10.0.0.5:1234") && lost.hasSuffix("\n\n"))
     }
 }
+
+@Suite("Heap return: when the daemon gives freed memory back")
+struct HeapReturnScheduleTests {
+    @Test("once after answers stop coming, not while they come, not again until more come")
+    func schedule() {
+        var schedule = HeapReturnSchedule()
+        let looks = [0, 0, 3, 5, 5, 5, 7, 7, 9, 12, 12, 12]
+        let due = looks.map { schedule.due(answers: $0) }
+        #expect(due == [false, false, false, false, true, false, false, true, false, false, true, false])
+    }
+}

@@ -84,6 +84,58 @@ struct SystemTests {
         #expect(thread.wait(for: [box.value.descriptor], milliseconds: -1) == .stopped)
     }
 
+    @Test("heap memory: a /proc status field read as a number or nothing; free pages given back; this process's figure")
+    func heapMemory() {
+        let status = Array("Name:\tlmx-agentd\nVmRSS:\t   23912 kB\nRssAnon:\t    5724 kB\nRssFile: x\n".utf8)
+        #expect(HeapMemory.statusField("RssAnon", in: status) == 5724)
+        #expect(HeapMemory.statusField("VmRSS", in: status) == 23912)
+        #expect(HeapMemory.statusField("Rss", in: status) == nil)  // a name is matched whole
+        #expect(HeapMemory.statusField("RssFile", in: status) == nil)
+        #expect(HeapMemory.statusField("RssShmem", in: status) == nil)
+        #expect(HeapMemory.statusField("RssAnon", in: Array("RssAnon:\t99999999999999999999 kB".utf8)) == nil)
+        #expect(HeapMemory.statusField("RssAnon", in: []) == nil)
+        // Freed memory given back: the pages of freed blocks (whole pages inside them, which the
+        // allocator keeps resident as free chunks) are no longer resident afterwards. Asked of
+        // those pages (mincore), not of the process's total, which tests running beside this one
+        // change.
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        // Each block followed by one kept in use, so that a freed block is a free chunk between
+        // used ones (as a burst's buffers end up), which `free` alone does not give back.
+        var blocks: [UnsafeMutableRawPointer] = []
+        var kept: [UnsafeMutableRawPointer] = []
+        kept.reserveCapacity(64)
+        for _ in 0..<64 {
+            let block = UnsafeMutableRawPointer.allocate(byteCount: 64 * 1024, alignment: 16)
+            block.initializeMemory(as: UInt8.self, repeating: 1, count: 64 * 1024)
+            blocks.append(block)
+            kept.append(UnsafeMutableRawPointer.allocate(byteCount: 40 * 1024, alignment: 16))
+        }
+        defer { for block in kept { block.deallocate() } }
+        func residentPages() -> (resident: Int, total: Int) {
+            var resident = 0
+            var total = 0
+            for block in blocks {
+                // The whole pages inside the block, past the allocator's own header.
+                let first = (Int(bitPattern: block) + page - 1) / page * page + page
+                let end = (Int(bitPattern: block) + 64 * 1024) / page * page - page
+                guard end > first, let start = UnsafeMutableRawPointer(bitPattern: first) else { continue }
+                var vector = [UInt8](repeating: 0, count: (end - first) / page)
+                guard mincore(start, end - first, &vector) == 0 else { continue }
+                resident += vector.filter { $0 & 1 == 1 }.count
+                total += vector.count
+            }
+            return (resident, total)
+        }
+        #expect(residentPages().resident == residentPages().total)
+        for block in blocks { block.deallocate() }
+        let freed = residentPages()
+        HeapMemory.returnFreePages()
+        let given = residentPages()
+        #expect(freed.total > 0 && freed.resident > freed.total / 2, "freed blocks still resident before")
+        #expect(given.resident < given.total / 4, "\(given.resident) of \(given.total) pages still resident")
+        #expect(HeapMemory.anonymousResidentKiB().map { $0 > 0 } == true)
+    }
+
     @Test(
         "the port claim: refused while anyone listens there, even sockets sharing it (SO_REUSEPORT); free once they close; a name claims nothing"
     )

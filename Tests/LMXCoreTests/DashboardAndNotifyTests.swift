@@ -82,6 +82,7 @@ struct TrafficStatsTests {
         let report = stats.report(iso: { "\($0)" })
         let lan = report.first { $0.model == "m" && $0.via == .lan }
         #expect(lan?.requests == 11 && lan?.errors == 1 && lan?.streams == 1)
+        #expect(stats.recorded == 13)  // every answer and stream end, whichever key
         // The latest 8 first-byte figures: 3…9 ms and the stream's 20 ms.
         #expect(lan?.firstByteP50MS == 6 && lan?.firstByteP95MS == 20)
         #expect(lan?.eventsPerSecondP50 == 20)

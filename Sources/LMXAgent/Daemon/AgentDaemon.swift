@@ -113,6 +113,8 @@ public struct AgentDaemon {
                 configuration, agent: agent, socket: paths.socket, logger: logger)
             gateway = service
             services += entries
+            services.append(
+                .init(service: HeapReturn(traffic: agent.traffic, logger: logger), serviceName: "heap-return"))
         }
         services.append(
             .init(

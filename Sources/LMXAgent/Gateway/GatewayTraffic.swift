@@ -75,6 +75,9 @@ public final class GatewayTraffic: Sendable {
         if events >= 2, seconds > 0 { series.tokensPerSecond?.record(seconds: Double(events - 1) / seconds) }
     }
 
+    /// Answers and ends of streams counted so far (``TrafficStats/recorded``).
+    var recorded: Int { stats.withLock { $0.recorded } }
+
     public func report() -> StatusAPI.Traffic {
         let models = stats.withLock { $0.report(iso: Timestamp.iso8601) }
         return StatusAPI.Traffic(since: Timestamp.iso8601(started), models: models)

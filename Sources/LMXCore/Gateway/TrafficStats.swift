@@ -64,6 +64,9 @@ public struct TrafficStats: Sendable {
     let maxKeys: Int
     let samples: Int
     private var entries: [Key: Entry] = [:]
+    /// Answers and ends of streams counted since the table was made (whichever key): changes
+    /// whenever the gateway has answered anything (the daemon's ``HeapReturn`` watches it).
+    public private(set) var recorded = 0
 
     public init(maxKeys: Int = 64, samples: Int = 256) {
         self.maxKeys = max(maxKeys, 1)
@@ -97,6 +100,7 @@ public struct TrafficStats: Sendable {
     public mutating func answered(key: Key, status: Int, firstByte: Double?, answered: Bool = true, now: Double) -> Key
     {
         let samples = samples
+        recorded &+= 1
         return update(key: key) { entry in
             entry.requests &+= 1
             if status >= 500 || status == 429 || !answered { entry.errors &+= 1 }
@@ -135,6 +139,7 @@ public struct TrafficStats: Sendable {
     @discardableResult
     public mutating func streamed(key: Key, firstEvent: Double?, events: Int, seconds: Double, now: Double) -> Key {
         let samples = samples
+        recorded &+= 1
         return update(key: key) { entry in
             entry.streams &+= 1
             if let firstEvent { entry.firstByte.add(firstEvent * 1000, keeping: samples) }

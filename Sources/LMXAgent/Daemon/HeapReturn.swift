@@ -1,0 +1,68 @@
+import LMXSystem
+import Logging
+import ServiceLifecycle
+
+/// Gives the memory a burst of gateway traffic used back to the system once the traffic stops.
+/// Large request bodies and many connections at once leave freed buffers in the allocator's
+/// arenas, and glibc returns only what lies at the top of a heap: measured after 64 clients
+/// sending 64 KB to 4 MB bodies, the daemon stayed at 12.8 MiB of anonymous memory (4.3 before)
+/// until it exited; `malloc_trim` brought it to 5.7 within a millisecond.
+///
+/// Every `interval` it looks at the gateway's count of answers (``GatewayTraffic/recorded``);
+/// once answers have been counted and then a whole interval passes without one, it gives the
+/// free pages back (``HeapMemory/returnFreePages()``), once. Nothing is done while answers keep
+/// coming (what was freed is about to be used again) or while the gateway is unused; nothing is
+/// added to a request's path.
+struct HeapReturn: Service {
+    let traffic: GatewayTraffic
+    let interval: Duration
+    let logger: Logger
+
+    init(traffic: GatewayTraffic, interval: Duration = .seconds(5), logger: Logger) {
+        self.traffic = traffic
+        self.interval = interval
+        self.logger = logger
+    }
+
+    func run() async throws {
+        var schedule = HeapReturnSchedule()
+        while !Task.isShuttingDownGracefully, !Task.isCancelled {
+            try? await cancelWhenGracefulShutdown { try await Task.sleep(for: interval) }
+            guard !Task.isShuttingDownGracefully, !Task.isCancelled else { return }
+            guard schedule.due(answers: traffic.recorded) else { continue }
+            let before = HeapMemory.anonymousResidentKiB()
+            let clock = ContinuousClock()
+            let start = clock.now
+            HeapMemory.returnFreePages()
+            let took = clock.now - start
+            logger.debug(
+                "gateway quiet: free heap memory given back to the system",
+                metadata: [
+                    "anonymous_kib_before": "\(before.map(String.init) ?? "-")",
+                    "anonymous_kib_after": "\(HeapMemory.anonymousResidentKiB().map(String.init) ?? "-")",
+                    "took": "\(took)",
+                ])
+        }
+    }
+}
+
+/// When ``HeapReturn`` gives memory back: the first look after answers were counted that finds no
+/// new one.
+struct HeapReturnSchedule: Sendable {
+    private var seen = 0
+    private var pending = false
+
+    init() {}
+
+    /// `answers`: the count now. True when the gateway has answered since the last return and
+    /// not since the last look.
+    mutating func due(answers: Int) -> Bool {
+        if answers != seen {
+            seen = answers
+            pending = true
+            return false
+        }
+        defer { pending = false }
+        return pending
+    }
+}
