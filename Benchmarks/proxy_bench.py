@@ -174,6 +174,10 @@ COMPLETION = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion", "c
 BODIES = [("1 KB", 1024), ("64 KB", 64 * 1024), ("512 KB", 512 * 1024), ("4 MB", 4 * 1024 * 1024)]
 # BENCH_QUICK=1: GET and 1 KB bodies only, no streams (while working on the data path).
 QUICK = os.environ.get("BENCH_QUICK") == "1"
+# BENCH_HEAP_ONLY=1: the gateway alone with the request bodies at 1, 8 and 64 clients, its RSS after
+# each size's runs and after QUIET_SECONDS of nothing (about a minute).
+HEAP_ONLY = os.environ.get("BENCH_HEAP_ONLY") == "1"
+QUIET_SECONDS = 12
 if QUICK:
     BODIES = BODIES[:1]
 
@@ -440,14 +444,31 @@ def request_tables(results):
                 g["p50"] - d["p50"], n["cpu_us_per_request"], g["cpu_us_per_request"],
                 n["cpu_us_per_request"] / (size / 1e6), g["cpu_us_per_request"] / (size / 1e6)))
     rows.append("")
-    rows.append("Memory after the runs: the gateway's RSS %.1f MiB; nginx's master and workers, PSS summed, %.1f MiB." % (
-        results["gateway_rss_mib"], results["nginx_pss_mib"]))
+    rows.append("Memory after the runs: the gateway's RSS %.1f MiB (%.1f MiB after %d s of nothing: the daemon gives back "
+                "what the traffic freed once it is quiet); nginx's master and workers, PSS summed, %.1f MiB." % (
+                    results["gateway_rss_mib"], results["gateway_rss_quiet_mib"], QUIET_SECONDS, results["nginx_pss_mib"]))
     rows.append("")
     rows.append("The gateway's RSS right after each kind's runs (the last at %d clients): GET %.1f MiB; %s." % (
         CLIENTS[-1], results["rss_get"], "; ".join("%s bodies %.1f MiB" % (label, results["rss_post_%d" % size])
                                                   for label, size in BODIES)))
     rows.append("")
     return rows
+
+
+def heap_only(directory, pid):
+    """The gateway's memory through the body rows (BENCH_HEAP_ONLY=1): RSS and anonymous memory."""
+    def figures():
+        memory = lmxtools.memory_kib(pid)
+        return "RSS %.1f MiB (anonymous %.1f)" % (memory["rss"] / 1024, memory["anon"] / 1024)
+    lines = ["The gateway's memory: at the start %s" % figures()]
+    for label, size in BODIES[1:]:
+        script = post_script(directory, size)
+        for c in CLIENTS:
+            wrk("http://127.0.0.1:%d/v1/chat/completions" % GATEWAY, c, script=script)
+        lines.append("after the %s bodies at %s clients %s" % (label, "/".join(map(str, CLIENTS)), figures()))
+    time.sleep(QUIET_SECONDS)
+    lines.append("%d s later %s" % (QUIET_SECONDS, figures()))
+    print("; ".join(lines) + ".")
 
 
 def print_quick(results):
@@ -486,6 +507,8 @@ def main():
             print("\n".join(["| streams at once | direct | nginx | gateway |", "|---|---|---|---|"]
                             + burst_rows(results, 0) + ["", burst_rounds_line(results)]))
             return
+        if HEAP_ONLY:
+            return heap_only(directory, gateway_pid)
         peers = (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY))
         for c in CLIENTS:
             results.update(in_rounds([("%s_%d" % (name, c), lambda port=port, name=name, c=c: wrk(
@@ -506,6 +529,9 @@ def main():
             # The daemon's RSS right after the runs of this body size (the last at 64 clients).
             results["rss_post_%d" % size] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
         results["gateway_rss_mib"] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
+        # The daemon looks every 5 s and gives freed memory back at the first look with no new answer.
+        time.sleep(QUIET_SECONDS)
+        results["gateway_rss_quiet_mib"] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
         # nginx is several processes sharing pages: the sum of their proportional shares.
         results["nginx_pss_mib"] = sum(lmxtools.memory_kib(p)["pss"] for p in [proxy.pid] + workers) / 1024
         if QUICK:
