@@ -126,7 +126,8 @@ struct SystemTests {
             }
             return (resident, total)
         }
-        #expect(residentPages().resident == residentPages().total)
+        let used = residentPages()
+        #expect(used.resident == used.total)
         for block in blocks { block.deallocate() }
         let freed = residentPages()
         HeapMemory.returnFreePages()

@@ -30,6 +30,11 @@ struct HeapReturn: Service {
             try? await cancelWhenGracefulShutdown { try await Task.sleep(for: interval) }
             guard !Task.isShuttingDownGracefully, !Task.isCancelled else { return }
             guard schedule.due(answers: traffic.recorded) else { continue }
+            // The figures are read for the debug line only.
+            guard logger.logLevel <= .debug else {
+                HeapMemory.returnFreePages()
+                continue
+            }
             let before = HeapMemory.anonymousResidentKiB()
             let clock = ContinuousClock()
             let start = clock.now
