@@ -125,6 +125,19 @@ final class AgentProcess: Sendable {
         }
     }
 
+    /// Polls `/v1/status` until `predicate` holds; returns that status, or the last one read when
+    /// `timeout` passes (so the caller's expectations fail on what was actually there).
+    func waitForStatus(timeout: Double, _ predicate: (StatusAPI.Status) -> Bool) async -> StatusAPI.Status? {
+        let deadline = ContinuousClock.now + .milliseconds(Int(timeout * 1000))
+        var last: StatusAPI.Status?
+        while ContinuousClock.now < deadline {
+            last = try? status()
+            if let last, predicate(last) { return last }
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+        return last
+    }
+
     /// Waits until some route satisfies `predicate`.
     func waitForRoute(timeout: Double, _ predicate: (StatusAPI.RouteStatus) -> Bool) async -> StatusAPI.RouteStatus? {
         let deadline = ContinuousClock.now + .milliseconds(Int(timeout * 1000))

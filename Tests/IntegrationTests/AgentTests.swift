@@ -221,7 +221,13 @@ struct AgentTests {
             let agent = try await AgentProcess.start(
                 bed, config: config(endpoints: endpoints), arguments: ["--no-discovery"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.instanceID == "fast-\(fastPort)" } != nil)
-            let candidates = try agent.status().candidates
+            // The fast server can be active before the other routes' first probes are in: wait for
+            // them (both of the fast server's addresses, and a verdict for the not-ready one).
+            let status = await agent.waitForStatus(timeout: 5) { status in
+                status.candidates.contains { $0.instanceID == "nr-\(notReadyPort)" && $0.verdict != nil }
+                    && status.candidates.contains { $0.instanceID == "fast-\(fastPort)" && $0.routes.count == 2 }
+            }
+            let candidates = status?.candidates ?? []
             let fastCandidate = candidates.filter { $0.instanceID == "fast-\(fastPort)" }
             #expect(fastCandidate.count == 1)
             #expect(fastCandidate.first?.routes.count == 2)
