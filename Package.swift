@@ -227,7 +227,7 @@ let package = Package(
         // End to end: the real binaries against real avahi-daemons, namespace hosts and servers.
         .testTarget(
             name: "IntegrationTests",
-            dependencies: ["LMXCore", "LMXStatusClient"] + processLaunching
+            dependencies: ["LMXCore", "LMXStatusClient", "LMXSystem"] + processLaunching
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -1,6 +1,7 @@
 import Foundation
 import LMXCore
 import LMXStatusClient
+import LMXSystem
 import Synchronization
 import Testing
 
@@ -18,10 +19,9 @@ final class AgentProcess: Sendable {
     /// -1 when it cannot be read.
     func memoryKiB(_ field: String = "VmRSS") -> Int {
         guard case let pid = process.pid, pid > 0,
-            let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
-            let line = text.split(separator: "\n").first(where: { $0.hasPrefix(field + ":") })
+            let bytes = try? FileSystem.read("/proc/\(pid)/status", limit: 64 * 1024)
         else { return -1 }
-        return Int(line.split(separator: " ").dropFirst().first ?? "") ?? -1
+        return HeapMemory.statusField(field, in: bytes) ?? -1
     }
 
     private init(directory: String, process: LiveProcess) {
@@ -140,14 +140,10 @@ final class AgentProcess: Sendable {
 
     /// Waits until some route satisfies `predicate`.
     func waitForRoute(timeout: Double, _ predicate: (StatusAPI.RouteStatus) -> Bool) async -> StatusAPI.RouteStatus? {
-        let deadline = ContinuousClock.now + .milliseconds(Int(timeout * 1000))
-        while ContinuousClock.now < deadline {
-            if let routes = try? status().candidates.flatMap(\.routes), let route = routes.first(where: predicate) {
-                return route
-            }
-            try? await Task.sleep(for: .milliseconds(50))
+        let status = await waitForStatus(timeout: timeout) { status in
+            status.candidates.contains { $0.routes.contains(where: predicate) }
         }
-        return nil
+        return status?.candidates.flatMap(\.routes).first(where: predicate)
     }
 
     func stop() async {
