@@ -290,7 +290,7 @@ struct ClientCodecTests {
                 client: head.headers, credentials: credentials, path: path, userAgent: "lmx-agent/test"
             ).map { "\($0.name): \($0.value)\r\n" }.joined()
             let rule = GatewayPolicy.UpstreamHeaderRule(
-                connectionListed: GatewayPolicy.connectionListed(head.all("connection")),
+                connectionListed: GatewayPolicy.connectionListed(head.all("connection")) ?? [],
                 credentials: credentials, path: path)
             let lines = HeadLines.make(ByteBufferAllocator(), estimate: 16) {
                 $0.clientHeaders(head, keeping: rule, userAgent: "lmx-agent/test")

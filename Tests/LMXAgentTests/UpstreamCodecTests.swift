@@ -356,7 +356,7 @@ struct UpstreamCodecTests {
                     var listed: [String] = []
                     for (name, value) in headers + [("Content-Length", "0")] {
                         expected.read(name: name, value: value)
-                        GatewayPolicy.addConnectionListed(name: name, value: value, to: &listed)
+                        _ = GatewayPolicy.addConnectionListed(name: name, value: value, to: &listed)
                     }
                     #expect(head.read.keepAlive == expected, "\(headers)")
                     #expect(head.read.keepAlive.seconds == expected.seconds, "\(headers)")

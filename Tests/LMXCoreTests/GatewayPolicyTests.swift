@@ -234,11 +234,11 @@ struct GatewayPolicyTests {
             ("Set-Cookie", "s=1"), ("set-cookie2", "t=2"), ("X-Content-Type-Options", "upstream"),
             ("Content-Type", "text/html"),
         ])
-        #expect(down.map(\.name) == ["Content-Type"])
+        #expect(down?.map(\.name) == ["Content-Type"])
         let hop = GatewayPolicy.downstreamHeaders([
             ("Connection", "X-Hop, keep-alive"), ("X-Hop", "1"), ("X-Request-ID", "r"),
         ])
-        #expect(hop.map(\.name) == ["X-Request-ID"])
+        #expect(hop?.map(\.name) == ["X-Request-ID"])
         #expect(
             GatewayPolicy.securityHeaders.map(\.name) == [
                 "X-Content-Type-Options", "Content-Security-Policy", "Cross-Origin-Resource-Policy",
@@ -366,17 +366,58 @@ struct GatewayPolicyTests {
 
     @Test("Connection lists: the usual keep-alive and close name nothing; other tokens are hop-by-hop")
     func connectionTokens() {
-        #expect(GatewayPolicy.connectionListed([("Connection", "keep-alive")]).isEmpty)
-        #expect(GatewayPolicy.connectionListed([("connection", "Close")]).isEmpty)
+        #expect(GatewayPolicy.connectionListed([("Connection", "keep-alive")]) == [])
+        #expect(GatewayPolicy.connectionListed([("connection", "Close")]) == [])
         #expect(GatewayPolicy.connectionListed([("Connection", "keep-alive, X-Secret")]) == ["keep-alive", "x-secret"])
         let kept = GatewayPolicy.downstreamHeaders([
             ("Connection", "X-Private"), ("X-Private", "1"), ("Content-Type", "application/json"),
             ("Keep-Alive", "t=5"),
         ])
-        #expect(kept.map(\.name) == ["Content-Type"])
+        #expect(kept?.map(\.name) == ["Content-Type"])
         #expect(GatewayPolicy.keepsDownstream("X-Request-Id", connectionListed: []))
         #expect(!GatewayPolicy.keepsDownstream("SET-COOKIE", connectionListed: []))
         #expect(!GatewayPolicy.keepsDownstream("x-private", connectionListed: ["x-private"]))
+    }
+
+    @Test("Connection may list at most maxConnectionListed names, across all its headers: past it a request is refused (400), an answer is not passed on")
+    func connectionListBound() {
+        let limit = GatewayPolicy.maxConnectionListed
+        let names = (0..<limit).map { "x-\($0)" }
+        #expect(GatewayPolicy.connectionListed([("Connection", names.joined(separator: ", "))]) == names)
+        #expect(GatewayPolicy.connectionListed([("Connection", (names + ["one-more"]).joined(separator: ","))]) == nil)
+        // Split over many headers, the names add up.
+        let split = names.map { ("Connection", $0) } + [("connection", "x-last")]
+        #expect(GatewayPolicy.connectionListed(split) == nil)
+        // Empty items (", ,") are no names.
+        #expect(GatewayPolicy.connectionListed([("Connection", String(repeating: ", ", count: 5_000) + "x")]) == ["x"])
+        #expect(GatewayPolicy.downstreamHeaders(split + [("Content-Type", "text/plain")]) == nil)
+        #expect(GatewayPolicy.connectionRefusal(split)?.status == 400)
+        #expect(GatewayPolicy.connectionRefusal([("Connection", "keep-alive, te")]) == nil)
+        #expect(refusal("/v1/models", headers: split) == "too_many_connection_options")
+    }
+
+    @Test("thousands of Connection names cost no more than the bound: the work is linear in the head")
+    func connectionListLinear() {
+        // 60 KiB of names in one header and in 2,000 headers: refused after at most the bound.
+        let many = (0..<8_000).map { "n\($0)" }.joined(separator: ",")
+        let headers = (0..<2_000).map { ("Connection", "a\($0), b\($0), c\($0)") } + [("Connection", many)]
+        #expect(GatewayPolicy.connectionListed(headers) == nil)
+        #expect(GatewayPolicy.connectionRefusal(headers)?.code == "too_many_connection_options")
+    }
+
+    @Test("TRACE, TRACK and CONNECT are refused with 405 in any case, before anything else is looked at")
+    func refusedMethods() {
+        for method in ["TRACE", "trace", "TRACK", "CONNECT"] {
+            #expect(refusal("/v1/models", method: method) == "method_not_allowed", "\(method)")
+            #expect(refusal("/v1/models", method: method, tcp: false) == "method_not_allowed", "\(method)")
+            let refused = GatewayPolicy.refusal(
+                method: method, path: "/v1/models", authority: "127.0.0.1", headers: [], adminEnabled: true,
+                overTCP: true)
+            #expect(refused?.status == 405)
+        }
+        for method in ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"] {
+            #expect(refusal("/v1/models", method: method) == nil, "\(method)")
+        }
     }
 
     @Test("the data path's reading of header names as bytes keeps exactly the headers the rules keep")

@@ -21,6 +21,13 @@ extension Gateway {
         traffic: TrafficTap? = nil,
         lost: @escaping @Sendable (String) async -> Void = { _ in }
     ) -> Response {
+        guard GatewayPolicy.connectionListed(upstream.headers.map { (name: $0.name, value: $0.value) }) != nil else {
+            return error(
+                502, code: "bad_upstream_answer",
+                message:
+                    "the Opta LMX server's answer lists more than \(GatewayPolicy.maxConnectionListed) names in its Connection header; it is not passed on"
+            )
+        }
         var headers = secured(fields(upstream.headers))
         if let via = HTTPFields.Element.Name("X-LMX-Via") { headers[via] = target.via.rawValue }
         let length = upstream.headers.first(name: "content-length").flatMap(OutsideInput.contentLength)
@@ -114,10 +121,11 @@ extension Gateway {
         return Array("event: error\ndata: ".utf8) + json + Array("\n\n".utf8)
     }
 
-    /// The upstream's headers the client may see.
+    /// The upstream's headers the client may see (none when its `Connection` lists too many
+    /// names: ``GatewayPolicy/downstreamHeaders(_:)``; the data path refuses such an answer with 502).
     static func fields(_ headers: HTTPHeaders) -> HTTPFields {
         var fields = HTTPFields()
-        for (name, value) in GatewayPolicy.downstreamHeaders(headers.map { (name: $0.name, value: $0.value) }) {
+        for (name, value) in GatewayPolicy.downstreamHeaders(headers.map { (name: $0.name, value: $0.value) }) ?? [] {
             if let field = HTTPFields.Element.Name(name) { fields[values: field].append(value) }
         }
         return fields

@@ -37,11 +37,28 @@ public enum GatewayPolicy {
         method: String, path: String, authority: String?, headers: [(name: String, value: String)], adminEnabled: Bool,
         overTCP: Bool, localhostIsOurs: Bool = true
     ) -> Refusal? {
-        refusal(
+        if let refusal = connectionRefusal(headers) { return refusal }
+        return refusal(
             method: method, path: path, authority: authority,
             header: { name in headers.first { $0.name.equalsASCIILowercased(name) }?.value },
             adminEnabled: adminEnabled, overTCP: overTCP, localhostIsOurs: localhostIsOurs)
     }
+
+    /// A request whose `Connection` headers list more than ``maxConnectionListed`` names is
+    /// refused: each name listed is compared with every header the request carries, and no
+    /// client needs more than a few (`keep-alive`, `close`, `te`).
+    public static func connectionRefusal(_ headers: [(name: String, value: String)]) -> Refusal? {
+        guard connectionListed(headers) == nil else { return nil }
+        return Refusal(
+            status: 400, code: "too_many_connection_options",
+            message:
+                "the request's Connection header lists more than \(maxConnectionListed) names; send at most \(maxConnectionListed) (clients normally send only keep-alive or close)"
+        )
+    }
+
+    /// Methods the gateway never forwards: `TRACE` (and `TRACK`) would echo the request as the
+    /// server received it, the route's keys included; `CONNECT` asks for a tunnel.
+    public static let refusedMethods: Set<String> = ["TRACE", "TRACK", "CONNECT"]
 
     /// ``refusal(method:path:authority:headers:adminEnabled:overTCP:localhostIsOurs:)`` with the
     /// headers read through `header` (the first value of a lower-case name, ignoring case).
@@ -49,6 +66,13 @@ public enum GatewayPolicy {
         method: String, path: String, authority: String?, header: (String) -> String?, adminEnabled: Bool,
         overTCP: Bool, localhostIsOurs: Bool = true
     ) -> Refusal? {
+        if refusedMethods.contains(method.uppercased()) {
+            return Refusal(
+                status: 405, code: "method_not_allowed",
+                message:
+                    "the gateway does not forward \(method.uppercased()) requests (they would echo the route's keys or open a tunnel); use GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS"
+            )
+        }
         // A web page must not use the gateway (and the keys it adds) through DNS rebinding or a
         // cross-site form: the Host must name loopback, and an Origin, if any, must be local.
         if overTCP {
@@ -204,7 +228,9 @@ public enum GatewayPolicy {
     public static func upstreamHeaders(
         client: [(name: String, value: String)], credentials: Credentials, path: String, userAgent: String
     ) -> [(name: String, value: String)] {
-        let rule = UpstreamHeaderRule(connectionListed: connectionListed(client), credentials: credentials, path: path)
+        // (A request listing too many is refused before it comes here: connectionRefusal(_:).)
+        let rule = UpstreamHeaderRule(
+            connectionListed: connectionListed(client) ?? [], credentials: credentials, path: path)
         var out: [(name: String, value: String)] = []
         out.reserveCapacity(client.count + rule.routeHeaders.count + 1)
         var hasUserAgent = false
@@ -277,9 +303,11 @@ public enum GatewayPolicy {
     /// The headers sent back to the client: the server's, minus hop-by-hop ones and cookies
     /// (cookies are not scoped by port: they would reach every local app), and minus whatever
     /// the gateway sets itself (`securityHeaders`).
-    public static func downstreamHeaders(_ upstream: [(name: String, value: String)]) -> [(name: String, value: String)]
+    /// Nil when the answer's `Connection` lists more than ``maxConnectionListed`` names (the
+    /// gateway answers 502: no server needs that many).
+    public static func downstreamHeaders(_ upstream: [(name: String, value: String)]) -> [(name: String, value: String)]?
     {
-        let connectionListed = connectionListed(upstream)
+        guard let connectionListed = connectionListed(upstream) else { return nil }
         return upstream.filter { keepsDownstream($0.name, connectionListed: connectionListed) }
     }
 
@@ -331,23 +359,37 @@ public enum GatewayPolicy {
         return true
     }
 
+    /// The most names a message's `Connection` headers may list, all together. Each name listed
+    /// is compared with every header of the message: bounded, the work stays linear in the
+    /// head's size (unbounded, a 60 KiB head of thousands of names cost seconds of CPU).
+    public static let maxConnectionListed = 32
+
     /// The header names a message's `Connection` lists, lower case: they belong to its hop
-    /// (RFC 9110 §7.6.1). At most 64 per header.
-    public static func connectionListed(_ headers: [(name: String, value: String)]) -> [String] {
+    /// (RFC 9110 §7.6.1). Nil when they are more than ``maxConnectionListed`` (a client's request
+    /// is refused with 400, a server's answer with 502).
+    public static func connectionListed(_ headers: [(name: String, value: String)]) -> [String]? {
         var listed: [String] = []
-        for header in headers { addConnectionListed(name: header.name, value: header.value, to: &listed) }
+        for header in headers {
+            guard addConnectionListed(name: header.name, value: header.value, to: &listed) else { return nil }
+        }
         return listed
     }
 
     /// What one header adds to ``connectionListed(_:)``: its tokens if it is a `Connection`.
-    public static func addConnectionListed(name: String, value: String, to listed: inout [String]) {
+    /// False (and nothing past the bound added) when `listed` would hold more than
+    /// ``maxConnectionListed`` names; the value is read only up to that point.
+    public static func addConnectionListed(name: String, value: String, to listed: inout [String]) -> Bool {
         guard name.equalsASCIILowercased("connection"),
             // The usual values name no other header (and are hop-by-hop themselves).
             !value.equalsASCIILowercased("keep-alive"), !value.equalsASCIILowercased("close")
-        else { return }
-        for token in value.split(separator: ",").prefix(64) {
-            listed.append(String(token).trimmingASCIIWhitespace().lowercased())
+        else { return true }
+        for token in value.utf8.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: true) {
+            let name = String(decoding: token, as: UTF8.self).trimmingASCIIWhitespace().lowercased()
+            if name.isEmpty { continue }
+            guard listed.count < maxConnectionListed else { return false }
+            listed.append(name)
         }
+        return true
     }
 
     private static let droppedDownstream: [String] =

@@ -132,6 +132,9 @@ struct ClientRequestParser {
             // decoded): HTTP/1.1 closes with a `close` token, HTTP/1.0 keeps only with `keep-alive`.
             var connectionClose = false
             var connectionKeepAlive = false
+            // The names the `Connection` headers list (as ``GatewayPolicy/connectionListed(_:)``
+            // counts them): past its bound, llhttp reads the request and the general path refuses it.
+            var connectionNames = 0
             // The request line: its end (any byte but a bare LF before the CRLF; read after).
             var index = 0
             requestLine: while index < count {
@@ -231,7 +234,9 @@ struct ClientRequestParser {
                     // (llhttp reads a tab anywhere on the line otherwise than a space: left to llhttp.)
                     let valueBytes = UnsafeRawBufferPointer(rebasing: value)
                     if tab || containsLowercased(valueBytes[...], "upgrade") { return .other }
-                    Self.connectionTokens(valueBytes[...], close: &connectionClose, keepAlive: &connectionKeepAlive)
+                    connectionNames += Self.connectionTokens(
+                        valueBytes[...], close: &connectionClose, keepAlive: &connectionKeepAlive)
+                    guard connectionNames <= GatewayPolicy.maxConnectionListed else { return .other }
                 default:
                     break
                 }
@@ -291,10 +296,15 @@ struct ClientRequestParser {
     }
 
     /// Reads a `Connection` value's comma-separated tokens (spaces around them trimmed, case
-    /// ignored) for `close` and `keep-alive`.
+    /// ignored) for `close` and `keep-alive`. Returns how many names it lists, as
+    /// ``GatewayPolicy/addConnectionListed(name:value:to:)`` counts them (none for a value that
+    /// is `close` or `keep-alive` alone).
     private static func connectionTokens(
         _ value: Slice<UnsafeRawBufferPointer>, close: inout Bool, keepAlive: inout Bool
-    ) {
+    ) -> Int {
+        var names = 0
+        var tokens = 0
+        var usual = false  // the last token was `close` or `keep-alive`
         var start = value.startIndex
         while start <= value.endIndex {
             let end = value[start...].firstIndex(of: UInt8(ascii: ",")) ?? value.endIndex
@@ -303,12 +313,21 @@ struct ClientRequestParser {
             while from < to, value[from] == 0x20 { from += 1 }
             while to > from, value[to - 1] == 0x20 { to -= 1 }
             let token = value[from..<to]
-            if token.count == 5, zip(token, "close".utf8).allSatisfy({ ($0 | 0x20) == $1 }) { close = true }
+            if !token.isEmpty { names += 1 }
+            tokens += 1
+            usual = false
+            if token.count == 5, zip(token, "close".utf8).allSatisfy({ ($0 | 0x20) == $1 }) {
+                close = true
+                usual = true
+            }
             if token.count == 10, zip(token, "keep-alive".utf8).allSatisfy({ ($0 | 0x20) == $1 }) {
                 keepAlive = true
+                usual = true
             }
             start = end + 1
         }
+        // A value that is `close` or `keep-alive` alone lists no other header.
+        return tokens == 1 && usual ? 0 : names
     }
 
     private static func containsLowercased(_ bytes: Slice<UnsafeRawBufferPointer>, _ lower: StaticString) -> Bool {

@@ -386,7 +386,10 @@ struct UpstreamResponseParser {
         default:
             framing = false
         }
-        parsed.read.read(name: nameBytes, value: valueBytes)
+        guard parsed.read.read(name: nameBytes, value: valueBytes) else {
+            throw Malformed(
+                reason: "a Connection header listing more than \(GatewayPolicy.maxConnectionListed) names")
+        }
         parsed.fields.append(
             UpstreamAnswerHead.Field(
                 name: offset..<offset + colon, value: offset + from..<offset + to,
@@ -543,7 +546,9 @@ struct AnswerHeaders {
     var connectionListed: [String] = []
     var keepAlive = UpstreamKeepAlive()
 
-    mutating func read(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+    /// False when the `Connection` headers list more than ``GatewayPolicy/maxConnectionListed``
+    /// names (the answer is refused: ``GatewayPolicy/connectionListed(_:)``).
+    mutating func read(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Bool {
         // Lengths first: most headers are none of these.
         switch name.count {
         case 12 where !contentTypeSeen && HTTPSyntax.equalsLowercased(name, "content-type"):
@@ -566,19 +571,20 @@ struct AnswerHeaders {
             // nothing of how long the connection is kept: no `String`s. Otherwise, and
             // `Keep-Alive`, read as text by the rules they belong to.
             let connection = HTTPSyntax.equalsLowercased(name, "connection")
-            guard connection || HTTPSyntax.equalsLowercased(name, "keep-alive") else { return }
+            guard connection || HTTPSyntax.equalsLowercased(name, "keep-alive") else { return true }
             if connection,
                 HTTPSyntax.equalsLowercased(value, "keep-alive") || HTTPSyntax.equalsLowercased(value, "close")
             {
-                return
+                return true
             }
             let name = String(decoding: name, as: UTF8.self)
             let value = String(decoding: value, as: UTF8.self)
-            GatewayPolicy.addConnectionListed(name: name, value: value, to: &connectionListed)
+            guard GatewayPolicy.addConnectionListed(name: name, value: value, to: &connectionListed) else { return false }
             keepAlive.read(name: name, value: value)
         default:
             break
         }
+        return true
     }
 }
 
