@@ -405,6 +405,31 @@ struct GatewayPolicyTests {
         #expect(GatewayPolicy.connectionRefusal(headers)?.code == "too_many_connection_options")
     }
 
+    @Test("a body naming a key the gateway reads twice, or with escapes, is ambiguous; other keys may repeat")
+    func ambiguousBodies() {
+        func ambiguous(_ text: String) -> String? { JSONBodyKeys.ambiguous(in: Array(text.utf8)) }
+        #expect(ambiguous(#"{"model": "a", "messages": [{"model": "x"}], "stream": true}"#) == nil)
+        #expect(ambiguous(#"{"model": "a", "model": "b"}"#) == "model")
+        #expect(ambiguous(#"{"collection":"mine","documents":["d"],"collection":"theirs"}"#) == "collection")
+        #expect(ambiguous(#"{"previous_response_id": "r1", "input": "x", "previous_response_id": "r2"}"#) == "previous_response_id")
+        #expect(ambiguous(#"{"stream": false, "model": "m", "stream": true}"#) == "stream")
+        // Spelled with an escape: the server's JSON reads it as the key, the gateway's scan does not.
+        #expect(ambiguous(#"{"model": "a", "\u006dodel": "b"}"#) == "model")
+        #expect(ambiguous(#"{"\u006dodel": "b"}"#) == "model")
+        // Other keys may repeat, and nested objects are not top-level keys.
+        #expect(ambiguous(#"{"temperature": 1, "temperature": 2, "model": "m"}"#) == nil)
+        #expect(ambiguous(#"{"metadata": {"model": "a", "model": "b"}, "model": "m"}"#) == nil)
+        // A prefix is read as far as it goes; not JSON, nothing.
+        #expect(ambiguous(#"{"model": "a", "messages": [{"role": "user", "content": "hel"#) == nil)
+        #expect(ambiguous(#"{"model": "a", "messages": [], "model""#) == "model")
+        #expect(ambiguous(#"{"model": "a", "messages": [], "mod"#) == nil)
+        #expect(ambiguous("not json") == nil)
+        #expect(ambiguous("") == nil)
+        // The model the gateway routes by is unchanged by the shared scanner.
+        #expect(ModelField.find(in: Array(#"{ "stream" : true , "model" : "m1" }"#.utf8)) == "m1")
+        #expect(ModelField.find(in: Array(#"{"a": 1, "b": [1, {"model": "x"}], "model": "m2"}"#.utf8)) == "m2")
+    }
+
     @Test("TRACE, TRACK and CONNECT are refused with 405 in any case, before anything else is looked at")
     func refusedMethods() {
         for method in ["TRACE", "trace", "TRACK", "CONNECT"] {

@@ -97,6 +97,10 @@ extension Gateway {
         if method == "POST" {
             bytes.reserveCapacity(prefixBytes)
             for chunk in prefix { bytes.append(contentsOf: chunk.readableBytesView) }
+            if let ambiguous = JSONBodyKeys.ambiguous(in: bytes) {
+                metrics.gatewayRefused.increment()
+                return Self.error(400, code: "ambiguous_body", message: Self.ambiguousBodyMessage(key: ambiguous))
+            }
             model = ModelField.find(in: bytes)
         }
         // An object that lives on one server (an agent run, a RAG collection, a stored response)
@@ -287,6 +291,11 @@ extension Gateway {
             if let field = HTTPFields.Element.Name(name) { fields[field] = value }
         }
         return fields
+    }
+
+    /// Why a body naming a key the gateway reads twice (or with escapes) is refused.
+    static func ambiguousBodyMessage(key: String) -> String {
+        "the request body names \"\(key)\" more than once (or spells it with escapes); the gateway and the server would read different values: send it once"
     }
 
     /// What the gateway sends upstream as `User-Agent` when the client sends none.

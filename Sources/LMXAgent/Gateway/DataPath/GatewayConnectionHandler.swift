@@ -516,6 +516,17 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         }
         var model: String?
         if method == "POST", let first = request.parts.first {
+            // A key the gateway reads, named twice or spelled with escapes, would be read
+            // differently by the server (JSONBodyKeys): refused, never guessed.
+            let ambiguous =
+                request.parts.count == 1
+                ? first.withUnsafeReadableBytes { JSONBodyKeys.ambiguous(in: $0) } : JSONBodyKeys.ambiguous(in: body())
+            if let ambiguous {
+                gateway.metrics.gatewayRefused.increment()
+                return respond(
+                    request, status: 400, code: "ambiguous_body",
+                    message: Gateway.ambiguousBodyMessage(key: ambiguous))
+            }
             model = first.withUnsafeReadableBytes { ModelField.find(in: $0) }
             if model == nil, request.parts.count > 1 { model = ModelField.find(in: body()) }
         }
