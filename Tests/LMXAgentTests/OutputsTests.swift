@@ -32,7 +32,8 @@ struct OutputsTests {
         #expect(text.contains(#"lmx_gateway_stream_tokens_per_second_bucket{model="m1",via="lan",le="20.0"} 1"#))
         let lan = traffic.report().models.first { $0.via == .lan }
         #expect(lan?.eventsPerSecondP95 == 20 && lan?.firstByteP95MS == 200)
-        // Past the bound, the labels are the table's `(other)`, not every name a client sends.
+        // Past the bound, the labels are the table's most recently used names, not every name a
+        // client ever sent.
         for n in 0..<200 {
             traffic.answered(model: "flood-\(n)", via: .lan, status: 200, firstByte: 0.01, answered: true)
         }
@@ -40,8 +41,9 @@ struct OutputsTests {
         metrics.registry.emit(into: &bytes)
         let series = String(decoding: bytes, as: UTF8.self).split(separator: "\n")
             .filter { $0.hasPrefix("lmx_gateway_first_token_seconds_count{") }
-        #expect(series.count <= 65, "\(series.count) series")
-        #expect(series.contains { $0.contains(#"model="(other)""#) })
+        #expect(series.count <= 64, "\(series.count) series")
+        #expect(series.contains { $0.contains(#"model="flood-199""#) })
+        #expect(!series.contains { $0.contains(#"model="flood-0""#) })
     }
 
     @Test(
@@ -77,15 +79,29 @@ struct OutputsTests {
         #expect(text.contains(#"lmx_gateway_first_token_seconds_count{model="m1",via="lan"} 3"#), "\(text)")
         #expect(text.contains(#"lmx_gateway_stream_tokens_per_second_count{model="m1",via="lan"} 1"#))
         #expect(!text.contains(#"lmx_gateway_first_token_seconds_count{model="m1",via="wan"} 1"#))
-        // A series counted under `(other)` (the table was full) stays there for its model.
+        // A flood of names: the table and the Prometheus series keep the most recently used, and
+        // a model that comes after it is counted under its own name.
         for n in 0..<70 {
             traffic.answered(model: "flood-\(n)", via: .lan, status: 200, firstByte: 0.01, answered: true)
         }
         let late = traffic.answered(model: "late", via: .lan, status: 200, firstByte: 0.01, answered: true)
         let lateAgain = traffic.answered(
             model: "late", via: .lan, status: 200, firstByte: 0.01, answered: true, recent: late)
-        #expect(late.key.model == TrafficStats.other && lateAgain === late)
-        #expect(!traffic.report().models.contains { $0.model == "late" })
+        #expect(late.key.model == "late" && lateAgain === late)
+        #expect(traffic.report().models.contains { $0.model == "late" })
+        #expect(traffic.report().models.count == 64)
+        // The first series gave its place: a series kept by an event loop is made afresh.
+        let firstAgain = traffic.answered(
+            model: "m1", via: .lan, status: 200, firstByte: 0.01, answered: true, recent: first)
+        #expect(firstAgain !== first && firstAgain.key.model == "m1")
+        bytes = []
+        metrics.registry.emit(into: &bytes)
+        let after = String(decoding: bytes, as: UTF8.self)
+        #expect(!after.contains(#"model="flood-0""#), "an evicted model's series is still exported")
+        #expect(after.contains(#"lmx_gateway_first_token_seconds_count{model="late",via="lan"} 2"#))
+        #expect(after.contains(#"lmx_gateway_first_token_seconds_count{model="m1",via="lan"} 1"#))
+        let series = after.split(separator: "\n").filter { $0.hasPrefix("lmx_gateway_first_token_seconds_count{") }
+        #expect(series.count <= 64, "\(series.count) first-token series")
     }
 
     @Test("the watch hub numbers lines, replays what a watcher missed, and starts a late one with a snapshot")

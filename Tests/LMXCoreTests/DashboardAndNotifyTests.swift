@@ -89,7 +89,8 @@ struct TrafficStatsTests {
         #expect(report.first { $0.via == .wan }?.errors == 1)
         #expect(report.first?.model == "m" && report.first?.via == .lan)  // busiest first
 
-        // Past the bound, new models count under (other); names are bounded and printable.
+        // Past the bound, a new model takes the place of the one used longest ago; names are
+        // bounded and printable.
         stats.answered(model: "bad\nname", via: .lan, status: 200, firstByte: 0.001, now: 4)
         #expect(stats.report(iso: { "\($0)" }).contains { $0.model == TrafficStats.unnamed })
         for i in 0..<100 {
@@ -99,11 +100,34 @@ struct TrafficStatsTests {
         }
         stats.answered(model: nil, via: .lan, status: 200, firstByte: 0.001, now: 4)
         let all = stats.report(iso: { "\($0)" })
-        #expect(all.count <= 5)
-        #expect(all.contains { $0.model == TrafficStats.other })
+        #expect(all.count == 4)
+        #expect(!all.contains { $0.model == "m" }, "junk names pushed the model out while they came")
+        #expect(all.contains { $0.model == TrafficStats.unnamed } && all.contains { $0.model.hasPrefix("model-99") })
+        #expect(stats.takeEvicted().count == 4, "at most maxKeys evicted keys are kept for the caller")
+        #expect(stats.takeEvicted().isEmpty)
         #expect(all.allSatisfy { !$0.model.contains("\n") && $0.model.utf8.count <= 128 })
         stats.answered(model: "x", via: .lan, status: 200, firstByte: .nan, now: 5)
         stats.streamed(model: "x", via: .lan, firstEvent: -1, events: Int.max, seconds: 0, now: 5)
+    }
+
+    @Test("junk names age out: the models in use keep their places, and one that comes back gets one again")
+    func mostRecentlyUsed() {
+        var stats = TrafficStats(maxKeys: 8, samples: 4)
+        for round in 0..<50 {
+            stats.answered(model: "junk-\(round)", via: .lan, status: 200, firstByte: 0.001, now: 1)
+            stats.answered(model: "real", via: .lan, status: 200, firstByte: 0.001, now: 1)
+        }
+        var models = Set(stats.report(iso: { "\($0)" }).map(\.model))
+        #expect(models.contains("real") && models.count == 8)
+        #expect(!models.contains("junk-0") && models.contains("junk-49"))
+        // Real models after the junk: every one of them has its place.
+        for model in (0..<8).map({ "model-\($0)" }) {
+            stats.answered(model: model, via: .wan, status: 200, firstByte: 0.001, now: 2)
+        }
+        models = Set(stats.report(iso: { "\($0)" }).map(\.model))
+        #expect(models == Set((0..<8).map { "model-\($0)" }))
+        #expect(stats.contains(TrafficStats.named(model: "model-0", via: .wan)))
+        #expect(!stats.contains(TrafficStats.named(model: "real", via: .lan)))
     }
 
     @Test("event ends are counted across chunks, \\n\\n and \\n\\r\\n alike")

@@ -84,15 +84,29 @@ struct ServerAffinityTests {
     func table() {
         var table = AffinityTable(capacity: 64, lifetime: 100)
         for n in 0..<1_000 {
-            table.record(.agentRun("r\(n)"), on: n.isMultiple(of: 2) ? "a" : "b", now: Double(n) / 100)
+            table.record(.agentRun("r\(n)"), on: n.isMultiple(of: 2) ? "a" : "b", user: 1000, now: Double(n) / 100)
         }
         #expect(table.count <= 64)
-        #expect(table.owner(of: .agentRun("r999"), now: 10) == "b")
-        #expect(table.owner(of: .agentRun("r0"), now: 10) == nil, "the oldest was kept")
+        #expect(table.owner(of: .agentRun("r999"), user: 1000, now: 10) == "b")
+        #expect(table.owner(of: .agentRun("r0"), user: 1000, now: 10) == nil, "the oldest was kept")
         // Used: renewed. Unused past the lifetime: gone.
-        #expect(table.owner(of: .agentRun("r998"), now: 105) == "a")
-        #expect(table.owner(of: .agentRun("r998"), now: 200) == "a")
-        #expect(table.owner(of: .agentRun("r997"), now: 200) == nil)
+        #expect(table.owner(of: .agentRun("r998"), user: 1000, now: 105) == "a")
+        #expect(table.owner(of: .agentRun("r998"), user: 1000, now: 200) == "a")
+        #expect(table.owner(of: .agentRun("r997"), user: 1000, now: 200) == nil)
+    }
+
+    @Test("affinity is per local user: another user's ingest of the same collection name moves nothing of yours")
+    func perUser() {
+        var table = AffinityTable(capacity: 64, lifetime: 100)
+        table.record(.ragCollection("docs"), on: "a", user: 1000, now: 1)
+        // Another user (or a peer the kernel named nobody) makes "docs" on server b.
+        table.record(.ragCollection("docs"), on: "b", user: 1001, now: 2)
+        table.record(.ragCollection("docs"), on: "c", user: nil, now: 3)
+        #expect(table.owner(of: .ragCollection("docs"), user: 1000, now: 4) == "a")
+        #expect(table.owner(of: .ragCollection("docs"), user: 1001, now: 4) == "b")
+        #expect(table.owner(of: .ragCollection("docs"), user: nil, now: 4) == "c")
+        #expect(table.owner(of: .ragCollection("docs"), user: 0, now: 4) == nil)
+        #expect(table.count == 3)
     }
 
     @Test(

@@ -32,7 +32,9 @@ extension Gateway {
         // Who is asking, when it matters: the group gate, and a body read ahead (its share of
         // the read-ahead budget is per user).
         let hasBody = !["GET", "HEAD", "OPTIONS", "DELETE"].contains(method) || request.headers[.contentLength] != nil
-        let uid: UInt32? = groupGate != nil || hasBody ? await context.peerUID() : nil
+        let uid: UInt32? =
+            groupGate != nil || hasBody || ServerAffinity.mayConcern(path: request.uri.path)
+            ? await context.peerUID() : nil
         if let groupGate {
             let allowed = uid.flatMap(groupGate.allows)
             if uid != nil, allowed == nil {
@@ -107,7 +109,9 @@ extension Gateway {
         // is asked of that server only, by whichever route reaches it now.
         let path = request.uri.path
         let named = ServerAffinity.named(method: method, path: path, body: bytes)
-        let owner = named.flatMap { object in affinity.owner(of: object).map { (instance: $0, object: object) } }
+        let owner = named.flatMap { object in
+            affinity.owner(of: object, user: uid).map { (instance: $0, object: object) }
+        }
         let madeByRequest = ServerAffinity.madeByRequest(method: method, path: path, body: bytes)
         let answerMakes = ServerAffinity.answerMakes(method: method, path: path)
         let clientHasKey = GatewayPolicy.clientHasKey(clientHeaders)
@@ -145,8 +149,10 @@ extension Gateway {
                 // give up (closing its connection cancels the upstream request).
                 var upstream = try await lease.client.execute(outgoing, timeout: .hours(24))
                 if (200..<300).contains(upstream.status.code), let instance = target.instanceID {
-                    if let madeByRequest { affinity.record(madeByRequest, on: instance) }
-                    if answerMakes { upstream = await learnMade(from: upstream, path: path, instance: instance) }
+                    if let madeByRequest { affinity.record(madeByRequest, on: instance, user: uid) }
+                    if answerMakes {
+                        upstream = await learnMade(from: upstream, path: path, instance: instance, user: uid)
+                    }
                 }
                 // All slots busy (429) or overloaded (503): before any byte reached the client,
                 // another server with the model may take it; the busy one cools down meanwhile.
@@ -333,7 +339,9 @@ extension Gateway {
 
     /// Reads a small JSON answer that made an object, records the object against `instance`, and
     /// gives the answer back whole, unchanged.
-    func learnMade(from upstream: HTTPClientResponse, path: String, instance: String) async -> HTTPClientResponse {
+    func learnMade(
+        from upstream: HTTPClientResponse, path: String, instance: String, user: UInt32?
+    ) async -> HTTPClientResponse {
         let json = upstream.headers.first(name: "content-type")?.lowercased().hasPrefix("application/json") == true
         guard json, let length = upstream.headers.first(name: "content-length").flatMap(OutsideInput.contentLength),
             length <= Self.madeAnswerLimit
@@ -343,25 +351,25 @@ extension Gateway {
             return HTTPClientResponse(status: .badGateway, headers: [:], body: .bytes(ByteBuffer()))
         }
         if let made = ServerAffinity.madeByAnswer(Array(answer.readableBytesView), path: path) {
-            affinity.record(made, on: instance)
+            affinity.record(made, on: instance, user: user)
         }
         return HTTPClientResponse(
             version: upstream.version, status: upstream.status, headers: upstream.headers, body: .bytes(answer))
     }
 }
 
-/// The gateway's ``AffinityTable``, shared by its requests, on the monotonic clock.
+/// The gateway's ``AffinityTable``, shared by its requests, on the monotonic clock; per local
+/// user (the uid of the client's connection).
 final class ServerAffinityBook: Sendable {
     private let table = Mutex(AffinityTable())
 
-    func record(_ object: ServerObject, on instance: String) {
+    func record(_ object: ServerObject, on instance: String, user: UInt32?) {
         let now = SystemClock.monotonic()
-        table.withLock { $0.record(object, on: instance, now: now) }
+        table.withLock { $0.record(object, on: instance, user: user, now: now) }
     }
 
-    func owner(of object: ServerObject) -> String? {
+    func owner(of object: ServerObject, user: UInt32?) -> String? {
         let now = SystemClock.monotonic()
-        return table.withLock { $0.owner(of: object, now: now) }
+        return table.withLock { $0.owner(of: object, user: user, now: now) }
     }
-
 }

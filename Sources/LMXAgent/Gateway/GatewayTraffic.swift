@@ -15,8 +15,8 @@ public final class GatewayTraffic: Sendable {
         self.metrics = metrics
     }
 
-    /// One model and path's figures, resolved once: the key the table counts them under (past
-    /// its bound, `(other)`'s) and the key's two Prometheus histograms. A request's answer returns
+    /// One model and path's figures, resolved once: the key the table counts them under and the
+    /// key's two Prometheus histograms. A request's answer returns
     /// it, and the request's stream, if any, is counted through it; each event loop keeps the last
     /// one and gives it back with its next answer (``answered(model:via:status:firstByte:answered:recent:)``):
     /// requests mostly name the same model, whose text is then compared, not labelled and hashed,
@@ -41,36 +41,54 @@ public final class GatewayTraffic: Sendable {
 
     /// Counts an answer; returns the figures' series (for the stream's figures that may follow).
     /// `recent`: the series the event loop's last answer was counted under, used again when the
-    /// model and path are the same (the table never lets a key go, so its key is still there).
+    /// model and path are the same and the table still has its key (a key that gave its place to
+    /// newer ones is counted afresh, with new histograms).
     @discardableResult
     func answered(
         model: String?, via: Via, status: Int, firstByte: Double?, answered: Bool, recent: Series? = nil
     ) -> Series {
         let now = SystemClock.realtime()
-        let series: Series
+        var series: Series?
+        var key: TrafficStats.Key
+        var evicted: [TrafficStats.Key] = []
         if let recent, recent.names(model: model, via: via) {
-            series = recent
-            stats.withLock {
-                _ = $0.answered(
-                    key: recent.key, status: status, firstByte: firstByte, answered: answered, now: now)
+            let kept = stats.withLock { stats in
+                let kept = stats.contains(recent.key)
+                _ = stats.answered(key: recent.key, status: status, firstByte: firstByte, answered: answered, now: now)
+                evicted = stats.takeEvicted()
+                return kept
             }
+            key = recent.key
+            if kept { series = recent }
         } else {
-            let key = stats.withLock {
-                $0.answered(model: model, via: via, status: status, firstByte: firstByte, answered: answered, now: now)
+            key = stats.withLock {
+                let key = $0.answered(
+                    model: model, via: via, status: status, firstByte: firstByte, answered: answered, now: now)
+                evicted = $0.takeEvicted()
+                return key
             }
-            series = Series(model: model, key: key, metrics: metrics)
         }
-        if let firstByte, status < 400 { series.firstToken?.record(seconds: firstByte) }
-        return series
+        forget(evicted)
+        let counted = series ?? Series(model: model, key: key, metrics: metrics)
+        if let firstByte, status < 400 { counted.firstToken?.record(seconds: firstByte) }
+        return counted
+    }
+
+    /// Lets go of the Prometheus series of keys the table no longer has.
+    private func forget(_ keys: [TrafficStats.Key]) {
+        guard let metrics else { return }
+        for key in keys { metrics.forgetGatewayHistograms(key) }
     }
 
     /// A stream's figures, under the series its answer was counted under
     /// (``answered(model:via:status:firstByte:answered:recent:)``).
     func streamed(series: Series, firstEvent: Double?, events: Int, seconds: Double) {
         let now = SystemClock.realtime()
-        stats.withLock {
+        let evicted = stats.withLock {
             _ = $0.streamed(key: series.key, firstEvent: firstEvent, events: events, seconds: seconds, now: now)
+            return $0.takeEvicted()
         }
+        forget(evicted)
         if let firstEvent { series.firstToken?.record(seconds: firstEvent) }
         if events >= 2, seconds > 0 { series.tokensPerSecond?.record(seconds: Double(events - 1) / seconds) }
     }

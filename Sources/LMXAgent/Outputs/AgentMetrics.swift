@@ -209,6 +209,21 @@ extension AgentMetrics {
         (histogram(.firstToken, key: key), histogram(.tokensPerSecond, key: key))
     }
 
+    /// Lets go of the model and path `key`'s histograms (the traffic table let go of the key):
+    /// no longer exported, so the series stay as bounded as the table.
+    func forgetGatewayHistograms(_ key: TrafficStats.Key) {
+        for series in [HistogramSeries.firstToken, .tokensPerSecond] {
+            let cacheKey = HistogramKey(series: series, key: key)
+            let known = histograms.withLock { $0.removeValue(forKey: cacheKey) }
+            // (Made again by the registry, to be unregistered, when this agent never made it.)
+            registry.unregisterValueHistogram(
+                known
+                    ?? registry.makeValueHistogram(
+                        descriptor: .lmx(series.name, series.help),
+                        labels: [("model", key.model), ("via", key.via.rawValue)], buckets: series.buckets))
+        }
+    }
+
     /// The histogram `series` of the model and path `key`, made on first use.
     private func histogram(_ series: HistogramSeries, key: TrafficStats.Key) -> ValueHistogram {
         let cacheKey = HistogramKey(series: series, key: key)

@@ -130,12 +130,21 @@ public enum ServerAffinity {
     }
 }
 
-/// Which server (by `instance_id`) holds which object: at most `capacity` entries, each kept for
-/// `lifetime` seconds after it was last used; past the capacity the least recently used goes.
+/// Which server (by `instance_id`) holds which object, for which local user: at most `capacity`
+/// entries, each kept for `lifetime` seconds after it was last used; past the capacity the least
+/// recently used goes. Entries are per user (the uid of the client's connection; nil: a peer
+/// the kernel named nobody, one user of its own): one user's requests never move where another
+/// user's requests for an object of the same name go.
 public struct AffinityTable: Sendable {
     public let capacity: Int
     public let lifetime: Double
-    private var entries: [ServerObject: (instance: String, used: Double)] = [:]
+
+    struct Key: Hashable {
+        var user: UInt32?
+        var object: ServerObject
+    }
+
+    private var entries: [Key: (instance: String, used: Double)] = [:]
 
     public init(capacity: Int = 4096, lifetime: Double = 86_400) {
         self.capacity = capacity
@@ -144,9 +153,9 @@ public struct AffinityTable: Sendable {
 
     public var count: Int { entries.count }
 
-    /// Records that `instance` holds `object`.
-    public mutating func record(_ object: ServerObject, on instance: String, now: Double) {
-        entries[object] = (instance, now)
+    /// Records that `instance` holds `object`, for `user`'s requests.
+    public mutating func record(_ object: ServerObject, on instance: String, user: UInt32?, now: Double) {
+        entries[Key(user: user, object: object)] = (instance, now)
         guard entries.count > capacity else { return }
         // Over the bound: drop what expired, then the least recently used down to 15/16 (so a
         // steady stream of new objects sorts once per many, not on each).
@@ -157,14 +166,15 @@ public struct AffinityTable: Sendable {
         entries = Dictionary(uniqueKeysWithValues: newest.map { ($0.key, $0.value) })
     }
 
-    /// The server holding `object`, if known and not expired (its use renews it).
-    public mutating func owner(of object: ServerObject, now: Double) -> String? {
-        guard let entry = entries[object] else { return nil }
+    /// The server holding `object` for `user`, if known and not expired (its use renews it).
+    public mutating func owner(of object: ServerObject, user: UInt32?, now: Double) -> String? {
+        let key = Key(user: user, object: object)
+        guard let entry = entries[key] else { return nil }
         guard now - entry.used < lifetime else {
-            entries[object] = nil
+            entries[key] = nil
             return nil
         }
-        entries[object] = (entry.instance, now)
+        entries[key] = (entry.instance, now)
         return entry.instance
     }
 }

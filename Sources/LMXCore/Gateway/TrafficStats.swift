@@ -1,7 +1,9 @@
 /// The gateway's traffic per model and path (LAN or tunnel): requests, errors, time to the first
 /// byte of the answer (for streams, to the first event: the first token), and streamed events per
-/// second (servers send one token per event). Bounded: at most `maxKeys` model and path pairs
-/// (the rest are counted under `(other)`), the latest `samples` figures of each kind per pair.
+/// second (servers send one token per event). Bounded: at most `maxKeys` model and path pairs,
+/// the most recently used (a new one takes the place of the one used longest ago, so names
+/// nobody uses any more age out, junk among them), the latest `samples` figures of each kind per
+/// pair.
 public struct TrafficStats: Sendable {
     public struct Key: Sendable, Hashable {
         public let model: String
@@ -33,6 +35,8 @@ public struct TrafficStats: Sendable {
         var firstByte = Samples()
         var rate = Samples()
         var last = 0.0
+        /// When it was last counted, as ``TrafficStats/recorded`` was then (least recently used first out).
+        var used = 0
     }
 
     /// The latest figures, oldest overwritten first.
@@ -59,7 +63,6 @@ public struct TrafficStats: Sendable {
         }
     }
 
-    public static let other = "(other)"
     public static let unnamed = "(no model)"
     let maxKeys: Int
     let samples: Int
@@ -67,6 +70,9 @@ public struct TrafficStats: Sendable {
     /// Answers and ends of streams counted since the table was made (whichever key): changes
     /// whenever the gateway has answered anything (the daemon's ``HeapReturn`` watches it).
     public private(set) var recorded = 0
+    /// Keys that gave their place to newer ones since ``takeEvicted()`` was last called (their
+    /// Prometheus series are let go of with them).
+    private var evicted: [Key] = []
 
     public init(maxKeys: Int = 64, samples: Int = 256) {
         self.maxKeys = max(maxKeys, 1)
@@ -74,7 +80,7 @@ public struct TrafficStats: Sendable {
     }
 
     /// The key of `model` (bounded, printable) before the bound on keys (``update(key:_:)``
-    /// counts past it under `(other)`). The same key labels the Prometheus series, so they are
+    /// gives it a place). The same key labels the Prometheus series, so they are
     /// bounded alike.
     public static func named(model: String?, via: Via) -> Key {
         let name =
@@ -109,19 +115,37 @@ public struct TrafficStats: Sendable {
         }
     }
 
-    /// Changes the entry of the key ``named(model:via:)`` made (made if the bound allows, else
-    /// `(other)`'s), in place: a copy of the entry would share its sample arrays with the one in
+    /// Changes the entry of the key ``named(model:via:)`` made (made if there is none, in the
+    /// place of the least recently used when the table is full), in place: a copy of the entry would share its sample arrays with the one in
     /// the dictionary, and the first append would copy them whole, on every request. One look-up
     /// of the key when it is known. Returns the key counted under.
-    private mutating func update(key named: Key, _ change: (inout Entry) -> Void) -> Key {
-        var key = named
+    private mutating func update(key: Key, _ change: (inout Entry) -> Void) -> Key {
+        let used = recorded
         if let index = entries.index(forKey: key) {
             change(&entries.values[index])
+            entries.values[index].used = used
             return key
         }
-        if entries.count >= maxKeys - 1 { key = Key(model: Self.other, via: key.via) }
-        change(&entries[key, default: Entry()])
+        if entries.count >= maxKeys, let oldest = entries.min(by: { $0.value.used < $1.value.used })?.key {
+            // Full: the key used longest ago gives its place (one pass over at most maxKeys).
+            entries[oldest] = nil
+            if evicted.count < maxKeys { evicted.append(oldest) }
+        }
+        var entry = Entry()
+        change(&entry)
+        entry.used = used
+        entries[key] = entry
         return key
+    }
+
+    /// Whether `key` has an entry now (one a caller kept may have given its place since).
+    public func contains(_ key: Key) -> Bool { entries.index(forKey: key) != nil }
+
+    /// The keys that gave their place since the last call (at most `maxKeys`; a key evicted twice may be named twice).
+    public mutating func takeEvicted() -> [Key] {
+        guard !evicted.isEmpty else { return [] }
+        defer { evicted = [] }
+        return evicted
     }
 
     /// A streamed answer ended: `events` events over `seconds` from the first to the last, the

@@ -827,7 +827,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             if (200..<300).contains(head.status), let instance = target.instanceID,
                 let made = request.madeByRequest
             {
-                gateway.affinity.record(made, on: instance)
+                gateway.affinity.record(made, on: instance, user: peer.uid)
             }
             let events = read.eventStream
             if events { request.relay = EventRelay() }
