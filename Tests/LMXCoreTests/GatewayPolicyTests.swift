@@ -146,10 +146,38 @@ struct GatewayPolicyTests {
         #expect(admin["cf-access-client-id"] == "ID")
     }
 
-    @Test("only idempotent methods are retried after the request may have been sent")
-    func idempotence() {
-        for method in ["GET", "HEAD", "OPTIONS", "PUT", "DELETE", "get"] { #expect(GatewayPolicy.isIdempotent(method)) }
-        for method in ["POST", "PATCH"] { #expect(!GatewayPolicy.isIdempotent(method)) }
+    @Test("the retry rule: only with the whole body; idempotent methods after the request may have arrived; a kept connection's close once on a new one")
+    func retryRule() {
+        for method in ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"] { #expect(RetryRule.isIdempotent(method)) }
+        for method in ["POST", "PATCH", "TRACE", "get"] { #expect(!RetryRule.isIdempotent(method)) }
+        func decide(
+            _ failure: RetryRule.Failure, _ method: String, whole: Bool = true, attempt: Int = 0, routes: Int = 2,
+            resent: Bool = false
+        ) -> RetryRule.Decision {
+            RetryRule.decide(
+                failure, method: method, bodyWhole: whole, attempt: attempt, routes: routes,
+                resentOnNewConnection: resent)
+        }
+        // Never sent: anything goes to the next route, while there is one.
+        #expect(decide(.notSent, "POST") == .nextRoute)
+        #expect(decide(.notSent, "POST", attempt: 1) == .answer)
+        #expect(decide(.busy, "POST") == .nextRoute)
+        #expect(decide(.busy, "POST", routes: 1) == .answer)
+        // May have arrived: only what is safe twice.
+        #expect(decide(.failedBeforeAnswer, "PUT") == .nextRoute)
+        #expect(decide(.failedBeforeAnswer, "POST") == .answer)
+        // A kept connection closed unanswered: the same route on a new connection once, then on.
+        #expect(decide(.keptConnectionClosed, "GET", routes: 1) == .sameRouteNewConnection)
+        #expect(decide(.keptConnectionClosed, "GET", resent: true) == .nextRoute)
+        #expect(decide(.keptConnectionClosed, "GET", routes: 1, resent: true) == .answer)
+        #expect(decide(.keptConnectionClosed, "POST") == .answer)
+        // A body passed on as it came is never sent again, whatever the failure and method (a PUT
+        // sent again with its length and no body desynchronized the server's connection).
+        for failure in [RetryRule.Failure.notSent, .keptConnectionClosed, .failedBeforeAnswer, .busy] {
+            for method in ["GET", "PUT", "POST"] {
+                #expect(decide(failure, method, whole: false) == .answer, "\(failure) \(method)")
+            }
+        }
     }
 
     @Test(

@@ -158,7 +158,10 @@ extension Gateway {
                 // another server with the model may take it; the busy one cools down meanwhile.
                 if let cooldown = RouteLoad.busyCooldown(upstream, cap: configuration.busyCooldownMax) {
                     load.coolDown(target.routeKey, seconds: cooldown)
-                    if index + 1 < targets.count, streamed == nil {
+                    if RetryRule.decide(
+                        .busy, method: method, bodyWhole: streamed == nil, attempt: index, routes: targets.count,
+                        resentOnNewConnection: false) == .nextRoute
+                    {
                         logger.info(
                             "gateway: server busy, trying the next",
                             metadata: ["route": "\(target.routeID)", "status": "\(upstream.status.code)"])
@@ -187,14 +190,15 @@ extension Gateway {
                 let failure = Prober.classify(error)
                 lastFailure = failure.detail
                 await agent.manager.gatewayFailed(target.routeID, reason: failure.detail)
-                let canRetry = GatewayPolicy.isIdempotent(method) || Self.certainlyNotSent(error, failure)
+                let next = RetryRule.decide(
+                    Self.certainlyNotSent(error, failure) ? .notSent : .failedBeforeAnswer, method: method,
+                    bodyWhole: streamed == nil, attempt: index, routes: targets.count, resentOnNewConnection: false)
                 logger.notice(
                     "gateway: route failed before answering",
                     metadata: [
-                        "route": "\(target.routeID)", "reason": "\(failure.detail)",
-                        "retry": "\(canRetry && index + 1 < targets.count)",
+                        "route": "\(target.routeID)", "reason": "\(failure.detail)", "retry": "\(next == .nextRoute)",
                     ])
-                if !canRetry { break }
+                if next != .nextRoute { break }
             }
         }
         if let busy = lastBusy {

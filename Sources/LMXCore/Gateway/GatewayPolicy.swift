@@ -403,12 +403,6 @@ public enum GatewayPolicy {
         ("Cross-Origin-Resource-Policy", "same-origin"),
     ]
 
-    /// Safe to send twice (RFC 9110 §9.2.2): may be retried on another route even when the
-    /// first may have received it.
-    public static func isIdempotent(_ method: String) -> Bool {
-        ["GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"].contains(method.uppercased())
-    }
-
     /// `127.0.0.1[:port]`, `localhost[:port]`, `[::1][:port]` (any 127/8 address).
     /// Byte by byte, ASCII case ignored, without copying the text.
     public static func isLoopbackAuthority(_ authority: String) -> Bool {

@@ -44,8 +44,12 @@ struct ClientRequestParser {
     /// The start of a head not yet whole.
     private var held: ByteBuffer?
 
-    /// Reads `bytes`, handing each part to `emit` as it is whole.
-    mutating func read(_ bytes: ByteBuffer, emit: (Part) -> Void) {
+    /// Reads `bytes`, handing each part to `emit` as it is whole, until `pause` says to stop
+    /// (asked before each part): then returns the bytes not read yet, to be read later (nil when
+    /// all were read). A connection's pipelined requests are read one at a time this way, as the
+    /// gateway gets to them, not all at once into memory.
+    @discardableResult
+    mutating func read(_ bytes: ByteBuffer, emit: (Part) -> Void, pause: () -> Bool = { false }) -> ByteBuffer? {
         var input = bytes
         if var earlier = held {
             held = nil
@@ -53,12 +57,13 @@ struct ClientRequestParser {
             input = earlier
         }
         while input.readableBytes > 0 {
+            if pause() { return input }
             switch state {
             case .other:
                 emit(.other(input))
-                return
+                return nil
             case .closed:
-                return
+                return nil
             case .body(let remaining):
                 let n = min(remaining, input.readableBytes)
                 emit(.body(input.readSlice(length: n)!))
@@ -75,7 +80,7 @@ struct ClientRequestParser {
                         continue
                     }
                     held = input
-                    return
+                    return nil
                 case .other:
                     state = .other
                 case .request(var request, let headLength):
@@ -92,6 +97,7 @@ struct ClientRequestParser {
                 }
             }
         }
+        return nil
     }
 
     private var closesAfter = false
@@ -551,12 +557,43 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
             return
         }
         handler.readAsked = false
+        if var earlier = unread {
+            // (Only when a read was already under way as the handler stopped taking parts.)
+            unread = nil
+            var more = bytes
+            earlier.writeBuffer(&more)
+            parse(earlier, for: handler)
+        } else {
+            parse(bytes, for: handler)
+        }
+    }
+
+    /// Bytes read from the client that the parser has not read yet: the handler holds a request
+    /// parsed ahead of the one it is answering, and takes the next when it gets to it
+    /// (``readHeld()``). At most what one read brought.
+    private var unread: ByteBuffer?
+    private var parsing = false
+
+    /// Whether bytes wait to be parsed (reads from the client wait meanwhile).
+    var holdsUnread: Bool { unread != nil }
+
+    private func parse(_ bytes: ByteBuffer, for handler: GatewayConnectionHandler) {
+        parsing = true
+        defer { parsing = false }
         // (Moved out and back: an access to the property spanning the read would be checked at
         // run time.)
         var parser = ClientRequestParser()
         swap(&parser, &self.parser)
-        parser.read(bytes) { handler.receive($0) }
+        unread = parser.read(bytes, emit: { handler.receive($0) }, pause: { handler.queueFull })
         swap(&parser, &self.parser)
+    }
+
+    /// The handler took what it held: the bytes waiting are parsed, as far as it takes them.
+    /// (Not while a parse is under way: that parse goes on by itself.)
+    func readHeld() {
+        guard !parsing, let handler, let bytes = unread else { return }
+        unread = nil
+        parse(bytes, for: handler)
     }
 
     /// Bytes for llhttp (SwiftNIO's HTTP/1 decoder, behind this handler once the general path is set up).

@@ -132,7 +132,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var idle: Bool { request == nil && handedOver == 0 && !passing && !replaying }
 
     private func closeIfDone() {
-        if inputClosed, queued == nil, let request, !request.clientEnded {
+        if inputClosed, nothingQueued, let request, !request.clientEnded {
             // The client closed its side before the body's end: the request can never be whole
             // (nginx: "client prematurely closed connection").
             return bodyNotWhole(
@@ -141,7 +141,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                     "the client closed its side of the connection after \(request.received) of the body's \(request.declaredLength) bytes"
             )
         }
-        if closeWhenIdle, idle, queued == nil { closeConnection() }
+        if closeWhenIdle, idle, nothingQueued { closeConnection() }
     }
 
     /// The client closed its side while a request of ours waits for (or streams) its answer. A
@@ -301,6 +301,15 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             if idle {
                 idleSince = .now()
                 if closeWhenIdle { context.flush() }
+                // The requests read after it, their turn now: once this write has returned to
+                // the general path's handlers (their state moves on after it).
+                if !nothingQueued {
+                    context.eventLoop.assumeIsolated().execute { [self] in
+                        guard self.context != nil else { return }
+                        self.drainQueue()
+                        self.closeIfDone()
+                    }
+                }
                 closeIfDone()
             }
             return
@@ -308,10 +317,13 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         context.write(data, promise: promise)
     }
 
-    /// Reads wait while parts are queued, while a connection is being made, and while the
-    /// upstream cannot take more of the body.
+    /// No request waits: none queued here, no bytes held back by the front.
+    private var nothingQueued: Bool { queued == nil && front?.holdsUnread != true }
+
+    /// Reads wait while parts are queued or bytes wait to be parsed, while a connection is being
+    /// made, and while the upstream cannot take more of the body.
     private var holdsReads: Bool {
-        if queued != nil { return true }
+        if !nothingQueued { return true }
         guard let request, !request.clientEnded else { return false }
         if request.phase == .connecting { return true }
         if let upstream = request.upstream, !upstream.channel.isWritable { return true }
@@ -341,11 +353,27 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         context.fireChannelRead(data)
     }
 
-    /// A part of a request, from the front.
+    /// A request handed over to the general path has all come and waits for its answer there:
+    /// the requests after it wait their turn here. (Not once llhttp reads the connection by
+    /// itself, nor while it is in the middle of a request: its bytes go to it as they come.)
+    private var waitsForGeneralPath: Bool {
+        request == nil && handedOver > 0 && !replaying && !passing && !llhttpOnly
+    }
+
+    /// Parts of requests read ahead, waiting their turn, hold one whole request: the front reads
+    /// no more of the connection's bytes until the handler gets to it (a flood of pipelined
+    /// requests costs one read's bytes, not a parsed request each).
+    var queueFull: Bool { queuedEnds > 0 }
+    /// The `.end`s in ``queued``.
+    private var queuedEnds = 0
+
+    /// A part of a request, from the front: handled now, or queued while the request before it
+    /// waits for its answer (ours, or one handed over to the general path).
     func receive(_ part: ClientRequestParser.Part) {
-        if queued != nil || (request?.clientEnded == true) {
+        if queued != nil || (request?.clientEnded == true) || waitsForGeneralPath {
             var parts = queued.take() ?? []
             parts.append(part)
+            if case .end = part { queuedEnds += 1 }
             queued = parts
             return
         }
@@ -384,15 +412,21 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         request = ForwardedRequest(head: head, path: path, declaredLength: length, mayConcern: mayConcern)
     }
 
-    /// Handles the queued parts, in order, until a request of ours waits for its answer.
+    /// Handles the queued parts, in order, until a request waits for its answer; then has the
+    /// front parse the bytes it held back, up to one more request.
     private func drainQueue() {
         guard !draining else { return }
         draining = true
         defer { draining = false }
-        while request?.clientEnded != true, var parts = queued.take() {
-            let part = parts.removeFirst()
-            if !parts.isEmpty { queued = parts }
-            handle(part)
+        while true {
+            while request?.clientEnded != true, !waitsForGeneralPath, var parts = queued.take() {
+                let part = parts.removeFirst()
+                if case .end = part { queuedEnds -= 1 }
+                if !parts.isEmpty { queued = parts }
+                handle(part)
+            }
+            guard !queueFull, let front, front.holdsUnread, context != nil else { break }
+            front.readHeld()
         }
         endReadBatchIfFired()
         resumeReadsIfHeld()
@@ -678,8 +712,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if request.clientEnded {
             handler.sendEnd()
         } else {
-            // Sent on as it arrives: nothing of it is kept.
+            // Sent on as it arrives: nothing of it is kept, and the request can never go again.
             request.parts = []
+            request.bodyPassedOn = true
         }
         handler.flush()
         resumeReadsIfHeld()
@@ -705,13 +740,15 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             upstream.channel.close(promise: nil)
             request.upstream = nil
         }
-        // A kept connection that ended with no answer: most likely the server closed it as the
-        // request went (its idle timer fired), which says nothing about the route. A request that
-        // is safe to send twice is sent again at once on a new connection to the same route, as
-        // browsers and Go's HTTP client do; others are not (they may have arrived), and once only.
-        if request.onKeptConnection, !request.resentOnNewConnection, request.clientEnded,
-            GatewayPolicy.isIdempotent(request.head.method.rawValue)
-        {
+        // One rule (RetryRule): a kept connection that ended with no answer most likely closed
+        // idle as the request went, which says nothing about the route: a request safe to send
+        // twice goes again at once on a new connection to the same route, once. Nothing goes
+        // again without its whole body.
+        let next = RetryRule.decide(
+            certainlyNotSent ? .notSent : request.onKeptConnection ? .keptConnectionClosed : .failedBeforeAnswer,
+            method: request.head.method.rawValue, bodyWhole: request.bodyWhole, attempt: index,
+            routes: request.targets.count, resentOnNewConnection: request.resentOnNewConnection)
+        if next == .sameRouteNewConnection {
             request.resentOnNewConnection = true
             gateway.metrics.gatewayRetries.increment()
             gateway.logger.info(
@@ -722,17 +759,14 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         let manager = gateway.agent.manager
         let routeID = target.routeID
         Task { await manager.gatewayFailed(routeID, reason: detail) }
-        let canRetry =
-            request.clientEnded && (certainlyNotSent || GatewayPolicy.isIdempotent(request.head.method.rawValue))
         gateway.logger.notice(
             "gateway: route failed before answering",
             metadata: [
-                "route": "\(routeID)", "reason": "\(detail)",
-                "retry": "\(canRetry && index + 1 < request.targets.count)",
+                "route": "\(routeID)", "reason": "\(detail)", "retry": "\(next == .nextRoute)",
                 // The system call and errno behind the summary (no request data in it).
                 "error": "\(error.map { String(String(describing: $0).prefix(300)) } ?? "-")",
             ])
-        if canRetry, index + 1 < request.targets.count {
+        if next == .nextRoute {
             return attempt(request, index: index + 1)
         }
         gateway.metrics.gatewayFailures.increment()
@@ -811,7 +845,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                 code: head.status, retryAfter: read.retryAfter, cap: gateway.configuration.busyCooldownMax)
             {
                 gateway.load.coolDown(target.routeKey, seconds: cooldown)
-                if request.attempt + 1 < request.targets.count, request.clientEnded {
+                if RetryRule.decide(
+                    .busy, method: request.head.method.rawValue, bodyWhole: request.bodyWhole,
+                    attempt: request.attempt, routes: request.targets.count, resentOnNewConnection: false) == .nextRoute
+                {
                     // Another server may take it: the general path hands it over (and answers
                     // with this server's own answer if none does).
                     upstream.handler.owner = nil
@@ -877,6 +914,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             // answers without reading it) is held until the body has come, as nginx does: many
             // clients cannot read an answer while they are still writing. Bounded.
             request.holdsAnswer = !request.clientEnded
+            request.answeredBeforeBody = !request.clientEnded
             emit(.head(bytes), for: request)
         case .body(let chunk):
             guard request.answerStarted else { return }
@@ -901,8 +939,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             request.phase = .done
             upstream.handler.owner = nil
             request.upstream = nil
-            // The pool keeps it only if the parser found it reusable (``UpstreamPool/release``).
-            if request.clientEnded {
+            // The pool keeps it only when the server had the whole request before it answered
+            // (an answer that came while the body was still being sent may leave the body's rest
+            // unread, to be read as the next request), and the parser found it reusable
+            // (``UpstreamPool/release``).
+            if request.clientEnded, !request.answeredBeforeBody {
                 state.pool.release(upstream)
             } else {
                 upstream.channel.close(promise: nil)
@@ -1195,6 +1236,13 @@ final class ForwardedRequest {
     var onKeptConnection = false
     /// Sent again on a new connection after a kept one closed unanswered (once at most).
     var resentOnNewConnection = false
+    /// Its body was passed on as it came (longer than the read-ahead): it can never be sent again.
+    var bodyPassedOn = false
+    /// The answer's head came before the client's body had all come: the server's connection is
+    /// not kept (the server may not have read the body's rest).
+    var answeredBeforeBody = false
+    /// The gateway holds the whole body (all of it came, none passed on yet): the request can go again.
+    var bodyWhole: Bool { clientEnded && !bodyPassedOn }
     var keepAlive = true
     var answerStarted = false
     /// The answer goes to the client chunked (it had no length, and the client speaks HTTP/1.1).
