@@ -142,7 +142,8 @@ struct GatewayDesyncTests {
             try await server.start()
             defer { Task { await server.stop() } }
             #expect(await server.waitForLine(containing: "listening", timeout: 10))
-            let endpoint = #"{"url": "http://\#(bed.address(.h1)):\#(port)", "name": "Flood", "allow_insecure": true}"#
+            let endpoint =
+                #"{"url": "http://\#(bed.address(.h1)):\#(port)", "name": "Flood", "api_key": "infer-key", "allow_insecure": true}"#
             let agent = try await AgentProcess.start(
                 bed, config: config(endpoints: [endpoint]),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
