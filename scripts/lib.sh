@@ -57,6 +57,9 @@ TEST_PACKAGES=("${BUILD_PACKAGES[@]}" iproute2 python3-venv python3-dbus openssl
 # The dashboard in a real browser (Chromium driven by chromedriver), and a recording notification
 # server on a session bus for lmx-notify (python3-gi: the GLib main loop python3-dbus serves with).
 TEST_PACKAGES+=(chromium chromium-driver python3-gi)
+# Watching many agents: promtool checks examples/prometheus, and a real Prometheus scrapes agents
+# on the test LAN (started by the tests on loopback, never as a service).
+TEST_PACKAGES+=(prometheus)
 # The package tests: building (dpkg-dev, debhelper, binutils' strip), checking (lintian, systemd-analyze from
 # systemd; no running systemd is needed) and the man pages systemd-analyze verify looks up.
 TEST_PACKAGES+=(dpkg-dev debhelper binutils lintian systemd man-db util-linux)

@@ -140,7 +140,6 @@ struct GatewayDesyncTests {
                     String(port), "--instance", "flood-\(port)",
                 ])
             try await server.start()
-            defer { Task { await server.stop() } }
             #expect(await server.waitForLine(containing: "listening", timeout: 10))
             let endpoint =
                 #"{"url": "http://\#(bed.address(.h1)):\#(port)", "name": "Flood", "api_key": "infer-key", "allow_insecure": true}"#

@@ -104,6 +104,36 @@ struct OutputsTests {
         #expect(series.count <= 64, "\(series.count) first-token series")
     }
 
+    @Test("pairing expiry: one series per pairing name with an expiry, gone with the pairing; names bounded and printable")
+    func pairingExpiryMetric() {
+        let metrics = AgentMetrics()
+        func text() -> String { metrics.text() }
+        metrics.setPairingExpiries([("Studio", 1_900_000_000), ("Home", 1_950_000_000)])
+        #expect(text().contains(#"lmx_pairing_expiry_timestamp_seconds{pairing="Studio"} 1900000000"#), "\(text())")
+        #expect(text().contains(#"lmx_pairing_expiry_timestamp_seconds{pairing="Home"} 1950000000"#))
+        // Home removed, Studio renewed: Home's series goes.
+        metrics.setPairingExpiries([("Studio", 1_990_000_000)])
+        #expect(text().contains(#"lmx_pairing_expiry_timestamp_seconds{pairing="Studio"} 1990000000"#))
+        #expect(!text().contains(#"pairing="Home""#))
+        metrics.setPairingExpiries([("bad\nname", 1), (String(repeating: "x", count: 500), 2)])
+        #expect(!text().contains("bad\nname") && !text().contains(String(repeating: "x", count: 200)))
+        metrics.setPairingExpiries([])
+        #expect(!text().contains("lmx_pairing_expiry_timestamp_seconds{"))
+    }
+
+    @Test("the active server: one series naming it and its path, replaced when it changes, none when nothing is active")
+    func activeServerMetric() async throws {
+        let fixture = try AgentFixture()
+        fixture.publish([AgentFixture.lan("10.0.0.5")])
+        let on = await fixture.agent.metricsText()
+        #expect(on.contains(#"lmx_active_server{server="instance-0",via="lan"} 1"#), "\(on)")
+        fixture.agent.board.publish(snapshot())
+        let off = await fixture.agent.metricsText()
+        #expect(!off.contains("lmx_active_server{"))
+        #expect(off.contains(#"lmx_active_via{via="none"} 1"#))
+        await fixture.close()
+    }
+
     @Test("the watch hub numbers lines, replays what a watcher missed, and starts a late one with a snapshot")
     func watchHub() async throws {
         let board = StateBoard()

@@ -34,6 +34,10 @@ public final class AgentMetrics: Sendable {
     let gatewayUpstreamConnections: [Via: Counter]
     /// Dropped store writes already added to the counter.
     private let droppedCounted = Mutex(0)
+    /// `lmx_active_server`: one series, the active server's, made again when it changes.
+    private let activeServer = Mutex<(key: String, gauge: Gauge)?>(nil)
+    /// `lmx_pairing_expiry_timestamp_seconds`, by pairing name (``setPairingExpiries(_:)``).
+    private let pairingExpiries = Mutex<[String: Gauge]>([:])
     /// The labelled histograms made so far, by series and key: the registry makes each once, but
     /// asking it costs a lock, a descriptor and label arrays per answer (bounded: cleared past
     /// 1,024 entries; the registry keeps the series).
@@ -173,7 +177,55 @@ public final class AgentMetrics: Sendable {
         }
         if dropped > counted { storeDroppedWrites.increment(by: Int64(dropped - counted)) }
         watchClients.set(Double(watchers))
+        setActiveServer(snapshot.planner.active.map { ($0.instanceID ?? $0.route.baseURL, $0.route.via.rawValue) })
         return text()
+    }
+
+    /// `lmx_active_server{server, via}` = 1 for the active server (its `instance_id`, else its
+    /// URL): what lets a fleet's rules tell which agents use the same server, and how.
+    private func setActiveServer(_ active: (server: String, via: String)?) {
+        let server = active.map { OutsideInput.label($0.server, maxBytes: 128) ?? "(unnamed)" }
+        let key = active.map { "\(server ?? "")\u{0}\($0.via)" }
+        activeServer.withLock { current in
+            guard current?.key != key else { return }
+            if let old = current { registry.unregisterGauge(old.gauge) }
+            current = nil
+            guard let key, let server, let via = active?.via else { return }
+            let gauge = registry.makeGauge(
+                descriptor: .lmx(
+                    "lmx_active_server",
+                    "The server the active endpoint reaches (its instance_id, else its URL) and how: 1, one series."),
+                labels: [("server", server), ("via", via)])
+            gauge.set(to: 1.0)
+            current = (key, gauge)
+        }
+    }
+
+    /// `lmx_pairing_expiry_timestamp_seconds{pairing}`: when each pairing with an expiry ends
+    /// (seconds since 1970), labelled with the name the user chose (its id when it has none).
+    /// Pairings no longer given (removed, or without an expiry) lose their series.
+    public func setPairingExpiries(_ expiries: [(pairing: String, expiresAt: Double)]) {
+        var wanted: [String: Double] = [:]
+        for (pairing, expiresAt) in expiries.prefix(256) {
+            wanted[OutsideInput.label(pairing, maxBytes: 128) ?? "(unnamed)"] = expiresAt
+        }
+        pairingExpiries.withLock { gauges in
+            for (name, gauge) in gauges where wanted[name] == nil {
+                registry.unregisterGauge(gauge)
+                gauges[name] = nil
+            }
+            for (name, expiresAt) in wanted {
+                let gauge =
+                    gauges[name]
+                    ?? registry.makeGauge(
+                        descriptor: .lmx(
+                            "lmx_pairing_expiry_timestamp_seconds",
+                            "When a pairing expires, in seconds since 1970, by the name the user gave it."),
+                        labels: [("pairing", name)])
+                gauge.set(to: expiresAt)
+                gauges[name] = gauge
+            }
+        }
     }
 }
 

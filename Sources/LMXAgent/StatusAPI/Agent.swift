@@ -25,9 +25,15 @@ public struct Agent: Sendable {
         self.metrics = metrics
     }
 
-    /// `/metrics`: states sampled now, then every counter.
-    public func metricsText() -> String {
-        metrics.render(board.snapshot, store: store, watchers: watch.watcherCount)
+    /// `/metrics`: states sampled now (the pairings' expiry read from the store), then every counter.
+    public func metricsText() async -> String {
+        if let stored = try? await store.read({ try $0.pairings() }) {
+            metrics.setPairingExpiries(
+                stored.compactMap { entry in
+                    entry.pairing.expiresAt.map { (entry.pairing.name ?? entry.pairing.id, Double($0)) }
+                })
+        }
+        return metrics.render(board.snapshot, store: store, watchers: watch.watcherCount)
     }
 
     /// Every pairing with what the agent knows of its routes (no secrets).

@@ -146,7 +146,7 @@ public enum StatusServer {
         router.get("/metrics") { _, _ -> Response in
             Response(
                 status: .ok, headers: [.contentType: "text/plain; version=0.0.4"],
-                body: .init(byteBuffer: ByteBuffer(string: agent.metricsText())))
+                body: .init(byteBuffer: ByteBuffer(string: await agent.metricsText())))
         }
         return router
     }
@@ -214,7 +214,7 @@ extension StatusServer {
         router.get("/metrics") { _, _ -> Response in
             Response(
                 status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
-                body: .init(byteBuffer: ByteBuffer(string: agent.metricsText())))
+                body: .init(byteBuffer: ByteBuffer(string: await agent.metricsText())))
         }
         return Application(
             router: router,
