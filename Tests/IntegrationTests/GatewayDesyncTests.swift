@@ -345,10 +345,13 @@ struct GatewayDesyncTests {
                 after = agent.memoryKiB()
             }
             let perConnection = (during - baseline) / 64
-            print("figure: pipelining flood: RSS \(baseline) → \(during) → \(after) KiB, \(perConnection) KiB a connection")
+            print(
+                "figure: pipelining flood: RSS \(baseline) → \(during) → \(after) KiB, \(perConnection) KiB a connection"
+            )
             // Parsed all at once, the flood cost about 450 KiB a connection and was never given back.
             #expect(perConnection < 160, "\(perConnection) KiB a connection (\(baseline) → \(during) KiB)")
-            #expect(after <= baseline + 6 * 1024, "RSS \(after) KiB after the connections closed (baseline \(baseline))")
+            #expect(
+                after <= baseline + 6 * 1024, "RSS \(after) KiB after the connections closed (baseline \(baseline))")
             // The gateway still serves.
             #expect(try await curl(["-m", "5", "http://127.0.0.1:\(gatewayPort)/v1/models"]).status == 200)
         }

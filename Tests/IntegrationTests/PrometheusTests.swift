@@ -68,13 +68,16 @@ struct PrometheusTests {
             let metricsB = freePort()
             let agentA = try await AgentProcess.start(
                 bed,
-                config: config(endpoints: [#"{"url": "\#(server.baseURL)", "name": "Studio", "allow_insecure": true}"#]),
+                config: config(endpoints: [#"{"url": "\#(server.baseURL)", "name": "Studio", "allow_insecure": true}"#]
+                ),
                 arguments: ["--no-discovery", "--gateway", "off", "--metrics-address", "127.0.0.1:\(metricsA)"])
             // B's only server never answers (nothing listens there): no usable server.
             let agentB = try await AgentProcess.start(
                 bed,
                 config: config(
-                    endpoints: [#"{"url": "http://\#(bed.address(.h1)):\#(freePort())", "name": "Gone", "allow_insecure": true}"#]),
+                    endpoints: [
+                        #"{"url": "http://\#(bed.address(.h1)):\#(freePort())", "name": "Gone", "allow_insecure": true}"#
+                    ]),
                 arguments: ["--no-discovery", "--gateway", "off", "--metrics-address", "127.0.0.1:\(metricsB)"])
             #expect(await agentA.waitForActive(timeout: 10) { $0?.baseURL == server.baseURL } != nil)
             // A pairing of A's that expires in two days.
@@ -137,17 +140,25 @@ struct PrometheusTests {
                 let result = ((up["data"] as? [String: Any])?["result"] as? [[String: Any]])?.first
                 upCount = Int((result?["value"] as? [Any])?.last as? String ?? "") ?? 0
                 alerts = try await pendingAlerts()
-                let noServer = alerts.contains { ($0["labels"] as? [String: String])?["alertname"] == "LMXAgentNoUsableServer" }
-                let expiring = alerts.contains { ($0["labels"] as? [String: String])?["alertname"] == "LMXPairingExpiresSoon" }
+                let noServer = alerts.contains {
+                    ($0["labels"] as? [String: String])?["alertname"] == "LMXAgentNoUsableServer"
+                }
+                let expiring = alerts.contains {
+                    ($0["labels"] as? [String: String])?["alertname"] == "LMXPairingExpiresSoon"
+                }
                 if upCount == 2, noServer, expiring { break }
                 try await Task.sleep(for: .milliseconds(500))
             }
             #expect(upCount == 2, "targets up: \(upCount); \(prometheus.stderr.suffix(2000))")
-            let noServer = alerts.filter { ($0["labels"] as? [String: String])?["alertname"] == "LMXAgentNoUsableServer" }
+            let noServer = alerts.filter {
+                ($0["labels"] as? [String: String])?["alertname"] == "LMXAgentNoUsableServer"
+            }
             #expect(noServer.count == 1, "\(alerts)")
             #expect((noServer.first?["labels"] as? [String: String])?["instance"] == "127.0.0.1:\(metricsB)")
             #expect(noServer.first?["state"] as? String == "pending", "\(noServer)")
-            let expiring = alerts.filter { ($0["labels"] as? [String: String])?["alertname"] == "LMXPairingExpiresSoon" }
+            let expiring = alerts.filter {
+                ($0["labels"] as? [String: String])?["alertname"] == "LMXPairingExpiresSoon"
+            }
             #expect((expiring.first?["labels"] as? [String: String])?["pairing"] == "Office", "\(alerts)")
             #expect((expiring.first?["labels"] as? [String: String])?["instance"] == "127.0.0.1:\(metricsA)")
             // The recorded fleet counts: one agent on the LAN, one on nothing.
@@ -155,7 +166,9 @@ struct PrometheusTests {
             let rows = (byVia["data"] as? [String: Any])?["result"] as? [[String: Any]] ?? []
             var counts: [String: String] = [:]
             for row in rows {
-                if let via = (row["metric"] as? [String: String])?["via"], let value = (row["value"] as? [Any])?.last as? String {
+                if let via = (row["metric"] as? [String: String])?["via"],
+                    let value = (row["value"] as? [Any])?.last as? String
+                {
                     counts[via] = value
                 }
             }

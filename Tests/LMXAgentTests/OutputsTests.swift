@@ -104,7 +104,9 @@ struct OutputsTests {
         #expect(series.count <= 64, "\(series.count) first-token series")
     }
 
-    @Test("pairing expiry: one series per pairing name with an expiry, gone with the pairing; names bounded and printable")
+    @Test(
+        "pairing expiry: one series per pairing name with an expiry, gone with the pairing; names bounded and printable"
+    )
     func pairingExpiryMetric() {
         let metrics = AgentMetrics()
         func text() -> String { metrics.text() }

@@ -146,7 +146,9 @@ struct GatewayPolicyTests {
         #expect(admin["cf-access-client-id"] == "ID")
     }
 
-    @Test("the retry rule: only with the whole body; idempotent methods after the request may have arrived; a kept connection's close once on a new one")
+    @Test(
+        "the retry rule: only with the whole body; idempotent methods after the request may have arrived; a kept connection's close once on a new one"
+    )
     func retryRule() {
         for method in ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"] { #expect(RetryRule.isIdempotent(method)) }
         for method in ["POST", "PATCH", "TRACE", "get"] { #expect(!RetryRule.isIdempotent(method)) }
@@ -407,7 +409,9 @@ struct GatewayPolicyTests {
         #expect(!GatewayPolicy.keepsDownstream("x-private", connectionListed: ["x-private"]))
     }
 
-    @Test("Connection may list at most maxConnectionListed names, across all its headers: past it a request is refused (400), an answer is not passed on")
+    @Test(
+        "Connection may list at most maxConnectionListed names, across all its headers: past it a request is refused (400), an answer is not passed on"
+    )
     func connectionListBound() {
         let limit = GatewayPolicy.maxConnectionListed
         let names = (0..<limit).map { "x-\($0)" }
@@ -439,7 +443,9 @@ struct GatewayPolicyTests {
         #expect(ambiguous(#"{"model": "a", "messages": [{"model": "x"}], "stream": true}"#) == nil)
         #expect(ambiguous(#"{"model": "a", "model": "b"}"#) == "model")
         #expect(ambiguous(#"{"collection":"mine","documents":["d"],"collection":"theirs"}"#) == "collection")
-        #expect(ambiguous(#"{"previous_response_id": "r1", "input": "x", "previous_response_id": "r2"}"#) == "previous_response_id")
+        #expect(
+            ambiguous(#"{"previous_response_id": "r1", "input": "x", "previous_response_id": "r2"}"#)
+                == "previous_response_id")
         #expect(ambiguous(#"{"stream": false, "model": "m", "stream": true}"#) == "stream")
         // Spelled with an escape: the server's JSON reads it as the key, the gateway's scan does not.
         #expect(ambiguous(#"{"model": "a", "\u006dodel": "b"}"#) == "model")

@@ -305,8 +305,9 @@ public enum GatewayPolicy {
     /// the gateway sets itself (`securityHeaders`).
     /// Nil when the answer's `Connection` lists more than ``maxConnectionListed`` names (the
     /// gateway answers 502: no server needs that many).
-    public static func downstreamHeaders(_ upstream: [(name: String, value: String)]) -> [(name: String, value: String)]?
-    {
+    public static func downstreamHeaders(_ upstream: [(name: String, value: String)]) -> [(
+        name: String, value: String
+    )]? {
         guard let connectionListed = connectionListed(upstream) else { return nil }
         return upstream.filter { keepsDownstream($0.name, connectionListed: connectionListed) }
     }

@@ -97,7 +97,9 @@ struct TopLevelKeys {
 
     init(_ data: UnsafeRawBufferPointer) { self.data = data }
 
-    @inline(__always) private static func isSpace(_ b: UInt8) -> Bool { b == 0x20 || b == 0x09 || b == 0x0A || b == 0x0D }
+    @inline(__always) private static func isSpace(_ b: UInt8) -> Bool {
+        b == 0x20 || b == 0x09 || b == 0x0A || b == 0x0D
+    }
 
     private mutating func skipSpace() { while i < data.count, Self.isSpace(data[i]) { i += 1 } }
 

@@ -672,7 +672,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // names' bytes; the kept lines are copied from the client's bytes.
         // (The route's rule for `/v1/` paths, made once, when it applies: nearly always.)
         let listed =
-            request.head.contains(.connection) ? GatewayPolicy.connectionListed(request.head.all("connection")) ?? [] : []
+            request.head.contains(.connection)
+            ? GatewayPolicy.connectionListed(request.head.all("connection")) ?? [] : []
         let rule =
             listed.isEmpty && !Credentials.isOpen(path: request.path)
             ? target.inferenceRule

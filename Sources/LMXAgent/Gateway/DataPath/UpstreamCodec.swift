@@ -579,7 +579,9 @@ struct AnswerHeaders {
             }
             let name = String(decoding: name, as: UTF8.self)
             let value = String(decoding: value, as: UTF8.self)
-            guard GatewayPolicy.addConnectionListed(name: name, value: value, to: &connectionListed) else { return false }
+            guard GatewayPolicy.addConnectionListed(name: name, value: value, to: &connectionListed) else {
+                return false
+            }
             keepAlive.read(name: name, value: value)
         default:
             break
