@@ -464,6 +464,23 @@ struct GatewayPolicyTests {
         #expect(ModelField.find(in: Array(#"{"a": 1, "b": [1, {"model": "x"}], "model": "m2"}"#.utf8)) == "m2")
     }
 
+    @Test("strings are skipped sixteen bytes at a time: escapes and quotes at every offset around a block read alike")
+    func stringsSkippedInBlocks() {
+        for length in 0..<80 {
+            for escape in [#"\""#, #"\\"#, #"\u0022"#, "é"] {
+                for at in [0, length / 2, length] {
+                    var content = String(repeating: "a", count: length)
+                    content.insert(contentsOf: escape, at: content.index(content.startIndex, offsetBy: at))
+                    let body = #"{"messages": [{"content": "\#(content)"}], "model": "m\#(length)", "stream": true}"#
+                    #expect(ModelField.find(in: Array(body.utf8)) == "m\(length)", "\(body)")
+                    #expect(JSONBodyKeys.ambiguous(in: Array(body.utf8)) == nil, "\(body)")
+                    let twice = body.replacingOccurrences(of: #""stream": true}"#, with: #""model": "x"}"#)
+                    #expect(JSONBodyKeys.ambiguous(in: Array(twice.utf8)) == "model", "\(twice)")
+                }
+            }
+        }
+    }
+
     @Test("TRACE, TRACK and CONNECT are refused with 405 in any case, before anything else is looked at")
     func refusedMethods() {
         for method in ["TRACE", "trace", "TRACK", "CONNECT"] {
