@@ -79,6 +79,42 @@ struct GatewayDesyncTests {
     }
 
     @Test(
+        "Expect: 100-continue is answered at once: curl's 1.5 MB upload does not wait its second; the body arrives whole"
+    )
+    func expectContinue() async throws {
+        try await withResources {
+            let port = freePort()
+            let gatewayPort = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "continue-\(port)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [endpoint(server, name: "Studio")]),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            let file = agent.directory + "/upload.bin"
+            _ = try await Command.run("/bin/sh", ["-c", "head -c 1500000 /dev/urandom > \"$0\"", file])
+            let expected = try await Command.run("/usr/bin/sha256sum", [file])
+            let sent = try await Command.run(
+                "/usr/bin/curl",
+                [
+                    "-s", "-m", "10", "-H", "Expect: 100-continue", "--data-binary", "@" + file, "-w",
+                    "\n%{time_total}", "http://127.0.0.1:\(gatewayPort)/v1/upload",
+                ])
+            let lines = sent.stdout.split(separator: "\n").map(String.init)
+            let seconds = Double(lines.last ?? "") ?? 99
+            let answer =
+                (try? JSONSerialization.jsonObject(with: Data((lines.first ?? "").utf8)) as? [String: Any]) ?? [:]
+            #expect(answer["length"] as? Int == 1_500_000)
+            #expect(answer["sha256"] as? String == String(expected.stdout.prefix(64)))
+            // Unanswered, curl waits a whole second for the 100 before it sends the body.
+            #expect(seconds < 0.8, "the upload took \(seconds) s")
+            // Any other expectation goes to the general path: answered, never a hang.
+            let other = try await curl(
+                ["-m", "5", "-H", "Expect: something-else", "--data", "{}", "http://127.0.0.1:\(gatewayPort)/v1/upload"])
+            #expect(other.status != 0)
+        }
+    }
+
+    @Test(
         "a request's Connection header listing thousands of names is refused (400) at once; a server's answer of the kind is refused (502); CPU stays small"
     )
     func connectionNames() async throws {

@@ -285,7 +285,9 @@ public enum GatewayPolicy {
         }
     }
 
-    private static let droppedUpstream: [String] = hopByHop + ["cookie"]
+    /// Cookies, and `Expect`: the gateway itself answers a client's `100-continue` and reads the
+    /// body before or as it forwards it; the server is never asked to wait.
+    private static let droppedUpstream: [String] = hopByHop + ["cookie", "expect"]
     private static let droppedUpstreamBytes: [[UInt8]] = droppedUpstream.map { Array($0.utf8) }
     private static let droppedUpstreamByLength: [[[UInt8]]] = (0..<64).map { length in
         droppedUpstreamBytes.filter { $0.count == length }

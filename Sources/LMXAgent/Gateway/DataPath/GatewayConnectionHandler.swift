@@ -410,7 +410,21 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             return
         }
         request = ForwardedRequest(head: head, path: path, declaredLength: length, mayConcern: mayConcern)
+        // The client waits for a word before it sends its body (curl: a second, for bodies past
+        // 1 MiB): the gateway reads it, so it says so now. (The server is never asked: `Expect`
+        // does not travel upstream.)
+        if length > 0, head.contains(.expect) { sendContinue() }
     }
+
+    /// `100 Continue`, written to the client at once (no answer of the connection is in
+    /// progress: a request is taken only once the one before it has been answered).
+    private func sendContinue() {
+        guard let rawOutput else { return }
+        flushToClient()
+        rawOutput.writeAndFlush(NIOAny(ByteBuffer(bytes: Self.continueLine)), promise: nil)
+    }
+
+    private static let continueLine = Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)
 
     /// Handles the queued parts, in order, until a request waits for its answer; then has the
     /// front parse the bytes it held back, up to one more request.
@@ -443,7 +457,13 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         // (Most paths can concern no object: told in one pass, and the request keeps the answer.)
         let mayConcern = ServerAffinity.mayConcern(path: path)
         guard !mayConcern || !ServerAffinity.answerMakes(method: head.method.rawValue, path: path) else { return nil }
-        if head.contains(.expect) { return nil }
+        // `Expect: 100-continue` (one, from an HTTP/1.1 client) is answered here as the request is
+        // taken (``sendContinue()``), as nginx does; any other expectation goes to the general path.
+        if head.contains(.expect) {
+            guard head.minor == 1, head.all("expect").count == 1,
+                head.first(.expect)?.lowercased() == "100-continue"
+            else { return nil }
+        }
         // (The rules read a few headers by name, all of them known ones: when none but Host came,
         // as from API clients, they are not looked for one by one.)
         let header: (String) -> String? = head.contains(anyOf: Self.refusalHeaderBits) ? head.first : { _ in nil }
