@@ -109,7 +109,10 @@ struct GatewayDesyncTests {
             #expect(seconds < 0.8, "the upload took \(seconds) s")
             // Any other expectation goes to the general path: answered, never a hang.
             let other = try await curl(
-                ["-m", "5", "-H", "Expect: something-else", "--data", "{}", "http://127.0.0.1:\(gatewayPort)/v1/upload"])
+                [
+                    "-m", "5", "-H", "Expect: something-else", "--data", "{}",
+                    "http://127.0.0.1:\(gatewayPort)/v1/upload",
+                ])
             #expect(other.status != 0)
         }
     }
