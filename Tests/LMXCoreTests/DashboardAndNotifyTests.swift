@@ -224,7 +224,11 @@ struct NotificationPlannerTests {
         let away = planner.due(now: 1)
         #expect(away.count == 1)
         #expect(away.first?.summary == "Switched to the tunnel" && away.first?.topic == .route)
-        #expect(away.first?.body.contains("connection refused") == true && away.first?.urgency == .normal)
+        #expect(
+            away.first?.body
+                == "The LAN route is not usable (the connection was refused). Requests go to Studio through the tunnel."
+        )
+        #expect(away.first?.urgency == .normal)
         #expect(planner.due(now: 2).isEmpty)
         planner.receive(Self.line(Self.active(.lan, "Studio")), now: 20)
         let home = planner.due(now: 20)
@@ -332,7 +336,66 @@ struct NotificationPlannerTests {
         planner.receive(StatusAPI.WatchLine(type: .health, seq: 5, at: "", route: Self.impostor("new")), now: 3)
         let told = planner.due(now: 3)
         #expect(told.count == 1 && told.first?.topic == .impostor)
-        #expect(told.first?.summary.contains("<") == false && told.first?.summary.contains("Fake") == true)
+        #expect(told.first?.summary == "An impostor was refused")
+        // Nothing the impostor chose (its name, its address) reaches the notification.
+        for text in [told.first?.summary ?? "", told.first?.body ?? ""] {
+            #expect(!text.contains("Fake") && !text.contains("10.0.0.9") && !text.contains("<"), "\(text)")
+        }
+        #expect(told.first?.body.hasSuffix("The dashboard shows them: http://127.0.0.1:1235/") == true)
+        planner.receive(StatusAPI.WatchLine(type: .health, seq: 6, at: "", route: Self.impostor("third")), now: 4)
+        planner.receive(StatusAPI.WatchLine(type: .health, seq: 7, at: "", route: Self.impostor("fourth")), now: 5)
+        #expect(planner.due(now: 13).map(\.summary) == ["2 impostors were refused"])
+    }
+
+    @Test(
+        "notices carry only names the user chose and the agent's own words: an announced server's name, instance and reasons never"
+    )
+    func onlyChosenNames() {
+        let hostile = "https://evil.example/click <b>now</b>"
+        func announced(_ via: Via, instance: String) -> StatusAPI.Active {
+            StatusAPI.Active(
+                baseURL: "http://10.0.0.7:1234", openAIBaseURL: "http://10.0.0.7:1234/v1", via: via,
+                instanceID: instance, name: hostile, verdict: .ready, since: "", routeID: "lan/10.0.0.7:1234",
+                source: .mdns)
+        }
+        var planner = NotificationPlanner(interval: 0)
+        planner.receive(Self.snapshot(announced(.lan, instance: hostile)), now: 0)
+        planner.receive(
+            Self.line(
+                Self.active(.wan, "Office"),
+                reason: "lan/10.0.0.7:1234 failed: alive-not-ready: \(hostile) says visit https://evil.example"),
+            now: 1)
+        #expect(planner.due(now: 1).map(\.summary) == ["Switched to the tunnel"])
+        planner.receive(Self.line(announced(.lan, instance: hostile), reason: hostile), now: 2)
+        let told = planner.due(now: 2)
+        #expect(told.map(\.summary) == ["Back home on the LAN"])
+        #expect(told.first?.body == "Requests go to a server on the local network again.")
+        var away = NotificationPlanner(interval: 0)
+        away.receive(Self.snapshot(announced(.lan, instance: "Mono512")), now: 0)
+        away.receive(
+            Self.line(Self.active(.wan, "Office"), reason: "Studio failed: alive-not-ready: \(hostile)"), now: 1)
+        let notice = away.due(now: 1).first
+        #expect(
+            notice?.body
+                == "The LAN route is not usable (the server is not ready). Requests go to Office through the tunnel.")
+        for text in [notice?.summary ?? "", notice?.body ?? ""] { #expect(!text.contains("evil")) }
+        // A paired server reached on the LAN by its announcement: named as the pairing names it.
+        var paired = NotificationPlanner(interval: 0)
+        paired.pairings(
+            [
+                PairingSummary(
+                    id: "p1", name: "Studio", format: .token, url: nil, lan: nil, instance: "Mono512", secrets: [],
+                    expiresAt: nil)
+            ], wallNow: 0)
+        paired.receive(Self.snapshot(Self.active(.wan, "Studio")), now: 0)
+        paired.receive(Self.line(announced(.lan, instance: "Mono512")), now: 1)
+        #expect(paired.due(now: 1).first?.body == "Requests go to Studio on the local network again.")
+        // Reasons are told in the agent's words, or not at all.
+        #expect(
+            NotificationPlanner.ownWords("lan/10.0.0.2:1234 failed: down: connection refused")
+                == "the connection was refused")
+        #expect(NotificationPlanner.ownWords("tunnel: TLS failure: certificate expired") != nil)
+        #expect(NotificationPlanner.ownWords(hostile) == nil)
     }
 
     @Test("a pairing about to expire is told once; others are not")

@@ -43,11 +43,16 @@ public struct DesktopNotice: Sendable, Hashable {
 ///   first (a restart or a failover passes through it briefly).
 /// - Each impostor (a route claiming a paired server's identity from an address nobody vouches
 ///   for) is told once; several within an interval make one notice.
+/// - Notifications carry only names the user chose (a pairing's, a configured endpoint's) and the
+///   agent's own words: desktops make URLs in a body clickable, and an announcer's name, a
+///   server's instance id or readiness text is anyone's on the LAN. Why a route failed is told in
+///   the agent's words (``ownWords(_:)``), never as the reason's text.
 public struct NotificationPlanner: Sendable {
     /// Where requests go, as a person sees it.
     public enum Place: Sendable, Hashable {
-        case lan(String)
-        case wan(String)
+        /// The server's name when the user chose it (nil: a server found on the LAN).
+        case lan(String?)
+        case wan(String?)
         case none
 
         var kind: Int {
@@ -72,7 +77,10 @@ public struct NotificationPlanner: Sendable {
     private var currentSince = 0.0
     private var lastPost: [DesktopNotice.Topic: Double] = [:]
     private var impostorsSeen: Set<String> = []
-    private var pendingImpostors: [String] = []
+    /// Impostors refused since the last notice of them (told as a number: their names are theirs).
+    private var pendingImpostors = 0
+    /// The names the user gave the servers they paired, by `instance_id`.
+    private var pairedNames: [String: String] = [:]
     private var pairingsWarned: Set<String> = []
     private var pendingPairings: [(name: String, expiresAt: Double)] = []
     /// The dashboard's URL (the gateway's TCP address), when there is one.
@@ -94,7 +102,7 @@ public struct NotificationPlanner: Sendable {
         case .snapshot:
             guard let status = line.status else { return }
             gateway(status.gateway)
-            let place = Self.place(status.active)
+            let place = place(status.active)
             let routes = status.candidates.flatMap(\.routes)
             if !started {
                 started = true
@@ -109,7 +117,7 @@ public struct NotificationPlanner: Sendable {
             for route in routes where route.trust == .impostor { noteImpostor(route) }
         case .active:
             guard started else { return }
-            move(to: Self.place(line.active), reason: line.reason ?? "", now: now)
+            move(to: place(line.active), reason: line.reason ?? "", now: now)
         case .health, .candidateAdded:
             guard started, let route = line.route, route.trust == .impostor else { return }
             noteImpostor(route)
@@ -130,6 +138,10 @@ public struct NotificationPlanner: Sendable {
 
     /// The pairings as the agent lists them, with the real time now (expiry is real time).
     public mutating func pairings(_ list: [PairingSummary], wallNow: Double) {
+        pairedNames = [:]
+        for pairing in list.prefix(Self.maxRemembered) {
+            if let instance = pairing.instance, let name = pairing.name { pairedNames[instance] = Self.printable(name) }
+        }
         for pairing in list.prefix(Self.maxRemembered) {
             guard !pairingsWarned.contains(pairing.id), let expires = pairing.expiresAt.flatMap(Timestamp.parse),
                 expires - wallNow <= expiryWarning
@@ -148,17 +160,18 @@ public struct NotificationPlanner: Sendable {
             shown = current
             lastPost[.route] = now
         }
-        if !pendingImpostors.isEmpty, now >= (lastPost[.impostor] ?? -.infinity) + interval {
-            let names = pendingImpostors
-            pendingImpostors.removeAll()
+        if pendingImpostors > 0, now >= (lastPost[.impostor] ?? -.infinity) + interval {
+            let count = pendingImpostors
+            pendingImpostors = 0
             lastPost[.impostor] = now
+            let see = dashboardURL.map { "The dashboard shows them: \($0)" } ?? "lmx-status lists them."
             out.append(
                 DesktopNotice(
                     topic: .impostor,
-                    summary: names.count == 1 ? "Impostor refused: \(names[0])" : "\(names.count) impostors refused",
-                    body: names.count == 1
-                        ? "It claims to be a server you paired, from an address nobody vouches for. It gets no keys and no requests."
-                        : "They claim to be servers you paired, from addresses nobody vouches for: \(names.prefix(5).joined(separator: "; ")). They get no keys and no requests.",
+                    summary: count == 1 ? "An impostor was refused" : "\(count) impostors were refused",
+                    body: count == 1
+                        ? "A machine on the local network claims to be a server you paired, from an address nobody vouches for. It gets no keys and no requests. \(see)"
+                        : "Machines on the local network claim to be servers you paired, from addresses nobody vouches for. They get no keys and no requests. \(see)",
                     urgency: .normal, category: "network.error"))
         }
         if !pendingPairings.isEmpty, now >= (lastPost[.pairing] ?? -.infinity) + interval {
@@ -182,7 +195,7 @@ public struct NotificationPlanner: Sendable {
     public func nextDue() -> Double? {
         var times: [Double] = []
         if started, current.kind != shown.kind, let at = routeDue() { times.append(at) }
-        if !pendingImpostors.isEmpty { times.append((lastPost[.impostor] ?? -.infinity) + interval) }
+        if pendingImpostors > 0 { times.append((lastPost[.impostor] ?? -.infinity) + interval) }
         if !pendingPairings.isEmpty { times.append((lastPost[.pairing] ?? -.infinity) + interval) }
         return times.min()
     }
@@ -197,22 +210,25 @@ public struct NotificationPlanner: Sendable {
         guard place != current else { return }
         if place.kind != current.kind { currentSince = now }
         current = place
-        currentReason = Self.printable(reason)
+        currentReason = Self.ownWords(reason) ?? ""
     }
 
     private mutating func noteImpostor(_ route: StatusAPI.RouteStatus) {
         guard !impostorsSeen.contains(route.id), impostorsSeen.count < Self.maxRemembered else { return }
         remember(impostor: route.id)
-        pendingImpostors.append(Self.printable("\(route.name) at \(route.baseURL)"))
+        pendingImpostors += 1
     }
 
     private mutating func remember(impostor id: String) {
         if impostorsSeen.count < Self.maxRemembered { impostorsSeen.insert(id) }
     }
 
-    static func place(_ active: StatusAPI.Active?) -> Place {
+    /// Where requests go, with the server's name only when the user chose it: a configured
+    /// endpoint's or a pairing's (its own route, or a LAN route of the server it pairs).
+    func place(_ active: StatusAPI.Active?) -> Place {
         guard let active else { return .none }
-        let name = printable(active.name)
+        let name =
+            active.source.isSetUp ? Self.printable(active.name) : active.instanceID.flatMap { pairedNames[$0] }
         return active.via == .lan ? .lan(name) : .wan(name)
     }
 
@@ -220,17 +236,19 @@ public struct NotificationPlanner: Sendable {
         let why = reason.isEmpty ? "" : " (\(reason))"
         switch to {
         case .wan(let name):
+            let server = name ?? "the server"
             let body =
                 from.kind == 0
-                ? "The LAN route is not usable\(why). Requests go to \(name) through the tunnel."
-                : "Requests go to \(name) through the tunnel\(why)."
+                ? "The LAN route is not usable\(why). Requests go to \(server) through the tunnel."
+                : "Requests go to \(server) through the tunnel\(why)."
             return DesktopNotice(
                 topic: .route, summary: "Switched to the tunnel", body: body, urgency: .normal,
                 category: "network.disconnected")
         case .lan(let name):
             return DesktopNotice(
                 topic: .route, summary: "Back home on the LAN",
-                body: "Requests go to \(name) on the local network again.",
+                body: name.map { "Requests go to \($0) on the local network again." }
+                    ?? "Requests go to a server on the local network again.",
                 urgency: .low, category: "network.connected")
         case .none:
             return DesktopNotice(
@@ -238,6 +256,30 @@ public struct NotificationPlanner: Sendable {
                 body: "No server can take requests now\(reason.isEmpty ? "" : ": \(reason)"). The agent keeps probing.",
                 urgency: .critical, category: "network.error")
         }
+    }
+
+    /// Why a route stopped, in the agent's own words: the first of the causes it knows that the
+    /// reason names (its text is never copied: it holds names, ids and readiness text servers
+    /// chose). Nil when it names none of them.
+    static func ownWords(_ reason: String) -> String? {
+        let lower = reason.lowercased()
+        let causes: [(needle: String, words: String)] = [
+            ("connection refused", "the connection was refused"),
+            ("connection reset", "the connection was reset"),
+            ("timed out", "it did not answer in time"),
+            ("host unreachable", "the host cannot be reached"),
+            ("no route", "the host cannot be reached"),
+            ("name not resolved", "its name does not resolve"),
+            ("tls", "the secure connection failed"),
+            ("overloaded", "the server is overloaded"),
+            ("alive-not-ready", "the server is not ready"),
+            ("wrong-service", "another service answers there"),
+            ("not opta-lmx", "another service answers there"),
+            ("expired", "the pairing expired"),
+            ("removed", "its route was removed"),
+            ("down", "it stopped answering"),
+        ]
+        return causes.first { lower.contains($0.needle) }?.words
     }
 
     /// Server-supplied text as it may appear in a notification: bounded, one line, no markup
