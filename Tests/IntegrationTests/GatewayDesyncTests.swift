@@ -171,15 +171,7 @@ struct GatewayDesyncTests {
         try await withResources {
             let port = freePort()
             let gatewayPort = freePort()
-            let server = LiveProcess(
-                "/usr/sbin/ip",
-                [
-                    "netns", "exec", bed["LMX_TESTBED_H1_NS"], "/usr/bin/python3",
-                    "\(TestBed.repo)/scripts/fixtures/hostile-server.py", "--bind", bed.address(.h1), "--port",
-                    String(port), "--instance", "flood-\(port)",
-                ])
-            try await server.start()
-            #expect(await server.waitForLine(containing: "listening", timeout: 10))
+            let server = try await HostileUpstreamTests().startServer(port: port, instance: "flood-\(port)")
             let endpoint =
                 #"{"url": "http://\#(bed.address(.h1)):\#(port)", "name": "Flood", "api_key": "infer-key", "allow_insecure": true}"#
             let agent = try await AgentProcess.start(

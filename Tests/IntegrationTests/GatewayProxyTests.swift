@@ -209,6 +209,9 @@ struct GatewayProxyTests {
             #expect(refused.headers["retry-after"] != nil)
             #expect(refused.body.contains("no_endpoint") && refused.body.contains("waited"))
             #expect(waited >= 3.8)
+            // All of it on the data path: held on its event loop, never handed to the general path.
+            let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
+            #expect(metrics.contains("lmx_gateway_general_path_total 0"), "\(metrics)")
             print(
                 "figure: a request held while no route was usable: answered \(answer.seconds) s after it was sent (server back after 1 s)"
             )

@@ -252,9 +252,8 @@ extension Gateway {
                 }
                 return .refuse(
                     status: 503, code: "no_endpoint",
-                    message:
-                        "no Opta LMX endpoint is usable now (waited \(configuration.holdSeconds) s): \(snapshot.noActiveReason)"
-                )
+                    message: Self.noEndpointMessage(
+                        holdSeconds: configuration.holdSeconds, reason: snapshot.noActiveReason))
             }
             return plan
         }
@@ -301,6 +300,11 @@ extension Gateway {
             if let field = HTTPFields.Element.Name(name) { fields[field] = value }
         }
         return fields
+    }
+
+    /// Why a request held for `hold_seconds` is answered 503 `no_endpoint`.
+    static func noEndpointMessage(holdSeconds: Double, reason: String) -> String {
+        "no Opta LMX endpoint is usable now (waited \(holdSeconds) s): \(reason)"
     }
 
     /// Why a body naming a key the gateway reads twice (or with escapes) is refused.

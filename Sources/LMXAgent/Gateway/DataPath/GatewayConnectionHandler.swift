@@ -325,7 +325,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private var holdsReads: Bool {
         if !nothingQueued { return true }
         guard let request, !request.clientEnded else { return false }
-        if request.phase == .connecting { return true }
+        if request.phase == .connecting || request.phase == .waiting { return true }
         if let upstream = request.upstream, !upstream.channel.isWritable { return true }
         return false
     }
@@ -530,7 +530,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
                 {
                     decide(request)
                 }
-            case .connecting:
+            case .connecting, .waiting:
                 request.add(chunk)
             case .forwarding:
                 request.upstream?.handler.sendBody(chunk)
@@ -541,7 +541,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             request.clientEnded = true
             switch request.phase {
             case .collecting: decide(request)
-            case .connecting: break
+            case .connecting, .waiting: break
             case .forwarding:
                 request.upstream?.handler.sendEnd()
                 request.upstream?.handler.flush()
@@ -588,10 +588,25 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if mayConcern, ServerAffinity.named(method: method, path: path, body: method == "POST" ? body() : []) != nil {
             return handOver(request)
         }
+        request.model = model
         // (GatewayPolicy.clientKeyHeaders, looked up as literals.)
-        let clientHasKey = request.head.contains(.authorization) || request.head.contains(.xAPIKey)
-        let plan = state.plan(model: model, clientHasKey: clientHasKey, limit: gateway.configuration.attempts)
-        guard case .forward(let routes) = plan, !routes.isEmpty else { return handOver(request) }
+        request.clientHasKey = request.head.contains(.authorization) || request.head.contains(.xAPIKey)
+        if mayConcern {
+            request.madeByRequest = ServerAffinity.madeByRequest(
+                method: method, path: path, body: method == "POST" ? body() : [])
+        }
+        route(request)
+    }
+
+    /// Plans the request's routes and sends it to the first; while no route is usable it is
+    /// held (``hold(_:)``) and planned again. A refusal of the plan's (a model only untrusted
+    /// servers have, a key the request needs) is worded by the general path.
+    private func route(_ request: ForwardedRequest) {
+        let plan = state.plan(
+            model: request.model, clientHasKey: request.clientHasKey, limit: gateway.configuration.attempts)
+        guard case .forward(let routes) = plan else { return handOver(request) }
+        if routes.isEmpty { return hold(request) }
+        request.heldUntil = nil
         var targets = gateway.load.order(routes)
         if !request.clientEnded { targets = Array(targets.prefix(1)) }
         // Only routes the data path connects to, while the loop has connections to spare, and
@@ -601,15 +616,41 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             state.pool.openCount(address) < dataPath.connectionsPerLoop,
             targets.allSatisfy({ $0.credentials.isHeaderSafe })
         else { return handOver(request) }
-        request.model = model
         request.targets = targets
-        if mayConcern {
-            request.madeByRequest = ServerAffinity.madeByRequest(
-                method: method, path: path, body: method == "POST" ? body() : [])
-        }
         request.countInFlight(gateway.metrics.gatewayInFlight)
         gateway.metrics.gatewayRequests.increment()
         attempt(request, index: 0, address: address)
+    }
+
+    /// No route is usable (mid-failover, just after a wake): the request waits up to
+    /// `gateway.hold_seconds` for one, planned again every 25 ms on the loop's copy of the
+    /// agent's state, while the agent probes every endpoint (asked at once, then each second);
+    /// then 503 with why. Reads from the client wait meanwhile; a client that leaves drops it.
+    private func hold(_ request: ForwardedRequest) {
+        guard let context else { return }
+        let now = NIODeadline.now()
+        if request.heldUntil == nil {
+            request.phase = .waiting
+            request.heldUntil = now + .milliseconds(Int64(gateway.configuration.holdSeconds * 1000))
+            request.nextNudge = now
+        }
+        guard let until = request.heldUntil, now < until else {
+            gateway.metrics.gatewayFailures.increment()
+            return respond(
+                request, status: 503, code: "no_endpoint",
+                message: Gateway.noEndpointMessage(
+                    holdSeconds: gateway.configuration.holdSeconds, reason: state.snapshot.noActiveReason),
+                retryAfter: 2)
+        }
+        if now >= request.nextNudge {
+            request.nextNudge = now + .seconds(1)
+            let manager = gateway.agent.manager
+            Task { await manager.gatewayWaiting() }
+        }
+        context.eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(25)) { [self] in
+            guard self.request === request, request.phase == .waiting else { return }
+            self.route(request)
+        }
     }
 
     /// The request goes to the general path as it came: its bytes (head, the body so far) to
@@ -800,13 +841,20 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     /// An answer of the gateway's own, in the OpenAI error shape.
     /// Written as bytes like forwarded answers (SwiftNIO's encoder sees only the general path's).
-    private func respond(_ request: ForwardedRequest, status: Int, code: String, message: String) {
+    private func respond(
+        _ request: ForwardedRequest, status: Int, code: String, message: String, retryAfter: Int? = nil
+    ) {
         guard context != nil else { return }
         let body = ByteBuffer(bytes: Gateway.errorBody(code: code, message: message))
         request.keepAlive = request.head.keepAlive && request.clientEnded
         request.holdsAnswer = false
         let head = answerHead(request, status: .init(statusCode: status), sized: true) { out in
             out.add("Content-Type: application/json\r\nCache-Control: no-store\r\n")
+            if let retryAfter {
+                out.add("Retry-After: ")
+                out.add(decimal: retryAfter)
+                out.add("\r\n")
+            }
             out.add(Self.securityHeaderLines)
             out.add("Content-Length: ")
             out.add(decimal: body.readableBytes)
@@ -935,7 +983,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             // answers without reading it) is held until the body has come, as nginx does: many
             // clients cannot read an answer while they are still writing. Bounded.
             request.holdsAnswer = !request.clientEnded
-            request.answeredBeforeBody = !request.clientEnded
             emit(.head(bytes), for: request)
         case .body(let chunk):
             guard request.answerStarted else { return }
@@ -960,11 +1007,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             request.phase = .done
             upstream.handler.owner = nil
             request.upstream = nil
-            // The pool keeps it only when the server had the whole request before it answered
-            // (an answer that came while the body was still being sent may leave the body's rest
-            // unread, to be read as the next request), and the parser found it reusable
-            // (``UpstreamPool/release``).
-            if request.clientEnded, !request.answeredBeforeBody {
+            // The pool keeps it only when the whole request went to the server (as nginx's
+            // upstream keep-alive: a body cut short would leave the server reading the next
+            // request as its rest) and the parser found the answer whole and the connection
+            // reusable (``UpstreamPool/release``).
+            if request.clientEnded {
                 state.pool.release(upstream)
             } else {
                 upstream.channel.close(promise: nil)
@@ -1230,7 +1277,9 @@ enum ClientOutput {
 
 /// A request the data path forwards, from its head to its answer's end.
 final class ForwardedRequest {
-    enum Phase { case collecting, connecting, forwarding, done }
+    /// Reading ahead; waiting for a usable route (``GatewayConnectionHandler/hold(_:)``);
+    /// connecting; sending and answering; answered.
+    enum Phase { case collecting, waiting, connecting, forwarding, done }
 
     /// The head, with its bytes as the client sent them (given to llhttp if the request is handed over).
     let head: ClientHead
@@ -1249,6 +1298,12 @@ final class ForwardedRequest {
     let declaredLength: Int
     var clientEnded = false
     var model: String?
+    /// The client brings a key of its own (`Authorization`, `X-Api-Key`).
+    var clientHasKey = false
+    /// Held while no route is usable, until then (nil: not held).
+    var heldUntil: NIODeadline?
+    /// When the agent is next asked to probe everything for it.
+    var nextNudge = NIODeadline.distantPast
     var madeByRequest: ServerObject?
     var targets: [GatewayTarget] = []
     var attempt = 0
@@ -1259,9 +1314,6 @@ final class ForwardedRequest {
     var resentOnNewConnection = false
     /// Its body was passed on as it came (longer than the read-ahead): it can never be sent again.
     var bodyPassedOn = false
-    /// The answer's head came before the client's body had all come: the server's connection is
-    /// not kept (the server may not have read the body's rest).
-    var answeredBeforeBody = false
     /// The gateway holds the whole body (all of it came, none passed on yet): the request can go again.
     var bodyWhole: Bool { clientEnded && !bodyPassedOn }
     var keepAlive = true
