@@ -182,9 +182,14 @@ struct GatewayDesyncTests {
             #expect(await server.waitForLine(containing: "ok connection-flood", timeout: 5))
             let before = cpuSeconds(agent)
             var statuses: [Int] = []
+            var said = ""
             for _ in 0..<3 {
-                statuses.append(try await curl(["-m", "10", "http://127.0.0.1:\(gatewayPort)/v1/models"]).status)
+                let answer = try await curl(["-m", "10", "http://127.0.0.1:\(gatewayPort)/v1/models"])
+                statuses.append(answer.status)
+                said = answer.body
             }
+            // The 502 says why.
+            #expect(said.contains("Connection header listing more than 32 names"), "\(said)")
             let spent = cpuSeconds(agent) - before
             #expect(statuses == [502, 502, 502], "\(statuses)")
             #expect(spent >= 0 && spent < 0.5, "the daemon spent \(spent) s of CPU on three such answers")
