@@ -21,14 +21,14 @@ extension Gateway {
         traffic: TrafficTap? = nil,
         lost: @escaping @Sendable (String) async -> Void = { _ in }
     ) -> Response {
-        guard GatewayPolicy.connectionListed(upstream.headers.map { (name: $0.name, value: $0.value) }) != nil else {
+        guard let kept = fields(upstream.headers) else {
             return error(
                 502, code: "bad_upstream_answer",
                 message:
                     "the Opta LMX server's answer lists more than \(GatewayPolicy.maxConnectionListed) names in its Connection header; it is not passed on"
             )
         }
-        var headers = secured(fields(upstream.headers))
+        var headers = secured(kept)
         if let via = HTTPFields.Element.Name("X-LMX-Via") { headers[via] = target.via.rawValue }
         let length = upstream.headers.first(name: "content-length").flatMap(OutsideInput.contentLength)
         let events = upstream.headers.first(name: "content-type")?.lowercased().hasPrefix("text/event-stream") == true
@@ -121,11 +121,14 @@ extension Gateway {
         return Array("event: error\ndata: ".utf8) + json + Array("\n\n".utf8)
     }
 
-    /// The upstream's headers the client may see (none when its `Connection` lists too many
-    /// names: ``GatewayPolicy/downstreamHeaders(_:)``; the data path refuses such an answer with 502).
-    static func fields(_ headers: HTTPHeaders) -> HTTPFields {
+    /// The upstream's headers the client may see; nil when its `Connection` lists too many names
+    /// (``GatewayPolicy/downstreamHeaders(_:)``: such an answer is not passed on).
+    static func fields(_ headers: HTTPHeaders) -> HTTPFields? {
+        guard let kept = GatewayPolicy.downstreamHeaders(headers.map { (name: $0.name, value: $0.value) }) else {
+            return nil
+        }
         var fields = HTTPFields()
-        for (name, value) in GatewayPolicy.downstreamHeaders(headers.map { (name: $0.name, value: $0.value) }) ?? [] {
+        for (name, value) in kept {
             if let field = HTTPFields.Element.Name(name) { fields[values: field].append(value) }
         }
         return fields

@@ -203,7 +203,7 @@ extension Gateway {
         }
         if let busy = lastBusy {
             // Every other candidate failed too: the client sees the busy server's own answer.
-            var headers = Self.secured(Self.fields(busy.headers))
+            var headers = Self.secured(Self.fields(busy.headers) ?? HTTPFields())
             if let via = HTTPFields.Element.Name("X-LMX-Via") { headers[via] = busy.target.via.rawValue }
             return Response(
                 status: HTTPResponse.Status(code: Int(busy.status.code)), headers: headers,

@@ -606,7 +606,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             model: request.model, clientHasKey: request.clientHasKey, limit: gateway.configuration.attempts)
         guard case .forward(let routes) = plan else { return handOver(request) }
         if routes.isEmpty { return hold(request) }
-        request.heldUntil = nil
         var targets = gateway.load.order(routes)
         if !request.clientEnded { targets = Array(targets.prefix(1)) }
         // Only routes the data path connects to, while the loop has connections to spare, and
@@ -629,12 +628,12 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     private func hold(_ request: ForwardedRequest) {
         guard let context else { return }
         let now = NIODeadline.now()
-        if request.heldUntil == nil {
+        if request.phase != .waiting {
             request.phase = .waiting
             request.heldUntil = now + .milliseconds(Int64(gateway.configuration.holdSeconds * 1000))
             request.nextNudge = now
         }
-        guard let until = request.heldUntil, now < until else {
+        guard now < request.heldUntil else {
             gateway.metrics.gatewayFailures.increment()
             return respond(
                 request, status: 503, code: "no_endpoint",
@@ -1300,8 +1299,8 @@ final class ForwardedRequest {
     var model: String?
     /// The client brings a key of its own (`Authorization`, `X-Api-Key`).
     var clientHasKey = false
-    /// Held while no route is usable, until then (nil: not held).
-    var heldUntil: NIODeadline?
+    /// While no route is usable (``Phase/waiting``), held until then.
+    var heldUntil = NIODeadline.distantFuture
     /// When the agent is next asked to probe everything for it.
     var nextNudge = NIODeadline.distantPast
     var madeByRequest: ServerObject?
