@@ -132,6 +132,22 @@ struct PrometheusTests {
                 let data = try await get("/alerts")["data"] as? [String: Any]
                 return data?["alerts"] as? [[String: Any]] ?? []
             }
+            // The recorded fleet counts: one agent on the LAN, one on nothing. The recording group is
+            // evaluated on its own schedule, so it is polled with the alerts.
+            func fleetCounts() async throws -> [String: String] {
+                let byVia = try await get("/query?query=via:lmx_agents:count")
+                let rows = (byVia["data"] as? [String: Any])?["result"] as? [[String: Any]] ?? []
+                var counts: [String: String] = [:]
+                for row in rows {
+                    if let via = (row["metric"] as? [String: String])?["via"],
+                        let value = (row["value"] as? [Any])?.last as? String
+                    {
+                        counts[via] = value
+                    }
+                }
+                return counts
+            }
+            var counts: [String: String] = [:]
             var alerts: [[String: Any]] = []
             var upCount = 0
             let deadline = ContinuousClock.now + .seconds(30)
@@ -146,7 +162,9 @@ struct PrometheusTests {
                 let expiring = alerts.contains {
                     ($0["labels"] as? [String: String])?["alertname"] == "LMXPairingExpiresSoon"
                 }
-                if upCount == 2, noServer, expiring { break }
+                counts = try await fleetCounts()
+                let recorded = counts["lan"] == "1" && counts["none"] == "1"
+                if upCount == 2, noServer, expiring, recorded { break }
                 try await Task.sleep(for: .milliseconds(500))
             }
             #expect(upCount == 2, "targets up: \(upCount); \(prometheus.stderr.suffix(2000))")
@@ -161,17 +179,6 @@ struct PrometheusTests {
             }
             #expect((expiring.first?["labels"] as? [String: String])?["pairing"] == "Office", "\(alerts)")
             #expect((expiring.first?["labels"] as? [String: String])?["instance"] == "127.0.0.1:\(metricsA)")
-            // The recorded fleet counts: one agent on the LAN, one on nothing.
-            let byVia = try await get("/query?query=via:lmx_agents:count")
-            let rows = (byVia["data"] as? [String: Any])?["result"] as? [[String: Any]] ?? []
-            var counts: [String: String] = [:]
-            for row in rows {
-                if let via = (row["metric"] as? [String: String])?["via"],
-                    let value = (row["value"] as? [Any])?.last as? String
-                {
-                    counts[via] = value
-                }
-            }
             #expect(counts["lan"] == "1" && counts["none"] == "1", "\(counts)")
             await prometheus.stop()
         }
