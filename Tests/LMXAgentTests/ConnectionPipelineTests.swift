@@ -1,0 +1,324 @@
+import Foundation
+import LMXCore
+import Logging
+import NIOCore
+import NIOEmbedded
+import Testing
+
+@testable import LMXAgent
+
+/// A gateway client connection's whole pipeline in process: the front and the data path's
+/// handler on an `EmbeddedChannel`, its servers `EmbeddedChannel`s behind ``UpstreamHandler``s
+/// on the same loop (the pool's connector), time moved by hand. Bytes in, bytes out, no socket.
+final class PipelineHarness {
+    let loop = EmbeddedEventLoop()
+    let client: EmbeddedChannel
+    let handler: GatewayConnectionHandler
+    let state: GatewayDataPath.LoopState
+    let gateway: Gateway
+    /// The server side of every connection the gateway opened, in order.
+    private(set) var servers: [EmbeddedChannel] = []
+    /// Addresses connected to, in order.
+    private(set) var connected: [String] = []
+    /// Connections that fail to open (by address authority).
+    var refuse: Set<String> = []
+
+    init(_ fixture: AgentFixture, configuration: GatewayConfiguration = GatewayConfiguration()) throws {
+        gateway = try Gateway(
+            agent: fixture.agent, configuration: configuration, extraCAFile: nil, logger: Logger(label: "test"))
+        guard let dataPath = gateway.dataPath, let tls = dataPath.state(for: dataPath.group.next())?.pool.tls else {
+            throw GeneralPathNotHere()
+        }
+        let pool = UpstreamPool(eventLoop: loop, tls: tls)
+        state = GatewayDataPath.LoopState(
+            loop: loop, snapshot: fixture.agent.board.snapshot, pool: pool,
+            clientTimeout: .milliseconds(Int64(configuration.clientTimeout * 1000)))
+        let limiter = ConnectionLimiter(perUser: 16)
+        guard let admission = limiter.admitUnnamed(asking: { 1000 }) else { throw GeneralPathNotHere() }
+        handler = GatewayConnectionHandler(
+            dataPath: dataPath, state: state, peer: PeerUser(limiter: limiter, admission: admission), overTCP: false,
+            startGeneralPath: { _ in throw GeneralPathNotHere() })
+        let front = ClientFront()
+        front.handler = handler
+        handler.front = front
+        client = EmbeddedChannel(loop: loop)
+        try client.pipeline.syncOperations.addHandler(front)
+        try client.pipeline.syncOperations.addHandler(handler)
+        try client.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 9)).wait()
+        pool.connector = { [unowned self] address, _ in
+            self.connected.append(address.authority)
+            if self.refuse.contains(address.authority) {
+                return self.loop.makeFailedFuture(ChannelError.connectTimeout(.seconds(1)))
+            }
+            let server = EmbeddedChannel(handler: UpstreamHandler(), loop: self.loop)
+            self.servers.append(server)
+            return server.connect(to: try! SocketAddress(ipAddress: "127.0.0.1", port: 1)).map { server }
+        }
+    }
+
+    struct GeneralPathNotHere: Error {}
+
+    /// The client sends `text`.
+    func send(_ text: String) throws {
+        try client.writeInbound(ByteBuffer(string: text))
+        loop.run()
+    }
+
+    /// All the client has been sent since last asked.
+    func received() throws -> String {
+        loop.run()
+        var text = ""
+        while let buffer = try client.readOutbound(as: ByteBuffer.self) { text += String(buffer: buffer) }
+        return text
+    }
+
+    /// All server `index` has been sent since last asked.
+    func serverGot(_ index: Int) throws -> String {
+        loop.run()
+        guard index < servers.count else { return "" }
+        var text = ""
+        while let buffer = try servers[index].readOutbound(as: ByteBuffer.self) { text += String(buffer: buffer) }
+        return text
+    }
+
+    /// Server `index` answers `text`.
+    func answer(_ index: Int, _ text: String) throws {
+        try servers[index].writeInbound(ByteBuffer(string: text))
+        loop.run()
+    }
+
+    /// Server `index` closes its connection.
+    func serverCloses(_ index: Int) {
+        servers[index].pipeline.fireChannelInactive()
+        try? servers[index].close().wait()
+        loop.run()
+    }
+
+    func finish() {
+        _ = try? client.finish()
+        for server in servers { _ = try? server.finish() }
+    }
+
+    static func ok(_ body: String = "{}", headers: String = "") -> String {
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\(headers)Content-Length: \(body.utf8.count)\r\n\r\n\(body)"
+    }
+
+    static func get(_ path: String = "/v1/models") -> String { "GET \(path) HTTP/1.1\r\nHost: localhost\r\n\r\n" }
+
+    static func post(_ body: String, path: String = "/v1/chat/completions") -> String {
+        "POST \(path) HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
+    }
+}
+
+@Suite("The gateway connection's pipeline in process (EmbeddedChannel, manual time)")
+struct ConnectionPipelineTests {
+    static let server = AgentFixture.lan("10.9.0.2")
+    static let other = AgentFixture.lan("10.9.0.3")
+
+    @Test("a request goes to the route and its answer back, the server's connection kept for the next request")
+    func forwardsAndKeeps() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            try pipe.send(PipelineHarness.get())
+            let sent = try pipe.serverGot(0)
+            #expect(sent.hasPrefix("GET /v1/models HTTP/1.1\r\nHost: 10.9.0.2:1234\r\n"), "\(sent)")
+            try pipe.answer(0, PipelineHarness.ok(#"{"data":[]}"#))
+            let answer = try pipe.received()
+            #expect(answer.hasPrefix("HTTP/1.1 200 OK\r\n"), "\(answer)")
+            #expect(answer.contains("X-LMX-Via: lan\r\n") && answer.hasSuffix(#"{"data":[]}"#))
+            try pipe.send(PipelineHarness.get())
+            #expect(try pipe.serverGot(0).hasPrefix("GET /v1/models"))
+            #expect(pipe.servers.count == 1)  // the kept connection
+            try pipe.answer(0, PipelineHarness.ok())
+            #expect(try pipe.received().hasPrefix("HTTP/1.1 200 OK"))
+            #expect(pipe.client.isActive)
+        }
+    }
+
+    @Test("pipelined requests: the second goes only once the first is answered; answers in order")
+    func pipelining() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            try pipe.send(
+                PipelineHarness.post(#"{"model":"alpha","n":1}"#) + PipelineHarness.post(#"{"model":"alpha","n":2}"#))
+            #expect(try pipe.serverGot(0).hasSuffix(#""n":1}"#))
+            #expect(pipe.servers.count == 1)  // the second waits: not sent on a connection of its own
+            #expect(try pipe.received() == "")
+            try pipe.answer(0, PipelineHarness.ok(#"{"first":1}"#))
+            #expect(try pipe.received().hasSuffix(#"{"first":1}"#))
+            #expect(try pipe.serverGot(0).hasSuffix(#""n":2}"#))
+            try pipe.answer(0, PipelineHarness.ok(#"{"second":2}"#))
+            #expect(try pipe.received().hasSuffix(#"{"second":2}"#))
+        }
+    }
+
+    @Test("an answer that comes before the client's upload ends is held until the upload is done")
+    func answerHeldUntilUploadDone() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            var configuration = GatewayConfiguration()
+            configuration.readAheadBytes = 16
+            let pipe = try PipelineHarness(fixture, configuration: configuration)
+            defer { pipe.finish() }
+            let body = #"{"model":"alpha","input":""# + String(repeating: "x", count: 200) + #""}"#
+            let request = PipelineHarness.post(body, path: "/v1/embeddings")
+            let half = request.utf8.count - 100
+            try pipe.send(String(request.prefix(half)))
+            #expect(try pipe.serverGot(0).hasPrefix("POST /v1/embeddings"))  // past the read-ahead: sent on
+            try pipe.answer(0, PipelineHarness.ok(#"{"early":true}"#))
+            #expect(try pipe.received() == "")  // held: the client is still writing
+            // The server answered without the rest of the body: its connection is closed (never
+            // pooled with a request half read), the rest of the body read and dropped.
+            #expect(!pipe.servers[0].isActive)
+            try pipe.send(String(request.dropFirst(half)))
+            #expect(try pipe.received().hasSuffix(#"{"early":true}"#))
+            #expect(pipe.client.isActive)
+        }
+    }
+
+    @Test(
+        "a kept connection closed as a request comes: a GET goes again on a new connection; a POST whose body was passed on is answered 502, never sent without its body"
+    )
+    func keptConnectionClosed() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            var configuration = GatewayConfiguration()
+            configuration.readAheadBytes = 16
+            let pipe = try PipelineHarness(fixture, configuration: configuration)
+            defer { pipe.finish() }
+            try pipe.send(PipelineHarness.get())
+            try pipe.answer(0, PipelineHarness.ok())
+            _ = try pipe.received()
+            _ = try pipe.serverGot(0)
+            try pipe.send(PipelineHarness.get())
+            #expect(try pipe.serverGot(0).hasPrefix("GET"))
+            pipe.serverCloses(0)
+            #expect(pipe.servers.count == 2)
+            #expect(try pipe.serverGot(1).hasPrefix("GET /v1/models"))
+            try pipe.answer(1, PipelineHarness.ok(#"{"again":1}"#))
+            #expect(try pipe.received().hasSuffix(#"{"again":1}"#))
+            // A PUT whose body went on as it came (past the read-ahead), on the kept connection.
+            let body = String(repeating: "y", count: 64)
+            let put = "PUT /v1/files/a HTTP/1.1\r\nHost: localhost\r\nContent-Length: 64\r\n\r\n"
+            try pipe.send(put + body.prefix(32))
+            #expect(try pipe.serverGot(1).hasPrefix("PUT /v1/files/a"))
+            pipe.serverCloses(1)
+            #expect(pipe.servers.count == 2)  // not sent again
+            let answer = try pipe.received()
+            #expect(answer.hasPrefix("HTTP/1.1 502 "), "\(answer)")
+            #expect(answer.contains("upstream_unreachable"))
+        }
+    }
+
+    @Test("a stream cut mid-answer ends with an error event and the chunked end, not a hang")
+    func cutStream() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            try pipe.send(PipelineHarness.post(#"{"model":"alpha","stream":true}"#))
+            _ = try pipe.serverGot(0)
+            let event = "data: {\"n\":1}\n\n"
+            try pipe.answer(
+                0,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    + String(event.utf8.count, radix: 16) + "\r\n" + event + "\r\n")
+            let first = try pipe.received()
+            #expect(first.contains("Transfer-Encoding: chunked") && first.contains(#"data: {"n":1}"#))
+            pipe.serverCloses(0)
+            let rest = try pipe.received()
+            #expect(rest.contains("event: error") || rest.contains("\"error\""), "\(rest)")
+            #expect(rest.hasSuffix("0\r\n\r\n"), "\(rest)")
+        }
+    }
+
+    @Test("a body that stops coming: 408 after the client timeout (the sweep run by hand), connection closed")
+    func stalledBody() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            try pipe.send("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"mo")
+            pipe.client.read()
+            pipe.handler.sweepDue()
+            #expect(try pipe.received() == "")
+            pipe.handler.sweepDue()
+            let answer = try pipe.received()
+            #expect(answer.hasPrefix("HTTP/1.1 408 "), "\(answer)")
+            #expect(answer.contains("request_timeout"))
+            #expect(!pipe.client.isActive)
+        }
+    }
+
+    @Test("the daemon stops: an idle connection closes at once; one with an answer in progress closes when it ends")
+    func gracefulShutdown() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            try pipe.send(PipelineHarness.get())
+            _ = try pipe.serverGot(0)
+            pipe.client.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
+            pipe.loop.run()
+            #expect(pipe.client.isActive)
+            try pipe.answer(0, PipelineHarness.ok(#"{"last":1}"#))
+            #expect(try pipe.received().hasSuffix(#"{"last":1}"#))
+            #expect(!pipe.client.isActive)
+
+            let idle = try PipelineHarness(fixture)
+            defer { idle.finish() }
+            idle.client.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
+            idle.loop.run()
+            #expect(!idle.client.isActive)
+        }
+    }
+
+    @Test("no usable route within the hold: 503 no_endpoint with Retry-After, in the OpenAI error shape")
+    func noEndpoint() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([])
+            var configuration = GatewayConfiguration()
+            configuration.holdSeconds = 0
+            let pipe = try PipelineHarness(fixture, configuration: configuration)
+            defer { pipe.finish() }
+            try pipe.send(PipelineHarness.get())
+            let answer = try pipe.received()
+            #expect(answer.hasPrefix("HTTP/1.1 503 "), "\(answer)")
+            #expect(answer.contains("Retry-After: 2\r\n") && answer.contains(#""code":"no_endpoint""#))
+            #expect(pipe.servers.isEmpty)
+        }
+    }
+
+    @Test("a body naming the model twice is refused 400 before anything is sent")
+    func ambiguousBody() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            try pipe.send(PipelineHarness.post(#"{"model":"alpha","model":"beta"}"#))
+            let answer = try pipe.received()
+            #expect(answer.hasPrefix("HTTP/1.1 400 "), "\(answer)")
+            #expect(answer.contains("ambiguous_body"))
+            #expect(pipe.servers.isEmpty)
+        }
+    }
+
+    @Test("a route that cannot be connected to: the request goes to the next route at once")
+    func nextRoute() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server, Self.other])
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            pipe.refuse = ["10.9.0.2:1234"]
+            try pipe.send(PipelineHarness.post(#"{"model":"alpha"}"#))
+            #expect(pipe.connected == ["10.9.0.2:1234", "10.9.0.3:1234"])
+            #expect(try pipe.serverGot(0).contains("Host: 10.9.0.3:1234"))
+            try pipe.answer(0, PipelineHarness.ok(#"{"from":3}"#))
+            #expect(try pipe.received().hasSuffix(#"{"from":3}"#))
+        }
+    }
+}
