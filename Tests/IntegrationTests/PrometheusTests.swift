@@ -181,6 +181,7 @@ struct PrometheusTests {
             #expect((expiring.first?["labels"] as? [String: String])?["instance"] == "127.0.0.1:\(metricsA)")
             #expect(counts["lan"] == "1" && counts["none"] == "1", "\(counts)")
             await prometheus.stop()
+            withExtendedLifetime(agentB) {}  // (its daemon runs until here)
         }
     }
 }

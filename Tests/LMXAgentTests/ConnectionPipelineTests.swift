@@ -321,4 +321,23 @@ struct ConnectionPipelineTests {
             #expect(try pipe.received().hasSuffix(#"{"from":3}"#))
         }
     }
+
+    @Test("a busy server (429) hands the request to another with the model, on the data path; its answer is not seen")
+    func busyHandOver() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server, Self.other])
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            try pipe.send(PipelineHarness.post(#"{"model":"alpha","n":7}"#))
+            #expect(try pipe.serverGot(0).hasSuffix(#""n":7}"#))
+            try pipe.answer(0, "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 2\r\nContent-Length: 2\r\n\r\n{}")
+            #expect(pipe.connected == ["10.9.0.2:1234", "10.9.0.3:1234"])
+            #expect(!pipe.servers[0].isActive)  // mid-answer: never reused
+            let second = try pipe.serverGot(1)
+            #expect(second.contains("Host: 10.9.0.3:1234") && second.hasSuffix(#""n":7}"#))
+            try pipe.answer(1, PipelineHarness.ok(#"{"from":3}"#))
+            let answer = try pipe.received()
+            #expect(answer.hasPrefix("HTTP/1.1 200 OK") && answer.hasSuffix(#"{"from":3}"#), "\(answer)")
+        }
+    }
 }

@@ -1,0 +1,123 @@
+import LMXCore
+import LMXProbe
+import LMXSystem
+import NIOCore
+import NIOHTTP1
+import Prometheus
+
+/// A part of an answer of the data path, as written to the client (its head already bytes).
+enum ClientOutput {
+    case head(ByteBuffer)
+    case body(ByteBuffer)
+    case end
+}
+
+/// A request the data path forwards, from its head to its answer's end: what its exchange
+/// (``GatewayExchange``, the decisions) needs beside it — its bytes, its route, its connection,
+/// what it holds of the gateway's counts.
+final class ForwardedRequest {
+    /// The exchange's state and rules (a value in the core, tested without I/O).
+    var exchange: GatewayExchange
+    /// The head, with its bytes as the client sent them (given to llhttp if the request is handed over).
+    let head: ClientHead
+    let path: String
+    /// The path may name or make an object of one server (``ServerAffinity/mayConcern(path:)``).
+    let mayConcern: Bool
+    /// When its head came (``SystemClock/monotonic()``: the traffic figures' start).
+    let started = SystemClock.monotonic()
+    /// What the body read ahead holds of the shared budget (made with the first body part).
+    private var reservation: ReadAheadBudget.Reservation?
+    /// The body read ahead (while collecting), then what arrives while connecting.
+    var parts: [ByteBuffer] = []
+    var model: String?
+    /// The client brings a key of its own (`Authorization`, `X-Api-Key`).
+    var clientHasKey = false
+    /// While no route is usable (``GatewayExchange/Phase/waiting``), held until then.
+    var heldUntil = NIODeadline.distantFuture
+    /// When the agent is next asked to probe everything for it.
+    var nextNudge = NIODeadline.distantPast
+    var madeByRequest: ServerObject?
+    var targets: [GatewayTarget] = []
+    var upstream: UpstreamConnection?
+    var keepAlive = true
+    /// The answer goes to the client chunked (it had no length, and the client speaks HTTP/1.1).
+    var chunkedToClient = false
+    /// The answer held until the client's body has come (``GatewayExchange/holdsAnswer``).
+    var heldAnswer: [ClientOutput] = []
+    var heldBytes = 0
+    var relay: EventRelay?
+    /// The traffic figures' series the answer was counted under (its stream's figures go under it).
+    var traffic: GatewayTraffic.Series?
+    /// The gateway's in-flight gauge, while it counts this request.
+    var inFlight: Gauge?
+    /// The route's count of requests in flight, while it counts this request.
+    var routeCount: RouteLoad.Count?
+
+    init(head: ClientHead, path: String, declaredLength: Int, mayConcern: Bool, configuration: GatewayConfiguration) {
+        self.head = head
+        self.path = path
+        self.mayConcern = mayConcern
+        exchange = GatewayExchange(
+            method: head.method.rawValue, declaredLength: declaredLength, maxBodyBytes: configuration.maxRequestBytes,
+            readAheadBytes: configuration.readAheadBytes)
+    }
+
+    var clientEnded: Bool { exchange.clientEnded }
+    var phase: GatewayExchange.Phase { exchange.phase }
+    /// The route tried now.
+    var target: GatewayTarget { targets[min(exchange.attempt, targets.count - 1)] }
+
+    /// Keeps a part of the body (the array moved out and back: its growth spans a call the
+    /// compiler cannot see into, which would make every access to it checked at run time).
+    func add(_ chunk: ByteBuffer) {
+        var parts: [ByteBuffer] = []
+        swap(&parts, &self.parts)
+        parts.append(chunk)
+        swap(&parts, &self.parts)
+    }
+
+    /// Holds a part of the answer (as ``add(_:)``).
+    func hold(_ part: ClientOutput) {
+        var held: [ClientOutput] = []
+        swap(&held, &heldAnswer)
+        held.append(part)
+        swap(&held, &heldAnswer)
+    }
+
+    func reservation(from budget: ReadAheadBudget, for peer: PeerUser) -> ReadAheadBudget.Reservation {
+        if let reservation { return reservation }
+        let made = budget.reservation(for: peer.uid)
+        reservation = made
+        return made
+    }
+
+    /// Counted in flight (the gateway's gauge) from now until released.
+    func countInFlight(_ gauge: Gauge) {
+        guard inFlight == nil else { return }
+        gauge.increment()
+        inFlight = gauge
+    }
+
+    /// Counted against `count` (its route's) from now until released, and no longer against the
+    /// route it was counted against before.
+    func countOnRoute(_ count: RouteLoad.Count) {
+        count.add()
+        routeCount?.remove()
+        routeCount = count
+    }
+
+    /// No longer counted against its route (the attempt on it failed).
+    func leaveRoute() {
+        routeCount?.remove()
+        routeCount = nil
+    }
+
+    /// No longer counted in flight, on the gateway or its route.
+    func releaseCounts() {
+        inFlight?.decrement()
+        inFlight = nil
+        leaveRoute()
+    }
+
+    deinit { releaseCounts() }
+}

@@ -1,0 +1,348 @@
+/// One request's exchange with a server, as the gateway's data path forwards it: a value that
+/// takes the events of the exchange (a part of the client's body, its end, a connection made or
+/// failed, the answer's head, its end, the server gone) and says what to do (keep the part, send
+/// it, connect, answer the client, finish). No I/O: the channel handler that drives it does what
+/// it says (the pattern of async-http-client's `HTTPRequestStateMachine`).
+///
+/// Every exchange ends through ``Action/finish(upstream:client:)``, once: what becomes of the
+/// server's connection (back to the pool only when the whole request went and the answer ended
+/// whole, as nginx's upstream keep-alive) and of the client's (the next request, the rest of the
+/// body read and dropped, or closed).
+public struct GatewayExchange: Sendable {
+    public enum Phase: Sendable, Hashable {
+        /// Reading the body ahead (up to the read-ahead) before the request is decided.
+        case collecting
+        /// No route is usable: held until one is, or the hold ends.
+        case waiting
+        /// A connection to route ``GatewayExchange/attempt`` is being made or taken.
+        case connecting
+        /// The request went (its head, and its body as it comes); no answer yet.
+        case forwarding
+        /// The answer's head went to the client; its body follows.
+        case answering
+        /// The answer ended before the client's body: the rest is read and dropped.
+        case answered
+        case finished
+    }
+
+    /// What becomes of the server's connection when the exchange finishes.
+    public enum UpstreamFate: Sendable, Hashable {
+        /// Back to the pool: the server read the whole request and answered it whole.
+        case pool
+        /// Closed (never reused: the server may be mid-request or mid-answer).
+        case close
+        /// There is none (never connected, or already gone).
+        case none
+    }
+
+    /// What becomes of the client's connection when the exchange finishes.
+    public enum ClientFate: Sendable, Hashable {
+        /// The next request (or the connection closes if this one asked to).
+        case next
+        /// The answer is done but the body is still coming: read and dropped, then the next.
+        case readRest
+        /// Closed: the client cannot be answered cleanly any more.
+        case close
+        /// It is gone already.
+        case gone
+    }
+
+    /// The gateway's own answers to a request it forwards (``GatewayExchange/Refusal/answer``
+    /// renders each in one place, in the OpenAI error shape's fields).
+    public enum Refusal: Sendable, Hashable {
+        /// Every route tried failed before answering (why, in the last one's words).
+        case unreachable(detail: String)
+        /// Every server tried was busy (its status, 429 or 503, and when to try again).
+        case busy(status: Int, retryAfter: Int)
+        /// The body passed `gateway.max_request_bytes`.
+        case tooLarge(limit: Int)
+        /// No byte of the body came for `gateway.client_timeout`.
+        case timeout(seconds: Int)
+        /// The client closed its side before the body's end.
+        case incomplete(received: Int, declared: Int)
+        /// No route was usable within `gateway.hold_seconds` (and why, in the agent's words).
+        case noEndpoint(holdSeconds: Double, reason: String)
+        /// The body names a key the gateway reads twice, or spells it with escapes.
+        case ambiguous(key: String)
+
+        /// The status, the error's code and message, and `Retry-After` if there is one.
+        public var answer: (status: Int, code: String, message: String, retryAfter: Int?) {
+            switch self {
+            case .unreachable(let detail):
+                (
+                    502, "upstream_unreachable",
+                    "the Opta LMX server could not be reached (\(detail)); the agent is probing it again", nil
+                )
+            case .busy(let status, let retryAfter):
+                (
+                    status, "server_busy",
+                    "every Opta LMX server with this model is busy; try again in \(retryAfter) s", retryAfter
+                )
+            case .tooLarge(let limit):
+                (
+                    413, "request_too_large",
+                    "request bodies are limited to \(limit) bytes (gateway.max_request_bytes)", nil
+                )
+            case .timeout(let seconds):
+                (
+                    408, "request_timeout",
+                    "no byte of the request's body came for \(seconds) s (gateway.client_timeout)", nil
+                )
+            case .incomplete(let received, let declared):
+                (
+                    400, "request_body_incomplete",
+                    "the client closed its side of the connection after \(received) of the body's \(declared) bytes",
+                    nil
+                )
+            case .noEndpoint(let holdSeconds, let reason):
+                (503, "no_endpoint", "no Opta LMX endpoint is usable now (waited \(holdSeconds) s): \(reason)", 2)
+            case .ambiguous(let key):
+                (
+                    400, "ambiguous_body",
+                    "the request body names \"\(key)\" more than once (or spells it with escapes); the gateway and the server would read different values: send it once",
+                    nil
+                )
+            }
+        }
+    }
+
+    public enum Action: Sendable, Hashable {
+        /// Nothing to do.
+        case none
+        /// Keep the body part; `thenDecide`: the read-ahead is over, decide the request now.
+        case keep(thenDecide: Bool)
+        /// The whole body came while collecting: decide the request now.
+        case decide
+        /// Send the body part on to the server.
+        case send
+        /// The part comes after the answer ended: dropped.
+        case drop
+        /// End the body at the server; write what was held of the answer.
+        case sendEnd
+        /// Close the connection in hand (if any) and connect to route `attempt` (a new connection
+        /// when `fresh`, else a kept one if there is one).
+        case connect(attempt: Int, fresh: Bool)
+        /// Pass the answer's head on; `hold`: hold the answer until the client's body has come.
+        case passAnswer(hold: Bool)
+        /// Answer the client with the gateway's own error, then finish.
+        case respond(Refusal)
+        /// The event stream under the answer was cut: end it with an error event, then finish.
+        case streamLost
+        /// The exchange is over (see the type's note).
+        case finish(upstream: UpstreamFate, client: ClientFate)
+    }
+
+    public private(set) var phase = Phase.collecting
+    public let method: String
+    /// The body's length as the client declared it (0: none).
+    public let declaredLength: Int
+    public let maxBodyBytes: Int
+    public let readAheadBytes: Int
+    /// Body bytes received so far.
+    public private(set) var received = 0
+    public private(set) var clientEnded = false
+    /// The body went on as it came: the request can never be sent again.
+    public private(set) var bodyPassedOn = false
+    /// The gateway holds the whole body (all of it came, none passed on): it can go again.
+    public var bodyWhole: Bool { clientEnded && !bodyPassedOn }
+    /// Routes planned for it, and the one tried now.
+    public private(set) var routes = 0
+    public private(set) var attempt = 0
+    /// The connection in hand was kept from an earlier answer (it may have been closing).
+    public private(set) var onKeptConnection = false
+    public private(set) var resentOnNewConnection = false
+    /// The answer is held until the client's body has come.
+    public private(set) var holdsAnswer = false
+    /// The answer is an event stream.
+    public private(set) var isStream = false
+    /// The last busy answer passed over (status, seconds to wait), answered if no route takes it.
+    public private(set) var busy: (status: Int, retryAfter: Int)?
+
+    public init(method: String, declaredLength: Int, maxBodyBytes: Int, readAheadBytes: Int) {
+        self.method = method
+        self.declaredLength = declaredLength
+        self.maxBodyBytes = maxBodyBytes
+        self.readAheadBytes = readAheadBytes
+    }
+
+    /// A part of the client's body of `size` bytes; `budget` says whether the shared read-ahead
+    /// budget takes it (asked only while collecting).
+    public mutating func bodyPart(size: Int, budget: () -> Bool) -> Action {
+        received += size
+        if received > maxBodyBytes, phase != .answered, phase != .finished {
+            return bodyNotWhole(.tooLarge(limit: maxBodyBytes))
+        }
+        switch phase {
+        case .collecting:
+            // The last byte came with this part: its end follows at once, decided then.
+            if received == declaredLength { return .keep(thenDecide: false) }
+            return .keep(thenDecide: received >= readAheadBytes || !budget())
+        case .waiting, .connecting:
+            return .keep(thenDecide: false)
+        case .forwarding, .answering:
+            return .send
+        case .answered, .finished:
+            return .drop
+        }
+    }
+
+    /// The client's body ended.
+    public mutating func bodyEnd() -> Action {
+        clientEnded = true
+        // What was held of the answer goes now (with the end, or at the finish).
+        holdsAnswer = false
+        switch phase {
+        case .collecting: return .decide
+        case .waiting, .connecting, .finished: return .none
+        case .forwarding, .answering:
+            return .sendEnd
+        case .answered:
+            phase = .finished
+            return .finish(upstream: .none, client: .next)
+        }
+    }
+
+    /// No route is usable now: the request waits.
+    public mutating func hold() { phase = .waiting }
+
+    /// Planned: `routes` routes, tried in order.
+    public mutating func routed(routes: Int) -> Action {
+        self.routes = routes
+        attempt = 0
+        phase = .connecting
+        return .connect(attempt: 0, fresh: false)
+    }
+
+    /// The request went on a connection (`kept`: one kept from an earlier answer). A body that
+    /// has not all come goes on as it arrives, and is not kept: the request can never go again.
+    public mutating func sent(onKeptConnection kept: Bool) {
+        onKeptConnection = kept
+        phase = .forwarding
+        if !clientEnded { bodyPassedOn = true }
+    }
+
+    /// The route failed before any byte of an answer (`certainlyNotSent`: the connection was
+    /// never made). One rule (``RetryRule``): nothing goes again without its whole body.
+    public mutating func failed(certainlyNotSent: Bool, detail: String) -> Action {
+        guard phase == .connecting || phase == .forwarding else { return .none }
+        let failure: RetryRule.Failure =
+            certainlyNotSent ? .notSent : onKeptConnection ? .keptConnectionClosed : .failedBeforeAnswer
+        switch RetryRule.decide(
+            failure, method: method, bodyWhole: bodyWhole, attempt: attempt, routes: routes,
+            resentOnNewConnection: resentOnNewConnection)
+        {
+        case .sameRouteNewConnection:
+            resentOnNewConnection = true
+            phase = .connecting
+            return .connect(attempt: attempt, fresh: true)
+        case .nextRoute:
+            attempt += 1
+            phase = .connecting
+            return .connect(attempt: attempt, fresh: false)
+        case .answer:
+            if let busy { return respond(.busy(status: busy.status, retryAfter: busy.retryAfter)) }
+            return respond(.unreachable(detail: detail))
+        }
+    }
+
+    /// The answer's head came. `busyFor`: the server said it is busy (429, 503) and cools down
+    /// for that many seconds; another route takes the request if one is left and the body is
+    /// whole, else the answer passes as it is.
+    public mutating func answerHead(busyFor cooldown: Double?, status: Int, stream: Bool) -> Action {
+        guard phase == .forwarding else { return .none }
+        if let cooldown,
+            RetryRule.decide(
+                .busy, method: method, bodyWhole: bodyWhole, attempt: attempt, routes: routes,
+                resentOnNewConnection: false) == .nextRoute
+        {
+            busy = (status, max(1, Int(cooldown.rounded(.up))))
+            attempt += 1
+            phase = .connecting
+            return .connect(attempt: attempt, fresh: false)
+        }
+        phase = .answering
+        isStream = stream
+        holdsAnswer = !clientEnded
+        return .passAnswer(hold: holdsAnswer)
+    }
+
+    /// The answer held grew past what is held: it goes as it comes.
+    public mutating func answerReleased() { holdsAnswer = false }
+
+    /// The answer ended whole (`reusable`: the server's connection may take another request).
+    public mutating func answerEnd(reusable: Bool) -> Action {
+        guard phase == .answering else { return .none }
+        if clientEnded {
+            phase = .finished
+            return .finish(upstream: reusable ? .pool : .close, client: .next)
+        }
+        // The server answered without the whole body: its connection is never reused (it would
+        // read the next request as the rest), and the rest of the body is read and dropped.
+        phase = .answered
+        return .finish(upstream: .close, client: .readRest)
+    }
+
+    /// The server's connection closed or failed (`error`: how, if it failed).
+    public mutating func upstreamClosed(detail: String) -> Action {
+        switch phase {
+        case .connecting, .forwarding:
+            return failed(certainlyNotSent: false, detail: detail)
+        case .answering:
+            if isStream { return .streamLost }
+            // An answer cut in the middle: the client gets what came, then sees its connection
+            // close, as from the server.
+            phase = .finished
+            return .finish(upstream: .none, client: .close)
+        case .collecting, .waiting, .answered, .finished:
+            return .none
+        }
+    }
+
+    /// The stream's error event was written: the exchange ends.
+    public mutating func streamEnded() -> Action {
+        guard phase == .answering else { return .none }
+        if clientEnded {
+            phase = .finished
+            return .finish(upstream: .close, client: .next)
+        }
+        phase = .answered
+        return .finish(upstream: .close, client: .readRest)
+    }
+
+    /// The body will not reach the server whole (`why`: too large, stalled, cut): the server's
+    /// connection is closed; the client is answered unless its answer has begun to go out.
+    public mutating func bodyNotWhole(_ why: Refusal) -> Action {
+        switch phase {
+        case .answering where !holdsAnswer:
+            phase = .finished
+            return .finish(upstream: .close, client: .close)
+        case .answered, .finished:
+            return .none
+        default:
+            holdsAnswer = false
+            return respond(why)
+        }
+    }
+
+    /// Answers with the gateway's own error (and finishes once it is written: ``responded()``).
+    public mutating func respond(_ refusal: Refusal) -> Action {
+        phase = .answering
+        isStream = false
+        holdsAnswer = false
+        return .respond(refusal)
+    }
+
+    /// The gateway's own answer was written: the server's connection (if any) is closed; a
+    /// client whose body has not all come cannot send another request cleanly.
+    public mutating func responded() -> Action {
+        phase = .finished
+        return .finish(upstream: .close, client: clientEnded ? .next : .close)
+    }
+
+    /// The client's connection went away: everything is let go.
+    public mutating func clientGone() -> Action {
+        guard phase != .finished else { return .none }
+        phase = .finished
+        return .finish(upstream: .close, client: .gone)
+    }
+}

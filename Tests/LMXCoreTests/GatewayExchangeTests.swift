@@ -1,0 +1,184 @@
+import Testing
+
+@testable import LMXCore
+
+/// The data path's exchange as a value: events in, actions out, without a channel.
+@Suite("Gateway exchange: one request's life as events and actions")
+struct GatewayExchangeTests {
+    func exchange(_ method: String = "POST", length: Int = 10, readAhead: Int = 256, max: Int = 1000)
+        -> GatewayExchange
+    {
+        GatewayExchange(method: method, declaredLength: length, maxBodyBytes: max, readAheadBytes: readAhead)
+    }
+
+    @Test("a small body is read ahead whole, decided at its end, sent, answered, the connection pooled")
+    func plain() {
+        var e = exchange()
+        #expect(e.bodyPart(size: 4) { true } == .keep(thenDecide: false))
+        #expect(e.bodyPart(size: 6) { true } == .keep(thenDecide: false))  // the last byte: its end follows
+        #expect(e.bodyEnd() == .decide)
+        #expect(e.routed(routes: 2) == .connect(attempt: 0, fresh: false))
+        e.sent(onKeptConnection: false)
+        #expect(e.bodyWhole && e.phase == .forwarding)
+        #expect(e.answerHead(busyFor: nil, status: 200, stream: false) == .passAnswer(hold: false))
+        #expect(e.answerEnd(reusable: true) == .finish(upstream: .pool, client: .next))
+        #expect(e.phase == .finished)
+        // Nothing after the finish does anything: one way to end.
+        #expect(e.clientGone() == .none)
+        #expect(e.answerEnd(reusable: true) == .none)
+    }
+
+    @Test("past the read-ahead (or the shared budget) the request is decided at once; its body then goes as it comes")
+    func readAhead() {
+        var e = exchange(length: 100, readAhead: 16)
+        #expect(e.bodyPart(size: 8) { true } == .keep(thenDecide: false))
+        #expect(e.bodyPart(size: 8) { true } == .keep(thenDecide: true))
+        _ = e.routed(routes: 1)
+        e.sent(onKeptConnection: true)
+        #expect(!e.bodyWhole, "passed on: it can never go again")
+        #expect(e.bodyPart(size: 50) { true } == .send)
+        var budget = exchange(length: 100, readAhead: 64)
+        #expect(budget.bodyPart(size: 8) { false } == .keep(thenDecide: true))
+    }
+
+    @Test("an answer before the upload ends is held; the upload's end sends the end and releases it")
+    func heldAnswer() {
+        var e = exchange(length: 100, readAhead: 16)
+        _ = e.bodyPart(size: 20) { true }
+        _ = e.routed(routes: 1)
+        e.sent(onKeptConnection: false)
+        #expect(e.answerHead(busyFor: nil, status: 200, stream: false) == .passAnswer(hold: true))
+        #expect(e.holdsAnswer)
+        #expect(e.bodyPart(size: 30) { true } == .send)
+        // The answer ends before the body: the server's connection is never reused.
+        #expect(e.answerEnd(reusable: true) == .finish(upstream: .close, client: .readRest))
+        #expect(e.bodyPart(size: 50) { true } == .drop)
+        #expect(e.bodyEnd() == .finish(upstream: .none, client: .next))
+        #expect(!e.holdsAnswer)
+    }
+
+    @Test(
+        "a kept connection closed before answering: a GET goes again once on a new connection, then to the next route; a POST with its body passed on is answered 502"
+    )
+    func keptConnectionClosed() {
+        var get = exchange("GET", length: 0)
+        #expect(get.bodyEnd() == .decide)
+        _ = get.routed(routes: 2)
+        get.sent(onKeptConnection: true)
+        #expect(get.upstreamClosed(detail: "closed") == .connect(attempt: 0, fresh: true))
+        get.sent(onKeptConnection: false)
+        #expect(get.upstreamClosed(detail: "closed") == .connect(attempt: 1, fresh: false))
+        get.sent(onKeptConnection: false)
+        #expect(get.upstreamClosed(detail: "closed") == .respond(.unreachable(detail: "closed")))
+        #expect(get.responded() == .finish(upstream: .close, client: .next))
+
+        var put = exchange("PUT", length: 100, readAhead: 16)
+        _ = put.bodyPart(size: 20) { true }
+        _ = put.routed(routes: 2)
+        put.sent(onKeptConnection: true)
+        #expect(put.upstreamClosed(detail: "reset") == .respond(.unreachable(detail: "reset")))
+        // Its body had not all come: the client cannot send another request cleanly.
+        #expect(put.responded() == .finish(upstream: .close, client: .close))
+    }
+
+    @Test("a POST whose connection failed after it went is never sent twice; one never sent goes to the next route")
+    func notIdempotent() {
+        var sentOnce = exchange()
+        _ = sentOnce.bodyPart(size: 10) { true }
+        _ = sentOnce.bodyEnd()
+        _ = sentOnce.routed(routes: 3)
+        sentOnce.sent(onKeptConnection: false)
+        #expect(sentOnce.upstreamClosed(detail: "reset") == .respond(.unreachable(detail: "reset")))
+
+        var neverSent = exchange()
+        _ = neverSent.bodyPart(size: 10) { true }
+        _ = neverSent.bodyEnd()
+        _ = neverSent.routed(routes: 2)
+        #expect(neverSent.failed(certainlyNotSent: true, detail: "refused") == .connect(attempt: 1, fresh: false))
+        #expect(
+            neverSent.failed(certainlyNotSent: true, detail: "refused") == .respond(.unreachable(detail: "refused")))
+    }
+
+    @Test("busy hand-over: 429 with another route left goes there; the last busy answer passes as it is")
+    func busy() {
+        var e = exchange()
+        _ = e.bodyPart(size: 10) { true }
+        _ = e.bodyEnd()
+        _ = e.routed(routes: 2)
+        e.sent(onKeptConnection: false)
+        #expect(e.answerHead(busyFor: 2.5, status: 429, stream: false) == .connect(attempt: 1, fresh: false))
+        e.sent(onKeptConnection: false)
+        #expect(e.answerHead(busyFor: 5, status: 503, stream: false) == .passAnswer(hold: false))
+        // A busy server, then the next one unreachable: the busy answer in the gateway's words.
+        var f = exchange()
+        _ = f.bodyPart(size: 10) { true }
+        _ = f.bodyEnd()
+        _ = f.routed(routes: 2)
+        f.sent(onKeptConnection: false)
+        _ = f.answerHead(busyFor: 2.5, status: 429, stream: false)
+        #expect(f.failed(certainlyNotSent: true, detail: "refused") == .respond(.busy(status: 429, retryAfter: 3)))
+        let answer = GatewayExchange.Refusal.busy(status: 429, retryAfter: 3).answer
+        #expect(answer.status == 429 && answer.retryAfter == 3 && answer.code == "server_busy")
+    }
+
+    @Test(
+        "a stream cut mid-answer: the stream-lost event, then the end; a plain answer cut: the client's connection closes"
+    )
+    func cut() {
+        var stream = exchange("GET", length: 0)
+        _ = stream.bodyEnd()
+        _ = stream.routed(routes: 1)
+        stream.sent(onKeptConnection: false)
+        _ = stream.answerHead(busyFor: nil, status: 200, stream: true)
+        #expect(stream.upstreamClosed(detail: "reset") == .streamLost)
+        #expect(stream.streamEnded() == .finish(upstream: .close, client: .next))
+
+        var plain = exchange("GET", length: 0)
+        _ = plain.bodyEnd()
+        _ = plain.routed(routes: 1)
+        plain.sent(onKeptConnection: false)
+        _ = plain.answerHead(busyFor: nil, status: 200, stream: false)
+        #expect(plain.upstreamClosed(detail: "reset") == .finish(upstream: .none, client: .close))
+    }
+
+    @Test(
+        "a body too large, stalled or cut: answered unless the answer has begun to go out, then the connection closes")
+    func bodyNotWhole() {
+        var big = exchange(length: 2000, readAhead: 16, max: 1000)
+        _ = big.bodyPart(size: 20) { true }
+        _ = big.routed(routes: 1)
+        big.sent(onKeptConnection: false)
+        #expect(big.bodyPart(size: 990) { true } == .respond(.tooLarge(limit: 1000)))
+        #expect(big.responded() == .finish(upstream: .close, client: .close))
+
+        var held = exchange(length: 100, readAhead: 16)
+        _ = held.bodyPart(size: 20) { true }
+        _ = held.routed(routes: 1)
+        held.sent(onKeptConnection: false)
+        _ = held.answerHead(busyFor: nil, status: 200, stream: false)  // held: nothing went out
+        #expect(held.bodyNotWhole(.timeout(seconds: 60)) == .respond(.timeout(seconds: 60)))
+
+        var going = exchange(length: 100, readAhead: 16)
+        _ = going.bodyPart(size: 20) { true }
+        _ = going.routed(routes: 1)
+        going.sent(onKeptConnection: false)
+        _ = going.answerHead(busyFor: nil, status: 200, stream: false)
+        _ = going.bodyPart(size: 30) { true }
+        // (past the held bound the handler releases it)
+        going.answerReleased()
+        #expect(
+            going.bodyNotWhole(.incomplete(received: 20, declared: 100)) == .finish(upstream: .close, client: .close))
+        #expect(GatewayExchange.Refusal.timeout(seconds: 60).answer.status == 408)
+        #expect(GatewayExchange.Refusal.incomplete(received: 1, declared: 2).answer.status == 400)
+        #expect(GatewayExchange.Refusal.noEndpoint(holdSeconds: 5, reason: "x").answer.retryAfter == 2)
+    }
+
+    @Test("the client gone at any point: everything let go once")
+    func clientGone() {
+        var e = exchange()
+        _ = e.bodyPart(size: 4) { true }
+        #expect(e.clientGone() == .finish(upstream: .close, client: .gone))
+        #expect(e.clientGone() == .none)
+        #expect(e.bodyEnd() == .none)
+    }
+}
