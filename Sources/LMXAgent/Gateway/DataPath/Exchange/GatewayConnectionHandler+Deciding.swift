@@ -1,0 +1,193 @@
+import LMXCore
+import LMXProbe
+import LMXSystem
+import NIOCore
+import NIOHTTP1
+import Prometheus
+
+extension GatewayConnectionHandler {
+    // MARK: Deciding
+
+    /// The requests this handler forwards itself: plain `/v1/` requests with nothing that needs
+    /// the general path's waits or checks (`length`: the body's, as the front read it). Its path
+    /// (the target without the query) when it is one; nil for the others. (No path under `/v1/`
+    /// is the dashboard's: ``DashboardPolicy/resource(path:)``.)
+    func takes(_ head: ClientHead, length: Int) -> (path: String, mayConcern: Bool)? {
+        guard !llhttpOnly, gateway.groupGate == nil, let path = Self.plainV1Path(head.uri) else { return nil }
+        // (Most paths can concern no object: told in one pass, and the request keeps the answer.)
+        let mayConcern = ServerAffinity.mayConcern(path: path)
+        guard !mayConcern || !ServerAffinity.answerMakes(method: head.method.rawValue, path: path) else { return nil }
+        // `Expect: 100-continue` (one, from an HTTP/1.1 client) is answered here as the request is
+        // taken (``sendContinue()``), as nginx does; any other expectation goes to the general path.
+        if head.contains(.expect) {
+            guard head.minor == 1, head.all("expect").count == 1,
+                head.first(.expect)?.lowercased() == "100-continue"
+            else { return nil }
+        }
+        // (The rules read a few headers by name, all of them known ones: when none but Host came,
+        // as from API clients, they are not looked for one by one.)
+        let header: (String) -> String? = head.contains(anyOf: Self.refusalHeaderBits) ? head.first : { _ in nil }
+        if GatewayPolicy.refusal(
+            method: head.method.rawValue, path: path, authority: head.first(.host), header: header,
+            adminEnabled: gateway.configuration.admin, overTCP: overTCP,
+            localhostIsOurs: gateway.listeners.localhostIsOurs) != nil
+        {
+            return nil
+        }
+        return length <= gateway.configuration.maxRequestBytes ? (path, mayConcern) : nil
+    }
+
+    /// The headers the policy reads (``GatewayPolicy/refusalHeaders``) but Host, which it is
+    /// given, as the head's bits.
+    /// (Should the policy read a header that is not a known one, every request looks them up.)
+    static let refusalHeaderBits = ClientHead.bits(of: GatewayPolicy.refusalHeaders.subtracting(["host"])) ?? .max
+
+    /// The path (the target without its query) of a `/v1/` target with no percent-encoding,
+    /// fragment or dot-dot anywhere (those go to the general path, which reads them as the policy
+    /// does); nil for any other target. One pass over the bytes (walking `String.UTF8View` cost
+    /// about 30 instructions a byte).
+    static func plainV1Path(_ uri: String) -> String? {
+        var uri = uri
+        // Where the path ends (the query's `?`, or the end); nil: not a plain `/v1/` target.
+        let end = uri.withUTF8 { bytes -> Int? in
+            guard bytes.count >= 4, bytes[0] == UInt8(ascii: "/"), bytes[1] == UInt8(ascii: "v"),
+                bytes[2] == UInt8(ascii: "1"), bytes[3] == UInt8(ascii: "/")
+            else { return nil }
+            var previousDot = false
+            var query: Int?
+            for index in bytes.indices {
+                let byte = bytes[index]
+                if byte == UInt8(ascii: "%") || byte == UInt8(ascii: "#") { return nil }
+                let dot = byte == UInt8(ascii: ".")
+                if dot, previousDot { return nil }
+                previousDot = dot
+                if byte == UInt8(ascii: "?"), query == nil { query = index }
+            }
+            return query ?? bytes.count
+        }
+        guard let end else { return nil }
+        return end == uri.utf8.count ? uri : String(decoding: uri.utf8.prefix(end), as: UTF8.self)
+    }
+
+    func decide(_ request: ForwardedRequest) {
+        let method = request.head.method.rawValue
+        let path = request.path
+        // The body so far, as one array: only when the model is not in its first part alone (a
+        // prefix with the whole field reads as the whole body does), or the path may name an
+        // object whose field is read from the body.
+        var joined: [UInt8]?
+        func body() -> [UInt8] {
+            if let joined { return joined }
+            var bytes: [UInt8] = []
+            bytes.reserveCapacity(request.exchange.received)
+            for chunk in request.parts { bytes.append(contentsOf: chunk.readableBytesView) }
+            joined = bytes
+            return bytes
+        }
+        var model: String?
+        if method == "POST", let first = request.parts.first {
+            // A key the gateway reads, named twice or spelled with escapes, would be read
+            // differently by the server (JSONBodyKeys): refused, never guessed.
+            let ambiguous =
+                request.parts.count == 1
+                ? first.withUnsafeReadableBytes { JSONBodyKeys.ambiguous(in: $0) } : JSONBodyKeys.ambiguous(in: body())
+            if let ambiguous {
+                gateway.metrics.gatewayRefused.increment()
+                return run(request.exchange.respond(.ambiguous(key: ambiguous)), for: request)
+            }
+            model = first.withUnsafeReadableBytes { ModelField.find(in: $0) }
+            if model == nil, request.parts.count > 1 { model = ModelField.find(in: body()) }
+        }
+        let mayConcern = request.mayConcern
+        if mayConcern, ServerAffinity.named(method: method, path: path, body: method == "POST" ? body() : []) != nil {
+            return handOver(request)
+        }
+        request.model = model
+        // (GatewayPolicy.clientKeyHeaders, looked up as literals.)
+        request.clientHasKey = request.head.contains(.authorization) || request.head.contains(.xAPIKey)
+        if mayConcern {
+            request.madeByRequest = ServerAffinity.madeByRequest(
+                method: method, path: path, body: method == "POST" ? body() : [])
+        }
+        route(request)
+    }
+
+    /// Plans the request's routes and sends it to the first; while no route is usable it is
+    /// held (``hold(_:)``) and planned again. A refusal of the plan's (a model only untrusted
+    /// servers have, a key the request needs) is worded by the general path.
+    func route(_ request: ForwardedRequest) {
+        let plan = state.plan(
+            model: request.model, clientHasKey: request.clientHasKey, limit: gateway.configuration.attempts)
+        guard case .forward(let routes) = plan else { return handOver(request) }
+        if routes.isEmpty { return hold(request) }
+        var targets = gateway.load.order(routes)
+        if !request.clientEnded { targets = Array(targets.prefix(1)) }
+        // Only routes the data path connects to, while the loop has connections to spare, and
+        // whose keys can be written as they are (upstream heads are not checked again: the
+        // client's headers were parsed as headers, the rest is ours).
+        guard let first = targets.first, let address = state.address(first.baseURL),
+            state.pool.openCount(address) < dataPath.connectionsPerLoop,
+            targets.allSatisfy({ $0.credentials.isHeaderSafe })
+        else { return handOver(request) }
+        request.targets = targets
+        request.countInFlight(gateway.metrics.gatewayInFlight)
+        gateway.metrics.gatewayRequests.increment()
+        _ = request.exchange.routed(routes: targets.count)
+        attempt(request, fresh: false, address: address)
+    }
+
+    /// No route is usable (mid-failover, just after a wake): the request waits up to
+    /// `gateway.hold_seconds` for one, planned again every 25 ms on the loop's copy of the
+    /// agent's state, while the agent probes every endpoint (asked at once, then each second);
+    /// then 503 with why. Reads from the client wait meanwhile; a client that leaves drops it.
+    func hold(_ request: ForwardedRequest) {
+        guard let context else { return }
+        let now = NIODeadline.now()
+        if request.phase != .waiting {
+            request.exchange.hold()
+            request.heldUntil = now + .milliseconds(Int64(gateway.configuration.holdSeconds * 1000))
+            request.nextNudge = now
+        }
+        guard now < request.heldUntil else {
+            gateway.metrics.gatewayFailures.increment()
+            let refusal = GatewayExchange.Refusal.noEndpoint(
+                holdSeconds: gateway.configuration.holdSeconds, reason: state.snapshot.noActiveReason)
+            return run(request.exchange.respond(refusal), for: request)
+        }
+        if now >= request.nextNudge {
+            request.nextNudge = now + .seconds(1)
+            let manager = gateway.agent.manager
+            Task { await manager.gatewayWaiting() }
+        }
+        context.eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(25)) { [self] in
+            guard self.request === request, request.phase == .waiting else { return }
+            self.route(request)
+        }
+    }
+
+    /// The request goes to the general path as it came: its bytes (head, the body so far) to
+    /// llhttp, the rest as it arrives; then the requests read after it.
+    func handOver(_ request: ForwardedRequest) {
+        self.request = nil
+        handOver(raw: request.head.raw, parts: request.parts, ended: request.clientEnded)
+        drainQueue()
+    }
+
+    func handOver(raw: ByteBuffer, parts: [ByteBuffer], ended: Bool) {
+        guard let front, ensureGeneralPath() else { return }
+        // llhttp reads it (its parts come back through channelRead, to the general path).
+        front.toLLHTTP(raw)
+        for part in parts { front.toLLHTTP(part) }
+        replaying = !ended
+        endReadBatchIfFired()
+    }
+
+    /// The general path's handlers deliver what they were given when a read batch ends: parts
+    /// given to them outside a read of the client's (a queued request handled once the one before
+    /// it ended, a busy server's handover during its answer) get an end of their own.
+    func endReadBatchIfFired() {
+        guard firedRead, let context else { return }
+        firedRead = false
+        context.fireChannelReadComplete()
+    }
+}

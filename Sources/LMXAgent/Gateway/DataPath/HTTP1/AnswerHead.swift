@@ -1,0 +1,136 @@
+import LMXCore
+import NIOCore
+import NIOHTTP1
+
+/// A server's answer head as the data path reads it: its bytes as they came, where each header is
+/// in them, and what the rules read of them (``AnswerHeaders``), in the one pass that checks the
+/// head. No `String` is made of a header the gateway only passes on: the kept ones are written to
+/// the client from these bytes (read strictly by ``UpstreamResponseParser``: names are tokens,
+/// values have no line breaks or control characters).
+final class UpstreamAnswerHead {
+    struct Field {
+        /// Where the name and the value (without the spaces around it) are in ``bytes``.
+        var name: Range<Int>
+        var value: Range<Int>
+        /// Not one the gateway drops (hop-by-hop, cookies, its own): ``GatewayPolicy/keepsDownstream(nameBytes:connectionListed:)``
+        /// before what `Connection` lists is known.
+        var kept: Bool
+    }
+
+    /// `HTTP/1.<minor>`.
+    let minor: Int
+    let status: Int
+    /// The head, status line through the blank line.
+    let bytes: ByteBuffer
+    let fields: [Field]
+    let read: AnswerHeaders
+
+    /// (An object: the parser's parts are handed on, and copied, several times per answer; a
+    /// struct of buffers, arrays and texts was retained and released whole at every copy.)
+    init(minor: Int, status: Int, bytes: ByteBuffer, fields: [Field], read: AnswerHeaders) {
+        self.minor = minor
+        self.status = status
+        self.bytes = bytes
+        self.fields = fields
+        self.read = read
+    }
+
+    /// The headers as text (tests, logs): the data path itself reads ``fields``.
+    var headers: [(name: String, value: String)] {
+        bytes.withUnsafeReadableBytes { raw in
+            fields.map {
+                (
+                    String(decoding: UnsafeRawBufferPointer(rebasing: raw[$0.name]), as: UTF8.self),
+                    String(decoding: UnsafeRawBufferPointer(rebasing: raw[$0.value]), as: UTF8.self)
+                )
+            }
+        }
+    }
+}
+
+/// What the data path reads of a server's answer's headers, as they are read: the
+/// `Content-Length`, the first `Content-Type` and `Retry-After` (as `HTTPHeaders.first(name:)`
+/// would give them), what `Connection` lists, and the keep-alive hints. `String`s are made only of
+/// the few headers these need.
+struct AnswerHeaders {
+    var contentLength: Int?
+    var retryAfter: String?
+    var eventStream = false
+    private var contentTypeSeen = false
+    var connectionListed: [String] = []
+    var keepAlive = UpstreamKeepAlive()
+
+    /// False when the `Connection` headers list more than ``GatewayPolicy/maxConnectionListed``
+    /// names (the answer is refused: ``GatewayPolicy/connectionListed(_:)``).
+    mutating func read(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Bool {
+        // Lengths first: most headers are none of these.
+        switch name.count {
+        case 12 where !contentTypeSeen && HTTPSyntax.equalsLowercased(name, "content-type"):
+            contentTypeSeen = true
+            eventStream =
+                value.count >= 17
+                && HTTPSyntax.equalsLowercased(UnsafeRawBufferPointer(rebasing: value[0..<17]), "text/event-stream")
+        case 11 where retryAfter == nil && HTTPSyntax.equalsLowercased(name, "retry-after"):
+            retryAfter = String(decoding: value, as: UTF8.self)
+        case 6:
+            // CF-RAY and Server (behind Cloudflare's edge): read from the bytes.
+            if HTTPSyntax.equalsLowercased(name, "cf-ray") {
+                keepAlive.readRayID(present: !value.isEmpty)
+            } else if HTTPSyntax.equalsLowercased(name, "server") {
+                // (The value's spaces are already trimmed.)
+                keepAlive.readServer(isCloudflare: HTTPSyntax.equalsLowercased(value, "cloudflare"))
+            }
+        case 10:
+            // `Connection: keep-alive` or `close` (the usual values) name no other header and say
+            // nothing of how long the connection is kept: no `String`s. Otherwise, and
+            // `Keep-Alive`, read as text by the rules they belong to.
+            let connection = HTTPSyntax.equalsLowercased(name, "connection")
+            guard connection || HTTPSyntax.equalsLowercased(name, "keep-alive") else { return true }
+            if connection,
+                HTTPSyntax.equalsLowercased(value, "keep-alive") || HTTPSyntax.equalsLowercased(value, "close")
+            {
+                return true
+            }
+            let name = String(decoding: name, as: UTF8.self)
+            let value = String(decoding: value, as: UTF8.self)
+            guard GatewayPolicy.addConnectionListed(name: name, value: value, to: &connectionListed) else {
+                return false
+            }
+            keepAlive.read(name: name, value: value)
+        default:
+            break
+        }
+        return true
+    }
+}
+
+/// The bytes of HTTP/1.1's grammar both sides of the data path read (RFC 9110 §5.6.2).
+enum HTTPSyntax {
+    /// A `tchar`: a byte of a token (header names, methods).
+    static func isTokenByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: true
+        case UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"),
+            UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."),
+            UInt8(ascii: "^"), UInt8(ascii: "_"), UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
+            true
+        default: false
+        }
+    }
+
+    /// Whether `bytes` are `lower` (lowercase letters and `-`) in any case.
+    static func equalsLowercased(_ bytes: some Collection<UInt8>, _ lower: StaticString) -> Bool {
+        // Most names asked about differ in length: answered without reading a byte.
+        // (A one-scalar literal has no pointer, nor a count without one.)
+        guard !lower.hasPointerRepresentation || bytes.count == lower.utf8CodeUnitCount else { return false }
+        return lower.withUTF8Buffer { expected in
+            guard bytes.count == expected.count else { return false }
+            var index = 0
+            for byte in bytes {
+                guard byte | 0x20 == expected[index] else { return false }
+                index += 1
+            }
+            return true
+        }
+    }
+}
