@@ -91,6 +91,10 @@ struct GatewayAffinityTests {
             #expect(last.status == 503 && error?["code"] as? String == "server_unreachable", "\(last)")
             #expect((error?["message"] as? String)?.contains("agent run \(runID) is on Alpha") == true, "\(last)")
             #expect(b.requests.filter { $0.contains(runID) }.isEmpty, "Beta was asked for Alpha's run")
+            // All of it on the data path: made objects read from answers as they pass, named ones
+            // routed to their server, the 503 for one no route reaches.
+            let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
+            #expect(metrics.contains("lmx_gateway_general_path_total 0"), "handed to the general path")
         }
     }
 }

@@ -340,4 +340,32 @@ struct ConnectionPipelineTests {
             #expect(answer.hasPrefix("HTTP/1.1 200 OK") && answer.hasSuffix(#"{"from":3}"#), "\(answer)")
         }
     }
+
+    @Test(
+        "a run made on one server is asked of that server only: its id read from the answer as it passes, per user, on the data path"
+    )
+    func affinity() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server, Self.other])
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            // The first route refuses the connection: the run is made on the second.
+            pipe.refuse = ["10.9.0.2:1234"]
+            try pipe.send(PipelineHarness.post(#"{"agent":"helper","input":"hi"}"#, path: "/v1/agents/runs"))
+            #expect(try pipe.serverGot(0).contains("Host: 10.9.0.3:1234"))
+            try pipe.answer(0, PipelineHarness.ok(#"{"id":"run_9","status":"queued"}"#))
+            #expect(try pipe.received().hasSuffix(#""queued"}"#))
+            #expect(pipe.gateway.affinity.owner(of: .agentRun("run_9"), user: 1000) == "instance-1")
+            #expect(pipe.gateway.affinity.owner(of: .agentRun("run_9"), user: 1001) == nil)
+            // Both routes usable again: the run's events come from its server, not the first route.
+            pipe.refuse = []
+            try pipe.send(PipelineHarness.get("/v1/agents/runs/run_9/events"))
+            #expect(try pipe.serverGot(0).hasPrefix("GET /v1/agents/runs/run_9/events HTTP/1.1\r\nHost: 10.9.0.3:1234"))
+            #expect(pipe.connected == ["10.9.0.2:1234", "10.9.0.3:1234"])
+            try pipe.answer(0, PipelineHarness.ok(#"{"events":[]}"#))
+            // Another request goes to the first route as before.
+            try pipe.send(PipelineHarness.post(#"{"model":"alpha"}"#))
+            #expect(pipe.connected.last == "10.9.0.2:1234")
+        }
+    }
 }

@@ -64,6 +64,10 @@ public struct GatewayExchange: Sendable {
         case noEndpoint(holdSeconds: Double, reason: String)
         /// The body names a key the gateway reads twice, or spells it with escapes.
         case ambiguous(key: String)
+        /// The object the request names is on a server no route reaches now.
+        case serverUnreachable(object: String, server: String, holdSeconds: Double)
+        /// The plan's own refusal (a model only untrusted servers have, a key the request needs).
+        case refused(status: Int, code: String, message: String)
 
         /// The status, the error's code and message, and `Retry-After` if there is one.
         public var answer: (status: Int, code: String, message: String, retryAfter: Int?) {
@@ -96,6 +100,14 @@ public struct GatewayExchange: Sendable {
                 )
             case .noEndpoint(let holdSeconds, let reason):
                 (503, "no_endpoint", "no Opta LMX endpoint is usable now (waited \(holdSeconds) s): \(reason)", 2)
+            case .serverUnreachable(let object, let server, let holdSeconds):
+                (
+                    503, "server_unreachable",
+                    "\(object) is on \(server), which no route reaches now (waited \(holdSeconds) s); it is not sent to another server, which does not have it",
+                    2
+                )
+            case .refused(let status, let code, let message):
+                (status, code, message, status == 503 ? 2 : nil)
             case .ambiguous(let key):
                 (
                     400, "ambiguous_body",

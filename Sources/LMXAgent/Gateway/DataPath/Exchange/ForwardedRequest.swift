@@ -37,6 +37,13 @@ final class ForwardedRequest {
     /// When the agent is next asked to probe everything for it.
     var nextNudge = NIODeadline.distantPast
     var madeByRequest: ServerObject?
+    /// The server that holds the object the request names (``ServerAffinity/named``), as the
+    /// client's user's table knows it: the request goes to that server only.
+    var server: (instance: String, object: ServerObject)?
+    /// The answer names an object made by the request (``ServerAffinity/answerMakes``).
+    var answerMakes = false
+    /// The answer's body, read as it passes when it may name an object made (bounded).
+    var madeAnswer: [UInt8]?
     var targets: [GatewayTarget] = []
     var upstream: UpstreamConnection?
     var keepAlive = true

@@ -29,10 +29,17 @@ extension GatewayConnectionHandler {
                 return run(action, for: request)
             }
             guard case .passAnswer = action else { return }
-            if (200..<300).contains(head.status), let instance = target.instanceID,
-                let made = request.madeByRequest
-            {
-                gateway.affinity.record(made, on: instance, user: peer.uid)
+            if (200..<300).contains(head.status), target.instanceID != nil {
+                if let made = request.madeByRequest, let instance = target.instanceID {
+                    gateway.affinity.record(made, on: instance, user: peer.uid)
+                }
+                // An answer that names what the request made (a run's id): read as it passes.
+                if request.answerMakes, read.json, let length = read.contentLength,
+                    length <= Gateway.madeAnswerLimit
+                {
+                    request.madeAnswer = []
+                    request.madeAnswer?.reserveCapacity(length)
+                }
             }
             let events = read.eventStream
             if events { request.relay = EventRelay() }
@@ -83,6 +90,7 @@ extension GatewayConnectionHandler {
             emit(.head(bytes), for: request)
         case .body(let chunk):
             guard request.phase == .answering else { return }
+            if request.madeAnswer != nil { request.madeAnswer?.append(contentsOf: chunk.readableBytesView) }
             if let relay = request.relay {
                 relay.pass(chunk) { emit(.body($0), for: request) }
             } else {
@@ -98,6 +106,12 @@ extension GatewayConnectionHandler {
                     TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
                         .streamed(series: series, relay.tally)
                 }
+            }
+            if let bytes = request.madeAnswer, let instance = request.target.instanceID,
+                let made = ServerAffinity.madeByAnswer(bytes, path: request.path)
+            {
+                // Recorded before the answer reaches the client, which may name it next.
+                gateway.affinity.record(made, on: instance, user: peer.uid)
             }
             emit(.end, for: request)
             flushToClient()

@@ -14,9 +14,8 @@ extension GatewayConnectionHandler {
     /// is the dashboard's: ``DashboardPolicy/resource(path:)``.)
     func takes(_ head: ClientHead, length: Int) -> (path: String, mayConcern: Bool)? {
         guard !llhttpOnly, gateway.groupGate == nil, let path = Self.plainV1Path(head.uri) else { return nil }
-        // (Most paths can concern no object: told in one pass, and the request keeps the answer.)
+        // (Most paths can concern no object: told in one pass.)
         let mayConcern = ServerAffinity.mayConcern(path: path)
-        guard !mayConcern || !ServerAffinity.answerMakes(method: head.method.rawValue, path: path) else { return nil }
         // `Expect: 100-continue` (one, from an HTTP/1.1 client) is answered here as the request is
         // taken (``sendContinue()``), as nginx does; any other expectation goes to the general path.
         if head.contains(.expect) {
@@ -98,26 +97,37 @@ extension GatewayConnectionHandler {
             model = first.withUnsafeReadableBytes { ModelField.find(in: $0) }
             if model == nil, request.parts.count > 1 { model = ModelField.find(in: body()) }
         }
-        let mayConcern = request.mayConcern
-        if mayConcern, ServerAffinity.named(method: method, path: path, body: method == "POST" ? body() : []) != nil {
-            return handOver(request)
-        }
         request.model = model
         // (GatewayPolicy.clientKeyHeaders, looked up as literals.)
         request.clientHasKey = request.head.contains(.authorization) || request.head.contains(.xAPIKey)
-        if mayConcern {
-            request.madeByRequest = ServerAffinity.madeByRequest(
-                method: method, path: path, body: method == "POST" ? body() : [])
+        if request.mayConcern {
+            // An object that lives on one server (an agent run, a RAG collection, a stored
+            // response) is asked of that server only, by whichever route reaches it now; the
+            // table is the client's user's own.
+            let bytes = method == "POST" ? body() : []
+            if let named = ServerAffinity.named(method: method, path: path, body: bytes),
+                let owner = gateway.affinity.owner(of: named, user: peer.uid)
+            {
+                request.server = (owner, named)
+            }
+            request.madeByRequest = ServerAffinity.madeByRequest(method: method, path: path, body: bytes)
+            request.answerMakes = ServerAffinity.answerMakes(method: method, path: path)
         }
         route(request)
     }
 
     /// Plans the request's routes and sends it to the first; while no route is usable it is
     /// held (``hold(_:)``) and planned again. A refusal of the plan's (a model only untrusted
-    /// servers have, a key the request needs) is worded by the general path.
+    /// servers have, a key the request needs) is answered in its words.
     func route(_ request: ForwardedRequest) {
         let plan = state.plan(
-            model: request.model, clientHasKey: request.clientHasKey, limit: gateway.configuration.attempts)
+            model: request.model, clientHasKey: request.clientHasKey, server: request.server?.instance,
+            limit: gateway.configuration.attempts)
+        if case .refuse(let status, let code, let message) = plan {
+            gateway.metrics.gatewayFailures.increment()
+            let refusal = GatewayExchange.Refusal.refused(status: status, code: code, message: message)
+            return run(request.exchange.respond(refusal), for: request)
+        }
         guard case .forward(let routes) = plan else { return handOver(request) }
         if routes.isEmpty { return hold(request) }
         var targets = gateway.load.order(routes)
@@ -150,8 +160,18 @@ extension GatewayConnectionHandler {
         }
         guard now < request.heldUntil else {
             gateway.metrics.gatewayFailures.increment()
-            let refusal = GatewayExchange.Refusal.noEndpoint(
-                holdSeconds: gateway.configuration.holdSeconds, reason: state.snapshot.noActiveReason)
+            let holdSeconds = gateway.configuration.holdSeconds
+            let refusal: GatewayExchange.Refusal =
+                if let server = request.server {
+                    // Never another server: it does not have the object, and would say so with a
+                    // 404 that reads as if the object did not exist.
+                    .serverUnreachable(
+                        object: "\(server.object)",
+                        server: ServerTable.printable(state.snapshot.serverName(server.instance)),
+                        holdSeconds: holdSeconds)
+                } else {
+                    .noEndpoint(holdSeconds: holdSeconds, reason: state.snapshot.noActiveReason)
+                }
             return run(request.exchange.respond(refusal), for: request)
         }
         if now >= request.nextNudge {

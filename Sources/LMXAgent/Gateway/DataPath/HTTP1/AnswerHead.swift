@@ -56,6 +56,8 @@ struct AnswerHeaders {
     var contentLength: Int?
     var retryAfter: String?
     var eventStream = false
+    /// `Content-Type: application/json` (an answer the gateway may read an object's id from).
+    var json = false
     private var contentTypeSeen = false
     var connectionListed: [String] = []
     var keepAlive = UpstreamKeepAlive()
@@ -70,6 +72,9 @@ struct AnswerHeaders {
             eventStream =
                 value.count >= 17
                 && HTTPSyntax.equalsLowercased(UnsafeRawBufferPointer(rebasing: value[0..<17]), "text/event-stream")
+            json =
+                value.count >= 16
+                && HTTPSyntax.equalsLowercased(UnsafeRawBufferPointer(rebasing: value[0..<16]), "application/json")
         case 11 where retryAfter == nil && HTTPSyntax.equalsLowercased(name, "retry-after"):
             retryAfter = String(decoding: value, as: UTF8.self)
         case 6:

@@ -38,14 +38,15 @@ final class GatewayDataPath: Sendable {
         struct PlanKey: Hashable {
             var model: String?
             var clientHasKey: Bool
+            var server: String?
         }
 
         /// The last plan made or found: request after request the same model's, its key compared
         /// (a model's name is short) rather than hashed.
         private var lastPlan: (key: PlanKey, plan: GatewayPlan)?
 
-        func plan(model: String?, clientHasKey: Bool, limit: Int) -> GatewayPlan {
-            let key = PlanKey(model: model, clientHasKey: clientHasKey)
+        func plan(model: String?, clientHasKey: Bool, server: String? = nil, limit: Int) -> GatewayPlan {
+            let key = PlanKey(model: model, clientHasKey: clientHasKey, server: server)
             if let last = lastPlan, last.key == key { return last.plan }
             // (The table moved out and back, as the addresses': hashing a `String` is a call the
             // compiler cannot see into, and an access to a class's property that spans one is
@@ -57,7 +58,7 @@ final class GatewayDataPath: Sendable {
             if let known = plans[key] {
                 plan = known
             } else {
-                plan = snapshot.gatewayPlan(limit: limit, model: model, clientHasKey: clientHasKey, server: nil)
+                plan = snapshot.gatewayPlan(limit: limit, model: model, clientHasKey: clientHasKey, server: server)
                 if plans.count >= 256 { plans = [:] }
                 plans[key] = plan
             }
