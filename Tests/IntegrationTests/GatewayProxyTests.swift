@@ -253,7 +253,7 @@ struct GatewayProxyTests {
                 s.shutdown(socket.SHUT_WR)
         elif what == "pipelined":
             # Three requests in one write, the client's side closed after them: the data path's,
-            # a chunked upload (llhttp, the general path), the dashboard (the general path).
+            # a chunked upload (the data path too), the dashboard (the general path).
             body = b'{"model": "test/model", "messages": [{"role": "user", "content": "hi"}]}'
             s.sendall(b"GET /v1/models HTTP/1.1\r\n" + host + b"\r\n"
                       + b"POST /v1/chat/completions HTTP/1.1\r\n" + host + b"Content-Type: application/json\r\n"
@@ -265,7 +265,7 @@ struct GatewayProxyTests {
             s.sendall(b"GET /v1/bytes?n=64000000 HTTP/1.1\r\n" + host + b"\r\n")
             time.sleep(5)
         elif what == "cutchunked":
-            # Chunked: llhttp (the general path) reads it.
+            # A chunked body cut before its last chunk.
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n" + host + b"Transfer-Encoding: chunked\r\n\r\n"
                       + b"400\r\n" + b"x" * 100)
             time.sleep(0.2)
@@ -439,7 +439,7 @@ struct GatewayProxyTests {
             let cases = [
                 ("tcp", String(gatewayPort), "plain"), ("tcp", String(gatewayPort), "stream"),
                 ("unix", agent.directory + "/gateway.sock", "plain"),
-                // A body sent chunked: the general path forwards it.
+                // A body sent chunked (read by the data path as it comes).
                 ("tcp", String(gatewayPort), "chunked"), ("unix", agent.directory + "/gateway.sock", "chunked"),
                 // A client that resets its connection (SO_LINGER 0).
                 ("tcp", String(gatewayPort), "reset"),
@@ -800,7 +800,7 @@ struct GatewayProxyTests {
     }
 
     @Test(
-        "one kept connection taking turns between the data path and the general path (HEAD before the dashboard, HEAD of the dashboard, a chunked body read by llhttp): every answer framed for its own request"
+        "one kept connection taking turns between the data path and the general path (HEAD before the dashboard, HEAD of the dashboard, a chunked body, a head llhttp reads): every answer framed for its own request"
     )
     func mixedConnection() async throws {
         try await withResources {
@@ -834,13 +834,14 @@ struct GatewayProxyTests {
                 body = json.dumps({"model": "test/model", "messages": [{"role": "user", "content": "hi"}]}).encode()
                 ask("POST", "/v1/chat/completions", body=iter([body[:10], body[10:]]),
                     headers={"Content-Type": "application/json"}, chunked=True)
+                ask("GET", "/v1/models", headers={"X-Note": "caf\u00e9"})
                 ask("GET", "/v1/models")
                 print(json.dumps(seen))
                 """#
             let result = try await Command.run("/usr/bin/python3", ["-c", script, String(gatewayPort)], timeout: 60)
             let seen = (try? JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [[String: Any]]) ?? []
-            #expect(seen.count == 7, "\(result.stdout) \(result.stderr)")
-            guard seen.count == 7 else { return }
+            #expect(seen.count == 8, "\(result.stdout) \(result.stderr)")
+            guard seen.count == 8 else { return }
             let ports = Set(seen.compactMap { $0["port"] as? Int })
             #expect(ports.count == 1, "one connection throughout: \(seen)")
             // HEAD through the data path: its head alone.
@@ -855,12 +856,16 @@ struct GatewayProxyTests {
             // HEAD of the dashboard, answered by the general path: no body, and the next answer intact.
             #expect(seen[3]["length"] as? Int == 0, "\(seen[3])")
             #expect(seen[4]["status"] as? Int == 200 && seen[4]["via"] as? String == "lan", "\(seen[4])")
-            // A chunked body: llhttp reads the connection from there on, the general path answers.
+            // A chunked body, read by the data path.
             #expect(seen[5]["status"] as? Int == 200 && (seen[5]["start"] as? String ?? "").contains("{"), "\(seen[5])")
+            #expect(seen[5]["via"] as? String == "lan", "\(seen[5])")
+            // A header value past ASCII: llhttp reads the connection from there on.
             #expect(seen[6]["status"] as? Int == 200 && seen[6]["via"] as? String == "lan", "\(seen[6])")
+            #expect(seen[7]["status"] as? Int == 200 && seen[7]["via"] as? String == "lan", "\(seen[7])")
             #expect(server.requests.filter { $0.hasPrefix("REQ POST /v1/chat/completions") }.count == 1)
-            // The general path answered four: the dashboard twice, the chunked request and the one
-            // after it (llhttp reads the connection from the chunked one on); the data path the others.
+            // The general path answered four: the dashboard twice, the request with a value past
+            // ASCII and the one after it (llhttp reads the connection from there on); the data
+            // path the others.
             let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
             #expect(metrics.contains("lmx_gateway_general_path_total 4"), "\(metrics)")
         }

@@ -28,6 +28,8 @@ struct ClientCodecTests {
         }
         var requests: [Request] = []
         var stopped = false
+        /// Ours: a chunked body broke its framing (nothing more read).
+        var malformed = false
         /// Bytes left to llhttp, from where ours stopped.
         var rest: [UInt8] = []
         var description: String {
@@ -58,6 +60,8 @@ struct ClientCodecTests {
                 case .other(let b):
                     reading.stopped = true
                     reading.rest += Array(b.readableBytesView)
+                case .malformed:
+                    reading.malformed = true
                 }
             }
             offset = end
@@ -125,11 +129,41 @@ struct ClientCodecTests {
         #expect(old.requests.map { $0.uri } == ["/a"])
     }
 
+    @Test(
+        "chunked bodies: the data without its framing, any pieces, trailers dropped; a broken framing ends the reading"
+    )
+    func chunkedBodies() {
+        let request =
+            "POST /v1/x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nA\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\n"
+        for piece in [0, 1, 2, 7] {
+            let reading = Self.ours(Self.bytes(request + "GET /v1/models HTTP/1.1\r\n\r\n"), piece: piece)
+            #expect(reading.requests.count == 2 && reading.requests.allSatisfy(\.ended), "\(piece)")
+            #expect(reading.requests.first?.body == Self.bytes("abc0123456789"))
+            #expect(!reading.stopped && !reading.malformed)
+        }
+        let head = "POST /v1/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        for broken in [
+            "3;ext=1\r\nabc\r\n0\r\n\r\n", "3 \r\nabc\r\n0\r\n\r\n", "-3\r\nabc\r\n0\r\n\r\n", "3\r\nabcd\r\n",
+            "3\nabc\r\n", "g\r\n", String(repeating: "f", count: 16) + "\r\n", "0\r\nbad trailer\r\n\r\n",
+            "0\r\nX: " + String(repeating: "a", count: 5000) + "\r\n\r\n",
+        ] {
+            let reading = Self.ours(Self.bytes(head + broken + "GET /v1/models HTTP/1.1\r\n\r\n"))
+            #expect(reading.malformed && reading.requests.count == 1, "\(broken.debugDescription)")
+            #expect(reading.requests.first?.ended == false, "\(broken.debugDescription)")
+        }
+        // A size line that never ends is not held past its bound.
+        let endless = Self.ours(Self.bytes(head + String(repeating: "1", count: 5000)))
+        #expect(endless.malformed)
+    }
+
     @Test("what is outside the subset goes to llhttp from that request on, as it came")
     func leftToLLHTTP() {
         let first = "GET /v1/models HTTP/1.1\r\nHost: h\r\n\r\n"
         let others = [
-            "POST /v1/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            "POST /v1/x HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            "POST /v1/x HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            "POST /v1/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            "POST /v1/x HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
             "POST /v1/x HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc",
             "POST /v1/x HTTP/1.1\r\nContent-Length: 3 \r\n\r\nabc",
             "POST /v1/x HTTP/1.1\r\nContent-Length: +3\r\n\r\nabc",
@@ -340,8 +374,16 @@ struct ClientCodecTests {
             case 3:
                 text += "\r\n"
             case 4:
-                text +=
-                    "Transfer-Encoding: chunked\r\n\r\n\(String(body.utf8.count, radix: 16))\r\n\(body)\r\n0\r\n\r\n"
+                // One chunk or several, sizes in either case, sometimes a trailer.
+                text += "Transfer-Encoding: chunked\r\n\r\n"
+                var rest = Substring(body)
+                while !rest.isEmpty {
+                    let piece = rest.prefix(1 + next(max(rest.count, 1)))
+                    rest = rest.dropFirst(piece.count)
+                    let size = String(piece.utf8.count, radix: 16)
+                    text += (next(2) == 0 ? size : size.uppercased()) + "\r\n" + piece + "\r\n"
+                }
+                text += next(4) == 0 ? "0\r\nX-Checksum: abc\r\n\r\n" : "0\r\n\r\n"
             default:
                 text +=
                     "Content-Length: \(body.utf8.count)\r\nContent-Length: \(body.utf8.count + next(2))\r\n\r\n" + body
@@ -364,6 +406,7 @@ struct ClientCodecTests {
             state: ProcessInfo.processInfo.environment["LMX_SEED"].flatMap { UInt64($0) } ?? 0xC11E_2026)
         var agreed = 0
         var leftToLLHTTP = 0
+        var malformed = 0
         for round in 0..<18000 {
             // One to three requests on a connection, the last of them mutated after the first 6,000.
             var bytes: [UInt8] = []
@@ -387,17 +430,23 @@ struct ClientCodecTests {
                 if same { agreed += 1 }
             }
             // Where ours stopped, what it left is exactly the rest of the bytes after the requests
-            // it read whole (llhttp is given those bytes, from a request's start).
+            // it read whole: llhttp, given the bytes before it, reads those requests and ends
+            // cleanly at a request's start (where it is then given the rest).
             if ours.stopped {
-                let read = ours.requests.filter { $0.ended }.reduce(0) { $0 + $1.raw.count + $1.body.count }
+                let prefix = Array(bytes[..<(bytes.count - ours.rest.count)])
+                let before = Self.llhttp(prefix)
                 #expect(
-                    ours.requests.allSatisfy { $0.ended } && Array(bytes[read...]) == ours.rest,
+                    ours.requests.allSatisfy { $0.ended } && Array(bytes.suffix(ours.rest.count)) == ours.rest
+                        && !before.stopped && before.requests.count == ours.requests.count
+                        && before.requests.allSatisfy { $0.ended },
                     "\(String(decoding: bytes, as: UTF8.self).debugDescription)")
             }
+            if ours.malformed { malformed += 1 }
         }
         #expect(agreed > 8000)
         print(
-            "figure: client codec vs llhttp: \(agreed) requests read alike; \(leftToLLHTTP) connections left to llhttp")
+            "figure: client codec vs llhttp: \(agreed) requests read alike; \(leftToLLHTTP) connections left to llhttp; \(malformed) chunked bodies refused as malformed"
+        )
     }
 }
 

@@ -33,18 +33,8 @@ final class PipelineHarness {
         state = GatewayDataPath.LoopState(
             loop: loop, snapshot: fixture.agent.board.snapshot, pool: pool,
             clientTimeout: .milliseconds(Int64(configuration.clientTimeout * 1000)))
-        let limiter = ConnectionLimiter(perUser: 16)
-        guard let admission = limiter.admitUnnamed(asking: { 1000 }) else { throw GeneralPathNotHere() }
-        handler = GatewayConnectionHandler(
-            dataPath: dataPath, state: state, peer: PeerUser(limiter: limiter, admission: admission), overTCP: false,
-            startGeneralPath: { _ in throw GeneralPathNotHere() })
-        let front = ClientFront()
-        front.handler = handler
-        handler.front = front
-        client = EmbeddedChannel(loop: loop)
-        try client.pipeline.syncOperations.addHandler(front)
-        try client.pipeline.syncOperations.addHandler(handler)
-        try client.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 9)).wait()
+        self.dataPath = dataPath
+        (client, handler) = try Self.connect(dataPath: dataPath, state: state, limiter: limiter, loop: loop)
         pool.connector = { [unowned self] address, _ in
             self.connected.append(address.authority)
             if self.refuse.contains(address.authority) {
@@ -57,6 +47,50 @@ final class PipelineHarness {
     }
 
     struct GeneralPathNotHere: Error {}
+
+    private let dataPath: GatewayDataPath
+    private let limiter = ConnectionLimiter(perUser: 16)
+    /// Other clients' connections to the same loop (``addClient()``).
+    private(set) var others: [EmbeddedChannel] = []
+
+    /// A client connection of the loop: the front and the handler on an `EmbeddedChannel`.
+    private static func connect(
+        dataPath: GatewayDataPath, state: GatewayDataPath.LoopState, limiter: ConnectionLimiter,
+        loop: EmbeddedEventLoop
+    ) throws -> (EmbeddedChannel, GatewayConnectionHandler) {
+        guard let admission = limiter.admitUnnamed(asking: { 1000 }) else { throw GeneralPathNotHere() }
+        let handler = GatewayConnectionHandler(
+            dataPath: dataPath, state: state, peer: PeerUser(limiter: limiter, admission: admission), overTCP: false,
+            startGeneralPath: { _ in throw GeneralPathNotHere() })
+        let front = ClientFront()
+        front.handler = handler
+        handler.front = front
+        let client = EmbeddedChannel(loop: loop)
+        try client.pipeline.syncOperations.addHandler(front)
+        try client.pipeline.syncOperations.addHandler(handler)
+        try client.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 9)).wait()
+        return (client, handler)
+    }
+
+    /// Another client connection to the same loop (its index in ``others``).
+    func addClient() throws -> Int {
+        others.append(try Self.connect(dataPath: dataPath, state: state, limiter: limiter, loop: loop).0)
+        return others.count - 1
+    }
+
+    /// Another client sends `text`.
+    func send(_ text: String, from other: Int) throws {
+        try others[other].writeInbound(ByteBuffer(string: text))
+        loop.run()
+    }
+
+    /// All another client has been sent since last asked.
+    func received(by other: Int) throws -> String {
+        loop.run()
+        var text = ""
+        while let buffer = try others[other].readOutbound(as: ByteBuffer.self) { text += String(buffer: buffer) }
+        return text
+    }
 
     /// The client sends `text`.
     func send(_ text: String) throws {
@@ -96,6 +130,7 @@ final class PipelineHarness {
 
     func finish() {
         _ = try? client.finish()
+        for other in others { _ = try? other.finish() }
         for server in servers { _ = try? server.finish() }
     }
 
@@ -366,6 +401,101 @@ struct ConnectionPipelineTests {
             // Another request goes to the first route as before.
             try pipe.send(PipelineHarness.post(#"{"model":"alpha"}"#))
             #expect(pipe.connected.last == "10.9.0.2:1234")
+        }
+    }
+
+    @Test(
+        "one cap on connections to a route: past it a request waits for one to come free (then goes on it), or 503 after the hold"
+    )
+    func connectionCap() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            var configuration = GatewayConfiguration()
+            configuration.maxConnectionsPerRoute = 1
+            configuration.holdSeconds = 0.05
+            let pipe = try PipelineHarness(fixture, configuration: configuration)
+            defer { pipe.finish() }
+            let second = try pipe.addClient()
+            try pipe.send(PipelineHarness.get())
+            #expect(try pipe.serverGot(0).hasPrefix("GET /v1/models"))
+            try pipe.send(PipelineHarness.post(#"{"model":"alpha","n":2}"#), from: second)
+            #expect(pipe.connected.count == 1, "no second connection past the cap")
+            try pipe.answer(0, PipelineHarness.ok(#"{"first":1}"#))
+            #expect(try pipe.received().hasSuffix(#"{"first":1}"#))
+            // The connection came back: the waiting request goes on it.
+            #expect(try pipe.serverGot(0).hasSuffix(#""n":2}"#))
+            #expect(pipe.connected.count == 1)
+            try pipe.answer(0, PipelineHarness.ok(#"{"second":2}"#))
+            #expect(try pipe.received(by: second).hasSuffix(#"{"second":2}"#))
+
+            // Busy for longer than the hold: 503 connections_full.
+            try pipe.send(PipelineHarness.get())
+            let third = try pipe.addClient()
+            try pipe.send(PipelineHarness.get(), from: third)
+            try await Task.sleep(for: .milliseconds(80))
+            pipe.loop.advanceTime(to: .now() + .seconds(1))  // (the loop's timers, on the monotonic clock)
+            let refused = try pipe.received(by: third)
+            #expect(refused.hasPrefix("HTTP/1.1 503 ") && refused.contains("connections_full"), "\(refused)")
+        }
+    }
+
+    @Test("an expectation other than 100-continue: 417, nothing sent; 100-continue answered at once")
+    func expectations() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            try pipe.send(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 17\r\n\r\n"
+            )
+            #expect(try pipe.received() == "HTTP/1.1 100 Continue\r\n\r\n")
+            try pipe.send(#"{"model":"alpha"}"#)
+            #expect(!(try pipe.serverGot(0).lowercased().contains("expect")))
+            try pipe.answer(0, PipelineHarness.ok())
+            #expect(try pipe.received().hasPrefix("HTTP/1.1 200 OK"))
+            let other = try pipe.addClient()
+            try pipe.send(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nExpect: something-else\r\nContent-Length: 17\r\n\r\n",
+                from: other)
+            let answer = try pipe.received(by: other)
+            #expect(answer.hasPrefix("HTTP/1.1 417 ") && answer.contains("expectation_failed"), "\(answer)")
+            #expect(pipe.servers.count == 1)
+        }
+    }
+
+    @Test(
+        "a chunked upload on the data path: read ahead whole it goes with its length; longer, it goes on chunked as it comes; a broken framing is 400"
+    )
+    func chunkedUploads() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            var configuration = GatewayConfiguration()
+            configuration.readAheadBytes = 64
+            let pipe = try PipelineHarness(fixture, configuration: configuration)
+            defer { pipe.finish() }
+            let head = "POST /v1/embeddings HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
+            try pipe.send(head + "9\r\n{\"model\":\r\nA\r\n\"alpha\"}  \r\n0\r\n\r\n")
+            let whole = try pipe.serverGot(0)
+            let said = try pipe.received()
+            try #require(pipe.servers.count == 1, "\(said) active \(pipe.client.isActive)")
+            #expect(whole.contains("Content-Length: 19\r\n") && !whole.lowercased().contains("transfer-encoding"))
+            #expect(whole.hasSuffix(#"{"model":"alpha"}  "#), "\(whole)")
+            try pipe.answer(0, PipelineHarness.ok())
+            #expect(try pipe.received().hasPrefix("HTTP/1.1 200 OK"))
+            // Past the read-ahead: on as it comes, chunked again for the server.
+            let big = String(repeating: "z", count: 100)
+            try pipe.send(head + "64\r\n" + big + "\r\n")
+            let streamed = try pipe.serverGot(0)
+            #expect(streamed.contains("Transfer-Encoding: chunked\r\n") && streamed.contains(big), "\(streamed)")
+            try pipe.send("0\r\n\r\n")
+            #expect(try pipe.serverGot(0).hasSuffix("0\r\n\r\n"))
+            try pipe.answer(0, PipelineHarness.ok(#"{"n":2}"#))
+            #expect(try pipe.received().hasSuffix(#"{"n":2}"#))
+            // A chunk extension: refused before anything goes.
+            let other = try pipe.addClient()
+            try pipe.send(head + "3;x=y\r\nabc\r\n0\r\n\r\n", from: other)
+            let refused = try pipe.received(by: other)
+            #expect(refused.hasPrefix("HTTP/1.1 400 ") && refused.contains("malformed_body"), "\(refused)")
         }
     }
 }

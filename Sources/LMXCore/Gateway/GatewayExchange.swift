@@ -66,6 +66,12 @@ public struct GatewayExchange: Sendable {
         case ambiguous(key: String)
         /// The object the request names is on a server no route reaches now.
         case serverUnreachable(object: String, server: String, holdSeconds: Double)
+        /// Every connection the gateway may open to the route is busy for the whole hold.
+        case connectionsFull(limit: Int, holdSeconds: Double)
+        /// The request's chunked body broke its framing.
+        case malformedBody
+        /// The client's `Expect` is not `100-continue`.
+        case expectationFailed
         /// The plan's own refusal (a model only untrusted servers have, a key the request needs).
         case refused(status: Int, code: String, message: String)
 
@@ -95,7 +101,9 @@ public struct GatewayExchange: Sendable {
             case .incomplete(let received, let declared):
                 (
                     400, "request_body_incomplete",
-                    "the client closed its side of the connection after \(received) of the body's \(declared) bytes",
+                    declared < 0
+                        ? "the client closed its side of the connection after \(received) bytes of a chunked body, before its last chunk"
+                        : "the client closed its side of the connection after \(received) of the body's \(declared) bytes",
                     nil
                 )
             case .noEndpoint(let holdSeconds, let reason):
@@ -105,6 +113,24 @@ public struct GatewayExchange: Sendable {
                     503, "server_unreachable",
                     "\(object) is on \(server), which no route reaches now (waited \(holdSeconds) s); it is not sent to another server, which does not have it",
                     2
+                )
+            case .connectionsFull(let limit, let holdSeconds):
+                (
+                    503, "connections_full",
+                    "all \(limit) connections the gateway may open to the server are busy (gateway.max_connections_per_route), and none came free in \(holdSeconds) s",
+                    2
+                )
+            case .malformedBody:
+                (
+                    400, "malformed_body",
+                    "the request's chunked body is malformed (each chunk: its size in hex, CRLF, the data, CRLF; no chunk extensions)",
+                    nil
+                )
+            case .expectationFailed:
+                (
+                    417, "expectation_failed",
+                    "the gateway meets only \"Expect: 100-continue\"; send the request without the other expectation",
+                    nil
                 )
             case .refused(let status, let code, let message):
                 (status, code, message, status == 503 ? 2 : nil)

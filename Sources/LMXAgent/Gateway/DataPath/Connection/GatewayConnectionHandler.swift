@@ -76,6 +76,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     var passing = false
     /// The rest of a request handed over goes to llhttp as it arrives.
     var replaying = false
+    /// …and its body came chunked: its parts go to llhttp framed again as chunks.
+    var replayingChunked = false
     /// The front left the rest of the connection to llhttp: nothing more is forwarded here.
     var llhttpOnly = false
     /// Where requests come from, and where bytes for llhttp go.
@@ -337,10 +339,14 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         }
         if replaying {
             switch part {
-            case .body(let bytes): front?.toLLHTTP(bytes)
-            case .end: replaying = false
+            case .body(let bytes): front?.toLLHTTP(replayingChunked ? HTTP1Bytes.chunkFramed(bytes) : bytes)
+            case .end:
+                if replayingChunked { front?.toLLHTTP(HTTP1Bytes.lastChunk) }
+                replaying = false
+            case .malformed: closeConnection()  // (llhttp is mid-body: nothing can follow)
             case .head, .other: break  // not before the end
             }
+            endReadBatchIfFired()
             return
         }
         if let request {
@@ -352,16 +358,22 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             return
         }
         guard handedOver == 0, !passing, let (path, mayConcern) = takes(head, length: length) else {
-            handOver(raw: head.raw, parts: [], ended: false)
+            handOver(raw: head.raw, parts: [], ended: false, chunked: length == ClientRequestParser.chunked)
             return
         }
         request = ForwardedRequest(
             head: head, path: path, declaredLength: length, mayConcern: mayConcern,
             configuration: gateway.configuration)
-        // The client waits for a word before it sends its body (curl: a second, for bodies past
-        // 1 MiB): the gateway reads it, so it says so now. (The server is never asked: `Expect`
-        // does not travel upstream.)
-        if length > 0, head.contains(.expect) { sendContinue() }
+        // `Expect: 100-continue`: the client waits for a word before it sends its body (curl: a
+        // second, for bodies past 1 MiB); the gateway reads it, so it says so now, as nginx does
+        // (the server is never asked: `Expect` does not travel upstream). Any other expectation
+        // is one the gateway cannot meet: 417 (RFC 9110).
+        switch Self.expectation(head) {
+        case .none: break
+        case .continue100: if length != 0 { sendContinue() }
+        case .unmet:
+            if let request { run(request.exchange.respond(.expectationFailed), for: request) }
+        }
     }
 
     /// `100 Continue`, written to the client at once (no answer of the connection is in

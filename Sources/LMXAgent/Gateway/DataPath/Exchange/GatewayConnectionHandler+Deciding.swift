@@ -16,13 +16,6 @@ extension GatewayConnectionHandler {
         guard !llhttpOnly, gateway.groupGate == nil, let path = Self.plainV1Path(head.uri) else { return nil }
         // (Most paths can concern no object: told in one pass.)
         let mayConcern = ServerAffinity.mayConcern(path: path)
-        // `Expect: 100-continue` (one, from an HTTP/1.1 client) is answered here as the request is
-        // taken (``sendContinue()``), as nginx does; any other expectation goes to the general path.
-        if head.contains(.expect) {
-            guard head.minor == 1, head.all("expect").count == 1,
-                head.first(.expect)?.lowercased() == "100-continue"
-            else { return nil }
-        }
         // (The rules read a few headers by name, all of them known ones: when none but Host came,
         // as from API clients, they are not looked for one by one.)
         let header: (String) -> String? = head.contains(anyOf: Self.refusalHeaderBits) ? head.first : { _ in nil }
@@ -34,6 +27,15 @@ extension GatewayConnectionHandler {
             return nil
         }
         return length <= gateway.configuration.maxRequestBytes ? (path, mayConcern) : nil
+    }
+
+    /// What the client's `Expect` asks (HTTP/1.0 clients' are ignored, as RFC 9110 says).
+    enum Expectation { case none, continue100, unmet }
+
+    static func expectation(_ head: ClientHead) -> Expectation {
+        guard head.contains(.expect), head.minor == 1 else { return .none }
+        let all = head.all("expect")
+        return all.count == 1 && all[0].value.lowercased() == "100-continue" ? .continue100 : .unmet
     }
 
     /// The headers the policy reads (``GatewayPolicy/refusalHeaders``) but Host, which it is
@@ -132,13 +134,24 @@ extension GatewayConnectionHandler {
         if routes.isEmpty { return hold(request) }
         var targets = gateway.load.order(routes)
         if !request.clientEnded { targets = Array(targets.prefix(1)) }
-        // Only routes the data path connects to, while the loop has connections to spare, and
-        // whose keys can be written as they are (upstream heads are not checked again: the
-        // client's headers were parsed as headers, the rest is ours).
-        guard let first = targets.first, let address = state.address(first.baseURL),
-            state.pool.openCount(address) < dataPath.connectionsPerLoop,
-            targets.allSatisfy({ $0.credentials.isHeaderSafe })
-        else { return handOver(request) }
+        // Only routes the data path connects to (not a link-local address with its interface, or
+        // a URL with a path).
+        guard let first = targets.first, let address = state.address(first.baseURL) else { return handOver(request) }
+        // Keys are written as they are (upstream heads are not checked again: the client's
+        // headers were parsed as headers, the rest is ours).
+        guard targets.allSatisfy({ $0.credentials.isHeaderSafe }) else {
+            let refusal = GatewayExchange.Refusal.refused(
+                status: 502, code: "route_key_unusable",
+                message:
+                    "the key configured for this server has characters an HTTP header cannot carry; pair the server or set its key again"
+            )
+            return run(request.exchange.respond(refusal), for: request)
+        }
+        // One cap on connections to a route (gateway.max_connections_per_route, shared out among
+        // the loops): past it the request waits for one of them to come free.
+        guard state.pool.hasRoom(address, cap: dataPath.connectionsPerLoop) else {
+            return waitForRoom(request, address: address)
+        }
         request.targets = targets
         request.countInFlight(gateway.metrics.gatewayInFlight)
         gateway.metrics.gatewayRequests.increment()
@@ -185,20 +198,52 @@ extension GatewayConnectionHandler {
         }
     }
 
+    /// Every connection the loop may open to the route is in use: the request waits (reads from
+    /// the client held) until one is given back or closes, for `gateway.hold_seconds` at most;
+    /// then 503.
+    func waitForRoom(_ request: ForwardedRequest, address: UpstreamAddress) {
+        guard let context else { return }
+        let now = NIODeadline.now()
+        if request.phase != .waiting {
+            request.exchange.hold()
+            request.heldUntil = now + .milliseconds(Int64(gateway.configuration.holdSeconds * 1000))
+        }
+        guard now < request.heldUntil else {
+            gateway.metrics.gatewayFailures.increment()
+            let refusal = GatewayExchange.Refusal.connectionsFull(
+                limit: gateway.configuration.maxConnectionsPerRoute, holdSeconds: gateway.configuration.holdSeconds)
+            return run(request.exchange.respond(refusal), for: request)
+        }
+        state.pool.waitForRoom(address) { [weak self] in
+            guard let self, self.request === request, request.phase == .waiting else { return false }
+            self.route(request)
+            return true
+        }
+        context.eventLoop.assumeIsolated().scheduleTask(deadline: request.heldUntil) { [self] in
+            guard self.request === request, request.phase == .waiting else { return }
+            self.route(request)
+        }
+    }
+
     /// The request goes to the general path as it came: its bytes (head, the body so far) to
     /// llhttp, the rest as it arrives; then the requests read after it.
     func handOver(_ request: ForwardedRequest) {
         self.request = nil
-        handOver(raw: request.head.raw, parts: request.parts, ended: request.clientEnded)
+        handOver(
+            raw: request.head.raw, parts: request.parts, ended: request.clientEnded,
+            chunked: request.exchange.declaredLength == ClientRequestParser.chunked)
         drainQueue()
     }
 
-    func handOver(raw: ByteBuffer, parts: [ByteBuffer], ended: Bool) {
+    func handOver(raw: ByteBuffer, parts: [ByteBuffer], ended: Bool, chunked: Bool) {
         guard let front, ensureGeneralPath() else { return }
-        // llhttp reads it (its parts come back through channelRead, to the general path).
+        // llhttp reads it (its parts come back through channelRead, to the general path); a
+        // chunked body framed again as chunks.
         front.toLLHTTP(raw)
-        for part in parts { front.toLLHTTP(part) }
+        for part in parts { front.toLLHTTP(chunked ? HTTP1Bytes.chunkFramed(part) : part) }
+        if ended, chunked { front.toLLHTTP(HTTP1Bytes.lastChunk) }
         replaying = !ended
+        replayingChunked = chunked
         endReadBatchIfFired()
     }
 

@@ -10,6 +10,8 @@ extension GatewayConnectionHandler {
         switch part {
         case .head, .other:
             return  // not after a head without its end
+        case .malformed:
+            bodyNotWhole(request, .malformedBody)
         case .body(let chunk):
             let size = chunk.readableBytes
             let action = request.exchange.bodyPart(size: size) {

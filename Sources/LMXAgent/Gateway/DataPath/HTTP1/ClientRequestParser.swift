@@ -19,17 +19,33 @@ import NIOHTTP1
 /// is given to llhttp as those bytes and its body's, and read there afresh.
 struct ClientRequestParser {
     enum Part {
-        /// A head (with its bytes as read, ``ClientHead/raw``) and its body's length (0: none).
+        /// A head (with its bytes as read, ``ClientHead/raw``) and its body's length (0: none;
+        /// ``chunked``: the body comes in chunks, its length known at its end).
         case head(ClientHead, length: Int)
+        /// A part of the body (a chunked body's data, without its framing).
         case body(ByteBuffer)
         case end
         /// Bytes not read here: llhttp reads them, and every byte after them.
         case other(ByteBuffer)
+        /// A chunked body broke its framing: nothing more of the connection is read.
+        case malformed
     }
+
+    /// The length of a head's body that comes chunked (`Transfer-Encoding: chunked`).
+    static let chunked = -1
+    /// A chunk-size line (with extensions, refused) and the trailers are at most this long.
+    static let maxChunkLine = 4 << 10
 
     private enum State {
         case head
         case body(remaining: Int)
+        /// A chunked body: the next chunk's size line.
+        case chunkSize
+        /// A chunk's data, then its CRLF.
+        case chunkData(remaining: Int)
+        case chunkEnd
+        /// After the last chunk: trailer lines (read and dropped) up to the blank line.
+        case trailers(read: Int)
         /// llhttp reads the rest of the connection.
         case other
         /// The last request said the connection closes after its answer: nothing more is read.
@@ -72,6 +88,8 @@ struct ClientRequestParser {
                 } else {
                     state = .body(remaining: remaining - n)
                 }
+            case .chunkSize, .chunkData, .chunkEnd, .trailers:
+                if !readChunked(&input, emit: emit) { return nil }
             case .head:
                 switch Self.readHead(input) {
                 case .incomplete:
@@ -89,7 +107,9 @@ struct ClientRequestParser {
                     // it; the connection closes once this one is answered).
                     closesAfter = !request.head.keepAlive
                     emit(.head(request.head, length: request.length))
-                    if request.length > 0 {
+                    if request.length == Self.chunked {
+                        state = .chunkSize
+                    } else if request.length > 0 {
                         state = .body(remaining: request.length)
                     } else {
                         ended(emit)
@@ -101,6 +121,101 @@ struct ClientRequestParser {
     }
 
     private var closesAfter = false
+
+    /// Reads a chunked body's framing from `input` (RFC 9112 §7.1: `1*HEXDIG CRLF data CRLF`…,
+    /// `0 CRLF`, trailer lines, CRLF), handing on the data; false when `input` has no whole step
+    /// left (what there is, held for the next read) or the framing broke (`.malformed`: chunk
+    /// extensions, bytes other than hex digits, a chunk without its CRLF, trailers past the bound).
+    private mutating func readChunked(_ input: inout ByteBuffer, emit: (Part) -> Void) -> Bool {
+        func broken() -> Bool {
+            state = .closed
+            emit(.malformed)
+            return false
+        }
+        switch state {
+        case .chunkData(let remaining):
+            let n = min(remaining, input.readableBytes)
+            emit(.body(input.readSlice(length: n)!))
+            state = n == remaining ? .chunkEnd : .chunkData(remaining: remaining - n)
+            return true
+        case .chunkEnd:
+            guard input.readableBytes >= 2 else {
+                held = input
+                return false
+            }
+            guard input.readInteger(as: UInt16.self) == 0x0D0A else { return broken() }
+            state = .chunkSize
+            return true
+        case .chunkSize:
+            guard let line = Self.line(in: input) else {
+                if input.readableBytes > Self.maxChunkLine { return broken() }
+                held = input
+                return false
+            }
+            guard line > 0, line <= 15,
+                let size = input.withUnsafeReadableBytes({
+                    Self.hexSize(UnsafeRawBufferPointer(rebasing: $0[0..<line]))
+                })
+            else { return broken() }
+            input.moveReaderIndex(forwardBy: line + 2)
+            state = size == 0 ? .trailers(read: 0) : .chunkData(remaining: size)
+            return true
+        case .trailers(let read):
+            guard let line = Self.line(in: input) else {
+                if read + input.readableBytes > Self.maxChunkLine { return broken() }
+                held = input
+                return false
+            }
+            guard line >= 0, read + line + 2 <= Self.maxChunkLine,
+                line == 0
+                    || input.withUnsafeReadableBytes({ Self.isTrailer(UnsafeRawBufferPointer(rebasing: $0[0..<line])) })
+            else { return broken() }
+            input.moveReaderIndex(forwardBy: line + 2)
+            if line == 0 {
+                ended(emit)
+            } else {
+                state = .trailers(read: read + line + 2)
+            }
+            return true
+        case .head, .body, .other, .closed:
+            return true
+        }
+    }
+
+    /// The length of the line at the start of `input` (without its CRLF); nil while its CRLF has
+    /// not come; -1 when it holds a bare LF or its CR is not followed by LF (refused).
+    private static func line(in input: ByteBuffer) -> Int? {
+        input.withUnsafeReadableBytes { bytes -> Int? in
+            guard let end = bytes.firstIndex(where: { $0 == 0x0D || $0 == 0x0A }) else { return nil }
+            guard bytes[end] == 0x0D else { return -1 }
+            guard end + 1 < bytes.count else { return nil }
+            return bytes[end + 1] == 0x0A ? end : -1
+        }
+    }
+
+    /// A trailer line as a header line is read (a token, a colon, visible ASCII, spaces, tabs).
+    private static func isTrailer(_ line: UnsafeRawBufferPointer) -> Bool {
+        guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > 0 else { return false }
+        return line[..<colon].allSatisfy(HTTPSyntax.isTokenByte)
+            && line[(colon + 1)...].allSatisfy { $0 == 0x09 || (0x20..<0x7F).contains($0) }
+    }
+
+    /// A chunk's size: hex digits only (no extensions, spaces or sign), at most 15 of them.
+    private static func hexSize(_ digits: UnsafeRawBufferPointer) -> Int? {
+        guard !digits.isEmpty, digits.count <= 15 else { return nil }
+        var size = 0
+        for byte in digits {
+            let value: Int
+            switch byte {
+            case 0x30...0x39: value = Int(byte - 0x30)
+            case 0x41...0x46: value = Int(byte - 0x41 + 10)
+            case 0x61...0x66: value = Int(byte - 0x61 + 10)
+            default: return nil
+            }
+            size = size << 4 | value
+        }
+        return size
+    }
 
     private mutating func ended(_ emit: (Part) -> Void) {
         state = closesAfter ? .closed : .head
@@ -134,6 +249,7 @@ struct ClientRequestParser {
             var fields: [ClientHead.Field] = []
             var known: UInt16 = 0
             var length: Int?
+            var chunked = false
             // What `Connection` says, as llhttp reads it (SwiftNIO's `isKeepAlive` of a head it
             // decoded): HTTP/1.1 closes with a `close` token, HTTP/1.0 keeps only with `keep-alive`.
             var connectionClose = false
@@ -233,7 +349,12 @@ struct ClientRequestParser {
                     else { return .other }
                     length = value.reduce(0) { $0 * 10 + Int($1 - 0x30) }
                 case 17 where HTTPSyntax.equalsLowercased(name, "transfer-encoding"):
-                    return .other
+                    // One, exactly `chunked`, from an HTTP/1.1 client, and no Content-Length
+                    // (checked at the end): anything else to llhttp.
+                    guard minor == 1, !chunked, valueEnd == lineEnd, value.elementsEqual("chunked".utf8) else {
+                        return .other
+                    }
+                    chunked = true
                 case 7 where HTTPSyntax.equalsLowercased(name, "upgrade"):
                     return .other
                 case 10 where HTTPSyntax.equalsLowercased(name, "connection"):
@@ -250,14 +371,14 @@ struct ClientRequestParser {
                 // Where the name and value are in the head (no `String` is made of them here).
                 fields.append(ClientHead.Field(name: start..<colon, value: valueStart..<valueEnd))
             }
-            guard index + 2 <= maxHead else { return .other }
+            guard index + 2 <= maxHead, !(chunked && length != nil) else { return .other }
             let keepAlive = minor == 1 ? !connectionClose : connectionKeepAlive
             return .request(
                 Request(
                     head: ClientHead(
                         method: method, uri: target, minor: minor, raw: ByteBuffer(), fields: fields, known: known,
                         keepAlive: keepAlive),
-                    length: length ?? 0),
+                    length: chunked ? Self.chunked : length ?? 0),
                 headLength: index + 2)
         }
     }

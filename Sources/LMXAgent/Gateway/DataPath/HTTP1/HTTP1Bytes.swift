@@ -142,6 +142,18 @@ enum HTTP1Bytes {
     }
 
     /// A chunk's size line.
+    /// `bytes` as one chunk of a chunked body (its size line, the bytes, CRLF).
+    static func chunkFramed(_ bytes: ByteBuffer) -> ByteBuffer {
+        guard bytes.readableBytes > 0 else { return ByteBuffer() }  // (a chunk of 0 would end the body)
+        var out = ByteBuffer()
+        out.reserveCapacity(bytes.readableBytes + 20)
+        out.writeString(String(bytes.readableBytes, radix: 16))
+        out.writeStaticString("\r\n")
+        out.writeImmutableBuffer(bytes)
+        out.writeStaticString("\r\n")
+        return out
+    }
+
     static func chunkHeader(_ size: Int, allocator: ByteBufferAllocator) -> ByteBuffer {
         var out = allocator.buffer(capacity: 18)
         writeChunkSize(size, to: &out)

@@ -152,6 +152,35 @@ final class UpstreamPool {
     /// How many addresses have connections open (the tests').
     var addressCount: Int { entries.count }
 
+    /// A request may have a connection to `address` now: an idle one is kept, or fewer than
+    /// `cap` are open.
+    func hasRoom(_ address: UpstreamAddress, cap: Int) -> Bool {
+        withEntries { entries in
+            guard let entry = entries.first(where: { $0.address == address }) else { return true }
+            return !entry.idle.isEmpty || entry.open < cap
+        }
+    }
+
+    /// Requests waiting for room at an address (``hasRoom(_:cap:)``), oldest first: one is woken
+    /// (on the loop, after the change) each time a connection to its address is given back or
+    /// closes; `wake` returns false when its request no longer waits, and the next is woken.
+    private var waiters: [(address: UpstreamAddress, wake: () -> Bool)] = []
+
+    func waitForRoom(_ address: UpstreamAddress, _ wake: @escaping () -> Bool) {
+        waiters.append((address, wake))
+    }
+
+    /// Wakes the oldest request still waiting for room at `address`.
+    private func wakeOne(_ address: UpstreamAddress) {
+        guard waiters.contains(where: { $0.address == address }) else { return }
+        eventLoop.assumeIsolated().execute { [self] in
+            while let index = self.waiters.firstIndex(where: { $0.address == address }) {
+                let waiter = self.waiters.remove(at: index)
+                if waiter.wake() { return }
+            }
+        }
+    }
+
     func openCount(_ address: UpstreamAddress) -> Int {
         withEntries { entries in entries.first { $0.address == address }?.open ?? 0 }
     }
@@ -247,6 +276,7 @@ final class UpstreamPool {
             return true
         }
         if !kept { connection.channel.close(promise: nil) }
+        wakeOne(connection.address)
     }
 
     private func scheduleSweep(at deadline: NIODeadline) {
@@ -307,5 +337,6 @@ final class UpstreamPool {
             }
             if entries[slot].open <= 0 { entries.remove(at: slot) }
         }
+        wakeOne(connection.address)
     }
 }
