@@ -498,4 +498,41 @@ struct ConnectionPipelineTests {
             #expect(refused.hasPrefix("HTTP/1.1 400 ") && refused.contains("malformed_body"), "\(refused)")
         }
     }
+
+    @Test(
+        "refusals answered on the data path in the policy's words: the body read and dropped, the connection kept; one too large answered at once and closed"
+    )
+    func refusals() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            var configuration = GatewayConfiguration()
+            configuration.maxRequestBytes = 1000
+            let pipe = try PipelineHarness(fixture, configuration: configuration)
+            defer { pipe.finish() }
+            let refused = [
+                ("GET /v1/models HTTP/1.1\r\nOrigin: https://evil.example\r\n\r\n", 403, "forbidden_origin"),
+                (
+                    "POST /v1/chat/completions HTTP/1.1\r\nOrigin: https://evil.example\r\nContent-Length: 5\r\n\r\nhello",
+                    403, "forbidden_origin"
+                ),
+                ("GET /v1/../admin/x HTTP/1.1\r\n\r\n", 400, "bad_path"),
+                ("GET /v1/chat/stream HTTP/1.1\r\n\r\n", 403, "websocket_refused"),
+                // (TRACE and upgrades are heads llhttp reads: the general path refuses them.)
+            ]
+            for (request, status, code) in refused {
+                try pipe.send(request)
+                let answer = try pipe.received()
+                #expect(answer.hasPrefix("HTTP/1.1 \(status) ") && answer.contains(code), "\(answer)")
+                #expect(pipe.client.isActive, "kept after \(code)")
+            }
+            #expect(pipe.servers.isEmpty)
+            try pipe.send(PipelineHarness.get())
+            try pipe.answer(0, PipelineHarness.ok())
+            #expect(try pipe.received().hasPrefix("HTTP/1.1 200 OK"))
+            try pipe.send("POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 5000\r\n\r\nxx")
+            let tooLarge = try pipe.received()
+            #expect(tooLarge.hasPrefix("HTTP/1.1 413 ") && tooLarge.contains("request_too_large"), "\(tooLarge)")
+            #expect(!pipe.client.isActive)
+        }
+    }
 }

@@ -294,17 +294,30 @@ struct DataPathTests {
         try await server.close()
     }
 
-    @Test("request targets the data path takes itself; the rest goes to the general path")
-    func plainTargets() {
-        #expect(GatewayConnectionHandler.plainV1Path("/v1/chat/completions?stream=true") == "/v1/chat/completions")
-        #expect(GatewayConnectionHandler.plainV1Path("/v1/models/qwen3.5-32b") == "/v1/models/qwen3.5-32b")
-        #expect(GatewayConnectionHandler.plainV1Path("/v1/x?a=b?c") == "/v1/x")
-        #expect(GatewayConnectionHandler.plainV1Path("/v1/?") == "/v1/")
-        for target in [
-            "/v1/%2e%2e/admin", "/v1/../admin", "/v1/models#x", "/v1/a..b", "/v1/x?a=..", "/v1", "/v2/models",
-            "/V1/models", "/admin/models", "/", "", "/v1?x",
-        ] {
-            #expect(GatewayConnectionHandler.plainV1Path(target) == nil, "\(target)")
+    @Test(
+        "request targets the data path takes itself (the policy then judges their paths); the dashboard's and fragments go to the general path"
+    )
+    func forwardedTargets() {
+        func path(_ target: String, admin: Bool = false) -> String? {
+            GatewayConnectionHandler.forwardedPath(target, admin: admin)
+        }
+        #expect(path("/v1/chat/completions?stream=true") == "/v1/chat/completions")
+        #expect(path("/v1/models/qwen3.5-32b") == "/v1/models/qwen3.5-32b")
+        #expect(path("/v1/x?a=b?c") == "/v1/x")
+        #expect(path("/v1/?") == "/v1/")
+        #expect(path("/v1/rag/collections/my%20docs") == "/v1/rag/collections/my%20docs")
+        #expect(path("/v1/a..b") == "/v1/a..b")
+        #expect(path("/admin/models", admin: true) == "/admin/models")
+        for target in ["/v1/models#x", "/v1", "/v2/models", "/V1/models", "/admin/models", "/", "", "/v1?x"] {
+            #expect(path(target) == nil, "\(target)")
+        }
+        // Taken, then refused by the policy as the general path would.
+        for target in ["/v1/%2e%2e/admin", "/v1/../admin", "/v1//models", "/v1/%2F"] {
+            let taken = path(target) ?? ""
+            let refusal = GatewayPolicy.refusal(
+                method: "GET", path: taken, authority: "127.0.0.1", header: { _ in nil }, adminEnabled: false,
+                overTCP: true)
+            #expect(refusal?.code == "bad_path", "\(target)")
         }
     }
 

@@ -181,4 +181,23 @@ struct GatewayExchangeTests {
         #expect(e.clientGone() == .none)
         #expect(e.bodyEnd() == .none)
     }
+
+    @Test(
+        "a refusal before anything is sent: the body read and dropped, then answered, the connection kept; at once: closed"
+    )
+    func refusing() {
+        let forbidden = GatewayExchange.Refusal.refused(status: 403, code: "forbidden_origin", message: "no")
+        var e = exchange(length: 10)
+        #expect(e.refuse(forbidden, atOnce: false) == .none)
+        #expect(e.bodyPart(size: 10) { true } == .drop)
+        #expect(e.bodyEnd() == .respond(forbidden))
+        #expect(e.responded() == .finish(upstream: .close, client: .next))
+        var big = exchange(length: 5000, max: 1000)
+        #expect(big.refuse(.tooLarge(limit: 1000), atOnce: true) == .respond(.tooLarge(limit: 1000)))
+        #expect(big.responded() == .finish(upstream: .close, client: .close))
+        // A refused body that outgrows the limit as it comes (chunked) is answered then.
+        var chunked = exchange(length: -1, max: 100)
+        _ = chunked.refuse(forbidden, atOnce: false)
+        #expect(chunked.bodyPart(size: 101) { true } == .respond(.tooLarge(limit: 100)))
+    }
 }

@@ -22,6 +22,8 @@ public struct GatewayExchange: Sendable {
         case answering
         /// The answer ended before the client's body: the rest is read and dropped.
         case answered
+        /// Refused before anything was sent: the body is read and dropped, then the refusal answers.
+        case refusing
         case finished
     }
 
@@ -193,6 +195,8 @@ public struct GatewayExchange: Sendable {
     public private(set) var holdsAnswer = false
     /// The answer is an event stream.
     public private(set) var isStream = false
+    /// The refusal that answers once the body has been read (``Phase/refusing``).
+    public private(set) var refusal: Refusal?
     /// The last busy answer passed over (status, seconds to wait), answered if no route takes it.
     public private(set) var busy: (status: Int, retryAfter: Int)?
 
@@ -219,7 +223,7 @@ public struct GatewayExchange: Sendable {
             return .keep(thenDecide: false)
         case .forwarding, .answering:
             return .send
-        case .answered, .finished:
+        case .answered, .finished, .refusing:
             return .drop
         }
     }
@@ -231,6 +235,7 @@ public struct GatewayExchange: Sendable {
         holdsAnswer = false
         switch phase {
         case .collecting: return .decide
+        case .refusing: return respond(refusal ?? .malformedBody)
         case .waiting, .connecting, .finished: return .none
         case .forwarding, .answering:
             return .sendEnd
@@ -331,7 +336,7 @@ public struct GatewayExchange: Sendable {
             // close, as from the server.
             phase = .finished
             return .finish(upstream: .none, client: .close)
-        case .collecting, .waiting, .answered, .finished:
+        case .collecting, .waiting, .answered, .finished, .refusing:
             return .none
         }
     }
@@ -360,6 +365,16 @@ public struct GatewayExchange: Sendable {
             holdsAnswer = false
             return respond(why)
         }
+    }
+
+    /// The request is refused before anything is sent: at once (`atOnce`: its body will not be
+    /// read, and the connection closes after the answer), or once its body has been read and
+    /// dropped (the connection then takes the next request).
+    public mutating func refuse(_ refusal: Refusal, atOnce: Bool) -> Action {
+        if atOnce || clientEnded { return respond(refusal) }
+        self.refusal = refusal
+        phase = .refusing
+        return .none
     }
 
     /// Answers with the gateway's own error (and finishes once it is written: ``responded()``).

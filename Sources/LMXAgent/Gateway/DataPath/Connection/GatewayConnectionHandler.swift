@@ -357,9 +357,26 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             // Parts of a request already abandoned (its answer ended before its body).
             return
         }
-        guard handedOver == 0, !passing, let (path, mayConcern) = takes(head, length: length) else {
+        let taken = handedOver == 0 && !passing ? takes(head, length: length) : .generalPath
+        let path: String
+        let mayConcern: Bool
+        switch taken {
+        case .generalPath:
             handOver(raw: head.raw, parts: [], ended: false, chunked: length == ClientRequestParser.chunked)
             return
+        case .refuse(let refusedPath, let refusal):
+            // The body (within the limit) is read and dropped, then the refusal answers it; one
+            // too large is answered at once, and the connection closes.
+            let request = ForwardedRequest(
+                head: head, path: refusedPath, declaredLength: length, mayConcern: false,
+                configuration: gateway.configuration)
+            self.request = request
+            gateway.metrics.gatewayRefused.increment()
+            return run(
+                request.exchange.refuse(refusal, atOnce: length > gateway.configuration.maxRequestBytes), for: request)
+        case .forward(let forwardedPath, let concern):
+            path = forwardedPath
+            mayConcern = concern
         }
         request = ForwardedRequest(
             head: head, path: path, declaredLength: length, mayConcern: mayConcern,

@@ -8,25 +8,41 @@ import Prometheus
 extension GatewayConnectionHandler {
     // MARK: Deciding
 
-    /// The requests this handler forwards itself: plain `/v1/` requests with nothing that needs
-    /// the general path's waits or checks (`length`: the body's, as the front read it). Its path
-    /// (the target without the query) when it is one; nil for the others. (No path under `/v1/`
-    /// is the dashboard's: ``DashboardPolicy/resource(path:)``.)
-    func takes(_ head: ClientHead, length: Int) -> (path: String, mayConcern: Bool)? {
-        guard !llhttpOnly, gateway.groupGate == nil, let path = Self.plainV1Path(head.uri) else { return nil }
+    /// The requests this handler forwards itself: every request to a server the policy lets
+    /// through (`length`: the body's, as the front read it). Its path (the target without the
+    /// query) when it is one; nil for the others, which the general path answers (the
+    /// dashboard, refusals) or, behind `gateway.group`, forwards. (No path under `/v1/` or
+    /// `/admin/` is the dashboard's: ``DashboardPolicy/resource(path:)``.)
+    func takes(_ head: ClientHead, length: Int) -> Taken {
+        guard !llhttpOnly, gateway.groupGate == nil,
+            let path = Self.forwardedPath(head.uri, admin: gateway.configuration.admin)
+        else { return .generalPath }
         // (Most paths can concern no object: told in one pass.)
         let mayConcern = ServerAffinity.mayConcern(path: path)
         // (The rules read a few headers by name, all of them known ones: when none but Host came,
         // as from API clients, they are not looked for one by one.)
         let header: (String) -> String? = head.contains(anyOf: Self.refusalHeaderBits) ? head.first : { _ in nil }
-        if GatewayPolicy.refusal(
+        if let refusal = GatewayPolicy.refusal(
             method: head.method.rawValue, path: path, authority: head.first(.host), header: header,
             adminEnabled: gateway.configuration.admin, overTCP: overTCP,
-            localhostIsOurs: gateway.listeners.localhostIsOurs) != nil
+            localhostIsOurs: gateway.listeners.localhostIsOurs)
         {
-            return nil
+            return .refuse(path, .refused(status: refusal.status, code: refusal.code, message: refusal.message))
         }
-        return length <= gateway.configuration.maxRequestBytes ? (path, mayConcern) : nil
+        guard length <= gateway.configuration.maxRequestBytes else {
+            return .refuse(path, .tooLarge(limit: gateway.configuration.maxRequestBytes))
+        }
+        return .forward(path, mayConcern: mayConcern)
+    }
+
+    /// What becomes of a request whose head came (``takes(_:length:)``).
+    enum Taken {
+        /// Forwarded by this handler.
+        case forward(String, mayConcern: Bool)
+        /// Refused by this handler, in the policy's words.
+        case refuse(String, GatewayExchange.Refusal)
+        /// Answered by the general path: the dashboard's, or behind `gateway.group`.
+        case generalPath
     }
 
     /// What the client's `Expect` asks (HTTP/1.0 clients' are ignored, as RFC 9110 says).
@@ -43,31 +59,36 @@ extension GatewayConnectionHandler {
     /// (Should the policy read a header that is not a known one, every request looks them up.)
     static let refusalHeaderBits = ClientHead.bits(of: GatewayPolicy.refusalHeaders.subtracting(["host"])) ?? .max
 
-    /// The path (the target without its query) of a `/v1/` target with no percent-encoding,
-    /// fragment or dot-dot anywhere (those go to the general path, which reads them as the policy
-    /// does); nil for any other target. One pass over the bytes (walking `String.UTF8View` cost
-    /// about 30 instructions a byte).
-    static func plainV1Path(_ uri: String) -> String? {
+    /// The path (the target without its query) of a target under `/v1/` (or `/admin/` when
+    /// `admin`), without a fragment; nil for any other target (the dashboard's, the general
+    /// path's). What the path may hold (dot segments, encoded separators) is the policy's to say
+    /// (``GatewayPolicy/refusal(method:path:authority:header:adminEnabled:overTCP:localhostIsOurs:)``),
+    /// on both paths alike. One pass over the bytes (walking `String.UTF8View` cost about 30
+    /// instructions a byte).
+    static func forwardedPath(_ uri: String, admin: Bool) -> String? {
         var uri = uri
-        // Where the path ends (the query's `?`, or the end); nil: not a plain `/v1/` target.
+        // Where the path ends (the query's `?`, or the end); nil: not a target forwarded here.
         let end = uri.withUTF8 { bytes -> Int? in
-            guard bytes.count >= 4, bytes[0] == UInt8(ascii: "/"), bytes[1] == UInt8(ascii: "v"),
-                bytes[2] == UInt8(ascii: "1"), bytes[3] == UInt8(ascii: "/")
-            else { return nil }
-            var previousDot = false
+            let v1 =
+                bytes.count >= 4 && bytes[0] == UInt8(ascii: "/") && bytes[1] == UInt8(ascii: "v")
+                && bytes[2] == UInt8(ascii: "1") && bytes[3] == UInt8(ascii: "/")
+            guard v1 || (admin && Self.startsWithAdmin(bytes)) else { return nil }
             var query: Int?
             for index in bytes.indices {
                 let byte = bytes[index]
-                if byte == UInt8(ascii: "%") || byte == UInt8(ascii: "#") { return nil }
-                let dot = byte == UInt8(ascii: ".")
-                if dot, previousDot { return nil }
-                previousDot = dot
+                if byte == UInt8(ascii: "#") { return nil }
                 if byte == UInt8(ascii: "?"), query == nil { query = index }
             }
             return query ?? bytes.count
         }
         guard let end else { return nil }
         return end == uri.utf8.count ? uri : String(decoding: uri.utf8.prefix(end), as: UTF8.self)
+    }
+
+    private static func startsWithAdmin(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        let prefix: StaticString = "/admin/"
+        guard bytes.count >= prefix.utf8CodeUnitCount else { return false }
+        return prefix.withUTF8Buffer { $0.elementsEqual(bytes.prefix($0.count)) }
     }
 
     func decide(_ request: ForwardedRequest) {
