@@ -19,7 +19,7 @@ extension GatewayConnectionHandler {
     func cutIfClientLeft(lookAgain: Bool) {
         // A request of ours whose body has all come, or one handed over to the general path
         // (closing the connection cancels its task, and with it the request to the server).
-        let awaited = request.map(\.clientEnded) ?? (handedOver > 0)
+        let awaited = request.map(\.clientEnded) ?? (life.handedOver > 0)
         guard awaited, overTCP, let channel = context?.channel,
             let local = channel.localAddress?.bytesAndPort, let remote = channel.remoteAddress?.bytesAndPort
         else { return }
@@ -49,10 +49,7 @@ extension GatewayConnectionHandler {
     /// ``cutIfClientLeft(lookAgain:)`` counts a TCP client's close (the request to the server is cut
     /// as the connection goes: ``abandon()``).
     func countIfClientLeft() {
-        guard !closing else { return }
-        let awaited = (request.map { $0.clientEnded && $0.phase != .finished } ?? false) || handedOver > 0
-        guard awaited else { return }
-        closing = true
+        guard life.ended(exchangeNow) else { return }
         gateway.metrics.gatewayClientsLeft.increment()
         gateway.logger.info(
             "gateway: a client's connection ended before its answer did; the request to the server is cut")
@@ -76,7 +73,7 @@ extension GatewayConnectionHandler {
     /// client).
     func sweepDue() {
         guard context != nil else { return leaveSweep() }
-        let busy = request != nil || handedOver > 0 || passing
+        let busy = life.busy(exchangeNow)
         let deadline = idleSince + clientTimeout
         if !busy, deadline <= .now() {
             closeConnection()
@@ -84,7 +81,7 @@ extension GatewayConnectionHandler {
         }
         // In the middle of a request (ours, or one llhttp reads for the general path), waiting
         // for the client's bytes (as nginx's `client_body_timeout`).
-        let midRequest = (request.map { !$0.clientEnded } ?? false) || passing || replaying
+        let midRequest = life.midRequest(exchangeNow)
         if midRequest, readAsked, let read = front?.bytesRead {
             if let bytesSeen, bytesSeen == read {
                 gateway.logger.info(

@@ -45,10 +45,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// Sets up the general path behind this handler (once).
     let startGeneralPath: (any Channel) throws -> Void
     var generalPathStarted = false
-    /// The server is stopping or the client closed its side: the connection closes once idle.
-    var closeWhenIdle = false
-    /// The client closed its side: a request whose body has not ended can never end.
-    var inputClosed = false
     /// Closes the connection once the daemon's shutdown grace is over.
     var shutdownTimer: Scheduled<Void>?
     /// How long the client may stay silent (``GatewayConfiguration/clientTimeout``).
@@ -72,25 +68,23 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     var gathered = Gathered()
     /// The request this handler is forwarding, if any.
     var request: ForwardedRequest?
-    /// llhttp is in the middle of a request (its parts go to the general path as they come).
-    var passing = false
-    /// The rest of a request handed over goes to llhttp as it arrives.
-    var replaying = false
     /// …and its body came chunked: its parts go to llhttp framed again as chunks.
     var replayingChunked = false
-    /// The front left the rest of the connection to llhttp: nothing more is forwarded here.
-    var llhttpOnly = false
     /// Where requests come from, and where bytes for llhttp go.
     var front: ClientFront?
-    /// Requests handed over whose answer has not ended.
-    var handedOver = 0
     /// Parts read after the current request (pipelined): handled once it is done (nil: none).
     var queued: CircularBuffer<ClientRequestParser.Part>?
     var draining = false
     var readPending = false
-    /// The gateway closed the connection (this handler, or one behind it on the general path):
-    /// a close it did not make while an answer was awaited is the client's (``countIfClientLeft()``).
-    var closing = false
+    /// The connection's life around its exchanges: what is in progress where, when it closes
+    /// (``ClientConnectionState``, the rules; this handler does what they say).
+    var life = ClientConnectionState()
+    /// The exchange in progress, as ``life`` sees it.
+    var exchangeNow: ClientConnectionState.Exchange {
+        guard let request else { return .none }
+        if request.phase == .finished { return .finished }
+        return request.clientEnded ? .answering : .reading
+    }
     /// Parts were passed to the general path since the last read batch ended.
     var firedRead = false
     /// The connection's slot in its loop's ``ConnectionSweep`` while it is open.
@@ -131,22 +125,25 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     /// Nothing in progress on the connection: no request of ours, none handed over.
-    var idle: Bool { request == nil && handedOver == 0 && !passing && !replaying }
+    var idle: Bool { life.idle(exchangeNow) }
 
     func closeIfDone() {
-        if inputClosed, nothingQueued, let request, !request.clientEnded {
+        switch life.next(exchangeNow, nothingQueued: nothingQueued) {
+        case .none: break
+        case .close: closeConnection()
+        case .refuseIncompleteBody:
             // The client closed its side before the body's end: the request can never be whole
             // (nginx: "client prematurely closed connection").
-            return bodyNotWhole(
+            guard let request else { return }
+            bodyNotWhole(
                 request,
                 .incomplete(received: request.exchange.received, declared: request.exchange.declaredLength))
         }
-        if closeWhenIdle, idle, nothingQueued { closeConnection() }
     }
 
     /// Closes the client's connection (noted: not the client's leaving).
     func closeConnection() {
-        closing = true
+        life.closedByGateway()
         context?.close(promise: nil)
     }
 
@@ -194,17 +191,15 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             // then the connection closes. Hummingbird's handlers hear of it only while they
             // answer a request (they would close the connection, or its output, at once if
             // they had none, cutting an answer of the data path's).
-            closeWhenIdle = true
-            if !stopping {
-                inputClosed = true
-            } else if shutdownTimer == nil {
+            let tellGeneralPath = life.stop(quiesce: stopping)
+            if stopping, shutdownTimer == nil {
                 // What is in progress gets the grace, not more: the daemon always stops.
                 shutdownTimer = context.eventLoop.assumeIsolated().scheduleTask(in: GatewayChildChannel.shutdownGrace) {
                     [self] in
                     self.closeConnection()
                 }
             }
-            if generalPathStarted, handedOver > 0 || passing { context.fireUserInboundEventTriggered(event) }
+            if generalPathStarted, tellGeneralPath { context.fireUserInboundEventTriggered(event) }
             closeIfDone()
             if !stopping { cutIfClientLeft(lookAgain: true) }
             return
@@ -236,19 +231,19 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
-        if mode == .all { closing = true }
+        if mode == .all { life.closedByGateway() }
         context.close(mode: mode, promise: promise)
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         if let rawOutput { withGathered { $0.write(to: rawOutput) } }  // (empty: answers are flushed as they end)
         // The general path's answers pass through; when the last one ends, the next request is ours.
-        if case .end = unwrapOutboundIn(data), handedOver > 0 {
-            handedOver -= 1
+        if case .end = unwrapOutboundIn(data), life.handedOver > 0 {
+            let nowIdle = life.generalPathAnswered(exchangeNow)
             context.write(data, promise: promise)
-            if idle {
+            if nowIdle {
                 idleSince = .now()
-                if closeWhenIdle { context.flush() }
+                if life.closeWhenIdle { context.flush() }
                 // The requests read after it, their turn now: once this write has returned to
                 // the general path's handlers (their state moves on after it).
                 if !nothingQueued {
@@ -291,22 +286,17 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         guard ensureGeneralPath() else { return }
         switch part {
         case .head:
-            handedOver += 1
+            life.generalPathHead()
             gateway.metrics.gatewayHandedOver.increment()
-            passing = true
         case .body: break
-        case .end: passing = false
+        case .end: life.generalPathEnd()
         }
         firedRead = true
         context.fireChannelRead(data)
     }
 
-    /// A request handed over to the general path has all come and waits for its answer there:
-    /// the requests after it wait their turn here. (Not once llhttp reads the connection by
-    /// itself, nor while it is in the middle of a request: its bytes go to it as they come.)
-    var waitsForGeneralPath: Bool {
-        request == nil && handedOver > 0 && !replaying && !passing && !llhttpOnly
-    }
+    /// A request handed over to the general path has all come and waits for its answer there.
+    var waitsForGeneralPath: Bool { life.waitsForGeneralPath(exchangeNow) }
 
     /// Parts of requests read ahead, waiting their turn, hold one whole request: the front reads
     /// no more of the connection's bytes until the handler gets to it (a flood of pipelined
@@ -318,7 +308,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// A part of a request, from the front: handled now, or queued while the request before it
     /// waits for its answer (ours, or one handed over to the general path).
     func receive(_ part: ClientRequestParser.Part) {
-        if queued != nil || (request?.clientEnded == true) || waitsForGeneralPath {
+        if life.queues(exchangeNow, alreadyQueued: queued != nil) {
             var parts = queued.take() ?? []
             parts.append(part)
             if case .end = part { queuedEnds += 1 }
@@ -332,17 +322,17 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         guard context != nil else { return }
         if case .other(let bytes) = part {
             // The front reads no more of this connection: llhttp does, for the general path.
-            llhttpOnly = true
+            life.llhttpTakesRest()
             if ensureGeneralPath() { front?.toLLHTTP(bytes) }
             endReadBatchIfFired()
             return
         }
-        if replaying {
+        if life.replaying {
             switch part {
             case .body(let bytes): front?.toLLHTTP(replayingChunked ? HTTP1Bytes.chunkFramed(bytes) : bytes)
             case .end:
                 if replayingChunked { front?.toLLHTTP(HTTP1Bytes.lastChunk) }
-                replaying = false
+                life.replayEnded()
             case .malformed: closeConnection()  // (llhttp is mid-body: nothing can follow)
             case .head, .other: break  // not before the end
             }
@@ -357,7 +347,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             // Parts of a request already abandoned (its answer ended before its body).
             return
         }
-        let taken = handedOver == 0 && !passing ? takes(head, length: length) : .generalPath
+        let taken = life.takesRequests ? takes(head, length: length) : .generalPath
         let path: String
         let mayConcern: Bool
         switch taken {

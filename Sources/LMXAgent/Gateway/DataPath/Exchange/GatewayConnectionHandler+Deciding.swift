@@ -14,7 +14,7 @@ extension GatewayConnectionHandler {
     /// dashboard, refusals) or, behind `gateway.group`, forwards. (No path under `/v1/` or
     /// `/admin/` is the dashboard's: ``DashboardPolicy/resource(path:)``.)
     func takes(_ head: ClientHead, length: Int) -> Taken {
-        guard !llhttpOnly, gateway.groupGate == nil,
+        guard gateway.groupGate == nil,
             let path = Self.forwardedPath(head.uri, admin: gateway.configuration.admin)
         else { return .generalPath }
         // (Most paths can concern no object: told in one pass.)
@@ -263,7 +263,7 @@ extension GatewayConnectionHandler {
         front.toLLHTTP(raw)
         for part in parts { front.toLLHTTP(chunked ? HTTP1Bytes.chunkFramed(part) : part) }
         if ended, chunked { front.toLLHTTP(HTTP1Bytes.lastChunk) }
-        replaying = !ended
+        life.handedToLLHTTP(ended: ended)
         replayingChunked = chunked
         endReadBatchIfFired()
     }
