@@ -36,7 +36,7 @@ struct ClientRequestParser {
     /// A chunk-size line (with extensions, refused) and the trailers are at most this long.
     static let maxChunkLine = 4 << 10
 
-    private enum State {
+    enum State {
         case head
         case body(remaining: Int)
         /// A chunked body: the next chunk's size line.
@@ -56,9 +56,9 @@ struct ClientRequestParser {
     static let maxHead = 16 << 10
     static let maxHeaders = 100
 
-    private var state = State.head
+    var state = State.head
     /// The start of a head not yet whole.
-    private var held: ByteBuffer?
+    var held: ByteBuffer?
 
     /// Reads `bytes`, handing each part to `emit` as it is whole, until `pause` says to stop
     /// (asked before each part): then returns the bytes not read yet, to be read later (nil when
@@ -120,104 +120,9 @@ struct ClientRequestParser {
         return nil
     }
 
-    private var closesAfter = false
+    var closesAfter = false
 
-    /// Reads a chunked body's framing from `input` (RFC 9112 §7.1: `1*HEXDIG CRLF data CRLF`…,
-    /// `0 CRLF`, trailer lines, CRLF), handing on the data; false when `input` has no whole step
-    /// left (what there is, held for the next read) or the framing broke (`.malformed`: chunk
-    /// extensions, bytes other than hex digits, a chunk without its CRLF, trailers past the bound).
-    private mutating func readChunked(_ input: inout ByteBuffer, emit: (Part) -> Void) -> Bool {
-        func broken() -> Bool {
-            state = .closed
-            emit(.malformed)
-            return false
-        }
-        switch state {
-        case .chunkData(let remaining):
-            let n = min(remaining, input.readableBytes)
-            emit(.body(input.readSlice(length: n)!))
-            state = n == remaining ? .chunkEnd : .chunkData(remaining: remaining - n)
-            return true
-        case .chunkEnd:
-            guard input.readableBytes >= 2 else {
-                held = input
-                return false
-            }
-            guard input.readInteger(as: UInt16.self) == 0x0D0A else { return broken() }
-            state = .chunkSize
-            return true
-        case .chunkSize:
-            guard let line = Self.line(in: input) else {
-                if input.readableBytes > Self.maxChunkLine { return broken() }
-                held = input
-                return false
-            }
-            guard line > 0, line <= 15,
-                let size = input.withUnsafeReadableBytes({
-                    Self.hexSize(UnsafeRawBufferPointer(rebasing: $0[0..<line]))
-                })
-            else { return broken() }
-            input.moveReaderIndex(forwardBy: line + 2)
-            state = size == 0 ? .trailers(read: 0) : .chunkData(remaining: size)
-            return true
-        case .trailers(let read):
-            guard let line = Self.line(in: input) else {
-                if read + input.readableBytes > Self.maxChunkLine { return broken() }
-                held = input
-                return false
-            }
-            guard line >= 0, read + line + 2 <= Self.maxChunkLine,
-                line == 0
-                    || input.withUnsafeReadableBytes({ Self.isTrailer(UnsafeRawBufferPointer(rebasing: $0[0..<line])) })
-            else { return broken() }
-            input.moveReaderIndex(forwardBy: line + 2)
-            if line == 0 {
-                ended(emit)
-            } else {
-                state = .trailers(read: read + line + 2)
-            }
-            return true
-        case .head, .body, .other, .closed:
-            return true
-        }
-    }
-
-    /// The length of the line at the start of `input` (without its CRLF); nil while its CRLF has
-    /// not come; -1 when it holds a bare LF or its CR is not followed by LF (refused).
-    private static func line(in input: ByteBuffer) -> Int? {
-        input.withUnsafeReadableBytes { bytes -> Int? in
-            guard let end = bytes.firstIndex(where: { $0 == 0x0D || $0 == 0x0A }) else { return nil }
-            guard bytes[end] == 0x0D else { return -1 }
-            guard end + 1 < bytes.count else { return nil }
-            return bytes[end + 1] == 0x0A ? end : -1
-        }
-    }
-
-    /// A trailer line as a header line is read (a token, a colon, visible ASCII, spaces, tabs).
-    private static func isTrailer(_ line: UnsafeRawBufferPointer) -> Bool {
-        guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > 0 else { return false }
-        return line[..<colon].allSatisfy(HTTPSyntax.isTokenByte)
-            && line[(colon + 1)...].allSatisfy { $0 == 0x09 || (0x20..<0x7F).contains($0) }
-    }
-
-    /// A chunk's size: hex digits only (no extensions, spaces or sign), at most 15 of them.
-    private static func hexSize(_ digits: UnsafeRawBufferPointer) -> Int? {
-        guard !digits.isEmpty, digits.count <= 15 else { return nil }
-        var size = 0
-        for byte in digits {
-            let value: Int
-            switch byte {
-            case 0x30...0x39: value = Int(byte - 0x30)
-            case 0x41...0x46: value = Int(byte - 0x41 + 10)
-            case 0x61...0x66: value = Int(byte - 0x61 + 10)
-            default: return nil
-            }
-            size = size << 4 | value
-        }
-        return size
-    }
-
-    private mutating func ended(_ emit: (Part) -> Void) {
+    mutating func ended(_ emit: (Part) -> Void) {
         state = closesAfter ? .closed : .head
         emit(.end)
     }
