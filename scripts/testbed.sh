@@ -255,10 +255,10 @@ make_venv() {
     # against docs/openapi.yaml; prometheus-client's parser checks /metrics; the official openai
     # SDK is the real client the gateway is tried with; ruff checks the project's own Python.
     [ -x "$VENV/bin/python" ] && [ -x "$VENV/bin/ruff" ] &&
-        "$VENV/bin/python" -c 'import zeroconf, yaml, jsonschema, prometheus_client, openai' 2>/dev/null && return 0
-    log "creating the test venv at $VENV (zeroconf, PyYAML, jsonschema, prometheus-client, openai, ruff)"
+        "$VENV/bin/python" -c 'import zeroconf, yaml, jsonschema, prometheus_client, openai, anthropic' 2>/dev/null && return 0
+    log "creating the test venv at $VENV (zeroconf, PyYAML, jsonschema, prometheus-client, openai, anthropic, ruff)"
     [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q 'zeroconf>=0.131' 'PyYAML>=6' 'jsonschema>=4.18' 'prometheus-client>=0.17' 'openai==2.8.1' 'ruff==0.14.14'
+    "$VENV/bin/pip" install -q 'zeroconf>=0.131' 'PyYAML>=6' 'jsonschema>=4.18' 'prometheus-client>=0.17' 'openai==2.8.1' 'anthropic==0.75.0' 'ruff==0.14.14'
 }
 
 write_env() {

@@ -20,8 +20,9 @@ struct GatewayAffinityTests {
         try await withResources {
             let portA = freePort()
             let portB = freePort()
-            let a = try await LMXServer.start(bed, on: .h1, port: portA, instance: "alpha-\(portA)")
-            let b = try await LMXServer.start(bed, on: .h2, port: portB, instance: "beta-\(portB)")
+            let a = try await LMXServer.start(
+                bed, on: .h1, port: portA, instance: "alpha-\(portA)", extra: ["--agents"])
+            let b = try await LMXServer.start(bed, on: .h2, port: portB, instance: "beta-\(portB)", extra: ["--agents"])
             let endpoints = [
                 #"{"url": "http://10.254.0.11:\#(portA)", "name": "Alpha"}"#,
                 #"{"url": "http://10.254.0.12:\#(portB)", "name": "Beta"}"#,
@@ -49,7 +50,7 @@ struct GatewayAffinityTests {
             #expect(await agent.waitForActive(timeout: 10) { $0?.baseURL == a.baseURL } != nil)
             let run = try await call("POST", "/v1/agents/runs", #"{"agent": "research", "input": "x"}"#)
             let runID = run.body["id"] as? String ?? ""
-            #expect(run.status == 200 && server(run) == "alpha-\(portA)", "\(run)")
+            #expect(run.status == 201 && server(run) == "alpha-\(portA)", "\(run)")
             let ingest = try await call("POST", "/v1/rag/ingest", #"{"collection": "docs", "documents": ["d"]}"#)
             #expect(ingest.status == 200 && server(ingest) == "alpha-\(portA)")
             let response = try await call("POST", "/v1/responses", #"{"model": "test/model", "input": "hi"}"#)
@@ -62,7 +63,6 @@ struct GatewayAffinityTests {
                 await agent.waitForActive(timeout: 15) { $0?.baseURL == b.baseURL } != nil, "Beta never became active")
             var answers: [(status: Int, body: [String: Any])] = []
             for _ in 0..<5 { answers.append(try await call("GET", "/v1/agents/runs/\(runID)")) }
-            answers.append(try await call("GET", "/v1/agents/runs/\(runID)/events"))
             answers.append(try await call("POST", "/v1/agents/runs/\(runID)/cancel", "{}"))
             answers.append(try await call("POST", "/v1/rag/query", #"{"collection": "docs", "query": "q"}"#))
             answers.append(try await call("GET", "/v1/rag/collections/docs"))
@@ -72,6 +72,12 @@ struct GatewayAffinityTests {
             for answer in answers {
                 #expect(answer.status == 200 && server(answer) == "alpha-\(portA)", "\(answer)")
             }
+            // Its event stream too (whole snapshots, to run.completed and [DONE]).
+            let events = try await curl([
+                "--unix-socket", socket, "-sN", "http://localhost/v1/agents/runs/\(runID)/events",
+            ])
+            #expect(events.status == 200 && events.body.contains(#""server": "alpha-\#(portA)""#), "\(events.body)")
+            #expect(events.body.contains("event: run.completed") && events.body.contains("data: [DONE]"))
             let fresh = try await call("POST", "/v1/agents/runs", #"{"agent": "research"}"#)
             #expect(server(fresh) == "beta-\(portB)", "new work goes to the active server")
             let unknown = try await call("GET", "/v1/agents/runs/run-nobody-knows")

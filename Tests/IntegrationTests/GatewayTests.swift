@@ -188,9 +188,29 @@ struct GatewayTests {
                 #expect(
                     error?["status"] as? Int == 404 && error?["code"] as? String == "model_not_found",
                     "\(result.stdout)")
+                // The Responses API, plain and streamed.
+                #expect((answer["response"] as? String)?.hasPrefix("Hello from sdk-") == true, "\(result.stdout)")
+                #expect(answer["response_stream"] as? String == answer["response"] as? String, "\(result.stdout)")
                 print(
-                    "figure: openai SDK \(answer["sdk"] ?? "?") through \(base): models, chat, \(answer["stream_chunks"] ?? 0) streamed chunks, error \(error?["code"] ?? "-")"
+                    "figure: openai SDK \(answer["sdk"] ?? "?") through \(base): models, chat, \(answer["stream_chunks"] ?? 0) streamed chunks, responses, error \(error?["code"] ?? "-")"
                 )
+                // The Anthropic SDK (its placeholder x-api-key replaced by the route's key):
+                // /v1/messages plain and streamed, and an error it reads in its own shape.
+                let messages = try await Command.run(
+                    bed["LMX_TESTBED_PYTHON"],
+                    ["\(TestBed.repo)/scripts/fixtures/anthropic-sdk-client.py", String(base.dropLast(3))],
+                    timeout: 60)
+                #expect(messages.status == 0, "\(messages.stderr)")
+                let said = json(messages)
+                #expect((said["message"] as? String)?.hasPrefix("Hello from sdk-") == true, "\(messages.stdout)")
+                #expect(said["stream"] as? String == said["message"] as? String, "\(messages.stdout)")
+                #expect((said["stream_pieces"] as? Int ?? 0) > 1, "\(messages.stdout)")
+                let refused = said["error"] as? [String: Any]
+                #expect(
+                    refused?["status"] as? Int == 404 && refused?["type"] as? String == "not_found_error"
+                        && refused?["shape"] as? String == "error", "\(messages.stdout)")
+                print(
+                    "figure: anthropic SDK \(said["sdk"] ?? "?") through \(base): message, stream, error in its shape")
             }
             // Every /v1 request reached the server with the route's key, never the placeholder.
             #expect(!server.requests.isEmpty)

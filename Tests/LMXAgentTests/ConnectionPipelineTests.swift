@@ -325,6 +325,13 @@ struct ConnectionPipelineTests {
             #expect(answer.hasPrefix("HTTP/1.1 503 "), "\(answer)")
             #expect(answer.contains("Retry-After: 2\r\n") && answer.contains(#""code":"no_endpoint""#))
             #expect(pipe.servers.isEmpty)
+            // On the Anthropic API's path, in Anthropic's shape (its SDKs read that one).
+            try pipe.send(PipelineHarness.post(#"{"model":"alpha"}"#, path: "/v1/messages"))
+            let anthropic = try pipe.received()
+            #expect(anthropic.hasPrefix("HTTP/1.1 503 "), "\(anthropic)")
+            #expect(
+                anthropic.contains(#""type":"error""#) && anthropic.contains(#""type":"overloaded_error""#),
+                "\(anthropic)")
         }
     }
 
@@ -533,6 +540,47 @@ struct ConnectionPipelineTests {
             let tooLarge = try pipe.received()
             #expect(tooLarge.hasPrefix("HTTP/1.1 413 ") && tooLarge.contains("request_too_large"), "\(tooLarge)")
             #expect(!pipe.client.isActive)
+        }
+    }
+
+    @Test(
+        "a run is created once: the gateway adds an Idempotency-Key (or keeps the client's), and when the connection dies before the answer sends the same request, same key, again on a new connection"
+    )
+    func runCreatedOnce() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            let body = #"{"agent":"research","input":"x"}"#
+            try pipe.send(PipelineHarness.post(body, path: "/v1/agents/runs"))
+            let first = try pipe.serverGot(0)
+            let keyLine = first.components(separatedBy: "\r\n").first { $0.hasPrefix("Idempotency-Key: ") }
+            let key = keyLine.map { String($0.dropFirst("Idempotency-Key: ".count)) } ?? ""
+            #expect(key.hasPrefix("lmx-") && key.count >= 20, "\(first)")
+            // The server made the run; its answer is lost with the connection.
+            pipe.serverCloses(0)
+            #expect(pipe.servers.count == 2, "sent again on a new connection")
+            let again = try pipe.serverGot(1)
+            #expect(again.contains("Idempotency-Key: \(key)\r\n") && again.hasSuffix(body), "\(again)")
+            try pipe.answer(1, PipelineHarness.ok(#"{"id":"run-1","status":"queued"}"#))
+            #expect(try pipe.received().hasSuffix(#"{"id":"run-1","status":"queued"}"#))
+
+            // The client's own key is kept, never replaced.
+            try pipe.send(
+                "POST /v1/agents/runs HTTP/1.1\r\nIdempotency-Key: mine-42\r\nContent-Length: \(body.utf8.count)\r\n\r\n"
+                    + body)
+            let own = try pipe.serverGot(1)
+            #expect(
+                own.contains("Idempotency-Key: mine-42\r\n") && !own.contains("Idempotency-Key: lmx-"), "\(own)")
+            try pipe.answer(1, PipelineHarness.ok(#"{"id":"run-2"}"#))
+            _ = try pipe.received()
+
+            // Any other POST still goes once.
+            try pipe.send(PipelineHarness.post(#"{"model":"alpha"}"#))
+            #expect(!(try pipe.serverGot(1)).contains("Idempotency-Key"))
+            pipe.serverCloses(1)
+            #expect(pipe.servers.count == 2)
+            #expect(try pipe.received().hasPrefix("HTTP/1.1 502 "))
         }
     }
 }

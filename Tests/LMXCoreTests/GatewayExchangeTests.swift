@@ -200,4 +200,36 @@ struct GatewayExchangeTests {
         _ = chunked.refuse(forbidden, atOnce: false)
         #expect(chunked.bodyPart(size: 101) { true } == .respond(.tooLarge(limit: 100)))
     }
+
+    @Test(
+        "a run's creation with its key: sent again after any failure, first on a new connection, then only to the server it may have reached"
+    )
+    func repeatableGoesBackToItsServer() {
+        var e = exchange()
+        _ = e.bodyPart(size: 10) { true }
+        _ = e.bodyEnd()
+        e.repeatable = true
+        _ = e.routed(servers: ["A", "B", "A"])
+        e.sent(onKeptConnection: false)
+        #expect(e.failed(certainlyNotSent: false, detail: "reset") == .connect(attempt: 0, fresh: true))
+        e.sent(onKeptConnection: false)
+        // Server A may have made it: its other route, never B.
+        #expect(e.failed(certainlyNotSent: false, detail: "reset") == .connect(attempt: 2, fresh: false))
+        e.sent(onKeptConnection: false)
+        #expect(e.failed(certainlyNotSent: false, detail: "reset") == .respond(.unreachable(detail: "reset")))
+        // Never reached a server: any server may take it.
+        var f = exchange()
+        _ = f.bodyPart(size: 10) { true }
+        _ = f.bodyEnd()
+        f.repeatable = true
+        _ = f.routed(servers: ["A", "B"])
+        #expect(f.failed(certainlyNotSent: true, detail: "refused") == .connect(attempt: 1, fresh: false))
+        // Without a key, a POST that may have arrived is never sent again.
+        var g = exchange()
+        _ = g.bodyPart(size: 10) { true }
+        _ = g.bodyEnd()
+        _ = g.routed(servers: ["A", "A"])
+        g.sent(onKeptConnection: false)
+        #expect(g.failed(certainlyNotSent: false, detail: "reset") == .respond(.unreachable(detail: "reset")))
+    }
 }

@@ -154,11 +154,11 @@ struct GatewayPolicyTests {
         for method in ["POST", "PATCH", "TRACE", "get"] { #expect(!RetryRule.isIdempotent(method)) }
         func decide(
             _ failure: RetryRule.Failure, _ method: String, whole: Bool = true, attempt: Int = 0, routes: Int = 2,
-            resent: Bool = false
+            resent: Bool = false, repeatable: Bool = false
         ) -> RetryRule.Decision {
             RetryRule.decide(
                 failure, method: method, bodyWhole: whole, attempt: attempt, routes: routes,
-                resentOnNewConnection: resent)
+                resentOnNewConnection: resent, repeatable: repeatable)
         }
         // Never sent: anything goes to the next route, while there is one.
         #expect(decide(.notSent, "POST") == .nextRoute)
@@ -173,6 +173,13 @@ struct GatewayPolicyTests {
         #expect(decide(.keptConnectionClosed, "GET", resent: true) == .nextRoute)
         #expect(decide(.keptConnectionClosed, "GET", routes: 1, resent: true) == .answer)
         #expect(decide(.keptConnectionClosed, "POST") == .answer)
+        // A POST the server makes safe to repeat (a run's creation with its Idempotency-Key): after
+        // any failure, once on a new connection to the same route, then by the next route.
+        #expect(decide(.failedBeforeAnswer, "POST", routes: 1, repeatable: true) == .sameRouteNewConnection)
+        #expect(decide(.failedBeforeAnswer, "POST", resent: true, repeatable: true) == .nextRoute)
+        #expect(decide(.failedBeforeAnswer, "POST", routes: 1, resent: true, repeatable: true) == .answer)
+        #expect(decide(.keptConnectionClosed, "POST", repeatable: true) == .sameRouteNewConnection)
+        #expect(decide(.failedBeforeAnswer, "POST", whole: false, repeatable: true) == .answer)
         // A body passed on as it came is never sent again, whatever the failure and method (a PUT
         // sent again with its length and no body desynchronized the server's connection).
         for failure in [RetryRule.Failure.notSent, .keptConnectionClosed, .failedBeforeAnswer, .busy] {

@@ -324,6 +324,39 @@ extension Gateway {
     }
 
     /// The JSON of an error in the OpenAI API's shape, with a final newline.
+    /// The gateway's own error in the shape the request's API reads: Anthropic's
+    /// (`{"type": "error", "error": {"type": …, "message": …}}`) on `/v1/messages`, where the
+    /// Anthropic SDKs read it; OpenAI's everywhere else.
+    static func errorBody(status: Int, code: String, message: String, path: String) -> [UInt8] {
+        guard path == "/v1/messages" || path.hasPrefix("/v1/messages/") else {
+            return errorBody(code: code, message: message)
+        }
+        struct Body: Encodable {
+            struct Detail: Encodable {
+                var type: String
+                var message: String
+                var code: String
+            }
+            var type = "error"
+            var error: Detail
+        }
+        let type =
+            switch status {
+            case 400: "invalid_request_error"
+            case 401: "authentication_error"
+            case 403: "permission_error"
+            case 404: "not_found_error"
+            case 413: "request_too_large"
+            case 429: "rate_limit_error"
+            case 503, 529: "overloaded_error"
+            default: "api_error"
+            }
+        let body = Body(error: .init(type: type, message: message, code: code))
+        var bytes = (try? StatusAPI.encoder.encode(body)).map { Array($0) } ?? Array("{}".utf8)
+        bytes.append(0x0A)
+        return bytes
+    }
+
     static func errorBody(code: String, message: String) -> [UInt8] {
         struct Body: Encodable {
             struct Detail: Encodable {

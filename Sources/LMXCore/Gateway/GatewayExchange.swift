@@ -195,8 +195,16 @@ public struct GatewayExchange: Sendable {
     public private(set) var holdsAnswer = false
     /// The answer is an event stream.
     public private(set) var isStream = false
+    /// The server makes the request safe to repeat (it carries an `Idempotency-Key` the server
+    /// honours): ``RetryRule`` sends it again after any failure before the answer.
+    public var repeatable = false
     /// The refusal that answers once the body has been read (``Phase/refusing``).
     public private(set) var refusal: Refusal?
+    /// Each route's server (``routed(servers:)``).
+    public private(set) var servers: [String?] = []
+    /// A repeatable request that may have reached a server: the route it went on, whose server
+    /// alone may have it again.
+    public private(set) var pinnedTo: Int?
     /// The last busy answer passed over (status, seconds to wait), answered if no route takes it.
     public private(set) var busy: (status: Int, retryAfter: Int)?
 
@@ -250,7 +258,15 @@ public struct GatewayExchange: Sendable {
 
     /// Planned: `routes` routes, tried in order.
     public mutating func routed(routes: Int) -> Action {
-        self.routes = routes
+        routed(servers: Array(repeating: nil, count: routes))
+    }
+
+    /// Planned: one route per element, tried in order; each names its server (its instance, nil
+    /// when not known). A repeatable request that may have reached a server goes again only to
+    /// that server (another never saw its key, and would do it a second time).
+    public mutating func routed(servers: [String?]) -> Action {
+        self.servers = servers
+        routes = servers.count
         attempt = 0
         phase = .connecting
         return .connect(attempt: 0, fresh: false)
@@ -270,22 +286,34 @@ public struct GatewayExchange: Sendable {
         guard phase == .connecting || phase == .forwarding else { return .none }
         let failure: RetryRule.Failure =
             certainlyNotSent ? .notSent : onKeptConnection ? .keptConnectionClosed : .failedBeforeAnswer
+        if repeatable, !certainlyNotSent, pinnedTo == nil { pinnedTo = attempt }
         switch RetryRule.decide(
             failure, method: method, bodyWhole: bodyWhole, attempt: attempt, routes: routes,
-            resentOnNewConnection: resentOnNewConnection)
+            resentOnNewConnection: resentOnNewConnection, repeatable: repeatable)
         {
         case .sameRouteNewConnection:
             resentOnNewConnection = true
             phase = .connecting
             return .connect(attempt: attempt, fresh: true)
         case .nextRoute:
-            attempt += 1
+            guard let next = nextRoute(after: attempt) else { fallthrough }
+            attempt = next
             phase = .connecting
             return .connect(attempt: attempt, fresh: false)
         case .answer:
             if let busy { return respond(.busy(status: busy.status, retryAfter: busy.retryAfter)) }
             return respond(.unreachable(detail: detail))
         }
+    }
+
+    /// The next route to try after `index`: the next one, or, once the request may have reached
+    /// a server (``pinnedTo``), the next of that server's routes (none when its server is not
+    /// known).
+    private func nextRoute(after index: Int) -> Int? {
+        guard index + 1 < routes else { return nil }
+        guard let pinned = pinnedTo else { return index + 1 }
+        guard pinned < servers.count, let server = servers[pinned] else { return nil }
+        return servers.indices.first { $0 > index && servers[$0] == server }
     }
 
     /// The answer's head came. `busyFor`: the server said it is busy (429, 503) and cools down
@@ -299,9 +327,11 @@ public struct GatewayExchange: Sendable {
                 resentOnNewConnection: false) == .nextRoute
         {
             busy = (status, max(1, Int(cooldown.rounded(.up))))
-            attempt += 1
-            phase = .connecting
-            return .connect(attempt: attempt, fresh: false)
+            if let next = nextRoute(after: attempt) {
+                attempt = next
+                phase = .connecting
+                return .connect(attempt: attempt, fresh: false)
+            }
         }
         phase = .answering
         isStream = stream

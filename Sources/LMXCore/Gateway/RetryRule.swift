@@ -40,21 +40,26 @@ public enum RetryRule {
     ///     kept one closed.
     public static func decide(
         _ failure: Failure, method: String, bodyWhole: Bool, attempt: Int, routes: Int,
-        resentOnNewConnection: Bool
+        resentOnNewConnection: Bool, repeatable: Bool = false
     ) -> Decision {
         guard bodyWhole else { return .answer }
         let another = attempt + 1 < routes
+        // A request the server itself makes safe to repeat (an `Idempotency-Key` it honours: the
+        // same key and body return what the first made) goes again like an idempotent one, and
+        // after any failure once more on a new connection to the same route first.
+        let idempotent = isIdempotent(method) || repeatable
         switch failure {
         case .notSent, .busy:
             return another ? .nextRoute : .answer
         case .keptConnectionClosed:
             // As browsers and Go's HTTP client do: a request safe to send twice goes again at once
             // on a new connection to the same route; others may have arrived, and are not.
-            guard isIdempotent(method) else { return .answer }
+            guard idempotent else { return .answer }
             if !resentOnNewConnection { return .sameRouteNewConnection }
             return another ? .nextRoute : .answer
         case .failedBeforeAnswer:
-            return isIdempotent(method) && another ? .nextRoute : .answer
+            if repeatable, !resentOnNewConnection { return .sameRouteNewConnection }
+            return idempotent && another ? .nextRoute : .answer
         }
     }
 

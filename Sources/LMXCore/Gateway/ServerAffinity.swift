@@ -104,6 +104,12 @@ public enum ServerAffinity {
         return parts == ["v1", "agents", "runs"] || parts == ["v1", "responses"]
     }
 
+    /// The request creates an agent run (`POST /v1/agents/runs`): safe to repeat with an
+    /// `Idempotency-Key`, which the server honours (the same key and body return the run made).
+    public static func createsRun(method: String, path: String) -> Bool {
+        method == "POST" && path.containsBytes("runs") && segments(path) == ["v1", "agents", "runs"]
+    }
+
     /// The object a successful JSON answer made: its top-level `id` (or `run_id`).
     public static func madeByAnswer(_ answer: [UInt8], path: String) -> ServerObject? {
         let parts = segments(path)

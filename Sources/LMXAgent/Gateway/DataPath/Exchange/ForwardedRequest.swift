@@ -42,6 +42,8 @@ final class ForwardedRequest {
     var server: (instance: String, object: ServerObject)?
     /// The answer names an object made by the request (``ServerAffinity/answerMakes``).
     var answerMakes = false
+    /// The `Idempotency-Key` the gateway adds to a run's creation that came without one.
+    var addedIdempotencyKey: String?
     /// The answer's body, read as it passes when it may name an object made (bounded).
     var madeAnswer: [UInt8]?
     var targets: [GatewayTarget] = []

@@ -135,8 +135,26 @@ extension GatewayConnectionHandler {
             }
             request.madeByRequest = ServerAffinity.madeByRequest(method: method, path: path, body: bytes)
             request.answerMakes = ServerAffinity.answerMakes(method: method, path: path)
+            // A run is made once, whatever happens to the connection: the server honours an
+            // `Idempotency-Key` (the same key and body return the run it made), so the request
+            // carries one — the client's, or 128 random bits of the gateway's — and may go again.
+            if ServerAffinity.createsRun(method: method, path: path) {
+                if request.head.first("idempotency-key") == nil {
+                    request.addedIdempotencyKey = Self.newIdempotencyKey()
+                }
+                request.exchange.repeatable = true
+            }
         }
         route(request)
+    }
+
+    /// 128 random bits (the system's generator: getrandom), as 32 hex digits.
+    static func newIdempotencyKey() -> String {
+        var generator = SystemRandomNumberGenerator()
+        let high = generator.next() as UInt64
+        let low = generator.next() as UInt64
+        let digits = String(high, radix: 16) + "-" + String(low, radix: 16)
+        return "lmx-" + digits
     }
 
     /// Plans the request's routes and sends it to the first; while no route is usable it is
@@ -176,7 +194,9 @@ extension GatewayConnectionHandler {
         request.targets = targets
         request.countInFlight(gateway.metrics.gatewayInFlight)
         gateway.metrics.gatewayRequests.increment()
-        _ = request.exchange.routed(routes: targets.count)
+        // (Each route's server: a request sent again by its key after it may have reached one
+        // goes again to that server only, by its other route.)
+        _ = request.exchange.routed(servers: targets.map(\.instanceID))
         attempt(request, fresh: false, address: address)
     }
 

@@ -97,6 +97,13 @@ extension GatewayConnectionHandler {
         guard let address = known ?? state.address(target.baseURL) else {
             return failed(request, detail: "the route's address is not usable here", error: nil, certainlyNotSent: true)
         }
+        // The next route after a failure or a busy answer: within its cap too (the first was
+        // waited for: ``waitForRoom(_:address:)``).
+        if !fresh, request.exchange.attempt > 0, !state.pool.hasRoom(address, cap: dataPath.connectionsPerLoop) {
+            return failed(
+                request, detail: "every connection the gateway may open to the route is busy", error: nil,
+                certainlyNotSent: true)
+        }
         request.countOnRoute(state.routeCount(target.routeKey, in: gateway.load))
         if !fresh, let connection = state.pool.takeIdle(address) {
             return send(request, over: connection, target: target, kept: true)
@@ -163,6 +170,11 @@ extension GatewayConnectionHandler {
             out.add(connection.address.authority)
             out.add("\r\n")
             out.clientHeaders(request.head, keeping: rule, userAgent: Gateway.userAgent)
+            if let key = request.addedIdempotencyKey {
+                out.add("Idempotency-Key: ")
+                out.add(key)
+                out.add("\r\n")
+            }
             if let length {
                 out.add("Content-Length: ")
                 out.add(decimal: length)
@@ -235,7 +247,8 @@ extension GatewayConnectionHandler {
     func respond(_ request: ForwardedRequest, _ refusal: GatewayExchange.Refusal) {
         guard context != nil else { return }
         let (status, code, message, retryAfter) = refusal.answer
-        let body = ByteBuffer(bytes: Gateway.errorBody(code: code, message: message))
+        let body = ByteBuffer(
+            bytes: Gateway.errorBody(status: status, code: code, message: message, path: request.path))
         request.keepAlive = request.head.keepAlive && request.clientEnded
         // Nothing of a held answer reached the client: the refusal replaces it.
         request.heldAnswer = []
