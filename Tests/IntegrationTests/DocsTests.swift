@@ -44,6 +44,23 @@ struct DocsTests {
             "the dashboard and lmx-notify")
     }
 
+    @Test(
+        "the benchmark page holds the current tables in at most 300 lines; docs/gateway.md describes the one path, the README's gateway part stays short"
+    )
+    func shortPages() throws {
+        let benchmarks = try String(contentsOfFile: TestBed.repo + "/Benchmarks/README.md", encoding: .utf8)
+        #expect(benchmarks.split(separator: "\n", omittingEmptySubsequences: false).count <= 300)
+        for section in ["## Discovery", "## Footprint", "## The agent", "## The gateway beside nginx", "## Pairing"] {
+            #expect(benchmarks.contains(section), "\(section)")
+        }
+        let readme = try String(contentsOfFile: TestBed.repo + "/README.md", encoding: .utf8)
+        let gateway = readme.components(separatedBy: "**The gateway**").dropFirst().first?
+            .components(separatedBy: "**Asking the agent**").first ?? ""
+        #expect(!gateway.isEmpty && gateway.split(separator: "\n").count <= 25, "the README's gateway part")
+        let page = try String(contentsOfFile: TestBed.repo + "/docs/gateway.md", encoding: .utf8)
+        #expect(page.contains("ClientConnectionState") && page.contains("GatewayExchange"))
+    }
+
     @Test("man pages: real EXIT STATUS, ENVIRONMENT and FILES sections; no subcommands claimed where there are none")
     func manPages() throws {
         for command in ["lmx-agentd", "lmx-status", "lmx-discover", "lmx-pair", "lmx-notify"] {
