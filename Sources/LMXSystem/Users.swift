@@ -110,6 +110,15 @@ public final class GroupMembership: Sendable {
         self.ttl = ttl
     }
 
+    /// What ``allows(_:)`` would say without looking anything up: true for root and this
+    /// process's user, a member's answer while it is fresh; nil when the account database must
+    /// be asked (which may wait on a directory service: not on an event loop).
+    public func knownAnswer(_ uid: UInt32) -> Bool? {
+        if Users.isAdministrator(uid) { return true }
+        guard let known = cache.withLock({ $0[uid] }), ContinuousClock.now - known.at < ttl else { return nil }
+        return known.member
+    }
+
     /// Whether `uid` is root, this process's user or a member; nil when the group is gone.
     public func allows(_ uid: UInt32) -> Bool? {
         if Users.isAdministrator(uid) { return true }

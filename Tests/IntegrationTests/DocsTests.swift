@@ -54,7 +54,8 @@ struct DocsTests {
             #expect(benchmarks.contains(section), "\(section)")
         }
         let readme = try String(contentsOfFile: TestBed.repo + "/README.md", encoding: .utf8)
-        let gateway = readme.components(separatedBy: "**The gateway**").dropFirst().first?
+        let gateway =
+            readme.components(separatedBy: "**The gateway**").dropFirst().first?
             .components(separatedBy: "**Asking the agent**").first ?? ""
         #expect(!gateway.isEmpty && gateway.split(separator: "\n").count <= 25, "the README's gateway part")
         let page = try String(contentsOfFile: TestBed.repo + "/docs/gateway.md", encoding: .utf8)

@@ -23,7 +23,9 @@ final class PipelineHarness {
     /// Connections that fail to open (by address authority).
     var refuse: Set<String> = []
 
-    init(_ fixture: AgentFixture, configuration: GatewayConfiguration = GatewayConfiguration()) throws {
+    init(_ fixture: AgentFixture, configuration: GatewayConfiguration = GatewayConfiguration(), uid: UInt32 = 1000)
+        throws
+    {
         gateway = try Gateway(
             agent: fixture.agent, configuration: configuration, extraCAFile: nil, logger: Logger(label: "test"))
         guard let dataPath = gateway.dataPath, let tls = dataPath.state(for: dataPath.group.next())?.pool.tls else {
@@ -34,7 +36,8 @@ final class PipelineHarness {
             loop: loop, snapshot: fixture.agent.board.snapshot, pool: pool,
             clientTimeout: .milliseconds(Int64(configuration.clientTimeout * 1000)))
         self.dataPath = dataPath
-        (client, handler) = try Self.connect(dataPath: dataPath, state: state, limiter: limiter, loop: loop)
+        self.uid = uid
+        (client, handler) = try Self.connect(dataPath: dataPath, state: state, limiter: limiter, loop: loop, uid: uid)
         pool.connector = { [unowned self] address, _ in
             self.connected.append(address.authority)
             if self.refuse.contains(address.authority) {
@@ -50,15 +53,17 @@ final class PipelineHarness {
 
     private let dataPath: GatewayDataPath
     private let limiter = ConnectionLimiter(perUser: 16)
+    /// The clients' user, as the kernel would name it.
+    private let uid: UInt32
     /// Other clients' connections to the same loop (``addClient()``).
     private(set) var others: [EmbeddedChannel] = []
 
     /// A client connection of the loop: the front and the handler on an `EmbeddedChannel`.
     private static func connect(
         dataPath: GatewayDataPath, state: GatewayDataPath.LoopState, limiter: ConnectionLimiter,
-        loop: EmbeddedEventLoop
+        loop: EmbeddedEventLoop, uid: UInt32
     ) throws -> (EmbeddedChannel, GatewayConnectionHandler) {
-        guard let admission = limiter.admitUnnamed(asking: { 1000 }) else { throw GeneralPathNotHere() }
+        guard let admission = limiter.admitUnnamed(asking: { uid }) else { throw GeneralPathNotHere() }
         let handler = GatewayConnectionHandler(
             dataPath: dataPath, state: state, peer: PeerUser(limiter: limiter, admission: admission), overTCP: false,
             startGeneralPath: { _ in throw GeneralPathNotHere() })
@@ -74,7 +79,7 @@ final class PipelineHarness {
 
     /// Another client connection to the same loop (its index in ``others``).
     func addClient() throws -> Int {
-        others.append(try Self.connect(dataPath: dataPath, state: state, limiter: limiter, loop: loop).0)
+        others.append(try Self.connect(dataPath: dataPath, state: state, limiter: limiter, loop: loop, uid: uid).0)
         return others.count - 1
     }
 
@@ -581,6 +586,35 @@ struct ConnectionPipelineTests {
             pipe.serverCloses(1)
             #expect(pipe.servers.count == 2)
             #expect(try pipe.received().hasPrefix("HTTP/1.1 502 "))
+        }
+    }
+
+    @Test(
+        "gateway.group on the data path: a member or root forwarded, a known outsider refused 403; a user not yet looked up goes to the general path"
+    )
+    func groupGate() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            var configuration = GatewayConfiguration()
+            configuration.group = "root"
+            configuration.listen = nil
+            let outsider = try PipelineHarness(fixture, configuration: configuration, uid: 4242)
+            defer { outsider.finish() }
+            // Not looked up yet: the general path would ask the account database (here it has
+            // none: the connection closes).
+            try outsider.send(PipelineHarness.get())
+            #expect(!outsider.client.isActive && outsider.servers.isEmpty)
+            let known = try PipelineHarness(fixture, configuration: configuration, uid: 4242)
+            defer { known.finish() }
+            #expect(known.gateway.groupGate?.allows(4242) == false)
+            try known.send(PipelineHarness.get())
+            let refused = try known.received()
+            #expect(refused.hasPrefix("HTTP/1.1 403 ") && refused.contains("only members of the group root"))
+            #expect(known.servers.isEmpty)
+            let root = try PipelineHarness(fixture, configuration: configuration, uid: 0)
+            defer { root.finish() }
+            try root.send(PipelineHarness.get())
+            #expect(try root.serverGot(0).hasPrefix("GET /v1/models"))
         }
     }
 }

@@ -9,12 +9,16 @@ import Testing
 @testable import LMXAgent
 @testable import LMXCore
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The gateway data path's pure pieces: how a route's URL becomes an address to connect to, and
 /// how an event stream is passed on whole events at a time.
 @Suite("The gateway's data path: addresses and the event relay")
 struct DataPathTests {
     @Test(
-        "a route's URL: IP literals (connected to as they are), names (with SNI), default ports; link-local zones and paths left to the general path"
+        "a route's URL: IP literals (connected to as they are), names (with SNI), default ports; link-local addresses on their interface"
     )
     func addresses() throws {
         let lan = try #require(UpstreamAddress("http://10.0.0.5:1234"))
@@ -29,7 +33,18 @@ struct DataPathTests {
         #expect(lan.socketAddress == (try SocketAddress(ipAddress: "10.0.0.5", port: 1234)))
         #expect(v6.socketAddress == (try SocketAddress(ipAddress: "fd00::5", port: 8080)))
         #expect(tunnel.socketAddress == nil)
-        #expect(UpstreamAddress("http://[fe80::1%25lan0]:1234") == nil)
+        // A link-local address is reached on its interface (`lo` is on every machine); the Host
+        // header names it without the zone; an interface the machine does not have: not usable.
+        let linkLocal = try #require(UpstreamAddress("http://[fe80::1%25lo]:1234"))
+        #expect(linkLocal.authority == "[fe80::1]:1234" && linkLocal.host == "fe80::1")
+        guard case .v6(let scoped)? = linkLocal.socketAddress else {
+            Issue.record("no IPv6 socket address")
+            return
+        }
+        #expect(scoped.address.sin6_scope_id == if_nametoindex("lo") && scoped.address.sin6_scope_id != 0)
+        #expect(UpstreamAddress("http://[fe80::1%25nosuch0]:1234") == nil)
+        #expect(linkLocal != UpstreamAddress("http://[fe80::1]:1234"))
+        // A route's URL never has a path (BaseURL.isWellFormed): one that did is not connected to.
         #expect(UpstreamAddress("http://10.0.0.5:1234/prefix") == nil)
         #expect(UpstreamAddress("ftp://10.0.0.5") == nil)
         #expect(UpstreamAddress("http://10.0.0.5:0") == nil)

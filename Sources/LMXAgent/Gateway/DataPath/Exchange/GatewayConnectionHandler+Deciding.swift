@@ -14,9 +14,20 @@ extension GatewayConnectionHandler {
     /// dashboard, refusals) or, behind `gateway.group`, forwards. (No path under `/v1/` or
     /// `/admin/` is the dashboard's: ``DashboardPolicy/resource(path:)``.)
     func takes(_ head: ClientHead, length: Int) -> Taken {
-        guard gateway.groupGate == nil,
-            let path = Self.forwardedPath(head.uri, admin: gateway.configuration.admin)
-        else { return .generalPath }
+        guard let path = Self.forwardedPath(head.uri, admin: gateway.configuration.admin) else { return .generalPath }
+        // `gateway.group`: a member (or not) as the gate knows it now; a user it must look up in
+        // the account database goes to the general path, which does so off the event loop (and
+        // the answer is known here for the next seconds).
+        if let gate = gateway.groupGate {
+            guard let uid = peer.uid, let allowed = gate.knownAnswer(uid) else { return .generalPath }
+            if !allowed {
+                return .refuse(
+                    path,
+                    .refused(
+                        status: 403, code: "forbidden",
+                        message: "only members of the group \(gate.group) may use this gateway"))
+            }
+        }
         // (Most paths can concern no object: told in one pass.)
         let mayConcern = ServerAffinity.mayConcern(path: path)
         // (The rules read a few headers by name, all of them known ones: when none but Host came,

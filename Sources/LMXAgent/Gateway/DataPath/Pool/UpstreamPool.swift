@@ -4,9 +4,13 @@ import NIOHTTP1
 import NIOPosix
 import NIOSSL
 
-/// Where a route's connections go, read once from its base URL: the data path connects to plain
-/// IP literals and names over HTTP or HTTPS. A link-local IPv6 route (with its interface) is left
-/// to the general path.
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where a route's connections go, read once from its base URL: the data path connects to IP
+/// literals (a link-local IPv6 one on its interface) and names, over HTTP or HTTPS. (A route's
+/// URL never has a path: ``BaseURL/isWellFormed``.)
 struct UpstreamAddress: Hashable, Sendable {
     /// What an address is, read once and held in one object: the data path copies a request's
     /// address several times per request, and a copy is one retain, not one per text.
@@ -19,17 +23,26 @@ struct UpstreamAddress: Hashable, Sendable {
         let socketAddress: SocketAddress?
         let identity: Int
 
-        init(tls: Bool, host: String, port: Int, authority: String, serverName: String?) {
+        init(tls: Bool, host: String, port: Int, authority: String, serverName: String?, scope: UInt32) {
             self.tls = tls
             self.host = host
             self.port = port
             self.authority = authority
             self.serverName = serverName
-            socketAddress = serverName == nil ? try? SocketAddress(ipAddress: host, port: port) : nil
+            let literal = serverName == nil ? try? SocketAddress(ipAddress: host, port: port) : nil
+            if scope != 0, case .v6(let v6)? = literal {
+                // A link-local address is reached on its interface (the URL's zone).
+                var raw = v6.address
+                raw.sin6_scope_id = scope
+                socketAddress = SocketAddress(raw, host: host)
+            } else {
+                socketAddress = literal
+            }
             var hasher = Hasher()
             hasher.combine(host)
             hasher.combine(port)
             hasher.combine(tls)
+            hasher.combine(scope)
             identity = hasher.finalize()
         }
     }
@@ -54,21 +67,30 @@ struct UpstreamAddress: Hashable, Sendable {
         let tls = url.scheme == "https"
         let host: String
         let serverName: String?
+        var scope: UInt32 = 0
+        var authority = url.hostPort
         switch url.host {
         case .ipv4(let address):
             host = address
             serverName = nil
         case .ipv6(let address, let zone):
-            guard zone == nil else { return nil }
             host = address
             serverName = nil
+            if let zone {
+                // The interface's index, as the kernel knows it now (nil: no such interface).
+                scope = if_nametoindex(zone)
+                guard scope != 0 else { return nil }
+                // The Host header names the address without its zone (RFC 9110 has no zones).
+                authority = "[\(address)]" + (url.port.map { ":\($0)" } ?? "")
+            }
         case .name(let name):
             host = name
             serverName = name
         }
         let port = url.port ?? (tls ? 443 : 80)
         guard (1...65535).contains(port) else { return nil }
-        storage = Storage(tls: tls, host: host, port: port, authority: url.hostPort, serverName: serverName)
+        storage = Storage(
+            tls: tls, host: host, port: port, authority: authority, serverName: serverName, scope: scope)
     }
 
     // The rest follows from these (the pools look addresses up on every request). The hash of
@@ -76,7 +98,8 @@ struct UpstreamAddress: Hashable, Sendable {
     // more than the rest of the look-up.
     static func == (a: Self, b: Self) -> Bool {
         a.storage === b.storage
-            || (a.tls == b.tls && a.port == b.port && a.host == b.host && a.authority == b.authority)
+            || (a.tls == b.tls && a.port == b.port && a.host == b.host && a.authority == b.authority
+                && a.socketAddress == b.socketAddress)
     }
 
     func hash(into hasher: inout Hasher) {
