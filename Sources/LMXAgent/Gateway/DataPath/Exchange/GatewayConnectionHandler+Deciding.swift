@@ -266,8 +266,9 @@ extension GatewayConnectionHandler {
                 limit: gateway.configuration.maxConnectionsPerRoute, holdSeconds: gateway.configuration.holdSeconds)
             return run(request.exchange.respond(refusal), for: request)
         }
-        state.pool.waitForRoom(address) { [weak self] in
-            guard let self, self.request === request, request.phase == .waiting else { return false }
+        // (Held weakly: a request whose client left is not kept by the pool's list of waiters.)
+        state.pool.waitForRoom(address) { [weak self, weak request] in
+            guard let self, let request, self.request === request, request.phase == .waiting else { return false }
             self.route(request)
             return true
         }
