@@ -51,7 +51,7 @@ extension Gateway {
         }
         let tooLarge = Self.error(
             413, code: "request_too_large",
-            message: "request bodies are limited to \(configuration.maxRequestBytes) bytes (gateway.max_request_bytes)")
+            message: GatewayExchange.Refusal.tooLarge(limit: configuration.maxRequestBytes).answer.message)
         if let declared = request.headers[.contentLength].flatMap(OutsideInput.contentLength),
             declared > configuration.maxRequestBytes
         {
@@ -246,9 +246,11 @@ extension Gateway {
                     // 404 that reads as if the object did not exist.
                     return .refuse(
                         status: 503, code: "server_unreachable",
-                        message:
-                            "\(server.object) is on \(ServerTable.printable(snapshot.serverName(server.instance))), which no route reaches now (waited \(configuration.holdSeconds) s); it is not sent to another server, which does not have it"
-                    )
+                        message: GatewayExchange.Refusal.serverUnreachable(
+                            object: "\(server.object)",
+                            server: ServerTable.printable(snapshot.serverName(server.instance)),
+                            holdSeconds: configuration.holdSeconds
+                        ).answer.message)
                 }
                 return .refuse(
                     status: 503, code: "no_endpoint",
@@ -304,12 +306,12 @@ extension Gateway {
 
     /// Why a request held for `hold_seconds` is answered 503 `no_endpoint`.
     static func noEndpointMessage(holdSeconds: Double, reason: String) -> String {
-        "no Opta LMX endpoint is usable now (waited \(holdSeconds) s): \(reason)"
+        GatewayExchange.Refusal.noEndpoint(holdSeconds: holdSeconds, reason: reason).answer.message
     }
 
     /// Why a body naming a key the gateway reads twice (or with escapes) is refused.
     static func ambiguousBodyMessage(key: String) -> String {
-        "the request body names \"\(key)\" more than once (or spells it with escapes); the gateway and the server would read different values: send it once"
+        GatewayExchange.Refusal.ambiguous(key: key).answer.message
     }
 
     /// What the gateway sends upstream as `User-Agent` when the client sends none.
