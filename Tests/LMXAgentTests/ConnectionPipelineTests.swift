@@ -590,7 +590,7 @@ struct ConnectionPipelineTests {
     }
 
     @Test(
-        "gateway.group on the data path: a member or root forwarded, a known outsider refused 403; a user not yet looked up goes to the general path"
+        "gateway.group on the data path: a user not yet looked up waits (reads held) while the lookup runs off the loop, then is refused 403 with the body dropped and the connection kept, its pipelined request after it answered too; a member or root forwarded"
     )
     func groupGate() async throws {
         try await AgentFixture.with { fixture in
@@ -600,10 +600,26 @@ struct ConnectionPipelineTests {
             configuration.listen = nil
             let outsider = try PipelineHarness(fixture, configuration: configuration, uid: 4242)
             defer { outsider.finish() }
-            // Not looked up yet: the general path would ask the account database (here it has
-            // none: the connection closes).
-            try outsider.send(PipelineHarness.get())
-            #expect(!outsider.client.isActive && outsider.servers.isEmpty)
+            // The lookup, answered by hand.
+            var asked: [UInt32] = []
+            let answer = outsider.loop.makePromise(of: Bool?.self)
+            outsider.state.groupLookup = { _, uid in
+                asked.append(uid)
+                return answer.futureResult
+            }
+            let body = #"{"model": "test/model", "messages": []}"#
+            try outsider.send(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
+                    + PipelineHarness.get())
+            #expect(asked == [4242])
+            #expect(
+                try outsider.received().isEmpty && outsider.servers.isEmpty, "nothing answered while it is looked up")
+            answer.succeed(false)
+            let both = try outsider.received()
+            #expect(both.components(separatedBy: "HTTP/1.1 403 ").count == 3, "\(both)")
+            #expect(both.contains("only members of the group root"))
+            #expect(outsider.client.isActive && outsider.servers.isEmpty)
+            #expect(asked == [4242, 4242], "the second request looks up again: the gate keeps no answer here")
             let known = try PipelineHarness(fixture, configuration: configuration, uid: 4242)
             defer { known.finish() }
             #expect(known.gateway.groupGate?.allows(4242) == false)

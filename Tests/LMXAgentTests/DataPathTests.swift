@@ -310,11 +310,12 @@ struct DataPathTests {
     }
 
     @Test(
-        "request targets the data path takes itself (the policy then judges their paths); the dashboard's and fragments go to the general path"
+        "request targets: the data path takes every one but the dashboard's (the policy then judges their paths); a fragment is marked for refusal"
     )
     func forwardedTargets() {
-        func path(_ target: String, admin: Bool = false) -> String? {
-            GatewayConnectionHandler.forwardedPath(target, admin: admin)
+        func path(_ target: String) -> String? {
+            guard case .path(let path) = GatewayConnectionHandler.forwardedTarget(target) else { return nil }
+            return path
         }
         #expect(path("/v1/chat/completions?stream=true") == "/v1/chat/completions")
         #expect(path("/v1/models/qwen3.5-32b") == "/v1/models/qwen3.5-32b")
@@ -322,17 +323,29 @@ struct DataPathTests {
         #expect(path("/v1/?") == "/v1/")
         #expect(path("/v1/rag/collections/my%20docs") == "/v1/rag/collections/my%20docs")
         #expect(path("/v1/a..b") == "/v1/a..b")
-        #expect(path("/admin/models", admin: true) == "/admin/models")
-        for target in ["/v1/models#x", "/v1", "/v2/models", "/V1/models", "/admin/models", "/", "", "/v1?x"] {
-            #expect(path(target) == nil, "\(target)")
+        #expect(path("/admin/models") == "/admin/models")
+        // Outside /v1/: the data path's too, for the policy to refuse (or forward: /V1/ is /v1/ to it).
+        #expect(path("/V1/models") == "/V1/models")
+        #expect(path("/v2/models?x") == "/v2/models")
+        #expect(path("/v1") == "/v1")
+        // The dashboard's: the general path's.
+        for target in ["/", "/index.html", "/dashboard/app.js", "/dashboard/api/status?x=1", "/dashboard/nope"] {
+            #expect(GatewayConnectionHandler.forwardedTarget(target) == nil, "\(target)")
         }
-        // Taken, then refused by the policy as the general path would.
-        for target in ["/v1/%2e%2e/admin", "/v1/../admin", "/v1//models", "/v1/%2F"] {
+        for target in ["/v1/models#x", "/#top", "/v2#"] {
+            #expect(GatewayConnectionHandler.forwardedTarget(target) == .fragment, "\(target)")
+        }
+        // Taken, then refused by the policy.
+        let refusals = [
+            "/v1/%2e%2e/admin": "bad_path", "/v1/../admin": "bad_path", "/v1//models": "bad_path",
+            "/v1/%2F": "bad_path", "/admin/models": "admin_disabled", "/v2/models": "not_found",
+        ]
+        for (target, code) in refusals {
             let taken = path(target) ?? ""
             let refusal = GatewayPolicy.refusal(
                 method: "GET", path: taken, authority: "127.0.0.1", header: { _ in nil }, adminEnabled: false,
                 overTCP: true)
-            #expect(refusal?.code == "bad_path", "\(target)")
+            #expect(refusal?.code == code, "\(target)")
         }
     }
 

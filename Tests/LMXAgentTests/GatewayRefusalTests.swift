@@ -98,29 +98,43 @@ struct GatewayRefusalTests {
         }
     }
 
-    @Test("no usable route: 503 naming why, with Retry-After")
-    func noRoute() async throws {
+    @Test(
+        "the general path forwards nothing: a request under /v1/ it is given (one llhttp read) is refused in words, 501 for a transfer coding, Anthropic's shape on /v1/messages"
+    )
+    func generalPathForwardsNothing() async throws {
         try await AgentFixture.with { fixture in
+            fixture.publish([AgentFixture.lan("10.9.0.2")])
             try await test(fixture) { client in
                 try await client.execute(uri: "/v1/models", method: .get) { response in
-                    #expect(response.status == .serviceUnavailable)
-                    #expect(response.headers[.retryAfter] == "2")
-                    #expect(String(buffer: response.body).contains("no_endpoint"))
+                    #expect(response.status == .badRequest)
+                    #expect(String(buffer: response.body).contains("percent-encode"))
+                }
+                try await client.execute(
+                    uri: "/v1/messages", method: .post, headers: [.transferEncoding: "gzip, chunked"],
+                    body: ByteBuffer(string: "{}")
+                ) { response in
+                    #expect(response.status == .notImplemented)
+                    let text = String(buffer: response.body)
+                    #expect(
+                        text.contains("transfer_coding_unsupported") && text.contains(#""type":"error""#), "\(text)")
                 }
             }
+            #expect(fixture.agent.metrics.text().contains("lmx_gateway_requests_total 0"))
         }
     }
 
-    @Test("a server that requires an inference key, reached only without one: 401 unless the client brings its own")
+    @Test(
+        "a server that requires an inference key, reached only without one: 401 unless the client brings its own (data path)"
+    )
     func keyRequired() async throws {
         try await AgentFixture.with { fixture in
             fixture.publish([AgentFixture.lan("10.9.0.2")], keyRequired: true)
-            try await test(fixture) { client in
-                try await client.execute(uri: "/v1/models", method: .get) { response in
-                    #expect(response.status == .unauthorized)
-                    #expect(String(buffer: response.body).contains("inference_key_required"))
-                }
-            }
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            try pipe.send(PipelineHarness.get())
+            let answer = try pipe.received()
+            #expect(answer.hasPrefix("HTTP/1.1 401 ") && answer.contains("inference_key_required"), "\(answer)")
+            #expect(pipe.servers.isEmpty)
             let plan = fixture.agent.board.snapshot.gatewayPlan(limit: 3, clientHasKey: true)
             guard case .forward(let targets) = plan else {
                 Issue.record("expected a route for a client with its own key")
@@ -144,17 +158,13 @@ struct GatewayRefusalTests {
                 _ = snapshot.planner.record(report, for: "lan/10.9.0.7:1234", now: Double(step))
             }
             fixture.agent.board.publish(snapshot)
-            try await test(fixture) { client in
-                try await client.execute(
-                    uri: "/v1/chat/completions", method: .post, headers: [.contentType: "application/json"],
-                    body: ByteBuffer(string: #"{"model":"secret-model","messages":[]}"#)
-                ) { response in
-                    #expect(response.status == .notFound)
-                    let text = String(buffer: response.body)
-                    #expect(text.contains("model_not_trusted"))
-                    #expect(text.contains("secret-model"))
-                }
-            }
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            try pipe.send(PipelineHarness.post(#"{"model":"secret-model","messages":[]}"#))
+            let answer = try pipe.received()
+            #expect(answer.hasPrefix("HTTP/1.1 404 "), "\(answer)")
+            #expect(answer.contains("model_not_trusted") && answer.contains("secret-model"))
+            #expect(pipe.servers.isEmpty)
         }
     }
 }

@@ -9,75 +9,8 @@ import Prometheus
 import Synchronization
 
 extension Gateway {
-    /// The server's answer as it comes: status and headers (cookies dropped, the security
-    /// headers set), then each chunk as soon as it arrives. Server-sent events are passed on
-    /// whole: a chunk is sent up to its last event boundary at once and only a trailing partial
-    /// event waits for its end (at most `maxHeldEvent` bytes). A stream of events cut after its
-    /// first byte ends with an `error` event naming the route, starting on an event boundary,
-    /// and `lost` is called (the agent probes the route again, as the event says).
-    static func passThrough(
-        _ upstream: HTTPClientResponse, target: GatewayTarget, holding tokens: [any AnyObject & Sendable],
-        requestBody: (body: UnsafeSendableIterator, channel: any Channel)? = nil,
-        traffic: TrafficTap? = nil,
-        lost: @escaping @Sendable (String) async -> Void = { _ in }
-    ) -> Response {
-        guard let kept = fields(upstream.headers) else {
-            return error(
-                502, code: "bad_upstream_answer",
-                message:
-                    "the Opta LMX server's answer lists more than \(GatewayPolicy.maxConnectionListed) names in its Connection header; it is not passed on"
-            )
-        }
-        var headers = secured(kept)
-        if let via = HTTPFields.Element.Name("X-LMX-Via") { headers[via] = target.via.rawValue }
-        let length = upstream.headers.first(name: "content-length").flatMap(OutsideInput.contentLength)
-        let events = upstream.headers.first(name: "content-type")?.lowercased().hasPrefix("text/event-stream") == true
-        // A stream's first figure is its first event (the first token), taken as it passes.
-        let trafficSeries = traffic?.answered(target.via, status: Int(upstream.status.code), stream: events)
-        let body = upstream.body
-        let response = ResponseBody(contentLength: length) { writer in
-            withExtendedLifetime(tokens) {}
-            // The server reads the connection again once the answer is finished: the HTTP
-            // client's reads of a streamed request body end first (one reader at a time).
-            guard events else {
-                for try await chunk in body { try await writer.write(chunk) }
-                if let requestBody { await requestBody.body.close(channel: requestBody.channel) }
-                try await writer.finish(nil)
-                return
-            }
-            let relay = EventRelay()
-            var writing = false  // a failure now is the client's, not the server's
-            defer { if let traffic, let trafficSeries { traffic.streamed(series: trafficSeries, relay.tally) } }
-            do {
-                for try await chunk in body {
-                    var out: [ByteBuffer] = []
-                    relay.pass(chunk) { out.append($0) }
-                    writing = true
-                    for buffer in out { try await writer.write(buffer) }
-                    writing = false
-                }
-                // An event stream that ends in the middle of a line was cut: treated like a lost
-                // connection (a reader would drop that event anyway). One that ends after a whole
-                // line but without the blank line is completed.
-                let (rest, cut) = relay.finish()
-                if cut { throw StreamEndedMidEvent() }
-                if let rest {
-                    writing = true
-                    try await writer.write(rest)
-                    writing = false
-                }
-            } catch {
-                // The client went away: nothing to tell it.
-                if writing { throw error }
-                try await writer.write(relay.lost(target: target, error: error))
-                await lost(target.routeID)
-            }
-            if let requestBody { await requestBody.body.close(channel: requestBody.channel) }
-            try await writer.finish(nil)
-        }
-        return Response(status: HTTPResponse.Status(code: Int(upstream.status.code)), headers: headers, body: response)
-    }
-
+    /// A stream of events that ended in the middle of a line: cut (a reader would drop that
+    /// event anyway).
     struct StreamEndedMidEvent: Error {}
 
     /// Events of a streamed answer as they pass: how many, when the first and the last came.
@@ -119,19 +52,6 @@ extension Gateway {
             route: target.routeID)
         let json = (try? StatusAPI.encoder.encode(Body(error: detail))).map { Array($0) } ?? Array("{}".utf8)
         return Array("event: error\ndata: ".utf8) + json + Array("\n\n".utf8)
-    }
-
-    /// The upstream's headers the client may see; nil when its `Connection` lists too many names
-    /// (``GatewayPolicy/downstreamHeaders(_:)``: such an answer is not passed on).
-    static func fields(_ headers: HTTPHeaders) -> HTTPFields? {
-        guard let kept = GatewayPolicy.downstreamHeaders(headers.map { (name: $0.name, value: $0.value) }) else {
-            return nil
-        }
-        var fields = HTTPFields()
-        for (name, value) in kept {
-            if let field = HTTPFields.Element.Name(name) { fields[values: field].append(value) }
-        }
-        return fields
     }
 }
 
@@ -236,19 +156,6 @@ final class Release: Sendable {
     let action: @Sendable () -> Void
     init(_ action: @escaping @Sendable () -> Void) { self.action = action }
     deinit { action() }
-}
-
-/// One request in flight, for the gauge: released with the answer's body (or with the request
-/// when no answer is passed on).
-final class InFlightToken: Sendable {
-    let gauge: Gauge
-
-    init(_ gauge: Gauge) {
-        self.gauge = gauge
-        gauge.increment()
-    }
-
-    deinit { gauge.decrement() }
 }
 
 /// Where a forwarded answer's figures go (``GatewayTraffic``): the request's model and start.

@@ -27,8 +27,6 @@ public final class Gateway: Sendable {
     let configuration: GatewayConfiguration
     let logger: Logger
     let metrics: AgentMetrics
-    let lanClient: RenewableHTTPClient
-    let wanClient: RenewableHTTPClient
     /// Who may use the gateway when `gateway.group` is set.
     let groupGate: GroupMembership?
     /// Requests in flight per route and busy servers' cool-downs.
@@ -55,22 +53,6 @@ public final class Gateway: Sendable {
         self.listeners = GatewayListeners(
             pairsFamilies: configuration.listen.map { Self.listenAddresses($0).count == 2 } ?? false)
         let tls = try HTTPClients.tls(extraCAFile: extraCAFile)
-        // As many connections to a route as streams at once (up to the configured bound): a
-        // request never waits behind a pool of our own smaller than what the server takes.
-        let perRoute = configuration.maxConnectionsPerRoute
-        let connectTimeout = configuration.connectTimeout
-        // Idle connections as the data path keeps them (UpstreamKeepAlive): to LAN servers, which
-        // close theirs after 5 s (uvicorn), 4 s; to tunnels, through Cloudflare's edge (400 s),
-        // 60 s.
-        let lanIdle = Int64(UpstreamKeepAlive.unknownSeconds)
-        lanClient = RenewableHTTPClient {
-            HTTPClients.make(
-                tls: tls, connectTimeout: connectTimeout, idleTimeout: lanIdle, connectionsPerHost: perRoute)
-        }
-        wanClient = RenewableHTTPClient {
-            HTTPClients.make(
-                tls: tls, connectTimeout: max(connectTimeout, 8), idleTimeout: 60, connectionsPerHost: perRoute)
-        }
         if let group = configuration.group {
             guard Users.groupID(named: group) != nil else {
                 throw ConfigurationError("gateway.group: no group named \(group) on this machine")
@@ -83,16 +65,11 @@ public final class Gateway: Sendable {
         dataPathBox.withLock { $0 = dataPath }
     }
 
-    public func shutdown() async {
-        await lanClient.shutdown()
-        await wanClient.shutdown()
-    }
+    public func shutdown() async {}
 
     /// This machine's network changed: new requests open new connections; those streaming now
     /// finish on theirs.
     public func dropConnections() {
-        lanClient.renew()
-        wanClient.renew()
         dataPath?.dropConnections()
     }
 
@@ -293,101 +270,12 @@ struct RetryingListener: Service {
     }
 }
 
-/// A request body past its first megabyte: what was read, then the rest as the client sends it,
-/// failing once it passes the cap.
-struct StreamedBody: AsyncSequence, Sendable {
-    typealias Element = ByteBuffer
-    let prefix: [ByteBuffer]
-    let rest: UnsafeSendableIterator
-    let limit: Int
-
-    struct AsyncIterator: AsyncIteratorProtocol {
-        var prefix: [ByteBuffer]
-        let rest: UnsafeSendableIterator
-        let limit: Int
-        var total = 0
-
-        mutating func next() async throws -> ByteBuffer? {
-            let chunk: ByteBuffer?
-            if !prefix.isEmpty {
-                chunk = prefix.removeFirst()
-            } else {
-                chunk = try await rest.next()
-            }
-            guard let chunk else { return nil }
-            total += chunk.readableBytes
-            if total > limit { throw RequestBodyTooLarge() }
-            return chunk
-        }
-    }
-
-    func makeAsyncIterator() -> AsyncIterator { AsyncIterator(prefix: prefix, rest: rest, limit: limit) }
-}
-
-struct RequestBodyTooLarge: Error {}
-
-/// The request body's iterator, handed to the HTTP client, which reads it from one task at a
-/// time (the body is consumed once, in order). The HTTP server reads the same connection's input
-/// again once the answer is written (to drain the body and find the next request): before that,
-/// ``close(channel:)`` stops the client's reads and waits for one in flight, so the input never
-/// has two readers at once. A body the server answered before reading to its end leaves the
-/// connection unusable: it is closed.
-final class UnsafeSendableIterator: @unchecked Sendable {
-    private var iterator: RequestBody.AsyncIterator
-    private struct State {
-        var reading = false
-        var finished = false
-        var closed = false
-    }
-    private let state = Mutex(State())
-
-    init(_ iterator: RequestBody.AsyncIterator) { self.iterator = iterator }
-
-    func next() async throws -> ByteBuffer? {
-        let open = state.withLock { s in
-            guard !s.closed, !s.finished else { return false }
-            s.reading = true
-            return true
-        }
-        guard open else { throw RequestBodyAbandoned() }
-        do {
-            let chunk = try await iterator.next()
-            state.withLock { s in
-                s.reading = false
-                if chunk == nil { s.finished = true }
-            }
-            return chunk
-        } catch {
-            state.withLock { s in
-                s.reading = false
-                s.finished = true
-            }
-            throw error
-        }
-    }
-
-    /// No read after this; waits (at most 5 s) for one in flight to end.
-    func close(channel: any Channel) async {
-        let (reading, finished) = state.withLock { s in
-            s.closed = true
-            return (s.reading, s.finished)
-        }
-        if !finished { channel.close(promise: nil) }  // ends a read that waits for the client
-        guard reading else { return }
-        for _ in 0..<500 where state.withLock({ $0.reading }) {
-            try? await Task.sleep(for: .milliseconds(10))
-        }
-    }
-}
-
-struct RequestBodyAbandoned: Error {}
-
 struct GatewayResponder: HTTPResponder {
     typealias Context = AgentRequestContext
     let gateway: Gateway
 
     func respond(to request: Request, context: AgentRequestContext) async throws -> Response {
-        await gateway.forward(request, context: context)
+        await gateway.answer(request, context: context)
     }
 }
 

@@ -79,6 +79,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// The connection's life around its exchanges: what is in progress where, when it closes
     /// (``ClientConnectionState``, the rules; this handler does what they say).
     var life = ClientConnectionState()
+    /// `gateway.group`: a user's membership being looked up, or just answered.
+    var groupLookup = GroupLookup.none
     /// The exchange in progress, as ``life`` sees it.
     var exchangeNow: ClientConnectionState.Exchange {
         guard let request else { return .none }
@@ -308,7 +310,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// A part of a request, from the front: handled now, or queued while the request before it
     /// waits for its answer (ours, or one handed over to the general path).
     func receive(_ part: ClientRequestParser.Part) {
-        if life.queues(exchangeNow, alreadyQueued: queued != nil) {
+        if waitsForGroup || life.queues(exchangeNow, alreadyQueued: queued != nil) {
             var parts = queued.take() ?? []
             parts.append(part)
             if case .end = part { queuedEnds += 1 }
@@ -353,6 +355,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         switch taken {
         case .generalPath:
             handOver(raw: head.raw, parts: [], ended: false, chunked: length == ClientRequestParser.chunked)
+            return
+        case .lookUpGroup(let uid, let gate):
+            lookUpGroup(part, uid: uid, gate: gate)
             return
         case .refuse(let refusedPath, let refusal):
             // The body (within the limit) is read and dropped, then the refusal answers it; one
@@ -400,13 +405,13 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         draining = true
         defer { draining = false }
         while true {
-            while request?.clientEnded != true, !waitsForGeneralPath, var parts = queued.take() {
+            while request?.clientEnded != true, !waitsForGeneralPath, !waitsForGroup, var parts = queued.take() {
                 let part = parts.removeFirst()
                 if case .end = part { queuedEnds -= 1 }
                 if !parts.isEmpty { queued = parts }
                 handle(part)
             }
-            guard !queueFull, let front, front.holdsUnread, context != nil else { break }
+            guard !queueFull, !waitsForGroup, let front, front.holdsUnread, context != nil else { break }
             front.readHeld()
         }
         endReadBatchIfFired()

@@ -8,19 +8,29 @@ import Prometheus
 extension GatewayConnectionHandler {
     // MARK: Deciding
 
-    /// The requests this handler forwards itself: every request to a server the policy lets
-    /// through (`length`: the body's, as the front read it). Its path (the target without the
-    /// query) when it is one; nil for the others, which the general path answers (the
-    /// dashboard, refusals) or, behind `gateway.group`, forwards. (No path under `/v1/` or
-    /// `/admin/` is the dashboard's: ``DashboardPolicy/resource(path:)``.)
+    /// What becomes of a request whose head came: every request but the dashboard's is forwarded
+    /// or refused here (the policy says which: `/v1/`, and `/admin/` with `gateway.admin`, are
+    /// forwarded); the dashboard's are answered by the general path. With
+    /// `gateway.group`, a user the gate has no fresh answer for is looked up first, off the
+    /// event loop (``lookUpGroup(_:uid:gate:)``).
     func takes(_ head: ClientHead, length: Int) -> Taken {
-        guard let path = Self.forwardedPath(head.uri, admin: gateway.configuration.admin) else { return .generalPath }
-        // `gateway.group`: a member (or not) as the gate knows it now; a user it must look up in
-        // the account database goes to the general path, which does so off the event loop (and
-        // the answer is known here for the next seconds).
+        guard let target = Self.forwardedTarget(head.uri) else { return .generalPath }
+        guard case .path(let path) = target else {
+            return .refuse(
+                head.uri,
+                .refused(
+                    status: 400, code: "bad_target",
+                    message: "a request target carries no fragment (#...): send the path and query alone"))
+        }
         if let gate = gateway.groupGate {
-            guard let uid = peer.uid, let allowed = gate.knownAnswer(uid) else { return .generalPath }
-            if !allowed {
+            let member: Bool
+            if let uid = peer.uid {
+                guard let known = groupMember(uid, gate) else { return .lookUpGroup(uid, gate) }
+                member = known
+            } else {
+                member = false
+            }
+            if !member {
                 return .refuse(
                     path,
                     .refused(
@@ -52,7 +62,9 @@ extension GatewayConnectionHandler {
         case forward(String, mayConcern: Bool)
         /// Refused by this handler, in the policy's words.
         case refuse(String, GatewayExchange.Refusal)
-        /// Answered by the general path: the dashboard's, or behind `gateway.group`.
+        /// `gateway.group`: the user's membership must be looked up before the request is taken.
+        case lookUpGroup(UInt32, GroupMembership)
+        /// Answered by the general path: the dashboard's.
         case generalPath
     }
 
@@ -70,36 +82,40 @@ extension GatewayConnectionHandler {
     /// (Should the policy read a header that is not a known one, every request looks them up.)
     static let refusalHeaderBits = ClientHead.bits(of: GatewayPolicy.refusalHeaders.subtracting(["host"])) ?? .max
 
-    /// The path (the target without its query) of a target under `/v1/` (or `/admin/` when
-    /// `admin`), without a fragment; nil for any other target (the dashboard's, the general
-    /// path's). What the path may hold (dot segments, encoded separators) is the policy's to say
-    /// (``GatewayPolicy/refusal(method:path:authority:header:adminEnabled:overTCP:localhostIsOurs:)``),
-    /// on both paths alike. One pass over the bytes (walking `String.UTF8View` cost about 30
-    /// instructions a byte).
-    static func forwardedPath(_ uri: String, admin: Bool) -> String? {
+    /// A target the data path takes: its path (the target without its query), or one that
+    /// carries a fragment (refused).
+    enum ForwardedTarget: Equatable {
+        case path(String)
+        case fragment
+    }
+
+    /// The path of a target (the target without its query), or `.fragment` for one that
+    /// carries a fragment; nil for the dashboard's (``DashboardPolicy/resource(path:)``), which
+    /// the general path answers. Every other target is the data path's, to forward or refuse:
+    /// what the path may hold (dot segments, encoded separators, a path outside `/v1/`, `/admin/`
+    /// while `gateway.admin` is off) is the policy's to say
+    /// (``GatewayPolicy/refusal(method:path:authority:header:adminEnabled:overTCP:localhostIsOurs:)``).
+    /// One pass over the bytes (walking `String.UTF8View` cost about 30 instructions a byte).
+    static func forwardedTarget(_ uri: String) -> ForwardedTarget? {
         var uri = uri
-        // Where the path ends (the query's `?`, or the end); nil: not a target forwarded here.
-        let end = uri.withUTF8 { bytes -> Int? in
+        // Where the path ends (the query's `?`, or the end), -1 for a fragment; and whether the
+        // target is under `/v1/` (no dashboard path is).
+        let (end, v1) = uri.withUTF8 { bytes -> (Int, Bool) in
             let v1 =
                 bytes.count >= 4 && bytes[0] == UInt8(ascii: "/") && bytes[1] == UInt8(ascii: "v")
                 && bytes[2] == UInt8(ascii: "1") && bytes[3] == UInt8(ascii: "/")
-            guard v1 || (admin && Self.startsWithAdmin(bytes)) else { return nil }
             var query: Int?
             for index in bytes.indices {
                 let byte = bytes[index]
-                if byte == UInt8(ascii: "#") { return nil }
+                if byte == UInt8(ascii: "#") { return (-1, v1) }
                 if byte == UInt8(ascii: "?"), query == nil { query = index }
             }
-            return query ?? bytes.count
+            return (query ?? bytes.count, v1)
         }
-        guard let end else { return nil }
-        return end == uri.utf8.count ? uri : String(decoding: uri.utf8.prefix(end), as: UTF8.self)
-    }
-
-    private static func startsWithAdmin(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
-        let prefix: StaticString = "/admin/"
-        guard bytes.count >= prefix.utf8CodeUnitCount else { return false }
-        return prefix.withUTF8Buffer { $0.elementsEqual(bytes.prefix($0.count)) }
+        if end < 0 { return .fragment }
+        let path = end == uri.utf8.count ? uri : String(decoding: uri.utf8.prefix(end), as: UTF8.self)
+        if !v1, DashboardPolicy.resource(path: path) != nil { return nil }
+        return .path(path)
     }
 
     func decide(_ request: ForwardedRequest) {

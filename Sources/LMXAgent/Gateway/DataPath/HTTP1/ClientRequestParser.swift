@@ -7,13 +7,18 @@ import NIOHTTP1
 ///
 /// A request is read here only when nobody could read it differently: a request line of a
 /// common method, an origin-form target of visible ASCII, `HTTP/1.1` or `HTTP/1.0`; header lines
-/// of a token, a colon and a value of visible ASCII, spaces and tabs, each ending in CRLF; its
-/// body framed by one `Content-Length` of digits, or absent. Anything else — `Transfer-Encoding`,
-/// an upgrade, a bare CR or LF, a folded line, bytes past ASCII, a head past 16 KiB, more than
-/// 100 headers — and the connection's bytes from that request on go to llhttp, which reads (or
-/// refuses) them as it always did: this reader never accepts what llhttp would refuse or read
-/// otherwise (`ClientCodecTests` holds it to that against llhttp on generated and mutated
-/// requests), so the two can never disagree on where a request ends.
+/// of a token, a colon and a value of visible ASCII, bytes past ASCII (obs-text), spaces and
+/// tabs, each ending in CRLF; its body framed by one `Content-Length` of digits, by
+/// `Transfer-Encoding: chunked`, or absent; the whole head within 80 KiB (llhttp's bound). An
+/// upgrade (`Upgrade: h2c`, `websocket`) is read as a plain request when its target is one the
+/// data path forwards (`/v1/`, `/admin/`): the gateway upgrades nothing, and `Upgrade` and what
+/// `Connection` lists do not travel on, as with nginx. Anything else — another
+/// `Transfer-Encoding`, a bare CR or LF, a folded line, more than 100 headers, an upgrade of
+/// another target — and the connection's bytes from that request on go to llhttp, which reads
+/// (or refuses) them; the general path behind it answers them (the dashboard) or refuses them,
+/// and forwards nothing. This reader never accepts what llhttp would refuse or read otherwise
+/// but for those upgrades (`ClientCodecTests` holds it to that against llhttp on generated and
+/// mutated requests), so the two can never disagree on where a request ends.
 ///
 /// Each request's head comes with its bytes as read (`raw`): a request handed to the general path
 /// is given to llhttp as those bytes and its body's, and read there afresh.
@@ -52,8 +57,8 @@ struct ClientRequestParser {
         case closed
     }
 
-    /// A head is read here only up to this length (llhttp takes up to 80 KiB).
-    static let maxHead = 16 << 10
+    /// A head is read here only up to this length: llhttp's (SwiftNIO's `HTTP_MAX_HEADER_SIZE`).
+    static let maxHead = 80 << 10
     static let maxHeaders = 100
 
     var state = State.head
@@ -183,6 +188,8 @@ struct ClientRequestParser {
                 let (method, target, minor) = Self.requestLine(UnsafeRawBufferPointer(rebasing: bytes[0..<index]))
             else { return .other }
             index += 2
+            // A target the data path forwards: an upgrade of it is read as a plain request.
+            let forwarded = target.utf8.starts(with: "/v1/".utf8) || target.utf8.starts(with: "/admin/".utf8)
             fields.reserveCapacity(16)
             while true {
                 // A header line, or the blank line; the name is read (a token) up to its colon,
@@ -231,7 +238,9 @@ struct ClientRequestParser {
                     if byte == 0x20 || byte == 0x09 {
                         if byte == 0x09 { tab = true }
                     } else {
-                        guard byte > 0x20, byte < 0x7F else { return .other }
+                        // Visible ASCII, or obs-text (RFC 9110 §5.5; llhttp reads it too): passed on as
+                        // the bytes they are. Controls and DEL go to llhttp.
+                        guard byte > 0x20, byte != 0x7F else { return .other }
                         if valueStart < 0 { valueStart = index }
                         valueEnd = index + 1
                     }
@@ -261,11 +270,11 @@ struct ClientRequestParser {
                     }
                     chunked = true
                 case 7 where HTTPSyntax.equalsLowercased(name, "upgrade"):
-                    return .other
+                    guard forwarded else { return .other }
                 case 10 where HTTPSyntax.equalsLowercased(name, "connection"):
                     // (llhttp reads a tab anywhere on the line otherwise than a space: left to llhttp.)
                     let valueBytes = UnsafeRawBufferPointer(rebasing: value)
-                    if tab || containsLowercased(valueBytes[...], "upgrade") { return .other }
+                    if tab || (!forwarded && containsLowercased(valueBytes[...], "upgrade")) { return .other }
                     connectionNames += Self.connectionTokens(
                         valueBytes[...], close: &connectionClose, keepAlive: &connectionKeepAlive)
                     guard connectionNames <= GatewayPolicy.maxConnectionListed else { return .other }

@@ -1,6 +1,7 @@
 import Hummingbird
 import HummingbirdCore
 import LMXCore
+import LMXSystem
 import Logging
 import NIOCore
 import NIOHTTP1
@@ -66,6 +67,10 @@ final class GatewayDataPath: Sendable {
             return plan
         }
         let pool: UpstreamPool
+        /// Asks whether a user is in `gateway.group` (nil: the group is gone), off the loop:
+        /// on a thread of SwiftNIO's pool (the account database may wait on a directory
+        /// service); the in-process tests answer on the loop.
+        var groupLookup: (GroupMembership, UInt32) -> EventLoopFuture<Bool?>
         /// Routes' addresses, read once per base URL (bounded: cleared past 1,024).
         private var addresses: [String: UpstreamAddress?] = [:]
         /// The last one asked for: the same route's, request after request, its URL the same
@@ -114,6 +119,7 @@ final class GatewayDataPath: Sendable {
             self.snapshot = snapshot
             self.pool = pool
             sweep = ConnectionSweep(loop: loop, timeout: clientTimeout)
+            groupLookup = { gate, uid in NIOThreadPool.singleton.runIfActive(eventLoop: loop) { gate.allows(uid) } }
         }
     }
 

@@ -1,0 +1,34 @@
+extension GatewayPolicy {
+    /// The answer to a request under `/v1/` or `/admin/` that the policy lets through but the
+    /// data path did not read (SwiftNIO's llhttp read it for the general path, which forwards
+    /// nothing): a body in a transfer coding other than `chunked`, a chunked body from an
+    /// HTTP/1.0 client, a target that is not origin-form visible ASCII, a header line of control
+    /// bytes, more than 100 headers. Said in words a client's author can act on.
+    /// - Parameter headers: the request's headers, as llhttp read them.
+    public static func unreadRefusal(headers: [(name: String, value: String)]) -> Refusal {
+        let codings = headers.filter { $0.name.equalsASCIILowercased("transfer-encoding") }.map(\.value)
+        if !codings.isEmpty {
+            let plainChunked = codings.count == 1 && codings[0].equalsASCIILowercased("chunked")
+            if !plainChunked {
+                return Refusal(
+                    status: 501, code: "transfer_coding_unsupported",
+                    message:
+                        "the gateway reads request bodies sent with Content-Length, or with Transfer-Encoding: chunked alone over HTTP/1.1"
+                )
+            }
+        }
+        if headers.count > maxRequestHeaders {
+            return Refusal(
+                status: 431, code: "too_many_headers",
+                message: "the request has more than \(maxRequestHeaders) header lines; send fewer")
+        }
+        return Refusal(
+            status: 400, code: "bad_request",
+            message:
+                "the gateway forwards plain HTTP/1.1 requests: a target of a path and query in printable ASCII (percent-encode the rest), header lines without control characters"
+        )
+    }
+
+    /// The most header lines a request forwarded may have.
+    public static let maxRequestHeaders = 100
+}
