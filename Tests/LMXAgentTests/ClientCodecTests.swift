@@ -176,7 +176,9 @@ struct ClientCodecTests {
             "GET /v1/x HTTP/1.1\r\nX : a\r\n\r\n",
             "GET /v1/x HTTP/1.1\r\nX: a\u{7F}\r\n\r\n",
             "GET /v1/x HTTP/1.1\r\nX: a\u{0}b\r\n\r\n",
-            "GET http://h/v1/x HTTP/1.1\r\n\r\n",
+            "GET http://u@h/v1/x HTTP/1.1\r\n\r\n",
+            "GET ftp://h/v1/x HTTP/1.1\r\n\r\n",
+            "GET http:///v1/x HTTP/1.1\r\n\r\n",
             "GET * HTTP/1.1\r\n\r\n",
             "CONNECT h:443 HTTP/1.1\r\n\r\n",
             "PROPFIND /v1/x HTTP/1.1\r\n\r\n",
@@ -201,7 +203,7 @@ struct ClientCodecTests {
     }
 
     @Test(
-        "read here since the general path forwards nothing: values past ASCII, heads up to 80 KiB (as llhttp reads them), an upgrade of a forwarded target as a plain request"
+        "read here since the general path forwards nothing: values past ASCII, heads up to 80 KiB (as llhttp reads them), absolute-form targets as their path, an upgrade of a forwarded target as a plain request"
     )
     func readSinceOnePath() {
         let next = "GET /v1/models HTTP/1.1\r\nHost: h\r\n\r\n"
@@ -219,6 +221,16 @@ struct ClientCodecTests {
                 #expect(reading.requests.count == 2 && !reading.stopped, "\(text.prefix(80).debugDescription)")
                 #expect(reading == Self.llhttp(Self.bytes(text + next)).withRaw(from: reading), "\(piece)")
             }
+        }
+        // An absolute-form target: its path and query (llhttp gives the whole target).
+        for (target, path) in [
+            ("http://h/v1/x?y=1", "/v1/x?y=1"), ("HTTPS://h:81/v1/x", "/v1/x"), ("http://h", "/"),
+            ("http://h?q", "/?q"),
+        ] {
+            let reading = Self.ours(Self.bytes("GET \(target) HTTP/1.1\r\nHost: h\r\n\r\n" + next))
+            #expect(reading.requests.map(\.uri) == [path, "/v1/models"] && !reading.stopped, "\(target)")
+            let theirs = Self.llhttp(Self.bytes("GET \(target) HTTP/1.1\r\nHost: h\r\n\r\n" + next))
+            #expect(theirs.requests.map(\.uri) == [target, "/v1/models"], "llhttp reads it whole: \(target)")
         }
         // An upgrade of a forwarded target: a plain request (llhttp would hand the rest of the
         // connection to the upgrade); the policy refuses it (403), the next request is read.

@@ -6,7 +6,7 @@ import NIOHTTP1
 /// bytes in one pass, and everything else left to llhttp (SwiftNIO's decoder, behind).
 ///
 /// A request is read here only when nobody could read it differently: a request line of a
-/// common method, an origin-form target of visible ASCII, `HTTP/1.1` or `HTTP/1.0`; header lines
+/// common method, an origin-form (or absolute-form: its path and query) target of visible ASCII, `HTTP/1.1` or `HTTP/1.0`; header lines
 /// of a token, a colon and a value of visible ASCII, bytes past ASCII (obs-text), spaces and
 /// tabs, each ending in CRLF; its body framed by one `Content-Length` of digits, by
 /// `Transfer-Encoding: chunked`, or absent; the whole head within 80 KiB (llhttp's bound). An
@@ -320,11 +320,44 @@ struct ClientRequestParser {
         guard line[version] == 0x20, matches(UnsafeRawBufferPointer(rebasing: line[(version + 1)...]), "HTTP/1."),
             minor == UInt8(ascii: "1") || minor == UInt8(ascii: "0")
         else { return nil }
-        // An origin-form target of visible ASCII.
-        guard line[space + 1] == UInt8(ascii: "/") else { return nil }
+        // A target of visible ASCII: origin-form, or absolute-form (`http://host/path`, which a
+        // server must accept: RFC 9112 §3.2.2), read as its path and query alone (the scheme and
+        // authority are never forwarded, and `Host` stays what the client sent).
         for index in (space + 1)..<version where line[index] < 0x21 || line[index] > 0x7E { return nil }
-        let target = UnsafeRawBufferPointer(rebasing: line[(space + 1)..<version])
+        var start = space + 1
+        var target = UnsafeRawBufferPointer(rebasing: line[start..<version])
+        if line[start] != UInt8(ascii: "/") {
+            guard let pathStart = absoluteFormPath(target) else { return nil }
+            start += pathStart
+            target = UnsafeRawBufferPointer(rebasing: line[start..<version])
+            // `http://host` or `http://host?query`: the path is `/`.
+            if target.first != UInt8(ascii: "/") {
+                return (method, "/" + String(decoding: target, as: UTF8.self), Int(minor - 0x30))
+            }
+        }
         return (method, String(decoding: target, as: UTF8.self), Int(minor - 0x30))
+    }
+
+    /// Where an absolute-form target's path (or query) starts: after `http://` or `https://`
+    /// (either case) and a non-empty authority; nil for any other form.
+    private static func absoluteFormPath(_ target: UnsafeRawBufferPointer) -> Int? {
+        var index = 0
+        for letter in "http".utf8 {
+            guard index < target.count, target[index] | 0x20 == letter else { return nil }
+            index += 1
+        }
+        if index < target.count, target[index] | 0x20 == UInt8(ascii: "s") { index += 1 }
+        for mark in "://".utf8 {
+            guard index < target.count, target[index] == mark else { return nil }
+            index += 1
+        }
+        let authority = index
+        while index < target.count, target[index] != UInt8(ascii: "/"), target[index] != UInt8(ascii: "?") {
+            // (No user info: `user@host` names another authority than it seems.)
+            guard target[index] != UInt8(ascii: "@"), target[index] != UInt8(ascii: "#") else { return nil }
+            index += 1
+        }
+        return index > authority ? index : nil
     }
 
     /// `bytes` start with `text`.
