@@ -201,12 +201,27 @@ make_network() {
 # h4 leaves home for another network (its LAN port off the bridge, its address on another
 # subnet, a default route to a router that never answers), or comes back. Each side is one
 # batch, so the change reaches the kernel as it does when a laptop changes Wi-Fi networks.
-roam() { # away|home
+roam() { # away|home|home-address|home-address-first|link-back
     case "$1" in
     away)
         ip link set lmxv4 nomaster
         printf 'addr del %s.14/24 dev lan0\naddr add %s.14/24 dev lan0\nroute add default via %s.1 dev lan0\n' \
             "$SUBNET" "$AWAY_SUBNET" "$AWAY_SUBNET" | ip -n lmxh4 -batch -
+        ;;
+    home-address)
+        # Undone in reverse, the link still off the bridge (`roam link-back` attaches it): the
+        # route, then the address.
+        printf 'route del default\naddr del %s.14/24 dev lan0\naddr add %s.14/24 dev lan0\n' \
+            "$AWAY_SUBNET" "$SUBNET" | ip -n lmxh4 -batch -
+        ;;
+    home-address-first)
+        # Its mirror: the address first, then the route, the link still off the bridge.
+        printf 'addr del %s.14/24 dev lan0\naddr add %s.14/24 dev lan0\n' "$AWAY_SUBNET" "$SUBNET" |
+            ip -n lmxh4 -batch -
+        ip -n lmxh4 route del default 2>/dev/null || true
+        ;;
+    link-back)
+        ip link set lmxv4 master "$BRIDGE"
         ;;
     home)
         ip link set lmxv4 master "$BRIDGE"
@@ -219,7 +234,7 @@ roam() { # away|home
         addresses=$(ip -n lmxh4 -o -4 addr show dev lan0)
         [[ $addresses == *"inet $SUBNET.14/"* ]] || die "h4 did not get $SUBNET.14 back (lan0: ${addresses:-no IPv4 address})"
         ;;
-    *) die "roam away|home" ;;
+    *) die "roam away|home|home-address|home-address-first|link-back" ;;
     esac
 }
 

@@ -12,6 +12,10 @@ import Synchronization
 /// (and dropped together when this machine's network changes: `dropConnections()`).
 public final class Prober: Sendable {
     private let client: RenewableHTTPClient
+    /// For probes whose connection attempt gives up early (a route whose network just came
+    /// back): async-http-client sets the connect timeout per client.
+    private let quickConnectClient: RenewableHTTPClient
+    private let quickConnectTimeout: Double
     /// A client of its own for `/admin/events`: a stream holds its connection for as long as it
     /// lasts and must not take one from the probes.
     let eventClient: RenewableHTTPClient
@@ -19,15 +23,23 @@ public final class Prober: Sendable {
     /// - Parameter extraCAFile: a PEM file of certificate authorities trusted in addition to the
     ///   system trust store (private deployments and tests).
     /// - Throws: when the CA file cannot be read.
-    public init(extraCAFile: String? = nil) throws {
+    /// - Parameter quickConnectTimeout: the connect timeout of probes that ask for a short one.
+    public init(extraCAFile: String? = nil, quickConnectTimeout: Double = ConnectionPlanner.pathReturnConnectTimeout)
+        throws
+    {
         let tls = try HTTPClients.tls(extraCAFile: extraCAFile)
         client = RenewableHTTPClient { HTTPClients.make(tls: tls, idleTimeout: 90) }
+        self.quickConnectTimeout = quickConnectTimeout
+        quickConnectClient = RenewableHTTPClient {
+            HTTPClients.make(tls: tls, connectTimeout: quickConnectTimeout, idleTimeout: 90)
+        }
         eventClient = RenewableHTTPClient { HTTPClients.make(tls: tls, idleTimeout: 90) }
     }
 
     /// Closes pooled connections. Call once, before the process exits.
     public func shutdown() async {
         await client.shutdown()
+        await quickConnectClient.shutdown()
         await eventClient.shutdown()
     }
 
@@ -35,6 +47,7 @@ public final class Prober: Sendable {
     /// may be bound to an address that is gone); probes and streams in flight finish on theirs.
     public func dropConnections() {
         client.renew()
+        quickConnectClient.renew()
         eventClient.renew()
     }
 
@@ -43,14 +56,19 @@ public final class Prober: Sendable {
     ///   - route: where and how to probe.
     ///   - timeout: per request, in seconds.
     ///   - full: `false` for a quick liveness check (`/readyz` only).
-    public func probe(_ route: Route, timeout: Double, full: Bool = true) async -> ProbeReport {
+    ///   - connectTimeout: when given (and shorter than `timeout`), a connection attempt gives up
+    ///     after ``quickConnectTimeout`` (the route's network just came back).
+    public func probe(_ route: Route, timeout: Double, full: Bool = true, connectTimeout: Double? = nil) async
+        -> ProbeReport
+    {
+        let quick = connectTimeout.map { $0 < timeout } ?? false
         let start = ContinuousClock.now
         var sequence = ProbeSequence(
             servicePath: route.servicePath, via: route.via, pinnedInstance: route.pinnedInstance, quick: !full,
             hasInferenceKey: route.credentials.inferenceKey != nil)
         var path = sequence.firstPath
         while true {
-            let result = await get(route, path: path, timeout: timeout)
+            let result = await get(route, path: path, timeout: timeout, quickConnect: quick)
             switch sequence.receive(result) {
             case .request(let next):
                 path = next
@@ -62,7 +80,7 @@ public final class Prober: Sendable {
         }
     }
 
-    private func get(_ route: Route, path: String, timeout: Double) async -> Result<
+    private func get(_ route: Route, path: String, timeout: Double, quickConnect: Bool) async -> Result<
         ProbeResponse, ProbeTransportFailure
     > {
         var request = HTTPClientRequest(url: route.baseURL + path)
@@ -74,7 +92,7 @@ public final class Prober: Sendable {
         }
         // One deadline for the whole exchange, head and body: async-http-client's own deadline ends
         // with the head, and a server that stalls mid-body would otherwise hold the probe forever.
-        let client = self.client.lease(server: route.baseURL)
+        let client = (quickConnect ? quickConnectClient : self.client).lease(server: route.baseURL)
         let prepared = request
         let budget = TimeAmount.milliseconds(Int64(timeout * 1000))
         return await Self.withDeadline(seconds: timeout) {

@@ -113,6 +113,69 @@ struct RoamingTests {
     }
 
     @Test(
+        "come home with the link back last (the route, then the address undone; and the mirror, the address first): on the LAN within 1 s of the LAN answering (each probe gives up on its connection after 250 ms, the next at once); leaving within 500 ms",
+        arguments: ["home-address", "home-address-first"], [200, 1300]
+    )
+    func comeHomeLinkLast(sequence: String, gapMS: Int) async throws {
+        try await roaming {
+            let home = try await startHome()
+            let agent = home.agent
+            let leaving = ContinuousClock.now
+            try await bed.control("roam", "away")
+            #expect(await agent.waitForActive(timeout: 10) { $0?.via == .wan } != nil)
+            let leave = (ContinuousClock.now - leaving).seconds
+            #expect(leave <= 0.5, "tunnel active \(leave) s after leaving")
+            // Away long enough for the LAN route's probes to fail and back off.
+            try await Task.sleep(for: .seconds(6))
+            #expect(agent.active()?.via == .wan)
+            // The address and route of home, the link still off: the LAN does not answer yet.
+            try await bed.control("roam", sequence)
+            try await Task.sleep(for: .milliseconds(gapMS))
+            #expect(agent.active()?.via == .wan, "nothing answers on the LAN before the link is back")
+            // When the LAN answers again, as any program on h4 sees it: a TCP connection to the
+            // server gets through (the kernel resolves the server's address again on its own
+            // schedule, a solicitation a second: up to a second after the link).
+            let hostPort = home.lanURL.replacingOccurrences(of: "http://", with: "").split(separator: ":")
+            let answering = #"""
+                import socket, sys, time
+                end = time.time() + 10
+                while time.time() < end:
+                    s = socket.socket()
+                    s.settimeout(0.05)
+                    try:
+                        s.connect((sys.argv[1], int(sys.argv[2])))
+                        print(repr(time.time()))
+                        break
+                    except OSError:
+                        pass
+                    finally:
+                        s.close()
+                """#
+            async let answered = Command.run(
+                "/usr/sbin/ip",
+                [
+                    "netns", "exec", bed["LMX_TESTBED_H4_NS"], "/usr/bin/python3", "-c", answering,
+                    String(hostPort[0]), String(hostPort[1]),
+                ], timeout: 15)
+            try await Task.sleep(for: .milliseconds(100))
+            let linked = ContinuousClock.now
+            try await bed.control("roam", "link-back")
+            let back = await agent.waitForActive(timeout: 30) { $0?.baseURL == home.lanURL }
+            let backAt = Date().timeIntervalSince1970
+            let homeTime = (ContinuousClock.now - linked).seconds
+            #expect(back != nil)
+            let lanAnswered = Double(try await answered.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+            #expect(lanAnswered != nil, "the LAN answered again")
+            let afterAnswering = backAt - (lanAnswered ?? 0)
+            #expect(afterAnswering <= 1, "LAN active \(afterAnswering) s after the LAN answered (\(sequence))")
+            #expect(homeTime <= 2, "LAN active \(homeTime) s after the link came back (\(sequence))")
+            print(
+                "roaming (\(sequence), link last \(gapMS) ms later): leave → tunnel \(String(format: "%.3f", leave)) s, link back → LAN answering \(String(format: "%.3f", homeTime - afterAnswering)) s → LAN active \(String(format: "%.3f", afterAnswering)) s later"
+            )
+        }
+    }
+
+    @Test(
         "PrepareForSleep(false) from logind (a stand-in owning org.freedesktop.login1): every route re-probed within 1 s; the gateway waits for a fresh verdict"
     )
     func wakeFromSleep() async throws {

@@ -62,6 +62,55 @@ struct NetworkChangeTests {
         #expect(back.reason.contains("reachable again from this machine"))
     }
 
+    @Test(
+        "coming home with the link back after the address: probes connect quickly and follow each other at once until one gets through, then as usual"
+    )
+    func homeLinkLast() {
+        // Away from t=20; the address and route of home at t=60, the link only at t=61.3.
+        var h = atHome { t in !(20..<61.3).contains(t) }
+        h.absorb(h.planner.applyPaths([Self.lanID: .unreachable("lan0 has no address on 10.0.0.0/24")], now: h.now))
+        h.run(until: 60)
+        #expect(h.planner.activeID == Self.wanID)
+        #expect(h.planner.routes[Self.lanID]!.pathBackAt == nil)
+        h.absorb(h.planner.applyPaths([Self.lanID: Self.home], now: h.now))
+        #expect(h.planner.routes[Self.lanID]!.pathBackAt == 60)
+        var tasks: [ProbeTask] = []
+        // Probe by probe, as the manager would: each failed one is followed by the next at once.
+        while h.now < 61.3 {
+            let due = h.planner.takeDueProbes(now: h.now).filter { $0.route.id == Self.lanID }
+            tasks += due
+            for task in due {
+                // The probe gives up on its connection after the quick timeout.
+                h.now += task.connectTimeout ?? 1.5
+                let report = ProbeReport(verdict: .down, latency: 0.25, detail: "connection timed out")
+                h.absorb(h.planner.record(report, for: task.route.id, full: task.full, now: h.now))
+            }
+            h.now = max(h.now, h.planner.routes[Self.lanID]!.nextProbeAt)
+        }
+        #expect(tasks.count >= 5, "\(tasks.count) probes in 1.3 s")
+        #expect(tasks.allSatisfy { $0.connectTimeout == ConnectionPlanner.pathReturnConnectTimeout })
+        h.run(until: h.now + 0.5)
+        let back = h.switches.last!
+        #expect(back.to == Self.lanID && back.at - 61.3 < 0.3, "back at \(back.at)")
+        #expect(h.planner.routes[Self.lanID]!.pathBackAt == nil, "a probe got through: as usual from now")
+        #expect(h.planner.takeDueProbes(now: h.now + 1).allSatisfy { $0.connectTimeout == nil })
+    }
+
+    @Test("a way back that stays dark: after the window, probes back off as before")
+    func pathBackWindowEnds() {
+        var h = atHome { t in t < 20 }
+        h.absorb(h.planner.applyPaths([Self.lanID: .unreachable("lan0 has no carrier")], now: h.now))
+        h.run(until: 60)
+        let before = h.planner.routes[Self.lanID]!.failureCount
+        h.absorb(h.planner.applyPaths([Self.lanID: Self.home], now: h.now))
+        h.run(until: 60 + ConnectionPlanner.pathReturnWindow + 1)
+        let lan = h.planner.routes[Self.lanID]!
+        #expect(lan.nextProbeAt - h.now > 0.5, "backing off again: next at \(lan.nextProbeAt), now \(h.now)")
+        // Refused at once (the harness's probes take 5 ms): one attempt per quick connect timeout.
+        let attempts = lan.failureCount - before
+        #expect(attempts >= 30 && attempts <= 45, "\(attempts) probes in the window")
+    }
+
     @Test("a server that fails by itself still waits out the stability window when it returns")
     func serverFailureKeepsWindow() {
         var h = atHome { t in !(30..<40).contains(t) }

@@ -69,7 +69,8 @@ public actor ConnectionManager {
                 switch job {
                 case .probe(let task, let timeout):
                     group.addTask { [prober] in
-                        let report = await prober.probe(task.route, timeout: timeout, full: task.full)
+                        let report = await prober.probe(
+                            task.route, timeout: timeout, full: task.full, connectTimeout: task.connectTimeout)
                         await self.probeFinished(task.route.id, report: report, full: task.full)
                     }
                 case .wake(let delay, let generation):

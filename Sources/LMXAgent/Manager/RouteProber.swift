@@ -5,8 +5,9 @@ import LMXProbe
 /// tests of the manager in process give scripted verdicts.
 public protocol RouteProber: Sendable {
     /// Probes `route` by the LMX contract within `timeout` seconds (`full`: the whole sequence,
-    /// not only the discovery document).
-    func probe(_ route: Route, timeout: Double, full: Bool) async -> ProbeReport
+    /// not only the discovery document), a connection attempt giving up after `connectTimeout`
+    /// seconds when given.
+    func probe(_ route: Route, timeout: Double, full: Bool, connectTimeout: Double?) async -> ProbeReport
 }
 
 extension Prober: RouteProber {}

@@ -48,7 +48,10 @@ extension ConnectionPlanner {
             state.goodStreak = 0
             state.healthySince = nil
         }
-        if good { state.lastGoodAt = now }
+        if good {
+            state.lastGoodAt = now
+            state.pathBackAt = nil
+        }
 
         // The first probe after this machine's network changed or it woke decides alone: a
         // verdict from before means nothing, and a failure there is no flapping of the server.
@@ -102,7 +105,14 @@ extension ConnectionPlanner {
         let isActive = state.id == activeID
         let pending = (state.health == .up) != good  // the last probe disagrees with the health
         var delay: Double
-        if pending {
+        if !good, let back = state.pathBackAt, now - back < Self.pathReturnWindow {
+            // The way to it just came back: attempts one after another, each giving up on its
+            // connection quickly, so the route is back as soon as its link is; at most one
+            // attempt starts per quick connect timeout (a host that refuses at once is not asked
+            // fifty times a second).
+            state.backoff = 0
+            delay = max(Self.pathReturnRetry, Self.pathReturnConnectTimeout - report.latency)
+        } else if pending {
             delay = isActive ? policy.confirmInterval : policy.pendingInterval
             state.backoff = 0
         } else if good, !isActive, isPendingUpgrade(state) {

@@ -16,9 +16,11 @@ extension ConnectionPlanner {
             state.path = path
             defer { routes[id] = state }
             guard let old, old != path else { continue }
+            let wasOff = state.offNetwork != nil
             switch path {
             case .unreachable(let why):
                 state.condition = state.condition.replacingBase(with: .offNetwork(why))
+                state.pathBackAt = nil
             case .reachable(let detail, let onLink):
                 if case .reachable(_, true) = old, !onLink {
                     state.condition = state.condition.replacingBase(
@@ -29,6 +31,7 @@ extension ConnectionPlanner {
             // A route this machine had left stays out until a probe gets through (now); one
             // lost or stale already has its next probe decide alone.
             }
+            if case .reachable = path, wasOff { state.pathBackAt = now }
             if let why = state.offNetwork, id == activeID { lost.append("\(state.route.name): \(why)") }
             if !state.inFlight {
                 state.nextProbeAt = now

@@ -48,9 +48,19 @@ extension ConnectionPlanner {
             let quick =
                 state.id == activeID && state.health == .up && state.badStreak == 0
                 && state.lastFullProbeAt.map { now - $0 < policy.stableInterval } == true
-            return ProbeTask(route: state.route, full: !quick)
+            let returning = state.pathBackAt.map { now - $0 < Self.pathReturnWindow } ?? false
+            return ProbeTask(
+                route: state.route, full: !quick, connectTimeout: returning ? Self.pathReturnConnectTimeout : nil)
         }
     }
+
+    /// How long after the way to a route came back its probes connect quickly and follow each
+    /// other at once (``RouteState/pathBackAt``).
+    public static let pathReturnWindow: Double = 10
+    /// A connection attempt's timeout then: a LAN answers a SYN within milliseconds.
+    public static let pathReturnConnectTimeout: Double = 0.25
+    /// The delay before the next probe then, after one that failed.
+    public static let pathReturnRetry: Double = 0.02
 
     /// Probe slots that routes found on the LAN may not use (see `takeDueProbes`).
     static let reservedSlots = 2

@@ -62,6 +62,13 @@ public struct RouteState: Sendable, Hashable, Identifiable {
     public var path: RoutePath?
     /// What this machine's own network and sleep say of the route, apart from the server.
     public var condition: RouteCondition = .normal
+    /// When the way to the route came back (this machine rejoined its network), until a probe
+    /// gets through: for ``ConnectionPlanner/pathReturnWindow`` its probes give up on a
+    /// connection after ``ConnectionPlanner/pathReturnConnectTimeout`` and the next starts at
+    /// once. The link may come back after the address and route do (the kernel would send a
+    /// lost SYN again only after 1 s, then 3 s): the route is back within a fraction of a second
+    /// of answering.
+    public var pathBackAt: Double?
 
     /// Why this machine cannot reach the route the way it did (it left the route's network).
     public var offNetwork: String? { condition.offNetwork }
@@ -158,6 +165,9 @@ public struct ProbeTask: Sendable, Hashable {
     public var route: Route
     /// `false`: a quick liveness check (`/readyz` only) of the active route between full probes.
     public var full: Bool
+    /// The connection's own timeout, shorter than the probe's (``RouteState/pathBackAt``); nil:
+    /// the probe's.
+    public var connectTimeout: Double? = nil
 }
 
 /// Something the planner decided that the world should hear about.
