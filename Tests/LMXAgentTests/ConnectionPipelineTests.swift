@@ -276,6 +276,94 @@ struct ConnectionPipelineTests {
         }
     }
 
+    static let runEventsHead =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+    static func chunk(_ text: String) -> String { String(text.utf8.count, radix: 16) + "\r\n" + text + "\r\n" }
+
+    static func snapshot(_ steps: Int, done: Bool = false) -> String {
+        let kind = done ? "run.completed" : "run.update"
+        return "event: \(kind)\ndata: {\"type\":\"\(kind)\",\"run\":{\"id\":\"run-1\",\"steps\":\(steps)}}\n\n"
+    }
+
+    @Test(
+        "a run's event stream cut mid-answer goes on by its server's other route: no second head, the snapshot the client has dropped, no error event, then its end"
+    )
+    func runStreamGoesOn() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server, Self.other], oneServer: true)
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            try pipe.send(PipelineHarness.get("/v1/agents/runs/run-1/events"))
+            #expect(try pipe.serverGot(0).hasPrefix("GET /v1/agents/runs/run-1/events HTTP/1.1"))
+            try pipe.answer(
+                0, Self.runEventsHead + Self.chunk(Self.snapshot(1)) + Self.chunk(": keep-alive\n\n" + Self.snapshot(2))
+            )
+            let first = try pipe.received()
+            #expect(first.hasPrefix("HTTP/1.1 200 ") && first.contains(#""steps":2"#), "\(first)")
+            pipe.serverCloses(0)
+            #expect(pipe.servers.count == 2, "opened again")
+            #expect(try pipe.serverGot(1).hasPrefix("GET /v1/agents/runs/run-1/events HTTP/1.1"))
+            try pipe.answer(
+                1,
+                Self.runEventsHead + Self.chunk(Self.snapshot(2)) + Self.chunk(Self.snapshot(3))
+                    + Self.chunk(Self.snapshot(4, done: true) + "data: [DONE]\n\n") + "0\r\n\r\n")
+            let rest = try pipe.received()
+            #expect(!rest.contains("HTTP/1.1"), "no second head: \(rest)")
+            #expect(!rest.contains(#""steps":2"#), "the snapshot the client has, not again: \(rest)")
+            #expect(rest.contains(#""steps":3"#) && rest.contains("run.completed") && rest.contains("[DONE]"))
+            #expect(!rest.contains("event: error"))
+            #expect(rest.hasSuffix("0\r\n\r\n"))
+            #expect(pipe.client.isActive)
+            #expect(fixture.agent.metrics.text().contains("lmx_gateway_streams_resumed_total 1"))
+            // The connection takes the next request (to the server's best route again).
+            try pipe.send(PipelineHarness.get())
+            #expect(pipe.servers.count == 3)
+            #expect(try pipe.serverGot(2).hasPrefix("GET /v1/models"))
+        }
+    }
+
+    @Test(
+        "the agent's state changes under streams: a run's stream moves to its server's better route; a chat stream whose route is gone ends at once with the stream-lost event; one that stays, stays"
+    )
+    func streamsFollowTheAgent() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server, Self.other], oneServer: true)
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            try pipe.send(PipelineHarness.get("/v1/agents/runs/run-1/events"))
+            _ = try pipe.serverGot(0)
+            try pipe.answer(0, Self.runEventsHead + Self.chunk(Self.snapshot(1)))
+            _ = try pipe.received()
+            // The same state again: nothing moves.
+            pipe.state.snapshotChanged()
+            #expect(pipe.servers.count == 1)
+            // The other route is the better one now (as the LAN after coming home).
+            fixture.publish([Self.other, Self.server], oneServer: true)
+            pipe.state.snapshot = fixture.agent.board.snapshot
+            pipe.state.snapshotChanged()
+            pipe.loop.run()
+            #expect(pipe.servers.count == 2 && !pipe.servers[0].isActive, "moved, the old connection closed")
+            #expect(try pipe.serverGot(1).hasPrefix("GET /v1/agents/runs/run-1/events"))
+            try pipe.answer(1, Self.runEventsHead + Self.chunk(Self.snapshot(1)) + Self.chunk(Self.snapshot(2)))
+            let moved = try pipe.received()
+            #expect(!moved.contains(#""steps":1"#) && moved.contains(#""steps":2"#), "\(moved)")
+
+            // A chat completion's stream on a route the agent no longer has: ended at once.
+            let chat = try PipelineHarness(fixture)
+            defer { chat.finish() }
+            try chat.send(PipelineHarness.post(#"{"model":"alpha","stream":true}"#))
+            _ = try chat.serverGot(0)
+            try chat.answer(0, Self.runEventsHead + Self.chunk("data: {\"n\":1}\n\n"))
+            _ = try chat.received()
+            fixture.publish([Self.server], oneServer: true)  // 10.9.0.3 gone
+            chat.state.snapshot = fixture.agent.board.snapshot
+            chat.state.snapshotChanged()
+            let lost = try chat.received()
+            #expect(lost.contains("event: error") && lost.hasSuffix("0\r\n\r\n"), "\(lost)")
+        }
+    }
+
     @Test("a body that stops coming: 408 after the client timeout (the sweep run by hand), connection closed")
     func stalledBody() async throws {
         try await AgentFixture.with { fixture in

@@ -35,8 +35,12 @@ struct AgentFixture {
     }
 
     /// Publishes a state in which `routes` were probed ready (with `models`) and selected.
-    func publish(_ routes: [Route], models: [String] = ["alpha"], keyRequired: Bool = false, trust: TrustPolicy = .lan)
-    {
+    /// `oneServer`: every route reaches the same server (instance-0), as a paired server's LAN
+    /// route and tunnel do.
+    func publish(
+        _ routes: [Route], models: [String] = ["alpha"], keyRequired: Bool = false, trust: TrustPolicy = .lan,
+        oneServer: Bool = false
+    ) {
         var policy = HealthPolicy()
         policy.trust = trust
         var planner = ConnectionPlanner(policy: policy)
@@ -44,7 +48,8 @@ struct AgentFixture {
             _ = planner.upsert(route, now: 0)
             for step in 1...4 {
                 var report = ProbeReport(
-                    verdict: .ready, latency: 0.001 * Double(index + 1), instanceID: "instance-\(index)",
+                    verdict: .ready, latency: 0.001 * Double(index + 1),
+                    instanceID: "instance-\(oneServer ? 0 : index)",
                     version: "1.0",
                     ready: true, modelCount: models.count, inferenceKeyRequired: keyRequired)
                 report.models = models

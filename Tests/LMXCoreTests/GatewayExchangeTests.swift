@@ -232,4 +232,74 @@ struct GatewayExchangeTests {
         g.sent(onKeptConnection: false)
         #expect(g.failed(certainlyNotSent: false, detail: "reset") == .respond(.unreachable(detail: "reset")))
     }
+
+    @Test(
+        "a run's stream cut: opened again, its new answer continues the client's; a route that fails or answers otherwise ends it with the event; a chat stream is only lost"
+    )
+    func resumeStream() {
+        var x = GatewayExchange(method: "GET", declaredLength: 0, maxBodyBytes: 1 << 20, readAheadBytes: 1024)
+        x.resumable = true
+        #expect(x.bodyEnd() == .decide)
+        _ = x.routed(servers: ["a", "a"])
+        x.sent(onKeptConnection: false)
+        #expect(x.answerHead(busyFor: nil, status: 200, stream: true) == .passAnswer(hold: false))
+        #expect(x.upstreamClosed(detail: "cut") == .resume)
+        x.resume()
+        #expect(x.phase == .waiting && x.resuming)
+        #expect(x.routed(servers: ["a"]) == .connect(attempt: 0, fresh: false))
+        x.sent(onKeptConnection: false)
+        #expect(x.answerHead(busyFor: nil, status: 200, stream: true) == .continueAnswer)
+        #expect(x.phase == .answering && !x.resuming)
+        // Cut again; the route tried next refuses the connection: the stream ends with its event.
+        #expect(x.upstreamClosed(detail: "cut") == .resume)
+        x.resume()
+        _ = x.routed(servers: ["a"])
+        #expect(x.failed(certainlyNotSent: true, detail: "refused") == .streamLost)
+        #expect(x.phase == .answering)
+        #expect(x.streamEnded() == .finish(upstream: .close, client: .next))
+
+        // Opened again, but answered 404: the stream ends with its event.
+        var y = GatewayExchange(method: "GET", declaredLength: 0, maxBodyBytes: 1 << 20, readAheadBytes: 1024)
+        y.resumable = true
+        _ = y.bodyEnd()
+        _ = y.routed(servers: ["a"])
+        y.sent(onKeptConnection: false)
+        _ = y.answerHead(busyFor: nil, status: 200, stream: true)
+        y.resume()
+        _ = y.routed(servers: ["a"])
+        y.sent(onKeptConnection: false)
+        #expect(y.answerHead(busyFor: nil, status: 404, stream: false) == .streamLost)
+        // No route within the hold.
+        var z = GatewayExchange(method: "GET", declaredLength: 0, maxBodyBytes: 1 << 20, readAheadBytes: 1024)
+        z.resumable = true
+        _ = z.bodyEnd()
+        _ = z.routed(servers: ["a"])
+        z.sent(onKeptConnection: false)
+        _ = z.answerHead(busyFor: nil, status: 200, stream: true)
+        z.resume()
+        #expect(z.resumeFailed() == .streamLost && z.phase == .answering)
+
+        // A chat completion's stream is never opened again.
+        var chat = GatewayExchange(method: "POST", declaredLength: 2, maxBodyBytes: 1 << 20, readAheadBytes: 1024)
+        _ = chat.bodyPart(size: 2) { true }
+        _ = chat.bodyEnd()
+        _ = chat.routed(servers: ["a"])
+        chat.sent(onKeptConnection: false)
+        _ = chat.answerHead(busyFor: nil, status: 200, stream: true)
+        #expect(chat.upstreamClosed(detail: "cut") == .streamLost)
+        chat.resume()
+        #expect(!chat.resuming, "not resumable: resume() does nothing")
+    }
+
+    @Test("which streams go on: a run's events only; what becomes of a stream as the agent's state changes")
+    func streamContinuation() {
+        #expect(StreamContinuation.resumable(method: "GET", path: "/v1/agents/runs/run-1/events"))
+        for (method, path) in [
+            ("POST", "/v1/agents/runs/run-1/events"), ("GET", "/v1/agents/runs/run-1"),
+            ("GET", "/v1/agents/runs//events"), ("GET", "/v1/chat/completions"),
+            ("GET", "/v1/agents/runs/run-1/events/x"),
+        ] {
+            #expect(!StreamContinuation.resumable(method: method, path: path), "\(method) \(path)")
+        }
+    }
 }

@@ -111,6 +111,28 @@ struct NetworkChangeTests {
         #expect(attempts >= 30 && attempts <= 45, "\(attempts) probes in the window")
     }
 
+    @Test(
+        "a stream's fate as the agent's state changes: stays on the best route; lost when its path goes; moved when its server is best reached by another route"
+    )
+    func streamFates() {
+        var h = atHome { t in !(20..<60).contains(t) }
+        func fate(_ route: String) -> StreamContinuation.Fate {
+            AgentSnapshot(planner: h.planner, discovery: .running, originWall: 0)
+                .streamFate(routeID: route, instance: "home", clientHasKey: false)
+        }
+        #expect(fate(Self.lanID) == .stay)
+        #expect(fate(Self.wanID) == .moved, "a stream on the tunnel while the LAN is best")
+        h.absorb(h.planner.applyPaths([Self.lanID: Self.away], now: h.now))
+        #expect(fate(Self.lanID) == .lost(pathGone: true))
+        #expect(fate(Self.wanID) == .stay)
+        #expect(fate("lan/10.9.9.9:1234") == .lost(pathGone: true), "a route the agent no longer has")
+        h.run(until: 60)
+        h.absorb(h.planner.applyPaths([Self.lanID: Self.home], now: h.now))
+        h.run(until: 61)
+        #expect(h.planner.activeID == Self.lanID)
+        #expect(fate(Self.wanID) == .moved)
+    }
+
     @Test("a server that fails by itself still waits out the stability window when it returns")
     func serverFailureKeepsWindow() {
         var h = atHome { t in !(30..<40).contains(t) }

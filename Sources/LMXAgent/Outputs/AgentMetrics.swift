@@ -28,6 +28,7 @@ public final class AgentMetrics: Sendable {
     let gatewayRefused: Counter
     let gatewayInFlight: Gauge
     let gatewayHandedOver: Counter
+    let gatewayStreamsResumed: Counter
     /// Requests cut at the server because their client closed its connection before the answer.
     let gatewayClientsLeft: Counter
     /// Connections the data path opened to servers, by path (`lan`, `wan`).
@@ -139,7 +140,12 @@ public final class AgentMetrics: Sendable {
         gatewayHandedOver = r.makeCounter(
             descriptor: .lmx(
                 "lmx_gateway_general_path_total",
-                "Gateway requests answered by its general path (dashboard, waits, affinity, refusals, handovers) rather than the event-loop data path."
+                "Gateway requests answered by its general path (the dashboard, and refusals of requests its data path did not read)."
+            ))
+        gatewayStreamsResumed = r.makeCounter(
+            descriptor: .lmx(
+                "lmx_gateway_streams_resumed_total",
+                "Run event streams the gateway opened again by their server's other route, the client's stream going on."
             ))
         gatewayClientsLeft = r.makeCounter(
             descriptor: .lmx(

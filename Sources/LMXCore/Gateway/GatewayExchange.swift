@@ -164,6 +164,12 @@ public struct GatewayExchange: Sendable {
         case connect(attempt: Int, fresh: Bool)
         /// Pass the answer's head on; `hold`: hold the answer until the client's body has come.
         case passAnswer(hold: Bool)
+        /// A stream opened again (``resume()``) answered as it should: its head is dropped, its
+        /// events continue the client's stream.
+        case continueAnswer
+        /// A stream that can be opened again lost its route: it is opened again by its server's
+        /// other route (``resume()``).
+        case resume
         /// Answer the client with the gateway's own error, then finish.
         case respond(Refusal)
         /// The event stream under the answer was cut: end it with an error event, then finish.
@@ -195,6 +201,11 @@ public struct GatewayExchange: Sendable {
     public private(set) var holdsAnswer = false
     /// The answer is an event stream.
     public private(set) var isStream = false
+    /// The answer is a stream the gateway may open again on its server's other route
+    /// (``StreamContinuation/resumable(method:path:)``), set by the handler.
+    public var resumable = false
+    /// The stream is being opened again: the client already has the answer's head.
+    public private(set) var resuming = false
     /// The server makes the request safe to repeat (it carries an `Idempotency-Key` the server
     /// honours): ``RetryRule`` sends it again after any failure before the answer.
     public var repeatable = false
@@ -301,6 +312,13 @@ public struct GatewayExchange: Sendable {
             phase = .connecting
             return .connect(attempt: attempt, fresh: false)
         case .answer:
+            if resuming {
+                // The client already has the answer's head: its stream ends with the event.
+                resuming = false
+                phase = .answering
+                isStream = true
+                return .streamLost
+            }
             if let busy { return respond(.busy(status: busy.status, retryAfter: busy.retryAfter)) }
             return respond(.unreachable(detail: detail))
         }
@@ -321,6 +339,13 @@ public struct GatewayExchange: Sendable {
     /// whole, else the answer passes as it is.
     public mutating func answerHead(busyFor cooldown: Double?, status: Int, stream: Bool) -> Action {
         guard phase == .forwarding else { return .none }
+        if resuming {
+            // The client has its head: the new answer continues it, or the stream is lost.
+            resuming = false
+            phase = .answering
+            isStream = true
+            return status == 200 && stream ? .continueAnswer : .streamLost
+        }
         if let cooldown,
             RetryRule.decide(
                 .busy, method: method, bodyWhole: bodyWhole, attempt: attempt, routes: routes,
@@ -361,7 +386,7 @@ public struct GatewayExchange: Sendable {
         case .connecting, .forwarding:
             return failed(certainlyNotSent: false, detail: detail)
         case .answering:
-            if isStream { return .streamLost }
+            if isStream { return resumable ? .resume : .streamLost }
             // An answer cut in the middle: the client gets what came, then sees its connection
             // close, as from the server.
             phase = .finished
@@ -369,6 +394,22 @@ public struct GatewayExchange: Sendable {
         case .collecting, .waiting, .answered, .finished, .refusing:
             return .none
         }
+    }
+
+    /// The stream is opened again by its server's other route: the request waits for one
+    /// (``routed(servers:)`` then connects), its answer's head already with the client.
+    public mutating func resume() {
+        guard phase == .answering, isStream, resumable else { return }
+        resuming = true
+        phase = .waiting
+    }
+
+    /// No route to the stream's server came within the hold: it ends with the error event.
+    public mutating func resumeFailed() -> Action {
+        guard resuming else { return .none }
+        resuming = false
+        phase = .answering
+        return .streamLost
     }
 
     /// The stream's error event was written: the exchange ends.

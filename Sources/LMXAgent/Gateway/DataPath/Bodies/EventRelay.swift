@@ -14,9 +14,105 @@ final class EventRelay {
     /// Bytes of an unfinished event were passed on.
     private(set) var midEvent = false
     private(set) var tally = Gateway.EventTally()
+    /// A stream that may be opened again (``StreamContinuation``): its events are looked at as
+    /// they pass (``resumable()``).
+    private var resumable: ResumableEvents?
+
+    /// The last whole event passed on, and whether the stream's `data: [DONE]` has passed; after
+    /// the stream is opened again (``resumed()``), its first event is dropped when it repeats the
+    /// last one the client got (a run's events are whole snapshots: the same state, the same
+    /// bytes).
+    struct ResumableEvents {
+        var last: [UInt8] = []
+        var done = false
+        var dropRepeat = false
+    }
+
+    /// Looks at the events as they pass, for a stream that may be opened again.
+    func makeResumable() { resumable = ResumableEvents() }
+
+    /// The stream's `data: [DONE]` has passed: nothing more is to come.
+    var sawDone: Bool { resumable?.done ?? false }
+
+    /// The stream goes on from a new answer: what was held of an unfinished event is dropped
+    /// (the new answer starts with whole events), and its first event is dropped if the client
+    /// already has it. Returns what ends an event the client got in part (only one larger than
+    /// anyone sends is passed on unfinished), to be sent first.
+    func resumed() -> ByteBuffer? {
+        held = ByteBuffer()
+        resumable?.dropRepeat = true
+        guard midEvent else { return nil }
+        midEvent = false
+        return ByteBuffer(string: "\n\n")
+    }
 
     /// Passes what may go now of `chunk` to `out`.
     func pass(_ chunk: ByteBuffer, _ out: (ByteBuffer) -> Void) {
+        guard resumable != nil else { return passWhole(chunk, out) }
+        passWhole(chunk) { passed in
+            if let kept = self.look(at: passed) { out(kept) }
+        }
+    }
+
+    /// The events in `passed` (whole, but for one larger than anyone sends), the last one and
+    /// `[DONE]` noted; the first after a resume dropped when it repeats the last passed. Nil
+    /// when nothing of it goes on.
+    private func look(at passed: ByteBuffer) -> ByteBuffer? {
+        guard var seen = resumable else { return passed }
+        defer { resumable = seen }
+        let bytes = Array(passed.readableBytesView)
+        var kept: [UInt8] = []
+        kept.reserveCapacity(bytes.count)
+        var start = 0
+        var index = 0
+        func event(_ range: Range<Int>) {
+            let event = bytes[range]
+            // Comments (`: keep-alive`) pass, and are no event of the run's.
+            if event.first == UInt8(ascii: ":") {
+                kept.append(contentsOf: event)
+                return
+            }
+            if seen.dropRepeat {
+                seen.dropRepeat = false
+                if event.elementsEqual(seen.last) { return }
+            }
+            seen.last = Array(event)
+            if Self.isDone(event) { seen.done = true }
+            kept.append(contentsOf: event)
+        }
+        while index < bytes.count {
+            if bytes[index] == 0x0A {
+                var end: Int?
+                if index + 1 < bytes.count, bytes[index + 1] == 0x0A {
+                    end = index + 2
+                } else if index + 2 < bytes.count, bytes[index + 1] == 0x0D, bytes[index + 2] == 0x0A {
+                    end = index + 3
+                }
+                if let end {
+                    event(start..<end)
+                    start = end
+                    index = end
+                    continue
+                }
+            }
+            index += 1
+        }
+        if start < bytes.count { kept.append(contentsOf: bytes[start...]) }
+        if kept.count == bytes.count { return passed }
+        return kept.isEmpty ? nil : ByteBuffer(bytes: kept)
+    }
+
+    /// An event whose data is `[DONE]`.
+    private static func isDone(_ event: ArraySlice<UInt8>) -> Bool {
+        event.split(separator: 0x0A).contains { line in
+            var line = line
+            if line.last == 0x0D { line = line.dropLast() }
+            return line.elementsEqual("data: [DONE]".utf8) || line.elementsEqual("data:[DONE]".utf8)
+        }
+    }
+
+    /// Passes what may go now of `chunk` to `out`: up to its last event boundary.
+    private func passWhole(_ chunk: ByteBuffer, _ out: (ByteBuffer) -> Void) {
         var chunk = chunk
         var tally = self.tally
         chunk.withUnsafeReadableBytes { tally.count($0) }

@@ -61,6 +61,13 @@ final class ForwardedRequest {
     var inFlight: Gauge?
     /// The route's count of requests in flight, while it counts this request.
     var routeCount: RouteLoad.Count?
+    /// A stream opened again (``StreamContinuation``): how many times, the route it left (not
+    /// taken again before ``avoidUntil`` while another is usable), and when its server last sent
+    /// a byte.
+    var resumes = 0
+    var avoid: RouteKey?
+    var avoidUntil = NIODeadline.distantPast
+    var lastUpstreamByte = NIODeadline.now()
 
     init(head: ClientHead, path: String, declaredLength: Int, mayConcern: Bool, configuration: GatewayConfiguration) {
         self.head = head
@@ -69,6 +76,7 @@ final class ForwardedRequest {
         exchange = GatewayExchange(
             method: head.method.rawValue, declaredLength: declaredLength, maxBodyBytes: configuration.maxRequestBytes,
             readAheadBytes: configuration.readAheadBytes)
+        exchange.resumable = StreamContinuation.resumable(method: head.method.rawValue, path: path)
     }
 
     var clientEnded: Bool { exchange.clientEnded }

@@ -20,6 +20,17 @@ extension GatewayConnectionHandler {
                 code: head.status, retryAfter: read.retryAfter, cap: gateway.configuration.busyCooldownMax)
             if let cooldown { gateway.load.coolDown(target.routeKey, seconds: cooldown) }
             let action = request.exchange.answerHead(busyFor: cooldown, status: head.status, stream: read.eventStream)
+            switch action {
+            case .continueAnswer:
+                // A stream opened again: the client has its head; the events go on.
+                upstream.keepFor = .seconds(Int64(read.keepAlive.seconds))
+                request.lastUpstreamByte = .now()
+                return
+            case .streamLost:
+                return streamLost(request, error: Gateway.StreamEndedMidEvent())
+            default:
+                break
+            }
             if case .connect = action {
                 // Busy (429, 503) before any byte reached the client: another server with the
                 // model takes it, on this path (the busy one cools down meanwhile).
@@ -42,7 +53,13 @@ extension GatewayConnectionHandler {
                 }
             }
             let events = read.eventStream
-            if events { request.relay = EventRelay() }
+            if events {
+                let relay = EventRelay()
+                if request.exchange.resumable { relay.makeResumable() }
+                request.relay = relay
+                request.lastUpstreamByte = .now()
+                state.watchStreams(self)
+            }
             let series = TrafficTap(
                 traffic: gateway.agent.traffic, model: request.model, started: request.started
             )
@@ -92,6 +109,7 @@ extension GatewayConnectionHandler {
             guard request.phase == .answering else { return }
             if request.madeAnswer != nil { request.madeAnswer?.append(contentsOf: chunk.readableBytesView) }
             if let relay = request.relay {
+                request.lastUpstreamByte = .now()
                 relay.pass(chunk) { emit(.body($0), for: request) }
             } else {
                 emit(.body(chunk), for: request)
@@ -236,6 +254,9 @@ extension GatewayConnectionHandler {
         let action = request.exchange.upstreamClosed(detail: detail)
         if case .streamLost = action {
             return streamLost(request, error: error ?? Gateway.StreamEndedMidEvent())
+        }
+        if case .resume = action {
+            return resumeStream(request, routeFailed: true, detail: detail)
         }
         // An answer cut in the middle: the client gets what came, then sees its connection
         // close, as from the server.

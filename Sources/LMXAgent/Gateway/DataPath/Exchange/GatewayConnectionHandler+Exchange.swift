@@ -50,6 +50,10 @@ extension GatewayConnectionHandler {
             respond(request, refusal)
         case .streamLost:
             streamLost(request, error: Gateway.StreamEndedMidEvent())
+        case .resume:
+            resumeStream(request, routeFailed: true, detail: "a stream was cut mid-answer")
+        case .continueAnswer:
+            break  // (where the answer's head is read)
         case .finish(let upstream, let client):
             end(request, upstream: upstream, client: client)
         }
@@ -62,6 +66,7 @@ extension GatewayConnectionHandler {
         _ request: ForwardedRequest, upstream fate: GatewayExchange.UpstreamFate, client: GatewayExchange.ClientFate
     ) {
         request.releaseCounts()
+        if request.relay != nil { state.unwatchStreams(self) }
         if let connection = detachUpstream(request) {
             if fate == .pool { state.pool.release(connection) } else { connection.channel.close(promise: nil) }
         }

@@ -71,6 +71,31 @@ final class GatewayDataPath: Sendable {
         /// on a thread of SwiftNIO's pool (the account database may wait on a directory
         /// service); the in-process tests answer on the loop.
         var groupLookup: (GroupMembership, UInt32) -> EventLoopFuture<Bool?>
+        /// Handlers with a stream in progress, told of every change of the agent's state
+        /// (``GatewayConnectionHandler/routesChanged()``): a stream on a route the agent knows is
+        /// gone is not left to a TCP timeout.
+        private var streams: [ObjectIdentifier: StreamWatch] = [:]
+        final class StreamWatch {
+            weak var handler: GatewayConnectionHandler?
+            init(_ handler: GatewayConnectionHandler) { self.handler = handler }
+        }
+
+        func watchStreams(_ handler: GatewayConnectionHandler) {
+            streams[ObjectIdentifier(handler)] = StreamWatch(handler)
+        }
+
+        func unwatchStreams(_ handler: GatewayConnectionHandler) {
+            streams[ObjectIdentifier(handler)] = nil
+        }
+
+        /// The agent's state changed: each stream in progress is looked at.
+        func snapshotChanged() {
+            guard !streams.isEmpty else { return }
+            for (id, watch) in streams {
+                if let handler = watch.handler { handler.routesChanged() } else { streams[id] = nil }
+            }
+        }
+
         /// Routes' addresses, read once per base URL (bounded: cleared past 1,024).
         private var addresses: [String: UpstreamAddress?] = [:]
         /// The last one asked for: the same route's, request after request, its URL the same
@@ -144,7 +169,10 @@ final class GatewayDataPath: Sendable {
     /// Hands the agent's new state to every loop.
     func publish(_ snapshot: AgentSnapshot) {
         for state in loops.values {
-            state.loop.execute { state.snapshot = snapshot }
+            state.loop.execute {
+                state.snapshot = snapshot
+                state.snapshotChanged()
+            }
         }
     }
 

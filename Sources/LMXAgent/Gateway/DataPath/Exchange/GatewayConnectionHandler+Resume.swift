@@ -1,0 +1,118 @@
+import LMXCore
+import NIOCore
+
+extension GatewayConnectionHandler {
+    // MARK: Streams across a path switch (StreamContinuation)
+
+    /// The agent's state changed while this handler streams an answer: a stream on a route the
+    /// agent knows is gone, or whose server is now best reached by another route, is opened
+    /// again there when it can be (a run's events); a chat completion's stream on a route that
+    /// is gone ends now with the stream-lost event when its path is gone or it has gone silent,
+    /// instead of at a TCP timeout.
+    func routesChanged() {
+        guard let request, request.phase == .answering, request.exchange.isStream, request.relay != nil,
+            !request.targets.isEmpty
+        else { return }
+        let target = request.target
+        let fate = state.snapshot.streamFate(
+            routeID: target.routeID, instance: target.instanceID, clientHasKey: request.clientHasKey)
+        switch fate {
+        case .stay:
+            return
+        case .moved:
+            guard request.exchange.resumable else { return }
+            resumeStream(request, routeFailed: false, detail: "its server is reached by another route now")
+        case .lost(let pathGone):
+            if request.exchange.resumable {
+                return resumeStream(request, routeFailed: false, detail: "the agent found its route gone")
+            }
+            if pathGone || NIODeadline.now() - request.lastUpstreamByte >= Self.silentStream {
+                streamLost(request, error: RouteGone())
+            }
+        }
+    }
+
+    /// How long a stream on a route the agent found gone may stay silent before it is ended.
+    static let silentStream = TimeAmount.seconds(1)
+
+    struct RouteGone: Error {}
+
+    /// Opens the request's stream again by its server's other route (or the same one, once it is
+    /// usable again): its answer's head is dropped, its events continue the client's stream, the
+    /// first dropped when the client already has it. `routeFailed`: the route cut the stream (the
+    /// agent hears of it); otherwise the agent already knows.
+    func resumeStream(_ request: ForwardedRequest, routeFailed: Bool, detail: String) {
+        guard context != nil, let relay = request.relay else { return }
+        let target = request.target
+        detachUpstream(request)?.channel.close(promise: nil)
+        request.leaveRoute()
+        if relay.sawDone {
+            // Cut after its last event: the stream is whole; it ends as it would have.
+            emit(.end, for: request)
+            flushToClient()
+            return run(request.exchange.answerEnd(reusable: false), for: request)
+        }
+        if routeFailed {
+            let manager = gateway.agent.manager
+            let routeID = target.routeID
+            Task { await manager.gatewayFailed(routeID, reason: detail) }
+        }
+        request.resumes += 1
+        if request.server == nil, let instance = target.instanceID,
+            let object = ServerAffinity.named(method: "GET", path: request.path, body: [])
+        {
+            request.server = (instance, object)
+        }
+        guard request.resumes <= StreamContinuation.maxResumes, request.server != nil else {
+            return streamLost(request, error: RouteGone())
+        }
+        gateway.metrics.gatewayStreamsResumed.increment()
+        gateway.logger.info(
+            "gateway: a run's event stream goes on by another route",
+            metadata: ["route": "\(target.routeID)", "reason": "\(detail)"])
+        request.exchange.resume()
+        if let closer = relay.resumed() { emit(.body(closer), for: request) }
+        let now = NIODeadline.now()
+        request.avoid = target.routeKey
+        request.avoidUntil = now + .seconds(1)
+        request.heldUntil = now + .milliseconds(Int64(gateway.configuration.holdSeconds * 1000))
+        request.nextNudge = now
+        rerouteStream(request)
+    }
+
+    /// The stream's server's routes, the one it left last unless it is the only one (and a
+    /// second has passed); while none is usable, planned again every 25 ms for
+    /// `gateway.hold_seconds`, then the stream ends with the stream-lost event.
+    func rerouteStream(_ request: ForwardedRequest) {
+        guard self.request === request, request.exchange.resuming, request.phase == .waiting, let context,
+            let server = request.server
+        else { return }
+        let now = NIODeadline.now()
+        var routes: [GatewayTarget] = []
+        if case .forward(let all) = state.plan(
+            model: nil, clientHasKey: request.clientHasKey, server: server.instance,
+            limit: gateway.configuration.attempts)
+        {
+            routes = all.filter { $0.routeKey != request.avoid }
+            if routes.isEmpty, now >= request.avoidUntil { routes = all }
+        }
+        routes = routes.filter { $0.credentials.isHeaderSafe && state.address($0.baseURL) != nil }
+        guard !routes.isEmpty else {
+            guard now < request.heldUntil else {
+                _ = request.exchange.resumeFailed()
+                return streamLost(request, error: RouteGone())
+            }
+            if now >= request.nextNudge {
+                request.nextNudge = now + .seconds(1)
+                let manager = gateway.agent.manager
+                Task { await manager.gatewayWaiting() }
+            }
+            context.eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(25)) { [self] in
+                self.rerouteStream(request)
+            }
+            return
+        }
+        request.targets = routes
+        run(request.exchange.routed(servers: routes.map(\.instanceID)), for: request)
+    }
+}
