@@ -201,7 +201,7 @@ make_network() {
 # h4 leaves home for another network (its LAN port off the bridge, its address on another
 # subnet, a default route to a router that never answers), or comes back. Each side is one
 # batch, so the change reaches the kernel as it does when a laptop changes Wi-Fi networks.
-roam() { # away|home|home-address|home-address-first|link-back
+roam() { # away|home|home-address|home-address-first|cut|link-back
     case "$1" in
     away)
         ip link set lmxv4 nomaster
@@ -220,6 +220,11 @@ roam() { # away|home|home-address|home-address-first|link-back
             ip -n lmxh4 -batch -
         ip -n lmxh4 route del default 2>/dev/null || true
         ;;
+    cut)
+        # A black hole: h4's LAN port off the bridge, nothing else changed (no carrier lost, no
+        # address or route gone): packets to the LAN vanish (`roam link-back` ends it).
+        ip link set lmxv4 nomaster
+        ;;
     link-back)
         ip link set lmxv4 master "$BRIDGE"
         ;;
@@ -234,7 +239,7 @@ roam() { # away|home|home-address|home-address-first|link-back
         addresses=$(ip -n lmxh4 -o -4 addr show dev lan0)
         [[ $addresses == *"inet $SUBNET.14/"* ]] || die "h4 did not get $SUBNET.14 back (lan0: ${addresses:-no IPv4 address})"
         ;;
-    *) die "roam away|home|home-address|home-address-first|link-back" ;;
+    *) die "roam away|home|home-address|home-address-first|cut|link-back" ;;
     esac
 }
 

@@ -176,6 +176,101 @@ struct RoamingTests {
     }
 
     @Test(
+        "a run's event stream through the gateway goes on across a LAN black hole (by the tunnel) and across the return to the LAN: every snapshot in order, none twice, no error event, the next event within 1 s of each switch, then the run's end"
+    )
+    func runStreamAcrossSwitches() async throws {
+        try await roaming {
+            let port = freePort()
+            let tunnelPort = freePort()
+            let instance = "runs-\(port)"
+            let lanAddress = bed.address(.h1)
+            let lan = try await LMXServer.start(
+                bed, on: .h1, port: port, instance: instance,
+                extra: [
+                    "--agents", "--run-steps", "120", "--run-step-ms", "250", "--base-urls",
+                    "http://\(lanAddress):\(port)",
+                ])
+            // The tunnel: the same server behind Cloudflare's edge (a connector forwarding to it).
+            let tunnelAddress = bed["LMX_TESTBED_H4_TUNNEL_ADDR"]
+            let tunnel = try await LMXServer.start(
+                bed, on: .root, port: tunnelPort, bind: tunnelAddress, tls: true,
+                extra: ["--proxy-to", "http://\(lanAddress):\(port)"])
+            _ = try await Publish.avahi(bed, on: .h1, name: "Runs \(TestBed.tag())", port: port)
+            let config = #"{"interfaces": ["lan0"], "extra_ca_file": "\#(bed["LMX_TESTBED_TLS"])/ca.pem"}"#
+            let agent = try await AgentProcess.start(
+                bed, config: config, arguments: ["--gateway", "127.0.0.1:\(freePort())"], host: .h4)
+            let tunnelURL = "https://\(tunnelAddress):\(tunnelPort)"
+            let paired = try await agent.pair(pairingLink(name: "Studio", url: tunnelURL, extra: "&key=ADMIN-S3CRET"))
+            #expect(paired.status == 0, "\(paired.stderr)")
+            #expect(await agent.waitForActive(timeout: 15) { $0?.baseURL == lan.baseURL } != nil)
+            #expect(
+                await agent.waitForRoute(timeout: 15) { $0.baseURL == tunnelURL && $0.health == .up } != nil,
+                "tunnel up")
+            let socket = agent.directory + "/gateway.sock"
+            let made = try await curl([
+                "--unix-socket", socket, "-H", "Content-Type: application/json", "--data-binary",
+                #"{"agent": "writer", "input": {"topic": "roaming"}}"#, "http://localhost/v1/agents/runs",
+            ])
+            #expect(made.status == 201, "\(made.body)")
+            let run =
+                (try? JSONSerialization.jsonObject(with: Data(made.body.utf8)) as? [String: Any])?["id"] as? String
+            guard let run else { return }
+            async let followed = Command.run(
+                "/usr/bin/python3",
+                ["\(TestBed.repo)/scripts/fixtures/run-events-client.py", "--socket", socket, "--run", run],
+                timeout: 60)
+            try await Task.sleep(for: .milliseconds(1500))
+            // The LAN path black-holed: the agent finds out by its probes and moves to the tunnel.
+            try await bed.control("roam", "cut")
+            #expect(await agent.waitForActive(timeout: 10) { $0?.via == .wan } != nil)
+            let toTunnel = Date().timeIntervalSince1970
+            try await Task.sleep(for: .milliseconds(2500))
+            try await bed.control("roam", "link-back")
+            // Back once its probes answer and the stability window has passed (a route that failed
+            // by itself, as far as this machine can tell).
+            #expect(await agent.waitForActive(timeout: 25) { $0?.baseURL == lan.baseURL } != nil)
+            let toLAN = Date().timeIntervalSince1970
+            let result = try await followed
+            struct Seen: Decodable {
+                var t: Double
+                var status: Int?
+                var event: String?
+                var steps: Int?
+                var done: Bool?
+                var error: String?
+                var junk: String?
+                var broken: String?
+            }
+            let seen = result.stdout.split(separator: "\n").compactMap {
+                try? JSONDecoder().decode(Seen.self, from: Data($0.utf8))
+            }
+            #expect(seen.first?.status == 200, "\(result.stdout) \(result.stderr)")
+            #expect(!seen.contains { $0.error != nil || $0.junk != nil || $0.broken != nil }, "\(result.stdout)")
+            let snapshots = seen.filter { $0.steps != nil }
+            let steps = snapshots.compactMap(\.steps)
+            #expect(zip(steps, steps.dropFirst()).allSatisfy { $0 < $1 }, "in order, none twice: \(steps)")
+            #expect(snapshots.last?.event == "run.completed" && steps.last == 120, "\(steps)")
+            #expect(seen.contains { $0.done == true }, "the stream's end")
+            func nextEvent(after t: Double) -> Double? { snapshots.first { $0.t > t }.map { $0.t - t } }
+            let afterTunnel = nextEvent(after: toTunnel)
+            let afterLAN = nextEvent(after: toLAN)
+            #expect(
+                afterTunnel.map { $0 <= 1 } == true, "next event \(afterTunnel ?? -1) s after the move to the tunnel")
+            #expect(afterLAN.map { $0 <= 1 } == true, "next event \(afterLAN ?? -1) s after the return to the LAN")
+            #expect(tunnel.process.stdoutLines.contains { $0.hasPrefix("TUNNEL GET /v1/agents/runs/\(run)/events") })
+            let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
+            #expect(
+                metrics.split(separator: "\n").contains {
+                    $0.hasPrefix("lmx_gateway_streams_resumed_total ") && !$0.hasSuffix(" 0")
+                },
+                "\(metrics.split(separator: "\n").filter { $0.contains("resumed") })")
+            print(
+                "run stream across switches: \(steps.count) snapshots, next event \(String(format: "%.3f", afterTunnel ?? -1)) s after the move to the tunnel, \(String(format: "%.3f", afterLAN ?? -1)) s after the return"
+            )
+        }
+    }
+
+    @Test(
         "PrepareForSleep(false) from logind (a stand-in owning org.freedesktop.login1): every route re-probed within 1 s; the gateway waits for a fresh verdict"
     )
     func wakeFromSleep() async throws {
