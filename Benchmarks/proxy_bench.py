@@ -106,7 +106,8 @@ http {
 
 def nginx_config(directory, name="upstream"):
     """The upstream: nginx answering the LMX contract's static answers (one worker), as a server
-    that keeps connections and as one that closes each (UPSTREAM_CLOSE)."""
+    that keeps connections and as one that closes each (UPSTREAM_CLOSE); a chat completion after
+    its whole body."""
     def answer(path, body):
         return "location = %s { default_type application/json; return 200 '%s'; }" % (path, body)
 
@@ -119,12 +120,26 @@ def nginx_config(directory, name="upstream"):
         %(readyz)s
         %(discovery)s
         %(models)s
-        location = /v1/chat/completions { client_max_body_size 64m; default_type application/json; return 200 '%(completion)s'; }
-    }""" % {"port": port, "keep": "" if keep else "keepalive_timeout 0;",
+        # The whole body read before the answer, as every server does (uvicorn parses the JSON
+        # first): nginx's mirror module reads it, then the static module refuses POST, and the
+        # refusal is answered with the completion.
+        location = /v1/chat/completions {
+            client_max_body_size 64m; client_body_buffer_size 8m;
+            mirror /body-read; mirror_request_body on;
+            error_page 405 = @completion;
+            root %(root)s;
+        }
+        location = /body-read { internal; return 204; }
+        location @completion { default_type application/json; return 200 '%(completion)s'; }
+    }""" % {"port": port, "keep": "" if keep else "keepalive_timeout 0;", "root": root,
             "healthz": answer("/healthz", '{"status":"ok","version":"0.1.0"}'),
             "readyz": answer("/readyz", '{"status":"ready","version":"0.1.0","models_loaded":1}'),
             "discovery": answer("/.well-known/opta-lmx", DISCOVERY.replace(str(UPSTREAM), str(port))),
             "models": answer("/v1/models", MODELS), "completion": COMPLETION}
+    root = os.path.join(directory, name + "-root")
+    os.makedirs(os.path.join(root, "v1", "chat"), exist_ok=True)
+    with open(os.path.join(root, "v1", "chat", "completions"), "w") as f:
+        f.write("{}")
     return nginx_common(directory, name, 1) + server(UPSTREAM, True) + server(UPSTREAM_CLOSE, False) + "\n}\n"
 
 

@@ -418,4 +418,27 @@ struct NotificationPlannerTests {
         #expect(Timestamp.parse("2026-11-25T10:00:00.500Z") == 1_795_600_800.5)
         #expect(Timestamp.parse("tomorrow") == nil)
     }
+
+    @Test(
+        "one card per server: a paired tunnel that has never answered and the LAN route its server announced are one server; an impostor stays apart"
+    )
+    func oneCardPerServer() {
+        var h = PlannerHarness { id, _ in id.hasPrefix("wan") ? .down : .ready }
+        h.instance = { id in id.hasPrefix("wan") ? nil : "home" }
+        h.add(wan("https://t.example.com"))
+        h.add(lan("10.0.0.1"))
+        h.run(until: 5)
+        var snapshot = AgentSnapshot(planner: h.planner, discovery: .running, originWall: 0)
+        var candidates = snapshot.candidates(now: h.now)
+        #expect(candidates.count == 1, "\(candidates.map(\.name))")
+        #expect(candidates.first?.routes.count == 2 && candidates.first?.instanceID == "home")
+        #expect(snapshot.serverCount == 1)
+        // A route that claims the same server from an address the tunnel does not vouch for.
+        h.vouch = { _ in ["http://10.0.0.1:1234"] }
+        h.add(lan("10.0.0.66"))
+        h.run(until: 10)
+        snapshot = AgentSnapshot(planner: h.planner, discovery: .running, originWall: 0)
+        candidates = snapshot.candidates(now: h.now)
+        #expect(candidates.count == 2, "the impostor apart: \(candidates.map(\.name))")
+    }
 }

@@ -78,11 +78,22 @@ extension AgentSnapshot {
             inFlightRequests: state.lastReport?.inFlightRequests)
     }
 
-    /// The key that merges routes into one server: its instance id, except for an impostor,
-    /// which is never merged into the server whose id it repeats.
+    /// The key that merges routes into one server: its instance (``serverInstance(_:)``), except
+    /// for an impostor, which is never merged into the server whose id it repeats.
     public func serverKey(_ state: RouteState) -> String {
         if planner.trust(of: state) == .impostor { return "route:\(state.id)" }
-        return state.instanceID.map { "instance:\($0)" } ?? "route:\(state.id)"
+        return serverInstance(state).map { "instance:\($0)" } ?? "route:\(state.id)"
+    }
+
+    /// The server a route reaches, as far as the agent knows, whether or not it answers now: the
+    /// instance it reported; else the one its pairing or configuration pins; else that of the
+    /// tunnel that vouches for its address. A paired server's LAN route and tunnel are one server
+    /// even while one of them has never answered.
+    public func serverInstance(_ state: RouteState) -> String? {
+        if let reported = state.instanceID { return reported }
+        if let pinned = state.route.pinnedInstance { return pinned }
+        guard let voucher = state.route.vouchedBy.flatMap({ planner.routes[$0] }) else { return nil }
+        return voucher.instanceID ?? voucher.route.pinnedInstance
     }
 
     /// Candidates: routes merged into servers.
@@ -98,7 +109,7 @@ extension AgentSnapshot {
             let states = groups[key]!
             let best = states.min { (planner.rank($0) ?? 9) < (planner.rank($1) ?? 9) }
             return StatusAPI.Candidate(
-                instanceID: states.first?.instanceID,
+                instanceID: states.lazy.compactMap(serverInstance).first,
                 name: states.first { $0.route.source == .mdns }?.route.name ?? states[0].route.name,
                 active: states.contains { $0.id == planner.activeID },
                 verdict: best?.verdict,
