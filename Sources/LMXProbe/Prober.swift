@@ -179,7 +179,7 @@ public final class Prober: Sendable {
         case .reset: .reset
         case .unreachable: .unreachable
         case .timedOut: .timeout
-        case .other: .other("socket error \(code)")
+        case .other: .other(SystemError.connectWords(code))
         }
     }
 

@@ -23,6 +23,22 @@ public struct SystemError: Error, Sendable, CustomStringConvertible {
         case refused, reset, unreachable, timedOut, other
     }
 
+    /// What a failure to reach an address means, in a person's words (no errno name or number):
+    /// for reasons shown in `lmx-status`, the dashboard and notifications.
+    public static func connectWords(_ code: Int32) -> String {
+        switch code {
+        case ECONNREFUSED: "nothing accepts connections on that port"
+        case ECONNRESET, EPIPE: "the connection was cut"
+        case ETIMEDOUT: "it did not answer in time"
+        case ENETUNREACH, EHOSTUNREACH, EHOSTDOWN: "this machine has no way to that network now"
+        case ENETDOWN: "the network interface towards it is down"
+        case EINVAL, EADDRNOTAVAIL: "this machine has no address on a network that reaches it"
+        case EACCES, EPERM: "a firewall on this machine blocks the connection"
+        case EMFILE, ENFILE, ENOBUFS, ENOMEM: "this machine is short of resources (too many connections open)"
+        default: "the connection could not be made from this machine"
+        }
+    }
+
     public static func connectFailure(_ code: Int32) -> ConnectFailure {
         switch code {
         case ECONNREFUSED: .refused

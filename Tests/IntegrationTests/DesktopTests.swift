@@ -117,6 +117,16 @@ struct DesktopTests {
                 #expect(pageAway - agentAway <= 1, "page \(pageAway - agentAway) s after the agent")
             }
             #expect(await browser.text("active-where") == "Through the tunnel: Studio")
+            // One card for the server, its LAN route and tunnel on it; the timeline in sentences.
+            #expect((try await browser.run("return document.querySelectorAll('#servers .card').length")) as? Int == 1)
+            let told = await browser.waitUntil(
+                "return [...document.querySelectorAll('#events .what')].some((e) => e.textContent.startsWith('Requests now go through the tunnel to Studio'))",
+                timeout: 5)
+            let timeline = await browser.text("events")
+            #expect(told != nil, "\(timeline)")
+            for doubled in ["→", "ready: ready", "down: down", "health "] {
+                #expect(!timeline.contains(doubled), "\(doubled) in \(timeline)")
+            }
             try await browser.prefersDark(true)
             try await Task.sleep(for: .milliseconds(400))
             #expect(

@@ -62,7 +62,7 @@ extension ConnectionManager {
             else { continue }
             switch self.paths.path(to: host, in: network) {
             case .failure(let error):
-                paths[id] = .unreachable("no route from this machine (\(error.reason))")
+                paths[id] = .unreachable(SystemError.connectWords(error.code))
             case .success(let path) where !path.running:
                 paths[id] = .unreachable("\(path.interface) has no carrier")
             case .success(let path):

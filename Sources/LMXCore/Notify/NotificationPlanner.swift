@@ -265,6 +265,12 @@ public struct NotificationPlanner: Sendable {
         let lower = reason.lowercased()
         let causes: [(needle: String, words: String)] = [
             ("connection refused", "the connection was refused"),
+            ("nothing accepts connections", "the connection was refused"),
+            ("no way to that network", "the host cannot be reached"),
+            ("no address on a network", "the host cannot be reached"),
+            ("not answering", "it stopped answering"),
+            ("is not ready", "the server is not ready"),
+            ("another service answers", "another service answers there"),
             ("connection reset", "the connection was reset"),
             ("timed out", "it did not answer in time"),
             ("host unreachable", "the host cannot be reached"),

@@ -5,8 +5,25 @@ extension ConnectionPlanner {
         "\(state.route.name) (\(state.route.via.rawValue) \(state.verdict?.rawValue ?? "unknown"))"
     }
 
+    /// A probe's verdict and detail as one phrase for people: what the server did, then why,
+    /// never the same words twice ("not answering: nothing accepts connections on that port",
+    /// "answers but is not ready: no models loaded", "ready"). The verdict's code stays in the
+    /// JSON for programs.
     func describe(_ report: ProbeReport) -> String {
-        report.detail.map { "\(report.verdict.rawValue): \($0)" } ?? report.verdict.rawValue
+        let phrase: String =
+            switch report.verdict {
+            case .ready: "ready"
+            case .aliveNotReady: "answers but is not ready"
+            case .overloaded: "busy"
+            case .authRejected: "refused the keys"
+            case .tunnelDown: "its tunnel is down"
+            case .wrongService: "another service answers there"
+            case .down: "not answering"
+            }
+        guard let detail = report.detail, !detail.isEmpty, detail != report.verdict.rawValue,
+            !phrase.contains(detail.lowercased())
+        else { return phrase }
+        return "\(phrase): \(detail)"
     }
 
     /// Why a route is or is not the active one, for people.
@@ -23,19 +40,25 @@ extension ConnectionPlanner {
             return "\(detail)"
         case .up:
             if !isAllowed(state) { return "not used: " + untrustedWhy(state) }
-            guard isUsable(state) else { return "failing: \(state.badStreak) bad probe(s) in a row" }
+            guard isUsable(state) else {
+                let last = state.lastReport.map { " (\(describe($0)))" } ?? ""
+                return state.badStreak == 1
+                    ? "failing: its last probe failed\(last)"
+                    : "failing: its last \(state.badStreak) probes failed\(last)"
+            }
             if lacksRequiredKey(state) {
                 let why = policy.lanKeys == .never && state.route.via == .lan ? " (lan_keys: never)" : ""
                 return "not ready for inference: the server requires an inference key and this route carries none\(why)"
             }
             guard let active, let activeRank = rank(active), let r = rank(state) else { return "standby" }
-            if r > activeRank { return "standby: active endpoint ranks higher" }
+            if r > activeRank { return "standby: the active route is preferred" }
             if r < activeRank {
                 let healthy = state.healthySince.map { now - $0 } ?? 0
-                return "better, waiting for the stability window (\(Int(healthy)) of \(Int(policy.stabilityWindow)) s)"
+                return
+                    "preferred, used once it has answered well for \(Int(policy.stabilityWindow)) s (\(Int(healthy)) s so far)"
             }
-            if let a = active.instanceID, a == state.instanceID { return "standby: same server as the active endpoint" }
-            return "standby: equal to the active endpoint, which is kept"
+            if let a = active.instanceID, a == state.instanceID { return "standby: another route to the server in use" }
+            return "standby: as good as the active route, which is kept"
         }
     }
 }

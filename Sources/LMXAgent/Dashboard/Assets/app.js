@@ -124,6 +124,13 @@ function renderNow() {
   $('active-meta').textContent += (active ? ' · ' : '') + gateway + problem + 'mDNS: ' + status.avahi + '. Trust: ' + (status.trust || 'paired') + '.';
 }
 
+// The last probe's detail, unless the route's reason already says it.
+function detailOf(route) {
+  const detail = route.last_probe && route.last_probe.detail;
+  if (!detail || (route.reason || '').includes(detail)) return null;
+  return detail;
+}
+
 function renderServers() {
   const box = $('servers');
   const candidates = (state.status && state.status.candidates) || [];
@@ -143,9 +150,10 @@ function renderServers() {
       const [verdict, verdictTone] = verdictOf(route);
       const latency = route.last_probe && typeof route.last_probe.latency_ms === 'number' ? route.last_probe.latency_ms.toFixed(1) + ' ms' : '–';
       const load = typeof route.in_flight_requests === 'number' ? ' · load: ' + route.in_flight_requests + ' in flight' : '';
+      // (No count when it is 0: the verdict says "no model loaded" already.)
       const models = route.loaded_models && route.loaded_models.length
         ? 'Models: ' + route.loaded_models.join(', ')
-        : (typeof route.models === 'number' ? route.models + ' model' + (route.models === 1 ? '' : 's') + ' loaded' : null);
+        : (typeof route.models === 'number' && route.models > 0 ? route.models + ' model' + (route.models === 1 ? '' : 's') + ' loaded' : null);
       routes.append(el('li', { className: 'route', 'data-route': route.id, 'data-verdict': verdict },
         el('div', { className: 'route-head' },
           el('span', { className: 'badge', 'data-tone': route.via === 'wan' ? 'wan' : 'idle', text: route.via === 'wan' ? 'tunnel' : 'LAN' }),
@@ -155,7 +163,7 @@ function renderServers() {
         el('p', { className: 'reason', text: route.reason }),
         el('div', { className: 'latency' }, (state.history.get(route.id) || []).length >= 2 ? sparkline(route) : null, el('span', { text: 'latency ' + latency + load })),
         models ? el('p', { className: 'models', text: models }) : null,
-        route.last_probe && route.last_probe.detail ? el('p', { className: 'detail', text: route.last_probe.detail }) : null));
+        detailOf(route) ? el('p', { className: 'detail', text: detailOf(route) }) : null));
     }
     card.append(routes);
     return card;
@@ -200,6 +208,71 @@ function renderPairings(pairings) {
   }));
 }
 
+// What a verdict says of a server, in a sentence.
+const BECAME = {
+  'ready': 'is ready',
+  'alive-not-ready': 'answers but has no model loaded',
+  'overloaded': 'is busy',
+  'auth-rejected': 'refused the keys it was given',
+  'tunnel-down': 'cannot be reached through its tunnel',
+  'wrong-service': 'is not the server expected there',
+  'down': 'stopped answering',
+};
+
+// A route by its id, with its server's name, from the latest status.
+function routeInfo(id) {
+  for (const candidate of (state.status && state.status.candidates) || []) {
+    for (const route of candidate.routes) {
+      if (route.id === id) return { name: candidate.name, via: route.via };
+    }
+  }
+  return null;
+}
+
+function routeWords(id) {
+  const info = routeInfo(id);
+  if (!info) return 'A server';
+  return info.name + (info.via === 'wan' ? ' (through its tunnel)' : ' (on the LAN)');
+}
+
+// A reason without what the sentence already says: a leading verdict ("down: …", "ready"), or
+// the same words twice.
+function reasonWords(reason, verdict) {
+  let text = (reason || '').trim();
+  for (const word of Object.keys(BECAME)) {
+    if (text === word) return '';
+    if (text.startsWith(word + ': ')) text = text.slice(word.length + 2);
+  }
+  if (verdict && text === verdict) return '';
+  return text;
+}
+
+// An event of the history as a sentence; the kind and ids stay in /v1/events for programs.
+function eventSentence(e) {
+  const why = reasonWords(e.reason, e.to);
+  const tail = why ? ': ' + why + '.' : '.';
+  switch (e.kind) {
+    case 'health':
+      return routeWords(e.route_id) + ' ' + (BECAME[e.to] || 'changed') + tail;
+    case 'active': {
+      if (!e.to) return 'No server is usable now' + tail;
+      const info = routeInfo(e.to);
+      const where = info ? (info.via === 'wan' ? 'through the tunnel to ' : 'on the LAN to ') + info.name : 'to another server';
+      return 'Requests now go ' + where + tail;
+    }
+    case 'candidate-added': return 'Found ' + (why || 'a server') + '.';
+    case 'candidate-removed': return routeWords(e.route_id) + ' is no longer followed' + tail;
+    case 'impostor': return 'Refused a machine claiming to be a paired server' + tail;
+    case 'pairing-added': return 'Paired' + (e.to ? ' “' + e.to + '”' : '') + tail;
+    case 'pairing-updated': return 'Pairing' + (e.to ? ' “' + e.to + '”' : '') + ' updated' + tail;
+    case 'pairing-removed': return 'Pairing' + (e.from ? ' “' + e.from + '”' : '') + ' removed' + tail;
+    case 'pairing-expired': return 'Pairing' + (e.from ? ' “' + e.from + '”' : '') + ' expired' + tail;
+    case 'network': return 'This machine’s network changed' + tail;
+    case 'wake': return 'This machine woke from sleep' + tail;
+    default: return e.kind + tail;
+  }
+}
+
 function renderEvents(events) {
   const list = $('events');
   if (!events.length) {
@@ -210,7 +283,7 @@ function renderEvents(events) {
   list.replaceChildren(...newest.map((e) => el('li', {},
     el('span', { className: 'seq', text: '#' + e.id }),
     el('time', { className: 'when', dateTime: e.at, text: when(e.at) }),
-    el('span', { className: 'what', text: e.kind + (e.from || e.to ? ' ' + (e.from || '–') + ' → ' + (e.to || '–') : '') + ': ' + e.reason }))));
+    el('span', { className: 'what', 'data-kind': e.kind, text: eventSentence(e) }))));
 }
 
 function render() {
