@@ -247,6 +247,15 @@ function reasonWords(reason, verdict) {
   return text;
 }
 
+// "what: name" as the agent records a found server or a pairing: [what, name].
+function labelled(reason) {
+  const text = reason || '';
+  const at = text.indexOf(': ');
+  return at < 0 ? ['', text] : [text.slice(0, at), text.slice(at + 2)];
+}
+
+const FOUND_BY = { mdns: 'announced on the LAN', pairing: 'from a pairing', manual: 'from the configuration', remembered: 'remembered from before' };
+
 // An event of the history as a sentence; the kind and ids stay in /v1/events for programs.
 function eventSentence(e) {
   const why = reasonWords(e.reason, e.to);
@@ -260,13 +269,16 @@ function eventSentence(e) {
       const where = info ? (info.via === 'wan' ? 'through the tunnel to ' : 'on the LAN to ') + info.name : 'to another server';
       return 'Requests now go ' + where + tail;
     }
-    case 'candidate-added': return 'Found ' + (why || 'a server') + '.';
+    case 'candidate-added': {
+      const [source, name] = labelled(e.reason);
+      return 'Found ' + (name || 'a server') + (FOUND_BY[source] ? ' (' + FOUND_BY[source] + ')' : '') + '.';
+    }
     case 'candidate-removed': return routeWords(e.route_id) + ' is no longer followed' + tail;
     case 'impostor': return 'Refused a machine claiming to be a paired server' + tail;
-    case 'pairing-added': return 'Paired' + (e.to ? ' “' + e.to + '”' : '') + tail;
-    case 'pairing-updated': return 'Pairing' + (e.to ? ' “' + e.to + '”' : '') + ' updated' + tail;
-    case 'pairing-removed': return 'Pairing' + (e.from ? ' “' + e.from + '”' : '') + ' removed' + tail;
-    case 'pairing-expired': return 'Pairing' + (e.from ? ' “' + e.from + '”' : '') + ' expired' + tail;
+    case 'pairing-added': return 'Paired with ' + (labelled(e.reason)[1] || 'a server') + '.';
+    case 'pairing-updated': return 'The pairing with ' + (labelled(e.reason)[1] || 'a server') + ' was updated.';
+    case 'pairing-removed': return 'The pairing with ' + (e.reason || 'a server') + ' was removed.';
+    case 'pairing-expired': return 'A pairing expired: pair again with a fresh code (lmx-pair).';
     case 'network': return 'This machine’s network changed' + tail;
     case 'wake': return 'This machine woke from sleep' + tail;
     default: return e.kind + tail;
