@@ -15,7 +15,6 @@ public final class Prober: Sendable {
     /// For probes whose connection attempt gives up early (a route whose network just came
     /// back): async-http-client sets the connect timeout per client.
     private let quickConnectClient: RenewableHTTPClient
-    private let quickConnectTimeout: Double
     /// A client of its own for `/admin/events`: a stream holds its connection for as long as it
     /// lasts and must not take one from the probes.
     let eventClient: RenewableHTTPClient
@@ -29,7 +28,6 @@ public final class Prober: Sendable {
     {
         let tls = try HTTPClients.tls(extraCAFile: extraCAFile)
         client = RenewableHTTPClient { HTTPClients.make(tls: tls, idleTimeout: 90) }
-        self.quickConnectTimeout = quickConnectTimeout
         quickConnectClient = RenewableHTTPClient {
             HTTPClients.make(tls: tls, connectTimeout: quickConnectTimeout, idleTimeout: 90)
         }
@@ -57,7 +55,7 @@ public final class Prober: Sendable {
     ///   - timeout: per request, in seconds.
     ///   - full: `false` for a quick liveness check (`/readyz` only).
     ///   - connectTimeout: when given (and shorter than `timeout`), a connection attempt gives up
-    ///     after ``quickConnectTimeout`` (the route's network just came back).
+    ///     after the prober's quick connect timeout (the route's network just came back).
     public func probe(_ route: Route, timeout: Double, full: Bool = true, connectTimeout: Double? = nil) async
         -> ProbeReport
     {

@@ -26,16 +26,25 @@ struct RoamingTests {
     }
 
     /// The paired server on h1 and its tunnel on this machine's wan side; the agent in h4,
-    /// paired by a QR-code text, active on the LAN, the tunnel probed and up.
-    private func startHome(lanDelayMS: Int = 0) async throws -> Home {
+    /// paired by a QR-code text, active on the LAN, the tunnel probed and up. `lanExtra`: the LAN
+    /// server's own options; `tunnelForwards`: the tunnel is a connector forwarding to that very
+    /// server (one server, one state: its runs), not a second server with the same instance.
+    private func startHome(lanExtra: [String] = [], tunnelForwards: Bool = false) async throws -> Home {
         let port = freePort()
         let tunnelPort = freePort()
         let instance = "roam-\(port)"
-        let lan = try await LMXServer.start(bed, on: .h1, port: port, instance: instance)
+        let lanURL = "http://\(bed.address(.h1)):\(port)"
+        let lan = try await LMXServer.start(
+            bed, on: .h1, port: port, instance: instance,
+            extra: lanExtra + (tunnelForwards ? ["--base-urls", lanURL] : []))
         let tunnelAddress = bed["LMX_TESTBED_H4_TUNNEL_ADDR"]
-        let tunnel = try await LMXServer.start(
-            bed, on: .root, port: tunnelPort, instance: instance, bind: tunnelAddress, tls: true,
-            extra: ["--base-urls", "http://\(bed.address(.h1)):\(port)"])
+        let tunnel =
+            tunnelForwards
+            ? try await LMXServer.start(
+                bed, on: .root, port: tunnelPort, bind: tunnelAddress, tls: true, extra: ["--proxy-to", lanURL])
+            : try await LMXServer.start(
+                bed, on: .root, port: tunnelPort, instance: instance, bind: tunnelAddress, tls: true,
+                extra: ["--base-urls", lanURL])
         _ = try await Publish.avahi(bed, on: .h1, name: "Roam \(TestBed.tag())", port: port)
         let config = #"{"interfaces": ["lan0"], "extra_ca_file": "\#(bed["LMX_TESTBED_TLS"])/ca.pem"}"#
         // The gateway on h4's own loopback, and on its socket (which the tests use from here).
@@ -180,32 +189,12 @@ struct RoamingTests {
     )
     func runStreamAcrossSwitches() async throws {
         try await roaming {
-            let port = freePort()
-            let tunnelPort = freePort()
-            let instance = "runs-\(port)"
-            let lanAddress = bed.address(.h1)
-            let lan = try await LMXServer.start(
-                bed, on: .h1, port: port, instance: instance,
-                extra: [
-                    "--agents", "--run-steps", "120", "--run-step-ms", "250", "--base-urls",
-                    "http://\(lanAddress):\(port)",
-                ])
             // The tunnel: the same server behind Cloudflare's edge (a connector forwarding to it).
-            let tunnelAddress = bed["LMX_TESTBED_H4_TUNNEL_ADDR"]
-            let tunnel = try await LMXServer.start(
-                bed, on: .root, port: tunnelPort, bind: tunnelAddress, tls: true,
-                extra: ["--proxy-to", "http://\(lanAddress):\(port)"])
-            _ = try await Publish.avahi(bed, on: .h1, name: "Runs \(TestBed.tag())", port: port)
-            let config = #"{"interfaces": ["lan0"], "extra_ca_file": "\#(bed["LMX_TESTBED_TLS"])/ca.pem"}"#
-            let agent = try await AgentProcess.start(
-                bed, config: config, arguments: ["--gateway", "127.0.0.1:\(freePort())"], host: .h4)
-            let tunnelURL = "https://\(tunnelAddress):\(tunnelPort)"
-            let paired = try await agent.pair(pairingLink(name: "Studio", url: tunnelURL, extra: "&key=ADMIN-S3CRET"))
-            #expect(paired.status == 0, "\(paired.stderr)")
-            #expect(await agent.waitForActive(timeout: 15) { $0?.baseURL == lan.baseURL } != nil)
-            #expect(
-                await agent.waitForRoute(timeout: 15) { $0.baseURL == tunnelURL && $0.health == .up } != nil,
-                "tunnel up")
+            let home = try await startHome(
+                lanExtra: ["--agents", "--run-steps", "120", "--run-step-ms", "250"], tunnelForwards: true)
+            let agent = home.agent
+            let lan = home.lan
+            let tunnel = home.tunnel
             let socket = agent.directory + "/gateway.sock"
             let made = try await curl([
                 "--unix-socket", socket, "-H", "Content-Type: application/json", "--data-binary",
@@ -217,7 +206,10 @@ struct RoamingTests {
             guard let run else { return }
             async let followed = Command.run(
                 "/usr/bin/python3",
-                ["\(TestBed.repo)/scripts/fixtures/run-events-client.py", "--socket", socket, "--run", run],
+                [
+                    "\(TestBed.repo)/scripts/fixtures/gateway-client.py", "run-events",
+                    "http://localhost/v1/agents/runs/\(run)/events", "--unix", socket,
+                ],
                 timeout: 60)
             try await Task.sleep(for: .milliseconds(1500))
             // The LAN path black-holed: the agent finds out by its probes and moves to the tunnel.

@@ -259,23 +259,13 @@ struct GatewayExchangeTests {
         #expect(x.streamEnded() == .finish(upstream: .close, client: .next))
 
         // Opened again, but answered 404: the stream ends with its event.
-        var y = GatewayExchange(method: "GET", declaredLength: 0, maxBodyBytes: 1 << 20, readAheadBytes: 1024)
-        y.resumable = true
-        _ = y.bodyEnd()
-        _ = y.routed(servers: ["a"])
-        y.sent(onKeptConnection: false)
-        _ = y.answerHead(busyFor: nil, status: 200, stream: true)
+        var y = Self.runStreamAnswering()
         y.resume()
         _ = y.routed(servers: ["a"])
         y.sent(onKeptConnection: false)
         #expect(y.answerHead(busyFor: nil, status: 404, stream: false) == .streamLost)
         // No route within the hold.
-        var z = GatewayExchange(method: "GET", declaredLength: 0, maxBodyBytes: 1 << 20, readAheadBytes: 1024)
-        z.resumable = true
-        _ = z.bodyEnd()
-        _ = z.routed(servers: ["a"])
-        z.sent(onKeptConnection: false)
-        _ = z.answerHead(busyFor: nil, status: 200, stream: true)
+        var z = Self.runStreamAnswering()
         z.resume()
         #expect(z.resumeFailed() == .streamLost && z.phase == .answering)
 
@@ -289,6 +279,17 @@ struct GatewayExchangeTests {
         #expect(chat.upstreamClosed(detail: "cut") == .streamLost)
         chat.resume()
         #expect(!chat.resuming, "not resumable: resume() does nothing")
+    }
+
+    /// A run's event stream whose answer is passing to the client.
+    static func runStreamAnswering() -> GatewayExchange {
+        var x = GatewayExchange(method: "GET", declaredLength: 0, maxBodyBytes: 1 << 20, readAheadBytes: 1024)
+        x.resumable = true
+        _ = x.bodyEnd()
+        _ = x.routed(servers: ["a"])
+        x.sent(onKeptConnection: false)
+        _ = x.answerHead(busyFor: nil, status: 200, stream: true)
+        return x
     }
 
     @Test("which streams go on: a run's events only; what becomes of a stream as the agent's state changes")

@@ -145,7 +145,6 @@ public struct AgentDaemon {
             logger.error("stopped on an error: \(error)")
         }
         await prober.shutdown()
-        await gateway?.shutdown()
         endpointFile.remove()
         try? store.close()
         FileSystem.remove(paths.socket)

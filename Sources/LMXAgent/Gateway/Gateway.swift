@@ -1,4 +1,3 @@
-import AsyncHTTPClient
 import Hummingbird
 import HummingbirdCore
 import LMXCore
@@ -64,8 +63,6 @@ public final class Gateway: Sendable {
         let dataPath = try GatewayDataPath(gateway: self, tls: tls)
         dataPathBox.withLock { $0 = dataPath }
     }
-
-    public func shutdown() async {}
 
     /// This machine's network changed: new requests open new connections; those streaming now
     /// finish on theirs.

@@ -38,12 +38,21 @@ extension AgentSnapshot {
     /// state: gone when the route is no longer usable, moved when its server's first route is
     /// another one, else it stays.
     public func streamFate(routeID: String, instance: String?, clientHasKey: Bool) -> StreamContinuation.Fate {
+        var first: String?
+        if let instance,
+            case .forward(let targets) = gatewayPlan(limit: 4, clientHasKey: clientHasKey, server: instance)
+        {
+            first = targets.first?.routeID
+        }
+        return streamFate(routeID: routeID, serverFirstRoute: first)
+    }
+
+    /// The same, given the first route of the stream's server's plan (nil: none known), as the
+    /// gateway has it from its plans made once per state.
+    public func streamFate(routeID: String, serverFirstRoute first: String?) -> StreamContinuation.Fate {
         guard let state = planner.routes[routeID] else { return .lost(pathGone: true) }
         guard planner.isUsable(state) else { return .lost(pathGone: state.offNetwork != nil) }
-        guard let instance,
-            case .forward(let targets) = gatewayPlan(limit: 4, clientHasKey: clientHasKey, server: instance),
-            let first = targets.first
-        else { return .stay }
-        return first.routeID == routeID ? .stay : .moved
+        guard let first else { return .stay }
+        return first == routeID ? .stay : .moved
     }
 }

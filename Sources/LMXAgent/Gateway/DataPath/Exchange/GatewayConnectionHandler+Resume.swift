@@ -14,8 +14,15 @@ extension GatewayConnectionHandler {
             !request.targets.isEmpty
         else { return }
         let target = request.target
-        let fate = state.snapshot.streamFate(
-            routeID: target.routeID, instance: target.instanceID, clientHasKey: request.clientHasKey)
+        // (The loop's plan for the server, made once per state whatever the number of streams.)
+        var first: String?
+        if let instance = target.instanceID,
+            case .forward(let routes) = state.plan(
+                model: nil, clientHasKey: request.clientHasKey, server: instance, limit: gateway.configuration.attempts)
+        {
+            first = routes.first?.routeID
+        }
+        let fate = state.snapshot.streamFate(routeID: target.routeID, serverFirstRoute: first)
         switch fate {
         case .stay:
             return
