@@ -186,7 +186,7 @@ struct StatusRequest: Equatable {
             let left = deadline - SystemClock.monotonic()
             if left <= 0 {
                 Console.error(
-                    "lmx-status: no usable endpoint after \(seconds == seconds.rounded() ? "\(Int(seconds))" : "\(seconds)") s: \(ServerTable.printable(reason))"
+                    "lmx-status: no server usable after \(seconds == seconds.rounded() ? "\(Int(seconds))" : "\(seconds)") s: \(ServerTable.printable(reason))"
                 )
                 throw ExitCode(ExitStatus.nothingFound.rawValue)
             }
@@ -207,7 +207,7 @@ struct StatusRequest: Equatable {
             Console.out(
                 url
                     ? endpoint.baseURL
-                    : "\(ServerTable.printable(model)): \(endpoint.baseURL) via \(endpoint.via.rawValue) (\(ServerTable.printable(endpoint.name))): \(ServerTable.printable(resolved.reason))"
+                    : "\(ServerTable.printable(model)): \(EventWords.Place(name: ServerTable.printable(endpoint.name), via: endpoint.via).words) at \(endpoint.baseURL): \(ServerTable.printable(resolved.reason))"
             )
         }
         guard resolved.endpoint != nil else {
@@ -223,7 +223,7 @@ struct StatusRequest: Equatable {
     private func printURL(_ client: AgentClient) throws {
         let answer = try client.active()
         guard let active = answer.active else {
-            Console.error("lmx-status: no active endpoint: \(ServerTable.printable(answer.reason))")
+            Console.error("lmx-status: no server is usable now: \(ServerTable.printable(answer.reason))")
             throw ExitCode(ExitStatus.nothingFound.rawValue)
         }
         Console.out(active.baseURL)
@@ -240,7 +240,7 @@ struct StatusRequest: Equatable {
                 Console.out("")
                 Console.out(
                     TextTable.render(
-                        headers: ["  NAME", "VIA", "SOURCE", "URL", "VERDICT", "LATENCY", "WHY"], rows: rows))
+                        headers: ["  NAME", "VIA", "SOURCE", "URL", "STATE", "LATENCY", "WHY"], rows: rows))
             }
         }
         if status.active == nil { throw ExitCode(ExitStatus.nothingFound.rawValue) }
@@ -250,11 +250,12 @@ struct StatusRequest: Equatable {
         let marker = route.active ? "* " : "  "
         let latency = route.latencyMS.map { "\(($0 * 10).rounded() / 10) ms" } ?? "-"
         return [
-            marker + ServerTable.printable(route.name), route.via.rawValue, route.source.rawValue, route.baseURL,
-            route.verdict?.rawValue ?? "unknown", latency, ServerTable.printable(route.reason),
+            marker + ServerTable.printable(route.name), route.via == .wan ? "tunnel" : "LAN", route.source.rawValue,
+            route.baseURL, EventWords.label(route.verdict), latency, ServerTable.printable(route.reason),
         ]
     }
 
+    /// The first line: where requests go and why, then discovery, trust and the gateway.
     static func summary(_ status: StatusAPI.Status) -> String {
         var trust = status.trust.map { " Trust: \($0)." } ?? ""
         if let prefer = status.prefer, !prefer.isEmpty {
@@ -262,12 +263,14 @@ struct StatusRequest: Equatable {
         }
         if let gateway = status.gateway?.openAIBaseURL { trust += " Gateway: \(gateway)." }
         if let problem = status.gateway?.problem { trust += " Gateway: not on TCP: \(ServerTable.printable(problem))." }
+        let mdns = " mDNS: \(status.avahi)."
         guard let active = status.active else {
-            return
-                "No active endpoint: \(ServerTable.printable(status.noActiveReason ?? "unknown")). mDNS: \(status.avahi).\(trust)"
+            let why = ServerTable.printable(status.noActiveReason ?? "unknown")
+            return "No server is usable now: \(why.hasSuffix(".") ? String(why.dropLast()) : why).\(mdns)\(trust)"
         }
+        let place = EventWords.Place(name: ServerTable.printable(active.name), via: active.via)
         return
-            "Active: \(active.baseURL) via \(active.via.rawValue) (\(ServerTable.printable(active.name)), \(active.verdict.rawValue)) since \(active.since). mDNS: \(status.avahi).\(trust)"
+            "Active: \(place.words) at \(active.baseURL), \(EventWords.label(active.verdict)) since \(active.since).\(mdns)\(trust)"
     }
 
     /// Follows `/v1/watch`; when the daemon goes away (a restart), waits for it and follows the
@@ -295,26 +298,8 @@ struct StatusRequest: Equatable {
     }
 
     static func describe(_ line: StatusAPI.WatchLine) -> String? {
-        let p = ServerTable.printable
-        switch line.type {
-        case .snapshot:
-            return line.status.map { "\(line.at) \(summary($0))" }
-        case .active:
-            guard let active = line.active else { return "\(line.at) no active endpoint: \(p(line.reason ?? ""))" }
-            return
-                "\(line.at) active → \(active.baseURL) via \(active.via.rawValue) (\(active.verdict.rawValue)): \(p(line.reason ?? ""))"
-        case .health:
-            return line.route.map {
-                "\(line.at) \(p($0.name)) [\($0.via.rawValue)] is \($0.verdict?.rawValue ?? "unknown"): \(p(line.reason ?? ""))"
-            }
-        case .candidateAdded, .candidateRemoved:
-            let verb = line.type == .candidateAdded ? "added" : "removed"
-            return line.route.map { "\(line.at) \(verb) \(p($0.name)) \($0.baseURL) (\($0.source.rawValue))" }
-        case .avahi:
-            return "\(line.at) avahi-daemon \(line.avahi ?? "?")\(line.reason.map { ": \(p($0))" } ?? "")"
-        case .heartbeat, .unknown:
-            return nil
-        }
+        if line.type == .snapshot { return line.status.map { "\(line.at) \(summary($0))" } }
+        return line.sentence.map { "\(line.at) \(ServerTable.printable($0))" }
     }
 }
 

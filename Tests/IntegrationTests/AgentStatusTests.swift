@@ -21,7 +21,10 @@ extension AgentTests {
             #expect(url.stdout == "http://10.254.0.11:\(port)\n")
             let table = try await Command.run(status, ["--socket", agent.socket])
             #expect(table.status == 0)
-            #expect(table.stdout.hasPrefix("Active: http://10.254.0.11:\(port) via lan (Studio, ready)"))
+            #expect(
+                table.stdout.hasPrefix("Active: Studio on the LAN at http://10.254.0.11:\(port), ready since"),
+                "\(table.stdout)")
+            #expect(table.stdout.contains("STATE") && !table.stdout.contains("VERDICT"))
             #expect(table.stdout.contains("* Studio"))
             let json = try await Command.run(status, ["--json"], environment: ["LMX_SOCKET": agent.socket])
             let decoded = try JSONDecoder().decode(StatusAPI.Status.self, from: Data(json.stdout.utf8))
@@ -32,7 +35,7 @@ extension AgentTests {
             let none = try await Command.run(status, ["--url", "--socket", agent.socket])
             #expect(none.status == 1)
             #expect(none.stdout.isEmpty)
-            #expect(none.stderr.contains("no active endpoint"))
+            #expect(none.stderr.contains("no server is usable now: "), "\(none.stderr)")
 
             let missing = try await Command.run(status, ["--url", "--socket", agent.directory + "/nothing.sock"])
             #expect(missing.status == 69)
@@ -57,7 +60,7 @@ extension AgentTests {
             let timedOut = try await Command.run(status, ["--wait=1", "--url", "--socket", agent.socket])
             #expect(timedOut.status == 1)
             #expect(timedOut.stdout.isEmpty)
-            #expect(timedOut.stderr.contains("no usable endpoint after 1 s"))
+            #expect(timedOut.stderr.contains("no server usable after 1 s"))
             #expect(timedOut.seconds >= 0.9 && timedOut.seconds < 3)
             let before = try String(contentsOfFile: envPath, encoding: .utf8)
             #expect(before.contains("LMX_ACTIVE='0'\n"))
@@ -419,7 +422,11 @@ extension AgentTests {
                 directory: directory, environment: ["NOTIFY_SOCKET": notifySocket, "WATCHDOG_USEC": "2000000"])
             #expect(await listener.waitForLine(containing: "READY=1", timeout: 5))
             #expect(await listener.waitForLine(containing: "WATCHDOG=1", timeout: 5))
-            #expect(await listener.waitFor(timeout: 5) { $0.stdout.contains("STATUS=active: \(server.baseURL)") })
+            #expect(
+                await listener.waitFor(timeout: 5) {
+                    $0.stdout.contains("STATUS=Active: ")
+                        && $0.stdout.contains(" at \(server.baseURL), ready; 1 route known")
+                })
         }
     }
 
@@ -433,9 +440,9 @@ extension AgentTests {
             #expect(await agent.waitForActive(timeout: 5) { $0 != nil } != nil)
             let watch = LiveProcess("\(TestBed.binDir)/lmx-status", ["--watch", "--socket", agent.socket])
             try await watch.start()
-            #expect(await watch.waitForLine(containing: "Active: \(server.baseURL)", timeout: 5))
+            #expect(await watch.waitForLine(containing: "at \(server.baseURL), ready since", timeout: 5))
             await server.set("dead")
-            #expect(await watch.waitForLine(containing: "no active endpoint", timeout: 8))
+            #expect(await watch.waitForLine(containing: "No server is usable now: ", timeout: 8))
 
             await agent.stop()
             #expect(await watch.waitForLine(containing: "waiting for it to come back", timeout: 5))

@@ -312,7 +312,7 @@ struct GatewayTests {
             #expect(resolve.status == 200)
             let resolved = try JSONDecoder().decode(StatusAPI.Resolved.self, from: Data(resolve.body))
             #expect(resolved.endpoint?.baseURL == a.baseURL)
-            #expect(resolved.reason.contains("the active endpoint does not"))
+            #expect(resolved.reason.contains("the active server does not"))
             let missing = try agent.client.request("GET", "/v1/resolve?model=gamma")
             #expect(missing.status == 503)
 

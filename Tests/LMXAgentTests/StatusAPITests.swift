@@ -27,7 +27,7 @@ struct StatusAPITests {
                     #expect(response.status == .serviceUnavailable)
                     let body = try JSONDecoder().decode(StatusAPI.ErrorBody.self, from: Data(buffer: response.body))
                     #expect(body.error == "no-active-endpoint")
-                    #expect(body.reason.contains("no endpoint known"))
+                    #expect(body.reason.contains("no server known"))
                 }
                 fixture.publish([AgentFixture.lan("10.9.0.2")])
                 try await client.execute(uri: "/v1/active", method: .get) { response in

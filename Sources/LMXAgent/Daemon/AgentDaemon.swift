@@ -148,7 +148,7 @@ public struct AgentDaemon {
         endpointFile.remove()
         try? store.close()
         FileSystem.remove(paths.socket)
-        logger.info("stopped")
+        logger.info("Stopped.")
     }
 
     /// Under systemd, stderr is the journal: lines carry sd-daemon priorities, no timestamps.

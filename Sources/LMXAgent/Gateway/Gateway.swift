@@ -88,8 +88,8 @@ public final class Gateway: Sendable {
                     // stays connectable, as the status socket is.
                     FileSystem.setMode(socketPath, 0o666)
                     logger.info(
-                        "gateway serving",
-                        metadata: ["socket": "\(socketPath)", "group": "\(group ?? "any local user")"])
+                        "The gateway serves \(group.map { "members of \($0)" } ?? "any local user") on its Unix socket.",
+                        metadata: ["socket": "\(socketPath)"])
                 })
             apps.append(("gateway-socket", listener))
         }
@@ -146,7 +146,7 @@ public final class Gateway: Sendable {
         switch outcome {
         case .serving:
             state = .serving
-            logger.info("gateway serving", metadata: ["url": "http://\(address.description)"])
+            logger.info("The gateway serves http://\(address.description)/v1.")
         case .failed(let error):
             if family == .v6, RetryingListener.noIPv6Loopback(error) {
                 // No IPv6 loopback on this machine: nobody can listen there either.

@@ -8,8 +8,9 @@ extension ConnectionManager {
     /// than at its next turn, so the active endpoint moves on quickly.
     public func gatewayFailed(_ routeID: String, reason: String) {
         guard planner.routes[routeID] != nil, !probing.contains(routeID) else { return }
+        let place = planner.routes[routeID].map { ServerTable.printable(planner.place($0).words) } ?? "a route"
         logger.info(
-            "gateway could not reach a route: probing it now", metadata: ["route": "\(routeID)", "reason": "\(reason)"])
+            "The gateway could not reach \(place) (\(reason)): probing it now.", metadata: ["route": "\(routeID)"])
         planner.probeNow(routeID, now: clock.now())
         pump(reselect: false)
     }
@@ -22,7 +23,9 @@ extension ConnectionManager {
             if let model = event.model, event.type.hasPrefix("model_") {
                 planner.applyModelEvent(routeID, model: model, loaded: event.type == "model_loaded")
             }
-            logger.info("server event", metadata: ["route": "\(routeID)", "event": "\(event.type)"])
+            logger.info(
+                "The active server announced \(String(event.type.map { $0 == "_" ? " " : $0 })): reading its state again.",
+                metadata: ["route": "\(routeID)", "event": "\(event.type)"])
             planner.resync(routeID, now: t)
             pump([.serverEventReceived], reselect: false)
         default:
@@ -48,7 +51,9 @@ extension ConnectionManager {
                 metadata: ["route": "\(routeID)"])
             return 300
         case .closed(let why):
-            logger.info("event stream closed (\(why)); reconnecting", metadata: ["route": "\(routeID)"])
+            logger.info(
+                "The active server's event stream closed (\(why)): connecting to it again.",
+                metadata: ["route": "\(routeID)"])
             // Whatever happened meanwhile is learned from a full probe after reconnecting.
             planner.resync(routeID, now: t)
             pump(reselect: false)

@@ -26,7 +26,13 @@ extension ConnectionManager {
         var events = planned(planner.applyPaths(paths, now: t))
         if !moved.isEmpty {
             let detail =
-                moved.sorted { $0.key < $1.key }.prefix(3).map { "\($0.key): \($0.value)" }.joined(separator: "; ")
+                moved.sorted { $0.key < $1.key }.prefix(3).map { id, path in
+                    let name = planner.routes[id].map { planner.place($0).words } ?? id
+                    return switch path {
+                    case .reachable(let how, _): "\(name) is now reached \(how)"
+                    case .unreachable(let why): "\(name) is out of reach (\(why))"
+                    }
+                }.joined(separator: "; ")
                 + (moved.count > 3 ? " and \(moved.count - 3) more" : "")
             events.insert(.machine(.network, detail: detail), at: 0)
         } else {

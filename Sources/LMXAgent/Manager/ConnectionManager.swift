@@ -111,7 +111,7 @@ public actor ConnectionManager {
             events += planned(planner.upsert(route, instanceID: instance, now: t), quiet: true)
         }
         logger.info(
-            "restored from the store",
+            "Restored \(planner.routes.count == 1 ? "1 route" : "\(planner.routes.count) routes") from the store.",
             metadata: ["routes": "\(planner.routes.count)", "last_good": "\(planner.lastGoodID ?? "none")"])
         for stored in remembered.pairings { events += addPairing(stored.pairing, now: t, quiet: true) }
         events += applyManualEndpoints(configuration.endpoints, now: t)
@@ -144,7 +144,9 @@ public actor ConnectionManager {
         }
         events += applyManualEndpoints(new.endpoints, now: t)
         planner.refreshAll(now: t)
-        logger.info("configuration reloaded", metadata: ["endpoints": "\(new.endpoints.count)"])
+        logger.info(
+            "The configuration was reloaded: \(new.endpoints.count == 1 ? "1 endpoint" : "\(new.endpoints.count) endpoints") configured."
+        )
         pump(events + [.configured])
     }
 
@@ -193,7 +195,7 @@ public actor ConnectionManager {
         case .removed(let server, let reason):
             guard let id = sources.withdraw(server) else { break }
             logger.info(
-                "mDNS \(reason == .withdrawn ? "withdrew" : "lost") \(ServerTable.printable(server.name)); probing to confirm",
+                "\(ServerTable.printable(server.name)) is no longer announced on the LAN (\(reason == .withdrawn ? "it said goodbye" : "its announcement lapsed")): probing it to confirm.",
                 metadata: ["route": "\(id)"])
             events += planned(planner.withdraw(id, now: t))
         case .daemon(let daemon):
@@ -234,7 +236,7 @@ public actor ConnectionManager {
     /// Probes everything now (`POST /v1/refresh`).
     public func refresh() {
         planner.refreshAll(now: clock.now())
-        logger.info("refresh requested: probing every endpoint")
+        logger.info("A refresh was asked for: every route is probed now.")
         pump()
     }
 

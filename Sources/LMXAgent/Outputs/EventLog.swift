@@ -9,53 +9,51 @@ public struct EventLog: AgentEventSink {
 
     public func receive(_ events: [AgentEvent], snapshot: AgentSnapshot, now: Double) {
         for event in events {
+            // The sentence the timeline shows (names are announcers' words: shown printable).
+            let text = event.sentence(in: snapshot).map(ServerTable.printable) ?? ""
             switch event {
             case .routeAdded(let state, let quiet):
                 if !quiet {
                     logger.info(
-                        "endpoint added",
-                        metadata: ["route": "\(state.id)", "source": "\(state.route.source.rawValue)"])
+                        "\(text)", metadata: ["route": "\(state.id)", "source": "\(state.route.source.rawValue)"])
                 }
-            case .routeRemoved(let state, let reason):
-                logger.info("endpoint removed: \(reason)", metadata: ["route": "\(state.id)"])
-            case .healthChanged(let state, let from, let reason):
+            case .routeRemoved(let state, _):
+                logger.info("\(text)", metadata: ["route": "\(state.id)"])
+            case .healthChanged(let state, let from, _):
                 logger.info(
-                    "health \(from?.rawValue ?? "unknown") → \(state.verdict?.rawValue ?? "unknown")",
-                    metadata: ["route": "\(state.id)", "reason": "\(reason)"])
-            case .activeChanged(let from, let to, let reason):
+                    "\(text)",
+                    metadata: [
+                        "route": "\(state.id)", "from": "\(from?.rawValue ?? "unknown")",
+                        "to": "\(state.verdict?.rawValue ?? "unknown")",
+                    ])
+            case .activeChanged(let from, let to, _):
+                var metadata: Logger.Metadata = ["previous": "\(from?.id ?? "none")"]
                 if let to {
-                    logger.notice(
-                        "active endpoint: \(to.route.baseURL) via \(to.route.via.rawValue)",
-                        metadata: ["route": "\(to.id)", "reason": "\(reason)", "previous": "\(from?.id ?? "none")"])
+                    metadata["route"] = "\(to.id)"
+                    metadata["url"] = "\(to.route.baseURL)"
+                    logger.notice("\(text)", metadata: metadata)
                 } else {
-                    logger.warning(
-                        "no usable endpoint", metadata: ["reason": "\(reason)", "previous": "\(from?.id ?? "none")"])
+                    logger.warning("\(text)", metadata: metadata)
                 }
-            case .impostor(let state, let owner, let why):
+            case .impostor(let state, let owner, _):
                 logger.warning(
-                    "an announced server \(why): never used, never sent a key",
+                    "\(text) It is never used and never sent a key.",
                     metadata: ["route": "\(state.id)", "owner": "\(ServerTable.printable(owner))"])
             case .vouchesChanged(let tunnelID, let urls, _):
+                let name = snapshot.place(tunnelID).map { ServerTable.printable($0.name) } ?? "a paired server"
                 logger.info(
-                    "the tunnel vouches for LAN addresses",
+                    "\(urls.isEmpty ? "The tunnel to \(name) vouches for no LAN address now." : "The tunnel to \(name) vouches for its LAN addresses: they get its keys.")",
                     metadata: [
                         "route": "\(tunnelID)", "addresses": "\(urls.isEmpty ? "none" : urls.joined(separator: " "))",
                     ])
-            case .pairing(let change, let id, _, let routes):
-                let text: String =
-                    switch change {
-                    case .added: "pairing imported"
-                    case .updated: "pairing updated"
-                    case .removed: "pairing removed"
-                    case .expired: "pairing expired; its routes are no longer used"
-                    }
+            case .pairing(_, let id, _, let routes):
                 var metadata: Logger.Metadata = ["pairing": "\(id)"]
                 if !routes.isEmpty { metadata["routes"] = "\(routes.sorted().joined(separator: " "))" }
                 logger.notice("\(text)", metadata: metadata)
             case .discoveryChanged(let state):
-                logger.info("avahi-daemon \(state.name)\(state.detail.map { ": \($0)" } ?? "")")
-            case .machine(let change, let detail):
-                logger.notice("\(change == .wake ? "woke from sleep" : "this machine's network changed"): \(detail)")
+                logger.info("\(EventWords.discovery(state.name, detail: state.detail.map(ServerTable.printable)))")
+            case .machine:
+                logger.notice("\(text)")
             case .serverSeen, .probed, .announcementIgnored, .serverEventReceived, .configured:
                 break
             }

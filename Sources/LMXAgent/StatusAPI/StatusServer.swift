@@ -73,7 +73,9 @@ public enum StatusServer {
         }
         router.get("/v1/events") { request, _ -> Response in
             let limit = request.uri.queryParameters.get("limit", as: Int.self).map { min(max($0, 1), 1000) } ?? 100
-            return json((try? await agent.store.read { try $0.recentEvents(limit: limit) }) ?? [])
+            let events = (try? await agent.store.read { try $0.recentEvents(limit: limit) }) ?? []
+            let snapshot = board.snapshot
+            return json(events.map(snapshot.told))
         }
         router.post("/v1/refresh") { _, context -> Response in
             if let denied = await forbidden(context, "ask for a refresh") { return denied }
@@ -221,7 +223,7 @@ extension StatusServer {
             server: .http1(configuration: .init(idleTimeout: .seconds(60))),
             configuration: .init(address: .hostname(address.host, port: address.port), serverName: nil),
             onServerRunning: { _ in
-                logger.info("metrics served", metadata: ["url": "http://\(address.description)/metrics"])
+                logger.info("Prometheus metrics are served at http://\(address.description)/metrics.")
             },
             logger: logger)
     }

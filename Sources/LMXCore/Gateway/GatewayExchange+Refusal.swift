@@ -59,7 +59,7 @@ extension GatewayExchange {
                     nil
                 )
             case .noEndpoint(let holdSeconds, let reason):
-                (503, "no_endpoint", "no Opta LMX endpoint is usable now (waited \(holdSeconds) s): \(reason)", 2)
+                (503, "no_endpoint", "no Opta LMX server is usable now (waited \(holdSeconds) s): \(reason)", 2)
             case .serverUnreachable(let object, let server, let holdSeconds):
                 (
                     503, "server_unreachable",

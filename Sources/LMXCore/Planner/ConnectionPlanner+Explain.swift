@@ -1,25 +1,17 @@
 // Explanations: why each route is where it is, in words for people.
 
 extension ConnectionPlanner {
-    func describe(_ state: RouteState) -> String {
-        "\(state.route.name) (\(state.route.via.rawValue) \(state.verdict?.rawValue ?? "unknown"))"
-    }
+    /// A route as a sentence names it: "Studio on the LAN", "Studio through its tunnel".
+    func describe(_ state: RouteState) -> String { place(state).words }
+
+    public func place(_ state: RouteState) -> EventWords.Place { .init(name: state.route.name, via: state.route.via) }
 
     /// A probe's verdict and detail as one phrase for people: what the server did, then why,
     /// never the same words twice ("not answering: nothing accepts connections on that port",
     /// "answers but is not ready: no models loaded", "ready"). The verdict's code stays in the
     /// JSON for programs.
     func describe(_ report: ProbeReport) -> String {
-        let phrase: String =
-            switch report.verdict {
-            case .ready: "ready"
-            case .aliveNotReady: "answers but is not ready"
-            case .overloaded: "busy"
-            case .authRejected: "refused the keys"
-            case .tunnelDown: "its tunnel is down"
-            case .wrongService: "another service answers there"
-            case .down: "not answering"
-            }
+        let phrase = EventWords.phrase(report.verdict)
         guard let detail = report.detail, !detail.isEmpty, detail != report.verdict.rawValue,
             !phrase.contains(detail.lowercased())
         else { return phrase }

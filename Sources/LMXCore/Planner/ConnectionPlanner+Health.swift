@@ -96,7 +96,9 @@ extension ConnectionPlanner {
             events += applyVouches(
                 for: routeID, advertised: advertised, instanceID: report.instanceID ?? state.instanceID, now: now)
         }
-        let lost = routeID == activeID && !isUsable(state) ? "\(state.route.name) failed: \(describe(report))" : nil
+        let lost =
+            routeID == activeID && !isUsable(state)
+            ? EventWords.situation(place(state), report.verdict, detail: report.detail) : nil
         return events + select(now: now, lostReason: lost)
     }
 

@@ -32,14 +32,14 @@ extension ConnectionPlanner {
             // lost or stale already has its next probe decide alone.
             }
             if case .reachable = path, wasOff { state.pathBackAt = now }
-            if let why = state.offNetwork, id == activeID { lost.append("\(state.route.name): \(why)") }
+            if let why = state.offNetwork, id == activeID { lost.append("\(describe(state)) is out of reach (\(why))") }
             if !state.inFlight {
                 state.nextProbeAt = now
                 state.backoff = 0
             }
             events.append(.routeUpdated(state))
         }
-        return events + select(now: now, lostReason: lost.first.map { "this machine's network changed: \($0)" })
+        return events + select(now: now, lostReason: lost.first.map { "this machine's network changed and \($0)" })
     }
 
     /// After a change of this machine's network, routes without a path of their own to check

@@ -74,15 +74,15 @@ extension ConnectionPlanner {
     /// The best usable route for `model`, and why.
     public func resolve(model: String) -> (state: RouteState?, reason: String) {
         if Self.isServerRoutedModel(model) {
-            return (active, "\(model) is routed by the server itself: the active endpoint")
+            return (active, "\(model) is routed by the server itself: the active server")
         }
         if let refusal = untrustedOnly(model: model) { return (nil, refusal) }
         let order = requestOrder()
         if let best = order.first(where: { $0.lastReport?.models?.contains(model) == true && isUsable($0) }) {
             let note =
                 best.id == activeID
-                ? "the active endpoint has it loaded"
-                : "\(best.route.name) has it loaded (the active endpoint does not)"
+                ? "the active server has it loaded"
+                : "\(best.route.name) has it loaded (the active server does not)"
             return (best, note)
         }
         if let unknown = order.first(where: { $0.lastReport?.models == nil && isUsable($0) }) {
@@ -91,7 +91,7 @@ extension ConnectionPlanner {
                 "no server reports \(model); \(unknown.route.name) does not list its models (no inference key?)"
             )
         }
-        return (nil, order.isEmpty ? "no usable endpoint" : "no usable server has \(model) loaded")
+        return (nil, order.isEmpty ? "no server is usable" : "no usable server has \(model) loaded")
     }
 
     /// Why a route the trust policy does not allow is not used, for people.
@@ -170,24 +170,26 @@ extension ConnectionPlanner {
                 reason: planner.rank(best) == currentRank
                     ? "\(describe(best)) comes before \(describe(current)) in prefer"
                     : best.failureCount == 0
-                        ? "\(describe(best)) is better than \(describe(current))"
+                        ? "\(describe(best)) is preferred to \(describe(current))"
                         : best.returnAtOnce
-                            ? "\(describe(best)) reachable again from this machine, better than \(describe(current))"
-                            : "\(describe(best)) healthy for \(Int(policy.stabilityWindow)) s, better than \(describe(current))"
+                            ? "\(describe(best)) is reachable again from this machine and preferred to \(describe(current))"
+                            : "\(describe(best)) has answered well for \(Int(policy.stabilityWindow)) s and is preferred to \(describe(current))"
             )
         }
         guard let best = usable.min(by: planner.better) else {
             // A failing active route with nothing better is kept until hysteresis says down.
             guard let current, rank(current) == nil else { return [] }
-            return switchActive(to: nil, now: now, reason: lostReason ?? "no usable endpoint")
+            return switchActive(to: nil, now: now, reason: lostReason ?? "no server answers")
         }
         let reason: String
         if let lostReason {
             reason = lostReason
         } else if let current {
-            reason = "\(current.route.name) is \(current.verdict?.rawValue ?? "unusable")"
+            reason =
+                current.verdict.map { EventWords.situation(place(current), $0, detail: nil) }
+                ?? "\(describe(current)) is not usable"
         } else {
-            reason = "first usable endpoint"
+            reason = "the first server usable from here"
         }
         return switchActive(to: best, now: now, reason: reason)
     }

@@ -124,11 +124,11 @@ public struct ConnectionPlanner: Sendable {
         if vouches.removeValue(forKey: routeID) != nil {
             // A tunnel that goes takes the addresses it vouched for with it.
             for vouched in routes.values where vouched.route.vouchedBy == routeID {
-                events += unvouch(vouched.id, reason: "\(state.route.name)'s tunnel removed", now: now)
+                events += unvouch(vouched.id, reason: "\(state.route.name)'s tunnel was removed", now: now)
             }
         }
         refreshUserRoutes()
-        events += select(now: now, lostReason: activeID == routeID ? "\(state.route.name) removed: \(reason)" : nil)
+        events += select(now: now, lostReason: activeID == routeID ? "\(describe(state)) was removed: \(reason)" : nil)
         return events
     }
 

@@ -83,6 +83,28 @@ public enum AgentEvent: Sendable {
 }
 
 extension AgentEvent {
+    /// The event as a sentence for people (``EventWords``), naming routes as `snapshot` knows
+    /// them, or as the event carries them (a route just removed); nil for events the history
+    /// does not keep.
+    public func sentence(in snapshot: AgentSnapshot) -> String? {
+        guard let row = record else { return nil }
+        var own: [String: RouteState] = [:]
+        switch self {
+        case .routeAdded(let state, _), .routeRemoved(let state, _), .healthChanged(let state, _, _),
+            .impostor(let state, _, _):
+            own[state.id] = state
+        case .activeChanged(let from, let to, _):
+            for state in [from, to].compactMap(\.self) { own[state.id] = state }
+        default:
+            break
+        }
+        return EventWords.sentence(
+            kind: row.kind, routeID: row.routeID, from: row.from, to: row.to, reason: row.reason,
+            place: { id in own[id].map(snapshot.planner.place) ?? snapshot.place(id) })
+    }
+}
+
+extension AgentEvent {
     /// What the planner decided, as the outputs read it (`quiet`: restored at start, not logged
     /// as new).
     public static func from(_ events: [PlannerEvent], of planner: ConnectionPlanner, quiet: Bool = false)

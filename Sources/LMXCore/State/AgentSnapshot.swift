@@ -37,19 +37,35 @@ extension AgentSnapshot {
             routeID: state.id, source: state.route.source)
     }
 
+    /// A route as sentences name it, if the agent knows it.
+    public func place(_ routeID: String) -> EventWords.Place? { planner.routes[routeID].map(planner.place) }
+
+    /// An event of the history with its sentence (`text`), its routes named as they are now.
+    public func told(_ event: StatusAPI.Event) -> StatusAPI.Event {
+        var event = event
+        event.text = EventWords.sentence(
+            kind: event.kind, routeID: event.routeID, from: event.from, to: event.to, reason: event.reason,
+            place: place)
+        return event
+    }
+
     /// Why there is no active endpoint, for `/v1/active`'s 503, `endpoint.env` and the gateway.
     public var noActiveReason: String {
         let routes = planner.sortedRoutes
         if routes.isEmpty {
             return discovery == .running
-                ? "no Opta LMX server found on the LAN and no endpoint paired or configured"
-                : "no endpoint known and mDNS discovery is \(discovery.name)\(discovery.detail.map { " (\($0))" } ?? "")"
+                ? "no Opta LMX server found on the LAN, and none paired or configured"
+                : "no server known: none paired or configured, and mDNS discovery is \(discovery.name)\(discovery.detail.map { " (\($0))" } ?? "")"
         }
-        if routes.allSatisfy({ $0.health == .unknown }) { return "probing \(routes.count) endpoint(s)" }
-        let summary = routes.prefix(5).map {
-            "\($0.route.name): \($0.lastReport.map { r in r.detail ?? r.verdict.rawValue } ?? "not probed")"
+        if routes.allSatisfy({ $0.health == .unknown }) {
+            return routes.count == 1 ? "probing the one route known" : "probing the \(routes.count) routes known"
         }
-        return "no usable endpoint among \(routes.count): " + summary.joined(separator: "; ")
+        let summary = routes.prefix(5).map { state in
+            state.lastReport.map { EventWords.situation(planner.place(state), $0.verdict, detail: $0.detail) }
+                ?? "\(planner.describe(state)) is not probed yet"
+        }
+        let more = routes.count > 5 ? "; and \(routes.count - 5) more" : ""
+        return summary.joined(separator: "; ") + more
     }
 
     public func routeStatus(_ state: RouteState, now t: Double) -> StatusAPI.RouteStatus {
@@ -135,13 +151,17 @@ extension AgentSnapshot {
         return StatusAPI.Resolved(model: model, endpoint: state.flatMap { endpoint($0, now: now) }, reason: reason)
     }
 
+    private var routesKnown: String {
+        planner.routes.count == 1 ? "1 route known" : "\(planner.routes.count) routes known"
+    }
+
     /// One line for systemd's `STATUS=`.
     public var statusLine: String {
         if let active = planner.active {
             return
-                "active: \(active.route.baseURL) via \(active.route.via.rawValue) (\(active.verdict?.rawValue ?? "?")); \(planner.routes.count) endpoint(s)"
+                "Active: \(planner.describe(active)) at \(active.route.baseURL), \(EventWords.label(active.verdict)); \(routesKnown)"
         }
-        return "no active endpoint; \(planner.routes.count) endpoint(s) known"
+        return "No server is usable now; \(routesKnown)"
     }
 
     /// What the agent knows of a pairing's routes (no secrets).

@@ -246,10 +246,16 @@ public enum StatusAPI {
         public var from: String?
         public var to: String?
         public var reason: String
+        /// The event as a sentence for people (``EventWords``); the fields above are for programs.
+        public var text: String?
 
-        enum CodingKeys: String, CodingKey { case id, at, kind, routeID = "route_id", from, to, reason }
+        enum CodingKeys: String, CodingKey { case id, at, kind, routeID = "route_id", from, to, reason, text }
 
-        public init(id: Int64, at: String, kind: String, routeID: String?, from: String?, to: String?, reason: String) {
+        public init(
+            id: Int64, at: String, kind: String, routeID: String?, from: String?, to: String?, reason: String,
+            text: String? = nil
+        ) {
+            self.text = text
             self.id = id
             self.at = at
             self.kind = kind

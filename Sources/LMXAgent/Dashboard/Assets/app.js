@@ -208,81 +208,11 @@ function renderPairings(pairings) {
   }));
 }
 
-// What a verdict says of a server, in a sentence.
-const BECAME = {
-  'ready': 'is ready',
-  'alive-not-ready': 'answers but has no model loaded',
-  'overloaded': 'is busy',
-  'auth-rejected': 'refused the keys it was given',
-  'tunnel-down': 'cannot be reached through its tunnel',
-  'wrong-service': 'is not the server expected there',
-  'down': 'stopped answering',
-};
-
-// A route by its id, with its server's name, from the latest status.
-function routeInfo(id) {
-  for (const candidate of (state.status && state.status.candidates) || []) {
-    for (const route of candidate.routes) {
-      if (route.id === id) return { name: candidate.name, via: route.via };
-    }
-  }
-  return null;
-}
-
-function routeWords(id) {
-  const info = routeInfo(id);
-  if (!info) return 'A server';
-  return info.name + (info.via === 'wan' ? ' (through its tunnel)' : ' (on the LAN)');
-}
-
-// A reason without what the sentence already says: a leading verdict ("down: …", "ready"), or
-// the same words twice.
-function reasonWords(reason, verdict) {
-  let text = (reason || '').trim();
-  for (const word of Object.keys(BECAME)) {
-    if (text === word) return '';
-    if (text.startsWith(word + ': ')) text = text.slice(word.length + 2);
-  }
-  if (verdict && text === verdict) return '';
-  return text;
-}
-
-// "what: name" as the agent records a found server or a pairing: [what, name].
-function labelled(reason) {
-  const text = reason || '';
-  const at = text.indexOf(': ');
-  return at < 0 ? ['', text] : [text.slice(0, at), text.slice(at + 2)];
-}
-
-const FOUND_BY = { mdns: 'announced on the LAN', pairing: 'from a pairing', manual: 'from the configuration', remembered: 'remembered from before' };
-
-// An event of the history as a sentence; the kind and ids stay in /v1/events for programs.
+// An event of the history as a sentence: the agent's own words (`text`, the same as in its log
+// and lmx-status); the kind and ids stay in the answer for programs.
 function eventSentence(e) {
-  const why = reasonWords(e.reason, e.to);
-  const tail = why ? ': ' + why + '.' : '.';
-  switch (e.kind) {
-    case 'health':
-      return routeWords(e.route_id) + ' ' + (BECAME[e.to] || 'changed') + tail;
-    case 'active': {
-      if (!e.to) return 'No server is usable now' + tail;
-      const info = routeInfo(e.to);
-      const where = info ? (info.via === 'wan' ? 'through the tunnel to ' : 'on the LAN to ') + info.name : 'to another server';
-      return 'Requests now go ' + where + tail;
-    }
-    case 'candidate-added': {
-      const [source, name] = labelled(e.reason);
-      return 'Found ' + (name || 'a server') + (FOUND_BY[source] ? ' (' + FOUND_BY[source] + ')' : '') + '.';
-    }
-    case 'candidate-removed': return routeWords(e.route_id) + ' is no longer followed' + tail;
-    case 'impostor': return 'Refused a machine claiming to be a paired server' + tail;
-    case 'pairing-added': return 'Paired with ' + (labelled(e.reason)[1] || 'a server') + '.';
-    case 'pairing-updated': return 'The pairing with ' + (labelled(e.reason)[1] || 'a server') + ' was updated.';
-    case 'pairing-removed': return 'The pairing with ' + (e.reason || 'a server') + ' was removed.';
-    case 'pairing-expired': return 'A pairing expired: pair again with a fresh code (lmx-pair).';
-    case 'network': return 'This machine’s network changed' + tail;
-    case 'wake': return 'This machine woke from sleep' + tail;
-    default: return e.kind + tail;
-  }
+  if (typeof e.text === 'string' && e.text) return e.text;
+  return e.kind + (e.reason ? ': ' + e.reason : '') + '.';
 }
 
 function renderEvents(events) {
