@@ -61,7 +61,7 @@ function relative(iso) {
 function verdictOf(route) {
   if (route.trust === 'impostor') return ['impostor', 'bad'];
   if (route.trust === 'announced' && state.status && state.status.trust !== 'lan') return ['untrusted', 'warn'];
-  if (!route.verdict) return ['checking', 'idle'];
+  if (!route.verdict) return ['not probed yet', 'idle'];
   const known = VERDICTS[route.verdict] || [route.verdict, 'idle'];
   if (route.verdict === 'ready' && route.key_required && route.inference_ready === false) return ['needs a key', 'warn'];
   return known;
@@ -139,7 +139,7 @@ function renderServers() {
     return;
   }
   box.replaceChildren(...candidates.map((candidate) => {
-    const [word, tone] = candidate.verdict ? (VERDICTS[candidate.verdict] || [candidate.verdict, 'idle']) : ['checking', 'idle'];
+    const [word, tone] = candidate.verdict ? (VERDICTS[candidate.verdict] || [candidate.verdict, 'idle']) : ['not probed yet', 'idle'];
     const card = el('article', { className: 'card', 'data-active': String(candidate.active), 'aria-label': 'server ' + candidate.name },
       el('div', { className: 'card-head' },
         el('h3', { text: candidate.name }),
@@ -196,7 +196,7 @@ function renderPairings(pairings) {
   list.replaceChildren(...pairings.map((p) => {
     const expires = p.expires_at ? new Date(p.expires_at).getTime() : null;
     const left = expires === null ? null : expires - Date.now();
-    const routes = (p.routes || []).map((r) => (r.verdict || 'checking')).join(', ');
+    const routes = (p.routes || []).map((r) => (r.verdict ? (VERDICTS[r.verdict] || [r.verdict])[0] : 'not probed yet')).join(', ');
     return el('li', {},
       el('strong', { text: p.name || p.id }), ' ',
       el('span', { className: 'url', text: p.url || p.lan || '' }),
