@@ -328,8 +328,8 @@ struct AgentTests {
             let status = try agent.status()
             #expect(status.avahi == "running")
             #expect(
-                agent.process.stderr.contains("avahi-daemon reconnecting")
-                    || agent.process.stderr.contains("avahi-daemon waiting"))
+                agent.process.stderr.contains("mDNS discovery lost avahi-daemon and is connecting again.")
+                    || agent.process.stderr.contains("mDNS discovery is waiting for avahi-daemon"))
         }
     }
 

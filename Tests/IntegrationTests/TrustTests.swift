@@ -125,7 +125,8 @@ struct TrustTests {
                 await agent.waitForActive(timeout: 10) { $0?.baseURL == "http://10.254.0.11:\(home.lan.port)" } != nil)
             let impostor = await agent.waitForRoute(timeout: 10) { $0.baseURL == evil.baseURL && $0.trust == .impostor }
             #expect(
-                impostor?.reason == "not used: claims Studio's instance_id from an address Studio does not vouch for")
+                impostor?.reason
+                    == "not used: it claims to be Studio from an address Studio's pairing does not vouch for")
             #expect(impostor?.credentials == [])
 
             // The paired server goes away: the tunnel takes over, never the impostor.
@@ -143,7 +144,10 @@ struct TrustTests {
                 try agent.status().candidates.first { $0.routes.contains { $0.baseURL == evil.baseURL } }?.routes.count
                     == 1,
                 "never merged into the paired server")
-            let warnings = agent.process.stderr.components(separatedBy: "does not vouch for: never used").count - 1
+            let warnings =
+                agent.process.stderr.components(separatedBy: "Refused a machine on the LAN: it claims to be Studio")
+                .count
+                - 1
             #expect(warnings == 1, "logged once: \(warnings)")
         }
     }

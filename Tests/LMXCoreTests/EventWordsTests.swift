@@ -112,7 +112,7 @@ import Testing
                 say(
                     "impostor", route: "x",
                     "it repeats the paired server's instance id from an address nobody vouches for"),
-                "Refused a machine claiming to be a paired server: it repeats the paired server's instance id from an address nobody vouches for."
+                "Refused a machine on the LAN: it repeats the paired server's instance id from an address nobody vouches for."
             ),
             (say("pairing-added", "v1-token: Studio"), "Paired with Studio."),
             (say("pairing-updated", "lmx-uri: Studio"), "The pairing with Studio was updated."),
@@ -180,5 +180,39 @@ import Testing
         #expect(
             reason.contains("Studio through its tunnel cannot be reached: its tunnel is down (scripted)"), "\(reason)")
         Self.check("No server is usable now: \(reason).")
+    }
+
+    @Test("a batch's switches are told as one: gone and back is no switch; the watch line names the switch's own route")
+    func coalescedSwitches() {
+        var h = PlannerHarness { _, _ in .ready }
+        h.add(lan("10.0.0.1", name: "Studio"))
+        h.add(lan("10.0.0.2", name: "Office"))
+        h.run(until: 3)
+        let states = h.planner.sortedRoutes
+        let (a, b) = (states[0], states[1])
+        let health = AgentEvent.healthChanged(a, from: .ready, reason: "not answering")
+        let back = AgentEvent.coalescingSwitches([
+            .activeChanged(from: a, to: nil, reason: "no server answers"), health,
+            .activeChanged(from: nil, to: a, reason: "the first server usable from here"),
+        ])
+        #expect(back.count == 1, "\(back)")
+        let moved = AgentEvent.coalescingSwitches([
+            .activeChanged(from: a, to: nil, reason: "gone"), health,
+            .activeChanged(from: nil, to: b, reason: "the first server usable from here"),
+        ])
+        #expect(moved.count == 2)
+        if case .activeChanged(let from, let to, let reason) = moved.last {
+            #expect(from?.id == a.id && to?.id == b.id && reason == "the first server usable from here")
+        } else {
+            Issue.record("expected one switch last: \(moved)")
+        }
+        let one: [AgentEvent] = [.activeChanged(from: a, to: b, reason: "x")]
+        #expect(AgentEvent.coalescingSwitches(one).count == 1)
+        // The line of a switch names the route it went to, not whatever is active by then.
+        let snapshot = AgentSnapshot(planner: h.planner, discovery: .running, originWall: 0)
+        let line = AgentEvent.activeChanged(from: a, to: b, reason: "x").watchLine(in: snapshot, now: h.now)
+        #expect(line?.active?.routeID == b.id)
+        let none = AgentEvent.activeChanged(from: a, to: nil, reason: "x").watchLine(in: snapshot, now: h.now)
+        #expect(none?.type == .active && none?.active == nil)
     }
 }

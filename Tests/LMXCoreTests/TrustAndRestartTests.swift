@@ -125,7 +125,7 @@ struct TrustPolicyTests {
         #expect(h.planner.trust(of: evil) == .impostor)
         #expect(
             h.planner.explain(evil, now: 30)
-                == "not used: claims tunnel's instance_id from an address tunnel does not vouch for")
+                == "not used: it claims to be tunnel from an address tunnel's pairing does not vouch for")
         #expect(evil.route.credentials.isEmpty)
         #expect(h.planner.requestOrder().map(\.id) == ["wan/https://t.example.com"])
         // Reported once, however often it is probed.

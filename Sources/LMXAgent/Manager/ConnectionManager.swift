@@ -362,6 +362,7 @@ public actor ConnectionManager {
     /// Hands the new snapshot and the events to every output, then to readers: whoever reads the
     /// board sees a state every output (`endpoint.env`, the watch hub) already has.
     func publish(_ events: [AgentEvent], now t: Double) {
+        let events = AgentEvent.coalescingSwitches(events)
         let snapshot = AgentSnapshot(
             planner: planner, discovery: discovery, gateway: gateway, originWall: clock.originWall)
         for sink in sinks { sink.receive(events, snapshot: snapshot, now: t) }

@@ -121,7 +121,7 @@ public enum EventWords {
         case "candidate-removed":
             return with("\(here?.words ?? "A server") is no longer followed", reason)
         case "impostor":
-            return with("Refused a machine claiming to be a paired server", reason)
+            return with("Refused a machine on the LAN", reason)
         case "pairing-added":
             return finished("Paired with \(orServer(labelled(reason).1))")
         case "pairing-updated":

@@ -105,7 +105,7 @@ extension ConnectionPlanner {
                     "announced over plain http:// at an address \(ServerTable.printable(owner)) is set up for with https://"
             }
             return
-                "claims \(ServerTable.printable(owner))'s instance_id from an address \(ServerTable.printable(owner)) does not vouch for"
+                "it claims to be \(ServerTable.printable(owner)) from an address \(ServerTable.printable(owner))'s pairing does not vouch for"
         }
         return
             "announced over mDNS, not vouched for by a pairing, a configured endpoint or a tunnel (trust: \(policy.trust.rawValue))"

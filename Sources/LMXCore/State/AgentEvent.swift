@@ -72,13 +72,43 @@ public enum AgentEvent: Sendable {
                 type: .candidateRemoved, seq: 0, at: at, route: snapshot.routeStatus(state, now: now), reason: reason)
         case .healthChanged(let state, _, let reason):
             return .init(type: .health, seq: 0, at: at, route: snapshot.routeStatus(state, now: now), reason: reason)
-        case .activeChanged(_, _, let reason):
-            return .init(type: .active, seq: 0, at: at, active: snapshot.activeEndpoint(now: now), reason: reason)
+        case .activeChanged(_, let to, let reason):
+            // The route this switch went to (a batch's switches are coalesced before they are
+            // published, so this is the active route of the snapshot).
+            return .init(
+                type: .active, seq: 0, at: at, active: to.flatMap { snapshot.endpoint($0, now: now) }, reason: reason)
         case .discoveryChanged(let state):
             return .init(type: .avahi, seq: 0, at: at, avahi: state.name, reason: state.detail)
         default:
             return nil
         }
+    }
+}
+
+extension AgentEvent {
+    /// One batch's switches of the active route as people and programs see them: several become
+    /// one, from where the first started to where the last went, placed where the last was (after
+    /// what caused it); a batch that ends where it began has no switch at all. (Importing a
+    /// pairing for the server in use replaces its route by one with the same id: gone, then
+    /// back, in one step — nothing moved.)
+    public static func coalescingSwitches(_ events: [AgentEvent]) -> [AgentEvent] {
+        var switches: [(index: Int, from: RouteState?, to: RouteState?, reason: String)] = []
+        for (index, event) in events.enumerated() {
+            if case .activeChanged(let from, let to, let reason) = event { switches.append((index, from, to, reason)) }
+        }
+        guard switches.count > 1, let first = switches.first, let last = switches.last else { return events }
+        var out: [AgentEvent] = []
+        out.reserveCapacity(events.count)
+        for (index, event) in events.enumerated() {
+            if case .activeChanged = event {
+                if index == last.index, first.from?.id != last.to?.id {
+                    out.append(.activeChanged(from: first.from, to: last.to, reason: last.reason))
+                }
+            } else {
+                out.append(event)
+            }
+        }
+        return out
     }
 }
 
