@@ -357,8 +357,8 @@ extension AgentTests {
             #expect(dead?.detail == "connection refused")
 
             let table = try await Command.discover(["--probe", "-i", "lmxbr0"], bus: bed.bus(.root))
-            #expect(table.stdout.contains("VERDICT"))
-            #expect(table.stdout.contains("alive-not-ready"))
+            #expect(table.stdout.contains("STATE"))
+            #expect(table.stdout.contains("no model loaded"), "\(table.stdout)")
         }
     }
 

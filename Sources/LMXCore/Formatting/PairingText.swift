@@ -32,7 +32,7 @@ extension PairingRouteState {
     /// `[ready, active]`, or the verdict with its detail.
     public var verdictText: String {
         guard let verdict else { return "[not probed yet]" }
-        var text = "[\(verdict.rawValue)\(active ? ", active" : "")]"
+        var text = "[\(EventWords.label(verdict))\(active ? ", active" : "")]"
         if let detail, verdict != .ready { text += " \(detail)" }
         return text
     }

@@ -15,7 +15,7 @@ public enum ServerTable {
             if let probes {
                 let report = probes[server.id]
                 row += [
-                    report?.verdict.rawValue ?? "-",
+                    report.map { EventWords.label($0.verdict) } ?? "-",
                     report?.version.map(printable) ?? "-",
                     report?.instanceID.map(printable) ?? "-",
                     report?.modelCount.map(String.init) ?? "-",
@@ -24,7 +24,7 @@ public enum ServerTable {
             }
             return row
         }
-        let columns = probes == nil ? headers : headers + ["VERDICT", "VERSION", "INSTANCE", "MODELS", "LATENCY"]
+        let columns = probes == nil ? headers : headers + ["STATE", "VERSION", "INSTANCE", "MODELS", "LATENCY"]
         return TextTable.render(headers: columns, rows: rows)
     }
 
