@@ -36,6 +36,17 @@ extension AgentTests {
             #expect(none.status == 1)
             #expect(none.stdout.isEmpty)
             #expect(none.stderr.contains("no server is usable now: "), "\(none.stderr)")
+            // The history in sentences (`text`), the codes beside them; the log says the same.
+            let events = try JSONDecoder().decode(
+                [StatusAPI.Event].self, from: Data(try agent.client.request("GET", "/v1/events").body))
+            let told = events.compactMap(\.text)
+            #expect(told.count == events.count && !told.isEmpty, "\(events)")
+            let lost = events.last { $0.kind == "active" }
+            #expect(
+                lost?.to == nil && lost?.text?.hasPrefix("No server is usable now: Studio on the LAN ") == true,
+                "\(told)")
+            #expect(told.contains("Studio on the LAN is ready."), "\(told)")
+            for text in told { #expect(agent.process.stderr.contains(text), "not in the log: \(text)") }
 
             let missing = try await Command.run(status, ["--url", "--socket", agent.directory + "/nothing.sock"])
             #expect(missing.status == 69)

@@ -15,7 +15,7 @@ private struct Scene {
 
     var snapshot: AgentSnapshot { AgentSnapshot(planner: planner, discovery: .running, originWall: origin) }
     var status: StatusAPI.Status { snapshot.status(seq: seq, now: now) }
-    var events: [StatusAPI.Event] { history.reversed().map(snapshot.told) }
+    var events: [StatusAPI.Event] { history.map(snapshot.told) }  // oldest first, as the store answers
 
     /// The planner's decisions as the agent's outputs see them: the history's rows and the
     /// change stream's lines, numbered.
