@@ -163,6 +163,14 @@ struct DashboardPageTests {
             #expect(cards.contains { $0.first as? String == "Studio" && $0.last as? Int == 2 }, "\(cards)")
             #expect(cards.contains { $0.first as? String == hostileName && $0.last as? Int == 1 }, "\(cards)")
             #expect((try await browser.run("return document.querySelectorAll('#servers img').length")) as? Int == 0)
+            // The active route says so once, with its badge, not again as its reason.
+            let activeRoute =
+                try await browser.run(
+                    "const r = document.querySelector('[data-route=\"\(lanID)\"]'); return [r.querySelectorAll('.reason').length, [...r.querySelectorAll('.badge')].map((b) => b.textContent).join(' ')]"
+                ) as? [Any]
+            #expect(
+                activeRoute?.first as? Int == 0 && activeRoute?.last as? String == "LAN ready active",
+                "\(activeRoute ?? [])")
             #expect((try await browser.run("return document.title")) as? String == "lmx-agent")
             let hostileVerdict =
                 try await browser.run(
@@ -174,7 +182,7 @@ struct DashboardPageTests {
                 timeout: 5)
             let timeline = await browser.text("events")
             #expect(upgrade != nil, "\(timeline)")
-            #expect(timeline.contains("Found Studio (from a pairing)."), "\(timeline)")
+            #expect(timeline.contains("Found Studio through its tunnel (from a pairing)."), "\(timeline)")
             #expect(
                 await browser.waitUntil(
                     "return /12/.test(document.querySelector('#traffic tbody').textContent)", timeout: 5) != nil)

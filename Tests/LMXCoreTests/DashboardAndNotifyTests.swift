@@ -395,6 +395,17 @@ struct NotificationPlannerTests {
             NotificationPlanner.ownWords("lan/10.0.0.2:1234 failed: down: connection refused")
                 == "the connection was refused")
         #expect(NotificationPlanner.ownWords("tunnel: TLS failure: certificate expired") != nil)
+        // The planner's own sentences (EventWords) name their cause in words the notice can say.
+        let place = EventWords.Place(name: "Studio", via: .wan)
+        let said: [(HealthVerdict, String)] = [
+            (.down, "it stopped answering"), (.tunnelDown, "its tunnel is down"),
+            (.authRejected, "the server refused the keys"), (.overloaded, "the server is busy"),
+            (.aliveNotReady, "the server is not ready"), (.wrongService, "another service answers there"),
+        ]
+        for (verdict, words) in said {
+            #expect(
+                NotificationPlanner.ownWords(EventWords.situation(place, verdict, detail: "x")) == words, "\(verdict)")
+        }
         #expect(NotificationPlanner.ownWords(hostile) == nil)
     }
 

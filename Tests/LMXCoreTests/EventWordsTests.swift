@@ -102,8 +102,10 @@ import Testing
             ),
             (say("active", route: "gone", to: "gone", "x"), "Requests now go to another server: x."),
             (say("active", "no server answers"), "No server is usable now: no server answers."),
-            (say("candidate-added", route: "lan-1", "pairing: Studio"), "Found Studio (from a pairing)."),
-            (say("candidate-added", route: "lan-1", "manual: Lab"), "Found Lab (from the configuration)."),
+            (say("candidate-added", route: "lan-1", "pairing: Studio"), "Found Studio on the LAN (from a pairing)."),
+            (say("candidate-added", route: "gone", "pairing: Studio"), "Found Studio (from a pairing)."),
+            (say("candidate-added", route: "lan-1", "mdns: Studio"), "Found Studio (announced on the LAN)."),
+            (say("candidate-added", route: "lan-1", "manual: Lab"), "Found Lab on the LAN (from the configuration)."),
             (
                 say("candidate-removed", route: "gone", "pairing p1 removed"),
                 "A server is no longer followed: pairing p1 removed."

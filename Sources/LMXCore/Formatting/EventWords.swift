@@ -115,9 +115,14 @@ public enum EventWords {
             guard to != nil else { return with("No server is usable now", reason) }
             return with("Requests now go \(here?.requestsGo ?? "to another server")", reason)
         case "candidate-added":
+            // The name it was found by; the way to it too, unless "announced on the LAN" says it.
             let (source, name) = labelled(reason)
             let by = foundBy(String(source)).map { " (\($0))" } ?? ""
-            return "Found \(name.isEmpty ? "a server" : name)\(by)."
+            let named = name.isEmpty ? "a server" : String(name)
+            let what =
+                source == Substring(RouteSource.mdns.rawValue)
+                ? named : here.map { Place(name: named, via: $0.via).words } ?? named
+            return "Found \(what)\(by)."
         case "candidate-removed":
             return with("\(here?.words ?? "A server") is no longer followed", reason)
         case "impostor":

@@ -160,7 +160,8 @@ function renderServers() {
           el('span', { className: 'badge', 'data-tone': verdictTone, text: verdict }),
           route.active ? el('span', { className: 'badge', 'data-tone': 'ok', text: 'active' }) : null,
           el('span', { className: 'url', text: route.base_url })),
-        el('p', { className: 'reason', text: route.reason }),
+        // (Not "active" under the "active" badge.)
+        route.reason && !(route.active && route.reason === 'active') ? el('p', { className: 'reason', text: route.reason }) : null,
         el('div', { className: 'latency' }, (state.history.get(route.id) || []).length >= 2 ? sparkline(route) : null, el('span', { text: 'latency ' + latency + load })),
         models ? el('p', { className: 'models', text: models }) : null,
         detailOf(route) ? el('p', { className: 'detail', text: detailOf(route) }) : null));
