@@ -107,8 +107,8 @@ import Testing
             (say("candidate-added", route: "lan-1", "mdns: Studio"), "Found Studio (announced on the LAN)."),
             (say("candidate-added", route: "lan-1", "manual: Lab"), "Found Lab on the LAN (from the configuration)."),
             (
-                say("candidate-removed", route: "gone", "pairing p1 removed"),
-                "A server is no longer followed: pairing p1 removed."
+                say("candidate-removed", route: "gone", "its pairing was removed"),
+                "A server is no longer followed: its pairing was removed."
             ),
             (
                 say(

@@ -94,7 +94,7 @@ env_url=$(. /run/lmx/endpoint.env && echo "$LMX_BASE_URL $LMX_GATEWAY_URL")
 # journald: the lines carry sd-daemon priorities (so -p filters them) and no timestamp of their own.
 sleep 0.5
 notices=$(journalctl -u lmx-agentd -p notice --no-pager -o cat)
-if echo "$notices" | grep -q 'active endpoint: http://127.0.0.1:18081' && ! echo "$notices" | grep -q '^starting' &&
+if echo "$notices" | grep -q 'Requests now go on the LAN to .* url=http://127.0.0.1:18081' && ! echo "$notices" | grep -q '^starting' &&
     ! journalctl -u lmx-agentd --no-pager -o cat | grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}T'; then
     check journal-priorities ok
 else

@@ -253,7 +253,7 @@ public actor ConnectionManager {
             let pairing = result.stored.pairing
             let newIDs = pairing.routes(lanKeys: planner.policy.lanKeys).map(\.id)
             for old in sources.pairingRoutes[pairing.id] ?? [] where !newIDs.contains(old) {
-                events += dropPairingRoute(old, reason: "pairing \(pairing.id) updated", now: t)
+                events += dropPairingRoute(old, reason: "its pairing was updated without it", now: t)
             }
             events += addPairing(pairing, now: t, quiet: false)
             for id in newIDs { planner.probeNow(id, now: t) }
@@ -274,7 +274,7 @@ public actor ConnectionManager {
         expiry.remove(id)
         var events: [AgentEvent] = []
         for routeID in sources.removePairing(id) ?? removed.pairing.routes(lanKeys: planner.policy.lanKeys).map(\.id) {
-            events += dropPairingRoute(routeID, reason: "pairing \(id) removed", now: t)
+            events += dropPairingRoute(routeID, reason: "its pairing was removed", now: t)
         }
         pump(events + [.pairing(.removed, id: id, detail: removed.pairing.label)])
         return removed
@@ -313,7 +313,7 @@ public actor ConnectionManager {
         if !added.isEmpty { recordNewPaths(of: added) }
         for id in expiry.takeExpired(at: WallTime(clock.realtime())) {
             for routeID in sources.removePairing(id) ?? [] {
-                events += dropPairingRoute(routeID, reason: "pairing \(id) expired", now: t)
+                events += dropPairingRoute(routeID, reason: "its pairing expired", now: t)
             }
             events.append(.pairing(.expired, id: id, detail: "expired"))
         }

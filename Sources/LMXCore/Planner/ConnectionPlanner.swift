@@ -128,7 +128,8 @@ public struct ConnectionPlanner: Sendable {
             }
         }
         refreshUserRoutes()
-        events += select(now: now, lostReason: activeID == routeID ? "\(describe(state)) was removed: \(reason)" : nil)
+        events += select(
+            now: now, lostReason: activeID == routeID ? "\(describe(state)) is no longer used: \(reason)" : nil)
         return events
     }
 
