@@ -163,6 +163,9 @@ public final class AgentStore: Sendable {
         // Servers seen were written on every sighting (with a COUNT(*) each time) and never read:
         // what a route needs is in `route`; the rest is in memory.
         ("v4-no-server-table", [#"DROP TABLE IF EXISTS "server""#]),
+        // Each event's sentence as it was told, with the names of then (rows of earlier versions
+        // have none: their sentence is made when they are read).
+        ("v5-event-text", [#"ALTER TABLE "event" ADD COLUMN "text" TEXT"#]),
     ]
 
     // MARK: - Routes
@@ -265,13 +268,14 @@ public final class AgentStore: Sendable {
     // MARK: - Events
 
     @discardableResult
-    public func appendEvent(kind: String, routeID: String?, from: String?, to: String?, reason: String, at now: Double)
-        throws -> Int64
-    {
+    public func appendEvent(
+        kind: String, routeID: String?, from: String?, to: String?, reason: String, text: String? = nil, at now: Double
+    ) throws -> Int64 {
         try pool.write { db in
             try db.execute(
-                sql: "INSERT INTO event (at, kind, route_id, from_value, to_value, reason) VALUES (?, ?, ?, ?, ?, ?)",
-                arguments: [now, kind, routeID, from, to, reason])
+                sql:
+                    "INSERT INTO event (at, kind, route_id, from_value, to_value, reason, text) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                arguments: [now, kind, routeID, from, to, reason, text])
             let id = db.lastInsertedRowID
             if id % 100 == 0 {
                 try db.execute(sql: "DELETE FROM event WHERE id <= ?", arguments: [id - Int64(eventRetention)])
@@ -289,7 +293,7 @@ public final class AgentStore: Sendable {
                 }
                 return StatusAPI.Event(
                     id: id, at: Timestamp.iso8601(at), kind: kind, routeID: row["route_id"], from: row["from_value"],
-                    to: row["to_value"], reason: row["reason"] ?? "")
+                    to: row["to_value"], reason: row["reason"] ?? "", text: row["text"])
             }.reversed()
         }
     }

@@ -26,7 +26,7 @@ private struct Scene {
                 history.append(
                     StatusAPI.Event(
                         id: Int64(history.count + 1), at: snapshot.iso(now), kind: row.kind, routeID: row.routeID,
-                        from: row.from, to: row.to, reason: row.reason))
+                        from: row.from, to: row.to, reason: row.reason, text: event.sentence(in: snapshot)))
             }
             if var line = event.watchLine(in: snapshot, now: now) {
                 seq += 1

@@ -319,6 +319,15 @@ struct PairTests {
             let status = try agent.status()
             #expect(!status.candidates.flatMap(\.routes).contains { $0.via == .wan })
             #expect(status.active?.via != .wan)
+            // The history still names the route that went, as it was told then.
+            let events = try JSONDecoder().decode(
+                [StatusAPI.Event].self, from: Data(try agent.client.request("GET", "/v1/events?limit=1000").body))
+            let told = events.compactMap(\.text)
+            #expect(told.contains("Found Tunnel through its tunnel (from a pairing)."), "\(told)")
+            #expect(told.contains { $0.hasPrefix("Requests now go through the tunnel to Tunnel: ") }, "\(told)")
+            #expect(
+                told.contains("Tunnel through its tunnel is no longer followed: its pairing was removed."), "\(told)")
+            #expect(told.contains("The pairing with Tunnel was removed."), "\(told)")
 
             // No secret in any output, log line or socket answer.
             var answers = ""

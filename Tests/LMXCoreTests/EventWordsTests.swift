@@ -63,6 +63,11 @@ import Testing
             )
             #expect(told.text == said)
         }
+        // A sentence recorded with the event is kept: the names of then, not of now.
+        let kept = snapshot.told(
+            StatusAPI.Event(
+                id: 1, at: "", kind: "active", routeID: "gone", from: nil, to: "gone", reason: "x", text: "As told."))
+        #expect(kept.text == "As told.")
     }
 
     @Test("each verdict as a sentence, from the planner's reasons and from older versions' (\"down: …\")")

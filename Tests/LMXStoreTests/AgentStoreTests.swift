@@ -56,6 +56,13 @@ struct AgentStoreTests {
         let again = try AgentStore.open(path: path)
         #expect(try again.meta("last_good_route") == "lan/192.168.1.20:1234")
         #expect(try again.pairings().count == 1)
+        // Events keep their sentence (a column added to the old schema); one without reads nil.
+        try again.appendEvent(
+            kind: "health", routeID: "r", from: nil, to: "ready", reason: "ready", text: "Studio on the LAN is ready.",
+            at: 1)
+        try again.appendEvent(kind: "health", routeID: "r", from: nil, to: "down", reason: "x", at: 2)
+        let events = try again.recentEvents(limit: 2)
+        #expect(events.map(\.text) == ["Studio on the LAN is ready.", nil])
     }
 
     @Test("a file that is not a database is moved aside, with a log line, and a fresh one is created")

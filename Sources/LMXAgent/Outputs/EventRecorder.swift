@@ -13,9 +13,12 @@ public struct EventRecorder: AgentEventSink {
         let at = snapshot.originWall + now
         for event in events {
             if let row = event.record {
+                // The sentence with the names of now: still true once a route has gone.
+                let text = event.sentence(in: snapshot)
                 store.write("record an event") {
                     _ = try $0.appendEvent(
-                        kind: row.kind, routeID: row.routeID, from: row.from, to: row.to, reason: row.reason, at: at)
+                        kind: row.kind, routeID: row.routeID, from: row.from, to: row.to, reason: row.reason,
+                        text: text, at: at)
                 }
             }
             switch event {

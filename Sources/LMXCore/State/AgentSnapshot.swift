@@ -40,8 +40,10 @@ extension AgentSnapshot {
     /// A route as sentences name it, if the agent knows it.
     public func place(_ routeID: String) -> EventWords.Place? { planner.routes[routeID].map(planner.place) }
 
-    /// An event of the history with its sentence (`text`), its routes named as they are now.
+    /// An event of the history with its sentence (`text`): the one recorded with it, else (rows
+    /// of earlier versions) one made now, its routes named as they are now.
     public func told(_ event: StatusAPI.Event) -> StatusAPI.Event {
+        guard event.text?.isEmpty != false else { return event }
         var event = event
         event.text = EventWords.sentence(
             kind: event.kind, routeID: event.routeID, from: event.from, to: event.to, reason: event.reason,
