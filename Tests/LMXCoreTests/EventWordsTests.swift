@@ -20,7 +20,7 @@ import Testing
         #expect(sentence.hasSuffix("."), "\(sentence) \(context)")
         for word in forbidden { #expect(!sentence.contains(word), "\(word) in \(sentence) \(context)") }
         // No phrase of two words or more said twice in a row ("down: down", "ready: ready").
-        let parts = sentence.dropLast().split(separator: ":").map { $0.trimmingBlanks.lowercased() }
+        let parts = sentence.dropLast().split(separator: ":").map { String($0).trimmingASCIIWhitespace().lowercased() }
         for (a, b) in zip(parts, parts.dropFirst()) { #expect(a != b, "\(sentence) repeats \(a)") }
         #expect(!sentence.contains(": :") && !sentence.contains(".."), "\(sentence)")
     }
@@ -79,7 +79,7 @@ import Testing
                 "\(verdict.rawValue): HTTP 503", "",
             ] {
                 let sentence = EventWords.sentence(
-                    kind: "health", routeID: "r", from: nil, to: verdict.rawValue, reason: reason,
+                    kind: "health", routeID: "r", to: verdict.rawValue, reason: reason,
                     place: { _ in studio })
                 Self.check(sentence, reason)
                 #expect(sentence.hasPrefix("Studio on the LAN \(EventWords.predicate(verdict))"), "\(sentence)")
@@ -98,7 +98,7 @@ import Testing
     func kinds() {
         let known = ["lan-1": EventWords.Place(name: "Studio", via: .lan)]
         func say(_ kind: String, route: String? = nil, to: String? = nil, _ reason: String) -> String {
-            EventWords.sentence(kind: kind, routeID: route, from: nil, to: to, reason: reason, place: { known[$0] })
+            EventWords.sentence(kind: kind, routeID: route, to: to, reason: reason, place: { known[$0] })
         }
         let cases: [(String, String)] = [
             (

@@ -42,9 +42,7 @@ struct Dashboard: Sendable {
             return await large(context) { Self.json(board.snapshot.status(seq: agent.watch.seq, now: board.now())) }
         case .events:
             let limit = request.uri.queryParameters.get("limit", as: Int.self).map { min(max($0, 1), 200) } ?? 50
-            let events = (try? await agent.store.read { try $0.recentEvents(limit: limit) }) ?? []
-            let snapshot = board.snapshot
-            return Self.json(events.map(snapshot.told))
+            return Self.json(await agent.events(limit: limit))
         case .pairings:
             guard let pairings = try? await agent.pairingSummaries() else {
                 return Self.json(

@@ -37,6 +37,14 @@ public struct Agent: Sendable {
     }
 
     /// Every pairing with what the agent knows of its routes (no secrets).
+    /// The latest events of the history (oldest first), each with its sentence; none when the
+    /// database cannot be read.
+    public func events(limit: Int) async -> [StatusAPI.Event] {
+        let events = (try? await store.read { try $0.recentEvents(limit: limit) }) ?? []
+        let snapshot = board.snapshot
+        return events.map(snapshot.told)
+    }
+
     public func pairingSummaries() async throws -> [PairingSummary] {
         let stored = try await store.read { try $0.pairings() }
         let snapshot = board.snapshot

@@ -73,9 +73,7 @@ public enum StatusServer {
         }
         router.get("/v1/events") { request, _ -> Response in
             let limit = request.uri.queryParameters.get("limit", as: Int.self).map { min(max($0, 1), 1000) } ?? 100
-            let events = (try? await agent.store.read { try $0.recentEvents(limit: limit) }) ?? []
-            let snapshot = board.snapshot
-            return json(events.map(snapshot.told))
+            return json(await agent.events(limit: limit))
         }
         router.post("/v1/refresh") { _, context -> Response in
             if let denied = await forbidden(context, "ask for a refresh") { return denied }

@@ -63,13 +63,13 @@ public enum EventWords {
     /// "connection refused"; "ready" with `ready` is nothing. Reasons recorded by older versions
     /// ("down: connection refused") read the same.
     public static func detail(_ reason: String, verdict: HealthVerdict?) -> String {
-        var text = Substring(reason).trimmingBlanks
-        guard let verdict else { return String(text) }
+        var text = reason.trimmingASCIIWhitespace()
+        guard let verdict else { return text }
         for lead in [phrase(verdict), verdict.rawValue] {
             if text == lead { return "" }
-            if text.hasPrefix(lead + ": ") { text = text.dropFirst(lead.count + 2) }
+            if text.hasPrefix(lead + ": ") { text = String(text.dropFirst(lead.count + 2)) }
         }
-        return String(text)
+        return text
     }
 
     /// The route's situation in a sentence's words: "Studio on the LAN is not answering (timed out)".
@@ -97,20 +97,19 @@ public enum EventWords {
     /// One event of the history as a sentence. `place` names a route by its id (from the
     /// agent's state, or the event's own route); a route it no longer knows is "a server".
     public static func sentence(
-        kind: String, routeID: String?, from: String?, to: String?, reason: String, place: (String) -> Place?
+        kind: String, routeID: String?, to: String?, reason: String, place: (String) -> Place?
     ) -> String {
         let here = routeID.flatMap(place)
-        let reason = Substring(reason).trimmingBlanks
-        func with(_ lead: String, _ why: Substring) -> String {
-            let why = why.trimmingBlanks
-            return finished(why.isEmpty ? lead : "\(lead): \(why)")
+        let reason = reason.trimmingASCIIWhitespace()
+        func with(_ lead: String, _ why: String) -> String {
+            finished(why.isEmpty ? lead : "\(lead): \(why)")
         }
         switch kind {
         case "health":
             let verdict = to.flatMap(HealthVerdict.init(rawValue:))
             let subject = here?.words ?? "A server"
             guard let verdict else { return with("\(subject) changed", reason) }
-            return finished(situation(subject, verdict, detail: String(reason)))
+            return finished(situation(subject, verdict, detail: reason))
         case "active":
             guard to != nil else { return with("No server is usable now", reason) }
             return with("Requests now go \(here?.requestsGo ?? "to another server")", reason)
@@ -132,7 +131,7 @@ public enum EventWords {
         case "pairing-updated":
             return finished("The pairing with \(orServer(labelled(reason).1)) was updated")
         case "pairing-removed":
-            return finished("The pairing with \(orServer(reason)) was removed")
+            return finished("The pairing with \(orServer(Substring(reason))) was removed")
         case "pairing-expired":
             return "A pairing expired: pair again with a fresh code (lmx-pair)."
         case "network":
@@ -146,7 +145,7 @@ public enum EventWords {
 
     /// mDNS discovery's state (`avahi` in `/v1/status`) as a sentence.
     public static func discovery(_ name: String, detail: String?) -> String {
-        let why = detail.map { Substring($0).trimmingBlanks }.flatMap { $0.isEmpty ? nil : $0 }
+        let why = detail.map { $0.trimmingASCIIWhitespace() }.flatMap { $0.isEmpty ? nil : $0 }
         let text: String =
             switch name {
             case "running": "mDNS discovery is running: servers announced on the LAN are found"
@@ -161,8 +160,8 @@ public enum EventWords {
     }
 
     /// "what: name" as the agent records a found server or a pairing.
-    static func labelled(_ reason: Substring) -> (Substring, Substring) {
-        guard let colon = reason.firstRange(of: ": ") else { return ("", reason) }
+    static func labelled(_ reason: String) -> (Substring, Substring) {
+        guard let colon = reason.firstRange(of: ": ") else { return ("", reason[...]) }
         return (reason[..<colon.lowerBound], reason[colon.upperBound...])
     }
 
@@ -172,15 +171,6 @@ public enum EventWords {
     static func finished(_ text: String) -> String {
         guard let last = text.last else { return text }
         return ".!?".contains(last) ? text : text + "."
-    }
-}
-
-extension Substring {
-    var trimmingBlanks: Substring {
-        var text = self
-        while text.first?.isWhitespace == true { text = text.dropFirst() }
-        while text.last?.isWhitespace == true { text = text.dropLast() }
-        return text
     }
 }
 
@@ -194,11 +184,11 @@ extension StatusAPI.WatchLine {
         case .active:
             guard let active else {
                 return EventWords.sentence(
-                    kind: "active", routeID: nil, from: nil, to: nil, reason: reason, place: { _ in nil })
+                    kind: "active", routeID: nil, to: nil, reason: reason, place: { _ in nil })
             }
             let place = EventWords.Place(name: active.name, via: active.via)
             return EventWords.sentence(
-                kind: "active", routeID: active.routeID, from: nil, to: active.routeID, reason: reason,
+                kind: "active", routeID: active.routeID, to: active.routeID, reason: reason,
                 place: { _ in place })
         case .health, .candidateAdded, .candidateRemoved:
             guard let route else { return nil }
@@ -206,7 +196,7 @@ extension StatusAPI.WatchLine {
             let kind = type == .health ? "health" : type.rawValue
             let said = type == .candidateAdded ? "\(route.source.rawValue): \(route.name)" : reason
             return EventWords.sentence(
-                kind: kind, routeID: route.id, from: nil, to: route.verdict?.rawValue, reason: said,
+                kind: kind, routeID: route.id, to: route.verdict?.rawValue, reason: said,
                 place: { _ in place })
         case .avahi:
             return EventWords.discovery(avahi ?? "unknown", detail: reason.isEmpty ? nil : reason)

@@ -129,7 +129,7 @@ extension AgentEvent {
             break
         }
         return EventWords.sentence(
-            kind: row.kind, routeID: row.routeID, from: row.from, to: row.to, reason: row.reason,
+            kind: row.kind, routeID: row.routeID, to: row.to, reason: row.reason,
             place: { id in own[id].map(snapshot.planner.place) ?? snapshot.place(id) })
     }
 }

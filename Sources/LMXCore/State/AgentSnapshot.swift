@@ -43,11 +43,10 @@ extension AgentSnapshot {
     /// An event of the history with its sentence (`text`): the one recorded with it, else (rows
     /// of earlier versions) one made now, its routes named as they are now.
     public func told(_ event: StatusAPI.Event) -> StatusAPI.Event {
-        guard event.text?.isEmpty != false else { return event }
+        if let text = event.text, !text.isEmpty { return event }
         var event = event
         event.text = EventWords.sentence(
-            kind: event.kind, routeID: event.routeID, from: event.from, to: event.to, reason: event.reason,
-            place: place)
+            kind: event.kind, routeID: event.routeID, to: event.to, reason: event.reason, place: place)
         return event
     }
 
