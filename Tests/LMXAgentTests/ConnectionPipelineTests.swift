@@ -3,6 +3,7 @@ import LMXCore
 import Logging
 import NIOCore
 import NIOEmbedded
+import NIOHTTP1
 import Testing
 
 @testable import LMXAgent
@@ -23,9 +24,15 @@ final class PipelineHarness {
     /// Connections that fail to open (by address authority).
     var refuse: Set<String> = []
 
-    init(_ fixture: AgentFixture, configuration: GatewayConfiguration = GatewayConfiguration(), uid: UInt32 = 1000)
-        throws
-    {
+    /// The general path behind the handler, when the harness has one (``init(_:configuration:uid:generalPath:)``).
+    let generalPath: GeneralPathRecorder?
+
+    init(
+        _ fixture: AgentFixture, configuration: GatewayConfiguration = GatewayConfiguration(), uid: UInt32 = 1000,
+        generalPath: Bool = false
+    ) throws {
+        let recorder = generalPath ? GeneralPathRecorder() : nil
+        self.generalPath = recorder
         gateway = try Gateway(
             agent: fixture.agent, configuration: configuration, extraCAFile: nil, logger: Logger(label: "test"))
         guard let dataPath = gateway.dataPath, let tls = dataPath.state(for: dataPath.group.next())?.pool.tls else {
@@ -37,7 +44,8 @@ final class PipelineHarness {
             clientTimeout: .milliseconds(Int64(configuration.clientTimeout * 1000)))
         self.dataPath = dataPath
         self.uid = uid
-        (client, handler) = try Self.connect(dataPath: dataPath, state: state, limiter: limiter, loop: loop, uid: uid)
+        (client, handler) = try Self.connect(
+            dataPath: dataPath, state: state, limiter: limiter, loop: loop, uid: uid, generalPath: recorder)
         pool.connector = { [unowned self] address, _ in
             self.connected.append(address.authority)
             if self.refuse.contains(address.authority) {
@@ -51,6 +59,43 @@ final class PipelineHarness {
 
     struct GeneralPathNotHere: Error {}
 
+    /// The client connection's front (the data path's reader).
+    var front: ClientFront { handler.front! }
+
+    /// The general path's place in the pipeline: records the request parts llhttp passes on, and
+    /// answers the oldest request when told (``answerNext(_:)``).
+    final class GeneralPathRecorder: ChannelInboundHandler, RemovableChannelHandler {
+        typealias InboundIn = HTTPServerRequestPart
+        typealias OutboundOut = HTTPServerResponsePart
+        private var context: ChannelHandlerContext?
+        /// The targets of the requests whose heads arrived, in order.
+        private(set) var heads: [String] = []
+        /// The requests whose `.end` arrived.
+        private(set) var ends = 0
+        private(set) var answered = 0
+
+        func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            switch unwrapInboundIn(data) {
+            case .head(let head): heads.append(head.uri)
+            case .body: break
+            case .end: ends += 1
+            }
+        }
+
+        /// Answers the oldest request not yet answered with `body`.
+        func answerNext(_ body: String) {
+            guard let context, answered < heads.count else { return }
+            answered += 1
+            var head = HTTPResponseHead(version: .http1_1, status: .ok)
+            head.headers.add(name: "Content-Length", value: "\(body.utf8.count)")
+            context.write(wrapOutboundOut(.head(head)), promise: nil)
+            context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: body)))), promise: nil)
+            context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        }
+    }
+
     private let dataPath: GatewayDataPath
     private let limiter = ConnectionLimiter(perUser: 16)
     /// The clients' user, as the kernel would name it.
@@ -61,13 +106,22 @@ final class PipelineHarness {
     /// A client connection of the loop: the front and the handler on an `EmbeddedChannel`.
     private static func connect(
         dataPath: GatewayDataPath, state: GatewayDataPath.LoopState, limiter: ConnectionLimiter,
-        loop: EmbeddedEventLoop, uid: UInt32
+        loop: EmbeddedEventLoop, uid: UInt32, generalPath: GeneralPathRecorder? = nil
     ) throws -> (EmbeddedChannel, GatewayConnectionHandler) {
         guard let admission = limiter.admitUnnamed(asking: { uid }) else { throw GeneralPathNotHere() }
+        let front = ClientFront()
         let handler = GatewayConnectionHandler(
             dataPath: dataPath, state: state, peer: PeerUser(limiter: limiter, admission: admission), overTCP: false,
-            startGeneralPath: { _ in throw GeneralPathNotHere() })
-        let front = ClientFront()
+            startGeneralPath: { channel in
+                // SwiftNIO's HTTP/1 handlers where the daemon puts them, and a recorder in place
+                // of Hummingbird's.
+                guard let generalPath else { throw GeneralPathNotHere() }
+                let sync = channel.pipeline.syncOperations
+                try sync.configureHTTPServerPipeline(
+                    position: .after(front), withPipeliningAssistance: false, withErrorHandling: false,
+                    withOutboundHeaderValidation: false)
+                try sync.addHandler(generalPath)
+            })
         front.handler = handler
         handler.front = front
         let client = EmbeddedChannel(loop: loop)

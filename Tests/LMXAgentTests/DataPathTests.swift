@@ -391,27 +391,29 @@ struct DataPathTests {
     }
 
     /// Runs `chunks` through a relay: what was passed on, chunk by chunk, and the finish.
-    func relay(_ chunks: [String]) -> (out: [String], rest: String?, cut: Bool, events: Int) {
+    func relay(_ chunks: [String]) -> (out: [String], rest: String?, events: Int) {
         let relay = EventRelay()
         var out: [String] = []
         for chunk in chunks {
             relay.pass(ByteBuffer(string: chunk)) { out.append(String(buffer: $0)) }
         }
-        let (rest, cut) = relay.finish()
-        return (out, rest.map { String(buffer: $0) }, cut, relay.tally.events)
+        let rest = relay.finish()
+        return (out, rest.map { String(buffer: $0) }, relay.tally.events)
     }
 
-    @Test("whole events pass at once; a partial one waits for its end; a stream cut mid-line is cut")
+    @Test(
+        "whole events pass at once; a partial one waits for its end; a body that ended cleanly completes its last event, never reported cut"
+    )
     func wholeEvents() {
         let whole = relay(["data: 1\n\n", "data: 2\n\ndata: 3\n\n"])
-        #expect(whole.out == ["data: 1\n\n", "data: 2\n\ndata: 3\n\n"] && whole.rest == nil && !whole.cut)
+        #expect(whole.out == ["data: 1\n\n", "data: 2\n\ndata: 3\n\n"] && whole.rest == nil)
         #expect(whole.events == 3)
         let split = relay(["data: 1\n\ndata: ", "2\n", "\n"])
         #expect(split.out == ["data: 1\n\n", "data: 2\n\n"] && split.events == 2)
-        // A whole line without its blank line is completed; half a line is a cut stream.
+        // The body ended as its framing says: a whole line, or half of one, completes the event.
         #expect(relay(["data: 1\n"]).rest == "data: 1\n\n")
-        let cut = relay(["data: 1\n\ndata: 2"])
-        #expect(cut.out == ["data: 1\n\n"] && cut.cut)
+        let unfinished = relay(["data: 1\n\ndata: [DONE]"])
+        #expect(unfinished.out == ["data: 1\n\n"] && unfinished.rest == "data: [DONE]\n\n")
         // CRLF boundaries count too.
         #expect(relay(["data: 1\r\n\r\n"]).out == ["data: 1\r\n\r\n"])
     }

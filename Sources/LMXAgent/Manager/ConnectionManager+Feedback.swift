@@ -15,6 +15,21 @@ extension ConnectionManager {
         pump(reselect: false)
     }
 
+    /// A request through the route was answered by a page that is not the server's (a login
+    /// page, a tunnel's error page, a captive portal): counted as a failed probe with that
+    /// verdict and cause, as the probes would have seen it had they been answered the same way.
+    public func gatewayFoundNotServer(_ routeID: String, _ foreign: ForeignAnswer) {
+        guard planner.routes[routeID] != nil, !stopped else { return }
+        let t = clock.now()
+        let place = planner.routes[routeID].map { ServerTable.printable(planner.place($0).words) } ?? "a route"
+        logger.notice(
+            "A request through \(place) was not answered by the server (\(foreign.detail)).",
+            metadata: ["route": "\(routeID)"])
+        let report = ProbeReport(verdict: foreign.verdict, latency: 0, detail: foreign.detail)
+        let events = planned(planner.record(report, for: routeID, full: false, now: t))
+        pump(events, reselect: false)
+    }
+
     func serverEvent(_ event: ServerEvent, routeID: String) {
         guard routeID == planner.activeID, !stopped else { return }
         let t = clock.now()

@@ -24,6 +24,8 @@ extension GatewayExchange {
         case malformedBody
         /// The client's `Expect` is not `100-continue`.
         case expectationFailed
+        /// Every route tried answered with a page that is not the server's (the last one's).
+        case notTheServer(ForeignAnswer)
         /// The plan's own refusal (a model only untrusted servers have, a key the request needs).
         case refused(status: Int, code: String, message: String)
 
@@ -84,6 +86,8 @@ extension GatewayExchange {
                     "the gateway meets only \"Expect: 100-continue\"; send the request without the other expectation",
                     nil
                 )
+            case .notTheServer(let foreign):
+                (foreign.answer.status, foreign.answer.code, foreign.answer.message, nil)
             case .refused(let status, let code, let message):
                 (status, code, message, status == 503 ? 2 : nil)
             case .ambiguous(let key):

@@ -239,8 +239,13 @@ public struct GatewayExchange: Sendable {
 
     /// The answer's head came. `busyFor`: the server said it is busy (429, 503) and cools down
     /// for that many seconds; another route takes the request if one is left and the body is
-    /// whole, else the answer passes as it is.
-    public mutating func answerHead(busyFor cooldown: Double?, status: Int, stream: Bool) -> Action {
+    /// whole, else the answer passes as it is. `foreign`: the answer is not the server's
+    /// (``ForeignAnswer``): never passed on; another route takes the request when it may still
+    /// be sent (``RetryRule``: one that never reached a server as if not sent), else the client
+    /// gets the gateway's error naming the cause.
+    public mutating func answerHead(
+        busyFor cooldown: Double?, status: Int, stream: Bool, foreign: ForeignAnswer? = nil
+    ) -> Action {
         guard phase == .forwarding else { return .none }
         if resuming {
             // The client has its head: the new answer continues it, or the stream is lost.
@@ -248,6 +253,24 @@ public struct GatewayExchange: Sendable {
             phase = .answering
             isStream = true
             return status == 200 && stream ? .continueAnswer : .streamLost
+        }
+        if let foreign {
+            let reached = foreign.mayHaveReachedServer
+            if repeatable, reached, pinnedTo == nil { pinnedTo = attempt }
+            switch RetryRule.decide(
+                reached ? .failedBeforeAnswer : .notSent, method: method, bodyWhole: bodyWhole, attempt: attempt,
+                routes: routes, resentOnNewConnection: resentOnNewConnection, repeatable: repeatable)
+            {
+            case .nextRoute:
+                if let next = nextRoute(after: attempt) {
+                    attempt = next
+                    phase = .connecting
+                    return .connect(attempt: attempt, fresh: false)
+                }
+            case .sameRouteNewConnection, .answer:
+                break  // (the same edge would answer the same page)
+            }
+            return respond(.notTheServer(foreign))
         }
         if let cooldown,
             RetryRule.decide(

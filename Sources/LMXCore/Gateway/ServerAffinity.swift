@@ -110,6 +110,27 @@ public enum ServerAffinity {
         method == "POST" && path.containsBytes("runs") && segments(path) == ["v1", "agents", "runs"]
     }
 
+    /// Whose `Idempotency-Key` makes a run's creation safe to send again.
+    public enum RunKey: Sendable, Hashable {
+        /// The client's: one key, not empty, that reaches the server.
+        case client
+        /// The gateway's own, added: the client sent none, or one that never reaches the server
+        /// (it listed the header in `Connection`, which drops it at this hop).
+        case added
+        /// None: the client's key reaches the server but says nothing it can honour (empty, or
+        /// more than one): the request goes once.
+        case none
+    }
+
+    /// Whose key a run's creation carries (``RunKey``): a request is repeatable only for what the
+    /// server will actually receive. `keys`: the values of the client's `Idempotency-Key`
+    /// headers; `connectionListed`: the names its `Connection` headers list (lower case).
+    public static func runKey(keys: [String], connectionListed: [String]) -> RunKey {
+        if keys.isEmpty || connectionListed.contains("idempotency-key") { return .added }
+        guard keys.count == 1, !keys[0].trimmingASCIIWhitespace().isEmpty else { return .none }
+        return .client
+    }
+
     /// The object a successful JSON answer made: its top-level `id` (or `run_id`).
     public static func madeByAnswer(_ answer: [UInt8], path: String) -> ServerObject? {
         let parts = segments(path)

@@ -28,6 +28,9 @@ final class EventRelay {
         var dropRepeat = false
     }
 
+    /// The bytes of an unfinished event it holds, and the last event a resumable stream keeps.
+    var bytesHeld: Int { held.readableBytes + (resumable?.last.count ?? 0) }
+
     /// Looks at the events as they pass, for a stream that may be opened again.
     func makeResumable() { resumable = ResumableEvents() }
 
@@ -156,16 +159,19 @@ final class EventRelay {
         return nil
     }
 
-    /// The stream ended: what completes its last event (one that ends after a whole line but
-    /// without the blank line), nil when nothing is held; `cut` when it ended mid-line (a reader
-    /// would drop that event: treated as a lost connection).
-    func finish() -> (rest: ByteBuffer?, cut: Bool) {
+    /// The stream's body ended as its framing says (its length, its last chunk): what completes
+    /// its last event, nil when nothing is held. An event the server did not close with its blank
+    /// line (`data: [DONE]` and the body's end) is whole: the server said so by ending the body
+    /// cleanly, so it is passed on with the line ends a reader needs, never reported as cut.
+    func finish() -> ByteBuffer? {
         var rest = ByteBuffer()
         swap(&rest, &held)
-        guard rest.readableBytes > 0 else { return (nil, false) }
-        guard rest.readableBytesView.last == 0x0A else { return (nil, true) }
-        rest.writeString("\n")
-        return (rest, false)
+        guard rest.readableBytes > 0 else { return nil }
+        rest.writeString(rest.readableBytesView.last == 0x0A ? "\n" : "\n\n")
+        var seen = resumable
+        if seen != nil, Self.isDone(Array(rest.readableBytesView)[...]) { seen?.done = true }
+        resumable = seen
+        return rest
     }
 
     /// The connection was lost mid-stream: what was held is dropped; an event already partly

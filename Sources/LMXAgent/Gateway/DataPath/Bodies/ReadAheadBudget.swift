@@ -44,6 +44,21 @@ final class ReadAheadBudget: Sendable {
             return taken
         }
 
+        /// What it holds of the budget now.
+        var bytes: Int { held.withLock { $0 } }
+
+        /// Counts `bytes` more (or, negative, fewer) that are already held: a coalesced body's
+        /// room to grow, at most the body's own bytes. They may take the budget past its bound by
+        /// that much, and leave less room for what comes next.
+        func hold(_ bytes: Int) {
+            guard bytes != 0 else { return }
+            budget.state.withLock { s in
+                s.left -= bytes
+                s.byUser[user, default: 0] += bytes
+            }
+            held.withLock { $0 += bytes }
+        }
+
         deinit {
             let bytes = held.withLock { $0 }
             guard bytes > 0 else { return }

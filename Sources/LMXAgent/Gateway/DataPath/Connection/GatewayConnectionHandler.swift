@@ -87,6 +87,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if request.phase == .finished { return .finished }
         return request.clientEnded ? .answering : .reading
     }
+    /// The loop tells this handler of each change of the agent's state (``watchState()``).
+    var watchesState = false
     /// Parts were passed to the general path since the last read batch ended.
     var firedRead = false
     /// The connection's slot in its loop's ``ConnectionSweep`` while it is open.
@@ -243,6 +245,15 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if case .end = unwrapOutboundIn(data), life.handedOver > 0 {
             let nowIdle = life.generalPathAnswered(exchangeNow)
             context.write(data, promise: promise)
+            if life.handedOver == 0, llhttpQueue != nil || front?.holdsForLLHTTP == true {
+                // The request llhttp read next, its turn now (after this write returned to the
+                // general path's handlers, as below).
+                context.eventLoop.assumeIsolated().execute { [self] in
+                    guard self.context != nil else { return }
+                    self.releaseLLHTTPQueue()
+                    self.closeIfDone()
+                }
+            }
             if nowIdle {
                 idleSince = .now()
                 if life.closeWhenIdle { context.flush() }
@@ -262,8 +273,44 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         context.write(data, promise: promise)
     }
 
+    /// The bytes the connection holds beyond its socket's receive buffers, as stored: the body
+    /// read ahead (with its buffer's room to grow), the answer held until an upload ends, an
+    /// unfinished event, parts read ahead and queued (a head as its bytes, a parsed head of
+    /// llhttp's at an estimate of its `HTTPRequestHead`), bytes waiting for either reader, and
+    /// what is gathered for the next flush. Bounded (docs/gateway.md, "Bytes held"): the
+    /// generated pipeline test checks it after every step.
+    var bytesHeld: Int {
+        var total = gathered.capacity + (front?.bytesWaiting ?? 0)
+        if let request {
+            total += request.parts.reduce(0) { $0 + $1.readableBytes } + request.slack + request.heldStorage
+            total += request.relay?.bytesHeld ?? 0
+            total += request.madeAnswer?.capacity ?? 0
+        }
+        for part in queued ?? [] {
+            switch part {
+            case .head(let head, _): total += head.raw.readableBytes
+            case .body(let bytes), .other(let bytes): total += bytes.readableBytes
+            case .end, .malformed: break
+            }
+        }
+        for part in llhttpQueue ?? [] {
+            switch part {
+            case .head(let head):
+                total += Self.parsedHeadCost + head.headers.reduce(0) { $0 + $1.name.utf8.count + $1.value.utf8.count }
+            case .body(let bytes): total += bytes.readableBytes
+            case .end: break
+            }
+        }
+        return total
+    }
+
+    /// What a parsed `HTTPRequestHead` takes beyond its texts (its storage, headers array).
+    static let parsedHeadCost = 256
+
     /// No request waits: none queued here, no bytes held back by the front.
-    var nothingQueued: Bool { queued == nil && front?.holdsUnread != true }
+    var nothingQueued: Bool {
+        queued == nil && front?.holdsUnread != true && llhttpQueue == nil && front?.holdsForLLHTTP != true
+    }
 
     /// Reads wait while parts are queued or bytes wait to be parsed, while a connection is being
     /// made, and while the upstream cannot take more of the body.
@@ -282,10 +329,31 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         context.read()
     }
 
-    /// Parts of requests llhttp read: all go to the general path.
+    /// Parts of requests llhttp read: all go to the general path, one request at a time. A
+    /// request parsed behind one the general path has not answered yet waits here
+    /// (``llhttpQueue``), and the front gives llhttp no more bytes meanwhile
+    /// (``ClientFront/feedLLHTTP(_:)``): pipelined requests behind a head llhttp reads cost what
+    /// one slice of bytes parses into, not a parsed request each for a whole read.
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let part = unwrapInboundIn(data)
         guard ensureGeneralPath() else { return }
+        if llhttpQueue != nil || (life.handedOver > 0 && Self.isHead(part)) {
+            var queue = llhttpQueue.take() ?? []
+            queue.append(part)
+            if case .end = part { llhttpQueuedEnds += 1 }
+            llhttpQueue = queue
+            return
+        }
+        toGeneralPath(part, context: context)
+    }
+
+    static func isHead(_ part: HTTPServerRequestPart) -> Bool {
+        if case .head = part { return true }
+        return false
+    }
+
+    /// A part of a request llhttp read, passed to the general path.
+    func toGeneralPath(_ part: HTTPServerRequestPart, context: ChannelHandlerContext) {
         switch part {
         case .head:
             life.generalPathHead()
@@ -294,7 +362,33 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .end: life.generalPathEnd()
         }
         firedRead = true
-        context.fireChannelRead(data)
+        context.fireChannelRead(wrapInboundOut(part))
+    }
+
+    /// Parts llhttp read behind a request the general path is answering (nil: none).
+    var llhttpQueue: CircularBuffer<HTTPServerRequestPart>?
+    /// The `.end`s in ``llhttpQueue``.
+    var llhttpQueuedEnds = 0
+    /// llhttp is given no more bytes: it read a whole request ahead, or many parts of one.
+    var llhttpQueueFull: Bool { llhttpQueuedEnds > 0 || (llhttpQueue?.count ?? 0) >= Self.maxLLHTTPQueued }
+    static let maxLLHTTPQueued = 64
+
+    /// The general path answered: the requests llhttp read after, their turn now, one at a time;
+    /// then llhttp is given the bytes the front held for it.
+    func releaseLLHTTPQueue() {
+        guard let context else { return }
+        while life.handedOver == 0 || !(llhttpQueue.map { Self.isHead($0.first!) } ?? true),
+            var queue = llhttpQueue.take()
+        {
+            let part = queue.removeFirst()
+            if case .end = part { llhttpQueuedEnds -= 1 }
+            if !queue.isEmpty { llhttpQueue = queue }
+            toGeneralPath(part, context: context)
+        }
+        endReadBatchIfFired()
+        front?.feedLLHTTP(nil)
+        endReadBatchIfFired()
+        resumeReadsIfHeld()
     }
 
     /// A request handed over to the general path has all come and waits for its answer there.
@@ -325,7 +419,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         if case .other(let bytes) = part {
             // The front reads no more of this connection: llhttp does, for the general path.
             life.llhttpTakesRest()
-            if ensureGeneralPath() { front?.toLLHTTP(bytes) }
+            if ensureGeneralPath() { front?.feedLLHTTP(bytes) }
             endReadBatchIfFired()
             return
         }
@@ -361,14 +455,19 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             return
         case .refuse(let refusedPath, let refusal):
             // The body (within the limit) is read and dropped, then the refusal answers it; one
-            // too large is answered at once, and the connection closes.
+            // too large is answered at once, and the connection closes. So is a body the client
+            // holds back until it hears `100 Continue` (`Expect: 100-continue`): it would wait
+            // for a word while the gateway waits for its body (RFC 9110 §10.1.1: a final status
+            // instead of 100, and the body need not be read).
             let request = ForwardedRequest(
                 head: head, path: refusedPath, declaredLength: length, mayConcern: false,
                 configuration: gateway.configuration)
             self.request = request
             gateway.metrics.gatewayRefused.increment()
-            return run(
-                request.exchange.refuse(refusal, atOnce: length > gateway.configuration.maxRequestBytes), for: request)
+            let atOnce =
+                length > gateway.configuration.maxRequestBytes
+                || (length != 0 && Self.expectation(head) == .continue100)
+            return run(request.exchange.refuse(refusal, atOnce: atOnce), for: request)
         case .forward(let forwardedPath, let concern):
             path = forwardedPath
             mayConcern = concern

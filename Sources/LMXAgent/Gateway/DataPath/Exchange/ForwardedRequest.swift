@@ -27,8 +27,15 @@ final class ForwardedRequest {
     let started = SystemClock.monotonic()
     /// What the body read ahead holds of the shared budget (made with the first body part).
     private var reservation: ReadAheadBudget.Reservation?
-    /// The body read ahead (while collecting), then what arrives while connecting.
+    /// The body read ahead (while collecting), then what arrives while connecting: one part as
+    /// it came, or from the second on one buffer they are copied into (``add(_:)``), never a
+    /// buffer per part (a body sent a byte at a time held about 180 bytes per byte that way).
     var parts: [ByteBuffer] = []
+    /// Bytes of storage ``parts`` holds beyond the body's own bytes (a coalesced buffer's room to
+    /// grow), counted against the read-ahead budget with them.
+    private(set) var slack = 0
+    /// ``parts`` is one buffer of the gateway's own (not a slice of a read).
+    private var coalesced = false
     var model: String?
     /// The client brings a key of its own (`Authorization`, `X-Api-Key`).
     var clientHasKey = false
@@ -84,21 +91,79 @@ final class ForwardedRequest {
     /// The route tried now.
     var target: GatewayTarget { targets[min(exchange.attempt, targets.count - 1)] }
 
-    /// Keeps a part of the body (the array moved out and back: its growth spans a call the
-    /// compiler cannot see into, which would make every access to it checked at run time).
+    /// Keeps a part of the body: the first as it came (a slice of the read that brought it),
+    /// the next ones copied with it into one buffer of the body's size when declared, else grown
+    /// by doubling (``countStorage(in:for:)`` counts it). (The array moved out and back: its
+    /// growth spans a call the compiler cannot see into, which would make every access to it
+    /// checked at run time.)
     func add(_ chunk: ByteBuffer) {
         var parts: [ByteBuffer] = []
         swap(&parts, &self.parts)
-        parts.append(chunk)
-        swap(&parts, &self.parts)
+        defer { swap(&parts, &self.parts) }
+        guard var whole = parts.first else {
+            parts.append(chunk)
+            return
+        }
+        parts = []
+        var chunk = chunk
+        let needed = whole.readableBytes + chunk.readableBytes
+        if !coalesced {
+            // The first copy: one buffer sized for the declared body when that is near, or for
+            // twice what came.
+            coalesced = true
+            let declared = exchange.declaredLength
+            var buffer = ByteBufferAllocator().buffer(
+                capacity: declared >= needed && declared <= needed * 2 ? declared : needed * 2)
+            buffer.writeBuffer(&whole)
+            whole = buffer
+        }
+        whole.writeBuffer(&chunk)
+        parts.append(whole)
+        slack = whole.capacity - whole.readableBytes
     }
 
-    /// Holds a part of the answer (as ``add(_:)``).
+    /// Once the body is one buffer of the gateway's (``add(_:)``), its reservation counts that
+    /// buffer's whole capacity: the bytes the budget took as they came, and the room beyond them.
+    func countStorage(in budget: ReadAheadBudget, for peer: PeerUser) {
+        guard coalesced, let whole = parts.first else { return }
+        let reservation = reservation(from: budget, for: peer)
+        reservation.hold(whole.capacity - reservation.bytes)
+    }
+
+    /// Holds a part of the answer (as ``add(_:)``): body parts after the first copied into one
+    /// buffer of the gateway's, never a slice of a server's read each (a server sending a byte a
+    /// chunk would have had each read's buffer and an entry per byte held).
     func hold(_ part: ClientOutput) {
         var held: [ClientOutput] = []
         swap(&held, &heldAnswer)
-        held.append(part)
-        swap(&held, &heldAnswer)
+        defer { swap(&held, &heldAnswer) }
+        guard case .body(var bytes) = part, case .body(var last)? = held.last else {
+            held.append(part)
+            heldOwned = false
+            return
+        }
+        held.removeLast()
+        if !heldOwned {
+            heldOwned = true
+            var owned = ByteBufferAllocator().buffer(capacity: 2 * (last.readableBytes + bytes.readableBytes))
+            owned.writeBuffer(&last)
+            last = owned
+        }
+        last.writeBuffer(&bytes)
+        held.append(.body(last))
+    }
+
+    /// The last part of ``heldAnswer`` is a body buffer of the gateway's own.
+    private var heldOwned = false
+
+    /// The storage the held answer takes.
+    var heldStorage: Int {
+        heldAnswer.reduce(0) { total, part in
+            switch part {
+            case .head(let bytes), .body(let bytes): total + max(bytes.capacity, bytes.readableBytes)
+            case .end: total
+            }
+        }
     }
 
     func reservation(from budget: ReadAheadBudget, for peer: PeerUser) -> ReadAheadBudget.Reservation {

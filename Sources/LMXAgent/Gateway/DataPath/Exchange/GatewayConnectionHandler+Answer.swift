@@ -16,10 +16,30 @@ extension GatewayConnectionHandler {
             let target = request.target
             // What the rules read of the answer's headers, read with the head.
             let read = head.read
-            let cooldown = RouteLoad.busyCooldown(
-                code: head.status, retryAfter: read.retryAfter, cap: gateway.configuration.busyCooldownMax)
+            // A page that is not the server's (a login page, a tunnel's error page, a captive
+            // portal): never passed on as if it were the answer; the route is marked with its cause.
+            let foreign = ForeignAnswer.recognise(status: head.status, html: read.html, location: read.location)
+            let cooldown =
+                foreign != nil
+                ? nil
+                : RouteLoad.busyCooldown(
+                    code: head.status, retryAfter: read.retryAfter, cap: gateway.configuration.busyCooldownMax)
             if let cooldown { gateway.load.coolDown(target.routeKey, seconds: cooldown) }
-            let action = request.exchange.answerHead(busyFor: cooldown, status: head.status, stream: read.eventStream)
+            // An event stream the gateway reads as it passes (and may end with its own error event,
+            // or continue from another answer): never one in a content coding it does not read,
+            // which is passed on untouched, as any other body.
+            let relayed = read.eventStream && !read.encoded
+            let resuming = request.exchange.resuming
+            let action = request.exchange.answerHead(
+                busyFor: cooldown, status: head.status, stream: relayed, foreign: foreign)
+            if let foreign, !resuming {
+                gateway.logger.notice(
+                    "gateway: a route answered with a page that is not the server's",
+                    metadata: ["route": "\(target.routeID)", "status": "\(head.status)", "cause": "\(foreign.detail)"])
+                let manager = gateway.agent.manager
+                let routeID = target.routeID
+                Task { await manager.gatewayFoundNotServer(routeID, foreign) }
+            }
             switch action {
             case .continueAnswer:
                 // A stream opened again: the client has its head; the events go on.
@@ -32,11 +52,18 @@ extension GatewayConnectionHandler {
                 break
             }
             if case .connect = action {
-                // Busy (429, 503) before any byte reached the client: another server with the
-                // model takes it, on this path (the busy one cools down meanwhile).
-                gateway.logger.info(
-                    "gateway: server busy, trying the next",
-                    metadata: ["route": "\(target.routeID)", "status": "\(head.status)"])
+                // Busy (429, 503), or a page that is not the server's, before any byte reached the
+                // client: another route with the model takes it, on this path (a busy one cools
+                // down meanwhile).
+                if foreign == nil {
+                    gateway.logger.info(
+                        "gateway: server busy, trying the next",
+                        metadata: ["route": "\(target.routeID)", "status": "\(head.status)"])
+                }
+                return run(action, for: request)
+            }
+            if case .respond = action {
+                gateway.metrics.gatewayFailures.increment()
                 return run(action, for: request)
             }
             guard case .passAnswer = action else { return }
@@ -52,13 +79,13 @@ extension GatewayConnectionHandler {
                     request.madeAnswer?.reserveCapacity(length)
                 }
             }
-            let events = read.eventStream
+            let events = relayed
             if events {
                 let relay = EventRelay()
                 if request.exchange.resumable { relay.makeResumable() }
                 request.relay = relay
                 request.lastUpstreamByte = .now()
-                state.watchStreams(self)
+                watchState()
             }
             let series = TrafficTap(
                 traffic: gateway.agent.traffic, model: request.model, started: request.started
@@ -70,7 +97,11 @@ extension GatewayConnectionHandler {
             // bytes straight into the head's (the names and values read strictly by
             // ``UpstreamResponseParser``: tokens, no line breaks or control characters; and ours).
             upstream.keepFor = .seconds(Int64(read.keepAlive.seconds))
-            let length = read.contentLength
+            // One framing per answer, kept on every path: a relayed stream may get the gateway's
+            // error event or another answer's events after its own, so the client is promised
+            // no length for it (chunked, or to HTTP/1.0 the connection's close), whatever the
+            // server's length said.
+            let length = relayed ? nil : read.contentLength
             let connectionListed = read.connectionListed
             request.keepAlive = request.head.keepAlive
             let bytes = head.bytes.withUnsafeReadableBytes { raw in
@@ -117,9 +148,7 @@ extension GatewayConnectionHandler {
         case .end:
             guard request.phase == .answering else { return }
             if let relay = request.relay {
-                let (rest, cut) = relay.finish()
-                if cut { return streamLost(request, error: Gateway.StreamEndedMidEvent()) }
-                if let rest { emit(.body(rest), for: request) }
+                if let rest = relay.finish() { emit(.body(rest), for: request) }
                 if let series = request.traffic {
                     TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
                         .streamed(series: series, relay.tally)
@@ -269,8 +298,13 @@ extension GatewayConnectionHandler {
     /// A stream of events lost mid-answer: ended with an `error` event naming the route, and the
     /// agent probes it again.
     func streamLost(_ request: ForwardedRequest, error: any Error) {
-        guard context != nil, let relay = request.relay else { return }
+        guard context != nil else { return }
         let target = request.target
+        guard let relay = request.relay else {
+            // Nothing of the gateway's can be written into this answer: the client sees its
+            // connection close short of the answer's end, as from the server.
+            return end(request, upstream: .close, client: .close)
+        }
         detachUpstream(request)?.channel.close(promise: nil)
         emit(.body(relay.lost(target: target, error: error)), for: request)
         emit(.end, for: request)

@@ -165,11 +165,22 @@ extension GatewayConnectionHandler {
             // A run is made once, whatever happens to the connection: the server honours an
             // `Idempotency-Key` (the same key and body return the run it made), so the request
             // carries one — the client's, or 128 random bits of the gateway's — and may go again.
+            // Repeatable only for a key the server will receive: one the client lists in
+            // `Connection` is dropped at this hop (ours is added), an empty or doubled one is
+            // passed on but honours nothing (the request goes once).
             if ServerAffinity.createsRun(method: method, path: path) {
-                if request.head.first("idempotency-key") == nil {
+                let listed =
+                    request.head.contains(.connection)
+                    ? GatewayPolicy.connectionListed(request.head.all("connection")) ?? [] : []
+                switch ServerAffinity.runKey(
+                    keys: request.head.all("idempotency-key").map(\.value), connectionListed: listed)
+                {
+                case .client: request.exchange.repeatable = true
+                case .added:
                     request.addedIdempotencyKey = Self.newIdempotencyKey()
+                    request.exchange.repeatable = true
+                case .none: break
                 }
-                request.exchange.repeatable = true
             }
         }
         route(request)
@@ -213,9 +224,9 @@ extension GatewayConnectionHandler {
             )
             return run(request.exchange.respond(refusal), for: request)
         }
-        // One cap on connections to a route (gateway.max_connections_per_route, shared out among
-        // the loops): past it the request waits for one of them to come free.
-        guard state.pool.hasRoom(address, cap: dataPath.connectionsPerLoop) else {
+        // One cap on connections to a route (gateway.max_connections_per_route, counted across
+        // the loops: RouteSlots): past it the request waits for one of them to come free.
+        guard state.pool.hasRoom(address, cap: gateway.configuration.maxConnectionsPerRoute) else {
             return waitForRoom(request, address: address)
         }
         request.targets = targets
@@ -228,9 +239,10 @@ extension GatewayConnectionHandler {
     }
 
     /// No route is usable (mid-failover, just after a wake): the request waits up to
-    /// `gateway.hold_seconds` for one, planned again every 25 ms on the loop's copy of the
-    /// agent's state, while the agent probes every endpoint (asked at once, then each second);
-    /// then 503 with why. Reads from the client wait meanwhile; a client that leaves drops it.
+    /// `gateway.hold_seconds` for one, planned again each time the loop's copy of the agent's
+    /// state changes (``routesChanged()``), while the agent probes every endpoint (asked at
+    /// once, then each second); then 503 with why. Reads from the client wait meanwhile; a
+    /// client that leaves drops it.
     func hold(_ request: ForwardedRequest) {
         guard let context else { return }
         let now = NIODeadline.now()
@@ -260,8 +272,11 @@ extension GatewayConnectionHandler {
             let manager = gateway.agent.manager
             Task { await manager.gatewayWaiting() }
         }
-        context.eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(25)) { [self] in
-            guard self.request === request, request.phase == .waiting else { return }
+        // Woken by the next state (``routesChanged()``), or at the next nudge or the hold's end.
+        watchState()
+        context.eventLoop.assumeIsolated().scheduleTask(deadline: min(request.nextNudge, request.heldUntil)) {
+            [self] in
+            guard self.request === request, request.phase == .waiting, !request.exchange.resuming else { return }
             self.route(request)
         }
     }

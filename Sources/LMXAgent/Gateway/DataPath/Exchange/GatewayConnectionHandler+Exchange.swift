@@ -30,7 +30,10 @@ extension GatewayConnectionHandler {
         case .none, .drop, .passAnswer:
             break  // (the answer's head is passed where it is read)
         case .keep(let thenDecide):
-            if let part { request.add(part) }
+            if let part {
+                request.add(part)
+                request.countStorage(in: gateway.readAhead, for: peer)
+            }
             if thenDecide { decide(request) }
         case .decide:
             decide(request)
@@ -66,7 +69,7 @@ extension GatewayConnectionHandler {
         _ request: ForwardedRequest, upstream fate: GatewayExchange.UpstreamFate, client: GatewayExchange.ClientFate
     ) {
         request.releaseCounts()
-        if request.relay != nil { state.unwatchStreams(self) }
+        unwatchState()
         if let connection = detachUpstream(request) {
             if fate == .pool { state.pool.release(connection) } else { connection.channel.close(promise: nil) }
         }
@@ -82,6 +85,20 @@ extension GatewayConnectionHandler {
         case .gone:
             if self.request === request { self.request = nil }
         }
+    }
+
+    /// Told of each change of the agent's state (``routesChanged()``) while a request waits for
+    /// a route or streams an answer.
+    func watchState() {
+        guard !watchesState else { return }
+        watchesState = true
+        state.watchStreams(self)
+    }
+
+    func unwatchState() {
+        guard watchesState else { return }
+        watchesState = false
+        state.unwatchStreams(self)
     }
 
     /// The request's server connection, no longer its (nor telling this handler of its events).
@@ -104,7 +121,9 @@ extension GatewayConnectionHandler {
         }
         // The next route after a failure or a busy answer: within its cap too (the first was
         // waited for: ``waitForRoom(_:address:)``).
-        if !fresh, request.exchange.attempt > 0, !state.pool.hasRoom(address, cap: dataPath.connectionsPerLoop) {
+        if !fresh, request.exchange.attempt > 0,
+            !state.pool.hasRoom(address, cap: gateway.configuration.maxConnectionsPerRoute)
+        {
             return failed(
                 request, detail: "every connection the gateway may open to the route is busy", error: nil,
                 certainlyNotSent: true)
@@ -151,11 +170,16 @@ extension GatewayConnectionHandler {
         let listed =
             request.head.contains(.connection)
             ? GatewayPolicy.connectionListed(request.head.all("connection")) ?? [] : []
+        // A stream the gateway may open again is read event by event (``EventRelay``): its server
+        // is asked for it uncompressed (the client's `Accept-Encoding` replaced by `identity`).
+        // Any other answer is read only if it comes uncompressed, else passed on untouched.
+        let identity = request.exchange.resumable
         let rule =
-            listed.isEmpty && !Credentials.isOpen(path: request.path)
+            listed.isEmpty && !identity && !Credentials.isOpen(path: request.path)
             ? target.inferenceRule
             : GatewayPolicy.UpstreamHeaderRule(
-                connectionListed: listed, credentials: target.credentials, path: request.path)
+                connectionListed: identity ? listed + ["accept-encoding"] : listed, credentials: target.credentials,
+                path: request.path)
         // The body's framing: its length when known (all of it read, or declared), else chunked.
         let length: Int? =
             request.clientEnded
@@ -175,6 +199,7 @@ extension GatewayConnectionHandler {
             out.add(connection.address.authority)
             out.add("\r\n")
             out.clientHeaders(request.head, keeping: rule, userAgent: Gateway.userAgent)
+            if identity { out.add("Accept-Encoding: identity\r\n") }
             if let key = request.addedIdempotencyKey {
                 out.add("Idempotency-Key: ")
                 out.add(key)

@@ -10,6 +10,10 @@ extension GatewayConnectionHandler {
     /// is gone ends now with the stream-lost event when its path is gone or it has gone silent,
     /// instead of at a TCP timeout.
     func routesChanged() {
+        if let request, request.phase == .waiting {
+            // Held for a route (or for the stream's server's): planned again on the new state.
+            return request.exchange.resuming ? rerouteStream(request) : route(request)
+        }
         guard let request, request.phase == .answering, request.exchange.isStream, request.relay != nil,
             !request.targets.isEmpty
         else { return }
@@ -88,8 +92,9 @@ extension GatewayConnectionHandler {
     }
 
     /// The stream's server's routes, the one it left last unless it is the only one (and a
-    /// second has passed); while none is usable, planned again every 25 ms for
-    /// `gateway.hold_seconds`, then the stream ends with the stream-lost event.
+    /// second has passed); while none is usable, planned again at each change of the agent's
+    /// state (``routesChanged()``) and each second, for `gateway.hold_seconds`, then the stream
+    /// ends with the stream-lost event.
     func rerouteStream(_ request: ForwardedRequest) {
         guard self.request === request, request.exchange.resuming, request.phase == .waiting, let context,
             let server = request.server
@@ -114,7 +119,11 @@ extension GatewayConnectionHandler {
                 let manager = gateway.agent.manager
                 Task { await manager.gatewayWaiting() }
             }
-            context.eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(25)) { [self] in
+            watchState()
+            // (And when the route it left may be taken again, if that is still to come.)
+            let wake = min(
+                request.nextNudge, request.heldUntil, request.avoidUntil > now ? request.avoidUntil : .distantFuture)
+            context.eventLoop.assumeIsolated().scheduleTask(deadline: wake) { [self] in
                 self.rerouteStream(request)
             }
             return

@@ -58,7 +58,14 @@ struct AnswerHeaders {
     var eventStream = false
     /// `Content-Type: application/json` (an answer the gateway may read an object's id from).
     var json = false
+    /// `Content-Type: text/html`: a web page, never an LMX server's answer (``ForeignAnswer``).
+    var html = false
+    /// The `Location` of a redirect (read only then: the status comes first).
+    var location: String?
     private var contentTypeSeen = false
+    /// A `Content-Encoding` other than `identity` came: the body is passed on as it is, never
+    /// read or written into (``EventRelay``).
+    var encoded = false
     var connectionListed: [String] = []
     var keepAlive = UpstreamKeepAlive()
 
@@ -75,6 +82,13 @@ struct AnswerHeaders {
             json =
                 value.count >= 16
                 && HTTPSyntax.equalsLowercased(UnsafeRawBufferPointer(rebasing: value[0..<16]), "application/json")
+            html =
+                value.count >= 9
+                && HTTPSyntax.equalsLowercased(UnsafeRawBufferPointer(rebasing: value[0..<9]), "text/html")
+        case 8 where location == nil && HTTPSyntax.equalsLowercased(name, "location"):
+            location = String(decoding: value.prefix(512), as: UTF8.self)
+        case 16 where HTTPSyntax.equalsLowercased(name, "content-encoding"):
+            if !value.isEmpty, !HTTPSyntax.equalsLowercased(value, "identity") { encoded = true }
         case 11 where retryAfter == nil && HTTPSyntax.equalsLowercased(name, "retry-after"):
             retryAfter = String(decoding: value, as: UTF8.self)
         case 6:

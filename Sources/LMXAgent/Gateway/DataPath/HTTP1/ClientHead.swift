@@ -228,6 +228,9 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
     /// Whether bytes wait to be parsed (reads from the client wait meanwhile).
     var holdsUnread: Bool { unread != nil }
 
+    /// The bytes waiting for either reader (``GatewayConnectionHandler/bytesHeld``).
+    var bytesWaiting: Int { (unread?.readableBytes ?? 0) + (forLLHTTP?.readableBytes ?? 0) }
+
     private func parse(_ bytes: ByteBuffer, for handler: GatewayConnectionHandler) {
         parsing = true
         defer { parsing = false }
@@ -250,5 +253,37 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
     /// Bytes for llhttp (SwiftNIO's HTTP/1 decoder, behind this handler once the general path is set up).
     func toLLHTTP(_ bytes: ByteBuffer) {
         context?.fireChannelRead(wrapInboundOut(bytes))
+    }
+
+    /// The connection's bytes that llhttp reads from here on (the rest of a connection whose
+    /// head this reader left to it), held and given to it a slice at a time while the handler
+    /// takes more of what it parses (``GatewayConnectionHandler/llhttpQueueFull``): llhttp parses
+    /// all it is given at once. At most one read's bytes wait here; reads wait meanwhile.
+    private var forLLHTTP: ByteBuffer?
+    private var feeding = false
+    var holdsForLLHTTP: Bool { forLLHTTP != nil }
+    /// The bytes llhttp is given at a time: a slice of pipelined requests parses into at most
+    /// about 30 heads held by the handler (``GatewayConnectionHandler/llhttpQueue``).
+    static let llhttpSlice = 512
+
+    /// Adds `bytes` (if any) to those held for llhttp and gives it slices while the handler takes them.
+    func feedLLHTTP(_ bytes: ByteBuffer?) {
+        if var bytes {
+            if var held = forLLHTTP {
+                forLLHTTP = nil
+                held.writeBuffer(&bytes)
+                forLLHTTP = held
+            } else if bytes.readableBytes > 0 {
+                forLLHTTP = bytes
+            }
+        }
+        guard !feeding else { return }
+        feeding = true
+        defer { feeding = false }
+        while var held = forLLHTTP, context != nil, handler?.llhttpQueueFull != true {
+            let slice = held.readSlice(length: min(held.readableBytes, Self.llhttpSlice))!
+            forLLHTTP = held.readableBytes > 0 ? held : nil
+            toLLHTTP(slice)
+        }
     }
 }

@@ -196,6 +196,8 @@ enum HTTP1Bytes {
 /// order, before anything else goes out on the connection.
 struct Gathered {
     private var bytes = ByteBuffer()
+    /// The storage it holds (``GatewayConnectionHandler/bytesHeld``).
+    var capacity: Int { bytes.capacity }
 
     init() {}
 

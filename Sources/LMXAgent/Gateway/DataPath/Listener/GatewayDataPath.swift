@@ -20,9 +20,9 @@ final class GatewayDataPath: Sendable {
     /// Per event loop of the group the listeners run on; built once, never changed.
     private let loops: [ObjectIdentifier: LoopState]
     let group: MultiThreadedEventLoopGroup
-    /// Connections to one route per loop (`gateway.max_connections_per_route` shared out); past
-    /// that, requests take the general path, which waits for a connection.
-    let connectionsPerLoop: Int
+    /// Connections to one route, open or being opened, on all loops together (``RouteSlots``):
+    /// past `gateway.max_connections_per_route`, a request waits for one to come free.
+    let slots = RouteSlots()
 
     /// What one event loop knows. Used only on that loop (`@unchecked`: confined, not locked).
     final class LoopState: @unchecked Sendable {
@@ -157,11 +157,15 @@ final class GatewayDataPath: Sendable {
         let clientTimeout = TimeAmount.milliseconds(Int64(gateway.configuration.clientTimeout * 1000))
         for loop in group.makeIterator() {
             loops[ObjectIdentifier(loop)] = LoopState(
-                loop: loop, snapshot: snapshot, pool: UpstreamPool(eventLoop: loop, tls: context),
+                loop: loop, snapshot: snapshot, pool: UpstreamPool(eventLoop: loop, tls: context, slots: slots),
                 clientTimeout: clientTimeout)
         }
         self.loops = loops
-        connectionsPerLoop = max(1, gateway.configuration.maxConnectionsPerRoute / max(loops.count, 1))
+        // A slot freed on one loop may be the one a request on another waits for.
+        let states = Array(loops.values)
+        slots.onFree { address in
+            for state in states { state.loop.execute { state.pool.wakeOne(address) } }
+        }
     }
 
     func state(for loop: any EventLoop) -> LoopState? { loops[ObjectIdentifier(loop)] }

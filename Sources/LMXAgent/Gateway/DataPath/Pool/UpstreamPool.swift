@@ -1,12 +1,9 @@
 import LMXCore
+import LMXSystem
 import NIOCore
 import NIOHTTP1
 import NIOPosix
 import NIOSSL
-
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// Where a route's connections go, read once from its base URL: the data path connects to IP
 /// literals (a link-local IPv6 one on its interface) and names, over HTTP or HTTPS. (A route's
@@ -78,8 +75,8 @@ struct UpstreamAddress: Hashable, Sendable {
             serverName = nil
             if let zone {
                 // The interface's index, as the kernel knows it now (nil: no such interface).
-                scope = if_nametoindex(zone)
-                guard scope != 0 else { return nil }
+                guard let index = NetworkInterface.index(named: zone) else { return nil }
+                scope = index
                 // The Host header names the address without its zone (RFC 9110 has no zones).
                 authority = "[\(address)]" + (url.port.map { ":\($0)" } ?? "")
             }
@@ -167,21 +164,25 @@ final class UpstreamPool {
     /// would keep them longer than the gateway uses them.
     private var sweep: Scheduled<Void>?
 
-    init(eventLoop: any EventLoop, tls: NIOSSLContext) {
+    /// The gateway's count of connections per route, shared by every loop's pool.
+    let slots: RouteSlots
+
+    init(eventLoop: any EventLoop, tls: NIOSSLContext, slots: RouteSlots = RouteSlots()) {
         self.eventLoop = eventLoop
         self.tls = tls
+        self.slots = slots
     }
 
     /// How many addresses have connections open (the tests').
     var addressCount: Int { entries.count }
 
-    /// A request may have a connection to `address` now: an idle one is kept, or fewer than
-    /// `cap` are open.
+    /// A request may have a connection to `address` now: this loop keeps an idle one, or fewer
+    /// than `cap` are open or being opened by all loops together (``RouteSlots``).
     func hasRoom(_ address: UpstreamAddress, cap: Int) -> Bool {
-        withEntries { entries in
-            guard let entry = entries.first(where: { $0.address == address }) else { return true }
-            return !entry.idle.isEmpty || entry.open < cap
+        let idle = withEntries { entries in
+            entries.first(where: { $0.address == address }).map { !$0.idle.isEmpty } ?? false
         }
+        return idle || slots.count(address) < cap
     }
 
     /// Requests waiting for room at an address (``hasRoom(_:cap:)``), oldest first: one is woken
@@ -193,8 +194,9 @@ final class UpstreamPool {
         waiters.append((address, wake))
     }
 
-    /// Wakes the oldest request still waiting for room at `address`.
-    private func wakeOne(_ address: UpstreamAddress) {
+    /// Wakes the oldest request still waiting for room at `address` (a connection came back to
+    /// this loop, or a slot of the route's came free on any loop).
+    func wakeOne(_ address: UpstreamAddress) {
         guard waiters.contains(where: { $0.address == address }) else { return }
         eventLoop.assumeIsolated().execute { [self] in
             while let index = self.waiters.firstIndex(where: { $0.address == address }) {
@@ -236,6 +238,20 @@ final class UpstreamPool {
 
     /// Opens a connection on this loop.
     func connect(_ address: UpstreamAddress, timeout: TimeAmount) -> EventLoopFuture<any Channel> {
+        // The route's slot, taken now, given back when the connection fails to open or closes.
+        let slots = slots
+        slots.take(address)
+        let connecting = opening(address, timeout: timeout)
+        connecting.whenComplete { result in
+            switch result {
+            case .success(let channel): channel.closeFuture.whenComplete { _ in slots.give(address) }
+            case .failure: slots.give(address)
+            }
+        }
+        return connecting
+    }
+
+    private func opening(_ address: UpstreamAddress, timeout: TimeAmount) -> EventLoopFuture<any Channel> {
         if let connector { return connector(address, timeout) }
         let tls = self.tls
         let bootstrap = ClientBootstrap(group: eventLoop)

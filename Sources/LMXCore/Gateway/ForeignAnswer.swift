@@ -1,0 +1,79 @@
+/// An answer to a forwarded request that is not the Opta LMX server's: a page put in front of
+/// it by a tunnel's edge or by the network. An LMX server answers its API with JSON (or an
+/// event stream) and never redirects; the gateway recognises these on the request path, answers
+/// the client with its own error naming the cause and the next step, marks the route, and tries
+/// another route when the request may still be sent (``GatewayExchange/answerHead(busyFor:status:stream:foreign:)``).
+public enum ForeignAnswer: Sendable, Hashable {
+    /// A redirect to Cloudflare Access's login page: the route's Access token is missing or stale.
+    case accessLogin
+    /// An HTML error page from the tunnel's edge (Cloudflare's 52x pages, its 502/504): the
+    /// tunnel or the server behind it is down.
+    case tunnelErrorPage(status: Int)
+    /// A web page or a redirect from the network itself (a captive portal asking for a login).
+    case captivePortal(status: Int)
+
+    /// The answer's head as the data path reads it. `html`: its `Content-Type` is `text/html`;
+    /// `location`: its `Location`, if any. Nil for an answer that may be the server's own.
+    public static func recognise(status: Int, html: Bool, location: String?) -> ForeignAnswer? {
+        switch status {
+        case 300..<400 where status != 304:
+            let target = (location ?? "").lowercased()
+            if target.contains("cloudflareaccess.com") || target.contains("/cdn-cgi/access/") {
+                return .accessLogin
+            }
+            return .captivePortal(status: status)
+        case 200..<300 where html:
+            return .captivePortal(status: status)
+        case 500..<600 where html:
+            return .tunnelErrorPage(status: status)
+        default:
+            return nil
+        }
+    }
+
+    /// The server may have seen the request: the tunnel's edge reached it (a 524 is its
+    /// timeout) or may have. A login page or a captive portal answered instead of any server.
+    public var mayHaveReachedServer: Bool {
+        if case .tunnelErrorPage = self { return true }
+        return false
+    }
+
+    /// The route's verdict for the agent (status, dashboard, notifications).
+    public var verdict: HealthVerdict {
+        switch self {
+        case .accessLogin: .authRejected
+        case .tunnelErrorPage: .tunnelDown
+        case .captivePortal: .down
+        }
+    }
+
+    /// The cause, for the log and the route's detail.
+    public var detail: String {
+        switch self {
+        case .accessLogin: "the tunnel answered with Cloudflare Access's login page"
+        case .tunnelErrorPage(let status): "HTTP \(status): the tunnel's edge answered with an error page"
+        case .captivePortal(let status): "HTTP \(status): the network answered with a web page, not the server"
+        }
+    }
+
+    /// The gateway's error for the client: its status, code and message (cause and next step).
+    public var answer: (status: Int, code: String, message: String) {
+        switch self {
+        case .accessLogin:
+            (
+                502, "access_login_required",
+                "the tunnel answered with Cloudflare Access's login page instead of the Opta LMX server: the route's Access token is missing or stale; pair the server again (lmx-pair with a new code) or set a new Access service token"
+            )
+        case .tunnelErrorPage(let status):
+            (
+                502, "tunnel_error_page",
+                "the tunnel's edge answered HTTP \(status) with an error page instead of the Opta LMX server: the tunnel or the server behind it is down; the agent is probing it again"
+            )
+        case .captivePortal(let status):
+            (
+                502, "captive_portal",
+                "the network answered HTTP \(status) with a web page instead of the Opta LMX server: a captive portal may be asking for a sign-in; open a browser to sign in to this network, then try again"
+            )
+        }
+    }
+}
