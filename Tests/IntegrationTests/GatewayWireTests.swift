@@ -1,0 +1,180 @@
+import Foundation
+import LMXCore
+import Testing
+
+/// Issue 63's reproductions against the real daemon and real servers on the test LAN: what the
+/// client receives on the wire (a compressed stream, a stream whose last event lacks its
+/// newline, a login page in place of the answer), and the memory a local user's pipelined or
+/// byte-at-a-time requests make the daemon hold.
+@Suite(
+    "The gateway's wire on the test LAN: answers whole and framed, foreign pages recognised, memory bounded",
+    .serialized)
+struct GatewayWireTests {
+    let bed: TestBed
+
+    init() throws {
+        bed = try TestBed.load()
+    }
+
+    private func endpoint(_ server: LMXServer, name: String) -> String {
+        #"{"url": "\#(server.baseURL)", "name": "\#(name)", "allow_insecure": true}"#
+    }
+
+    /// A server and an agent with a gateway on `gatewayPort`, the server active.
+    private func start(_ name: String, gatewayPort: Int) async throws -> (LMXServer, AgentProcess) {
+        let port = freePort()
+        let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "\(name)-\(port)")
+        let agent = try await AgentProcess.start(
+            bed, config: config(endpoints: [endpoint(server, name: "Studio")]),
+            arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+        #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+        return (server, agent)
+    }
+
+    @Test(
+        "a gzip-coded event stream reaches the client whole and decompresses; a stream whose [DONE] lacks its newline arrives whole, no error event"
+    )
+    func compressedAndBareDone() async throws {
+        try await withResources {
+            let gatewayPort = freePort()
+            let (server, _) = try await start("wire-gzip", gatewayPort: gatewayPort)
+            await server.set("gzip")
+            await server.set("bare-done")
+            let script = #"""
+                import http.client, json, sys, zlib
+                def ask(encoding):
+                    conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=15)
+                    body = json.dumps({"model": "test/model", "stream": True, "messages": []})
+                    conn.request("POST", "/v1/chat/completions", body=body,
+                                 headers={"Content-Type": "application/json", "Accept-Encoding": encoding})
+                    answer = conn.getresponse()
+                    raw = answer.read()
+                    coding = answer.getheader("Content-Encoding") or "identity"
+                    text = zlib.decompress(raw, wbits=31).decode() if coding == "gzip" else raw.decode()
+                    print(json.dumps({"status": answer.status, "coding": coding, "done": "data: [DONE]" in text,
+                                      "whole": text.endswith("data: [DONE]\n\n"),
+                                      "events": text.count("data: {"), "error": "upstream_lost" in text}), flush=True)
+                ask("gzip")
+                ask("identity")
+                """#
+            let result = try await Command.run("/usr/bin/python3", ["-c", script, String(gatewayPort)], timeout: 40)
+            let lines = result.stdout.split(separator: "\n").compactMap {
+                try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
+            }
+            try #require(lines.count == 2, "\(result.stdout) \(result.stderr)")
+            for line in lines {
+                #expect(line["status"] as? Int == 200, "\(line)")
+                #expect(line["done"] as? Bool == true && line["error"] as? Bool == false, "\(line)")
+                #expect(line["events"] as? Int == 20, "\(line)")
+            }
+            #expect(lines[0]["coding"] as? String == "gzip" && lines[1]["coding"] as? String == "identity")
+            // Uncoded, the gateway reads the stream: the last event, ended cleanly, is completed.
+            #expect(lines[1]["whole"] as? Bool == true, "\(lines[1])")
+        }
+    }
+
+    @Test(
+        "a tunnel's Access login page in place of the answer (health paths still answering): the client gets 502 access_login_required naming lmx-pair, never the page"
+    )
+    func loginPage() async throws {
+        try await withResources {
+            let gatewayPort = freePort()
+            let (server, agent) = try await start("wire-login", gatewayPort: gatewayPort)
+            await server.set("api-login")
+            let answer = try await curl([
+                "-m", "10", "-H", "Content-Type: application/json", "-d", #"{"model":"test/model","messages":[]}"#,
+                "http://127.0.0.1:\(gatewayPort)/v1/chat/completions",
+            ])
+            #expect(answer.status == 502, "\(answer)")
+            #expect(answer.body.contains("access_login_required") && answer.body.contains("lmx-pair"), "\(answer.body)")
+            #expect(!answer.body.contains("Sign in") && !answer.body.contains("cloudflareaccess"))
+            // The route carries the cause the gateway saw (its last report), while probes still pass.
+            let seen = await agent.waitForRoute(timeout: 3) { route in
+                let detail = route.lastProbe?.detail ?? ""
+                return route.baseURL == server.baseURL && detail.contains("login page")
+            }
+            #expect(seen != nil)
+            await server.set("api-open")
+            let served = try await curl([
+                "-m", "10", "-H", "Content-Type: application/json", "-d", #"{"model":"test/model","messages":[]}"#,
+                "http://127.0.0.1:\(gatewayPort)/v1/chat/completions",
+            ])
+            #expect(served.status == 200, "\(served)")
+        }
+    }
+
+    /// Runs `script` (Python, given the gateway's port) and returns the agent's RSS in KiB before,
+    /// at the end of the script (its connections still open), and 6 s after they closed (the
+    /// daemon gives memory back after 5 s without answers).
+    private func rss(
+        _ agent: AgentProcess, _ script: String, port: Int
+    ) async throws -> (before: Int, during: Int, after: Int, output: String) {
+        try await Task.sleep(for: .seconds(6))
+        let before = agent.memoryKiB()
+        let client = LiveProcess("/usr/bin/python3", ["-c", script, String(port)])
+        try await client.start()
+        #expect(await client.waitForLine(containing: "held", timeout: 60), "\(client.stdoutLines)")
+        let during = agent.memoryKiB()
+        client.send("go")
+        #expect(await client.waitForLine(containing: "closed", timeout: 30))
+        await client.stop()
+        try await Task.sleep(for: .seconds(6))
+        return (before, during, agent.memoryKiB(), client.stdoutLines.joined(separator: " "))
+    }
+
+    @Test(
+        "64 connections with 400 requests pipelined behind a head llhttp reads, and 16 sending a body a byte at a time: the daemon's memory stays bounded and is given back"
+    )
+    func floodsBounded() async throws {
+        try await withResources {
+            let gatewayPort = freePort()
+            let (_, agent) = try await start("wire-flood", gatewayPort: gatewayPort)
+            // 101 header lines: more than the data path's reader takes; llhttp reads the rest.
+            let pipelined = #"""
+                import socket, sys
+                many = "".join("X-H%d: v\r\n" % i for i in range(101))
+                first = "GET /v1/models HTTP/1.1\r\nHost: x\r\n" + many + "\r\n"
+                rest = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n" * 400
+                conns = []
+                for _ in range(64):
+                    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+                    s.sendall((first + rest).encode())
+                    conns.append(s)
+                print("held", flush=True)
+                sys.stdin.readline()
+                for s in conns:
+                    s.close()
+                print("closed", flush=True)
+                """#
+            let flood = try await rss(agent, pipelined, port: gatewayPort)
+            let perConnection = (flood.during - flood.before) / 64
+            print("llhttp flood: RSS \(flood.before) KiB → \(flood.during) KiB held → \(flood.after) KiB after")
+            #expect(perConnection <= 64, "\(perConnection) KiB per connection: \(flood)")
+            #expect(flood.after - flood.before <= 8 << 10, "given back: \(flood)")
+
+            let drip = #"""
+                import socket, sys, time
+                conns = []
+                for _ in range(16):
+                    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 32000\r\n\r\n{")
+                    conns.append(s)
+                for _ in range(16000):
+                    for s in conns:
+                        s.send(b" ")
+                time.sleep(0.5)
+                print("held", flush=True)
+                sys.stdin.readline()
+                for s in conns:
+                    s.close()
+                print("closed", flush=True)
+                """#
+            let bytes = try await rss(agent, drip, port: gatewayPort)
+            print(
+                "byte-at-a-time bodies: RSS \(bytes.before) KiB → \(bytes.during) KiB held → \(bytes.after) KiB after")
+            #expect((bytes.during - bytes.before) / 16 <= 96, "per connection: \(bytes)")
+            #expect(bytes.after - bytes.before <= 8 << 10, "given back: \(bytes)")
+        }
+    }
+}
