@@ -391,14 +391,14 @@ struct DataPathTests {
     }
 
     /// Runs `chunks` through a relay: what was passed on, chunk by chunk, and the finish.
-    func relay(_ chunks: [String]) -> (out: [String], rest: String?, events: Int) {
+    func relay(_ chunks: [String], framed: Bool = true) -> (out: [String], rest: String?, cut: Bool, events: Int) {
         let relay = EventRelay()
         var out: [String] = []
         for chunk in chunks {
             relay.pass(ByteBuffer(string: chunk)) { out.append(String(buffer: $0)) }
         }
-        let rest = relay.finish()
-        return (out, rest.map { String(buffer: $0) }, relay.tally.events)
+        let (rest, cut) = relay.finish(framed: framed)
+        return (out, rest.map { String(buffer: $0) }, cut, relay.tally.events)
     }
 
     @Test(
@@ -406,14 +406,18 @@ struct DataPathTests {
     )
     func wholeEvents() {
         let whole = relay(["data: 1\n\n", "data: 2\n\ndata: 3\n\n"])
-        #expect(whole.out == ["data: 1\n\n", "data: 2\n\ndata: 3\n\n"] && whole.rest == nil)
+        #expect(whole.out == ["data: 1\n\n", "data: 2\n\ndata: 3\n\n"] && whole.rest == nil && !whole.cut)
         #expect(whole.events == 3)
         let split = relay(["data: 1\n\ndata: ", "2\n", "\n"])
         #expect(split.out == ["data: 1\n\n", "data: 2\n\n"] && split.events == 2)
         // The body ended as its framing says: a whole line, or half of one, completes the event.
         #expect(relay(["data: 1\n"]).rest == "data: 1\n\n")
         let unfinished = relay(["data: 1\n\ndata: [DONE]"])
-        #expect(unfinished.out == ["data: 1\n\n"] && unfinished.rest == "data: [DONE]\n\n")
+        #expect(unfinished.out == ["data: 1\n\n"] && unfinished.rest == "data: [DONE]\n\n" && !unfinished.cut)
+        // A body that runs until the server closes cannot tell its end from a cut: half a line is cut.
+        let closed = relay(["data: 1\n\ndata: 2"], framed: false)
+        #expect(closed.out == ["data: 1\n\n"] && closed.cut)
+        #expect(relay(["data: 1\n"], framed: false).rest == "data: 1\n\n")
         // CRLF boundaries count too.
         #expect(relay(["data: 1\r\n\r\n"]).out == ["data: 1\r\n\r\n"])
     }

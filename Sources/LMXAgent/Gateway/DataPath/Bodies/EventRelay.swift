@@ -159,19 +159,23 @@ final class EventRelay {
         return nil
     }
 
-    /// The stream's body ended as its framing says (its length, its last chunk): what completes
-    /// its last event, nil when nothing is held. An event the server did not close with its blank
-    /// line (`data: [DONE]` and the body's end) is whole: the server said so by ending the body
-    /// cleanly, so it is passed on with the line ends a reader needs, never reported as cut.
-    func finish() -> ByteBuffer? {
+    /// The stream's body ended: what completes its last event, nil when nothing is held; `cut`
+    /// when it cannot be told whole. Ended as its framing says (its length, its last chunk:
+    /// `framed`), an event the server did not close with its blank line (`data: [DONE]` and the
+    /// body's end) is whole: the server said so by ending the body, so it is passed on with the
+    /// line ends a reader needs, never reported as cut. A body that runs until the server closes
+    /// says nothing of that: one that ends mid-line is treated as a lost connection (a reader
+    /// would drop that event).
+    func finish(framed: Bool) -> (rest: ByteBuffer?, cut: Bool) {
         var rest = ByteBuffer()
         swap(&rest, &held)
-        guard rest.readableBytes > 0 else { return nil }
+        guard rest.readableBytes > 0 else { return (nil, false) }
+        if !framed, rest.readableBytesView.last != 0x0A { return (nil, true) }
         rest.writeString(rest.readableBytesView.last == 0x0A ? "\n" : "\n\n")
         var seen = resumable
         if seen != nil, Self.isDone(Array(rest.readableBytesView)[...]) { seen?.done = true }
         resumable = seen
-        return rest
+        return (rest, false)
     }
 
     /// The connection was lost mid-stream: what was held is dropped; an event already partly

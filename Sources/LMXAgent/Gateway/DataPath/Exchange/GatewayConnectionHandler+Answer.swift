@@ -148,7 +148,9 @@ extension GatewayConnectionHandler {
         case .end:
             guard request.phase == .answering else { return }
             if let relay = request.relay {
-                if let rest = relay.finish() { emit(.body(rest), for: request) }
+                let (rest, cut) = relay.finish(framed: !upstream.handler.endedByClose)
+                if cut { return streamLost(request, error: Gateway.StreamEndedMidEvent()) }
+                if let rest { emit(.body(rest), for: request) }
                 if let series = request.traffic {
                     TrafficTap(traffic: gateway.agent.traffic, model: request.model, started: request.started)
                         .streamed(series: series, relay.tally)

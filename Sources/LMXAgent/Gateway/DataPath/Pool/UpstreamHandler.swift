@@ -59,9 +59,17 @@ final class UpstreamHandler: ChannelDuplexHandler {
         owner?.upstreamReadComplete()
     }
 
+    /// The answer's body ran until the server closed the connection: nothing tells its end from
+    /// a cut.
+    private(set) var endedByClose = false
+
     func channelInactive(context: ChannelHandlerContext) {
-        // An answer whose body runs until the server closes ends here.
-        if withParser({ $0.closed() }) { owner?.upstreamRead(.end) }
+        // An answer whose body runs until the server closes ends here (a close that may as well
+        // be a cut: ``endedByClose``).
+        if withParser({ $0.closed() }) {
+            endedByClose = true
+            owner?.upstreamRead(.end)
+        }
         owner?.upstreamClosed(nil)
         context.fireChannelInactive()
     }

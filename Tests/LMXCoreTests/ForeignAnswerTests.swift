@@ -1,0 +1,75 @@
+import Testing
+
+@testable import LMXCore
+
+/// Answers that are not the server's, and whose key makes a run's creation repeatable: the
+/// decisions as values.
+@Suite("Foreign answers and run keys: what the gateway does not pass on, what it may send again")
+struct ForeignAnswerTests {
+    @Test(
+        "a redirect to Access's login is a login page; any other redirect or a web page a portal; an HTML 5xx the edge's"
+    )
+    func recognised() {
+        let login = "https://team.cloudflareaccess.com/cdn-cgi/access/login/x?kid=1"
+        #expect(ForeignAnswer.recognise(status: 302, html: true, location: login) == .accessLogin)
+        #expect(ForeignAnswer.recognise(status: 307, html: false, location: "/cdn-cgi/access/login") == .accessLogin)
+        #expect(
+            ForeignAnswer.recognise(status: 302, html: true, location: "http://portal.example/login")
+                == .captivePortal(status: 302))
+        #expect(ForeignAnswer.recognise(status: 200, html: true, location: nil) == .captivePortal(status: 200))
+        #expect(ForeignAnswer.recognise(status: 530, html: true, location: nil) == .tunnelErrorPage(status: 530))
+        #expect(ForeignAnswer.recognise(status: 502, html: true, location: nil) == .tunnelErrorPage(status: 502))
+        // The server's own answers pass: JSON errors, 304, a 404 page of any type.
+        #expect(ForeignAnswer.recognise(status: 200, html: false, location: nil) == nil)
+        #expect(ForeignAnswer.recognise(status: 503, html: false, location: nil) == nil)
+        #expect(ForeignAnswer.recognise(status: 304, html: false, location: nil) == nil)
+        #expect(ForeignAnswer.recognise(status: 404, html: true, location: nil) == nil)
+        #expect(ForeignAnswer.accessLogin.answer.message.contains("lmx-pair"))
+        #expect(ForeignAnswer.accessLogin.verdict == .authRejected)
+    }
+
+    @Test(
+        "a login page goes to the next route as never sent, even for a POST; an edge's error page only for what may be repeated; alone, the gateway's error"
+    )
+    func exchange() {
+        var post = GatewayExchange(method: "POST", declaredLength: 2, maxBodyBytes: 100, readAheadBytes: 64)
+        _ = post.bodyPart(size: 2) { true }
+        _ = post.bodyEnd()
+        _ = post.routed(routes: 2)
+        post.sent(onKeptConnection: false)
+        #expect(
+            post.answerHead(busyFor: nil, status: 302, stream: false, foreign: .accessLogin)
+                == .connect(attempt: 1, fresh: false))
+        post.sent(onKeptConnection: false)
+        #expect(
+            post.answerHead(busyFor: nil, status: 530, stream: false, foreign: .tunnelErrorPage(status: 530))
+                == .respond(.notTheServer(.tunnelErrorPage(status: 530))))
+
+        var edge = GatewayExchange(method: "POST", declaredLength: 0, maxBodyBytes: 100, readAheadBytes: 64)
+        _ = edge.bodyEnd()
+        _ = edge.routed(routes: 2)
+        edge.sent(onKeptConnection: false)
+        #expect(
+            edge.answerHead(busyFor: nil, status: 524, stream: false, foreign: .tunnelErrorPage(status: 524))
+                == .respond(.notTheServer(.tunnelErrorPage(status: 524))), "a POST the server may have seen")
+
+        var get = GatewayExchange(method: "GET", declaredLength: 0, maxBodyBytes: 100, readAheadBytes: 64)
+        _ = get.bodyEnd()
+        _ = get.routed(routes: 2)
+        get.sent(onKeptConnection: false)
+        #expect(
+            get.answerHead(busyFor: nil, status: 524, stream: false, foreign: .tunnelErrorPage(status: 524))
+                == .connect(attempt: 1, fresh: false))
+    }
+
+    @Test(
+        "a run's key: the client's when it reaches the server; the gateway's when the client sent none or listed it in Connection; none when empty or doubled"
+    )
+    func runKeys() {
+        #expect(ServerAffinity.runKey(keys: ["k1"], connectionListed: []) == .client)
+        #expect(ServerAffinity.runKey(keys: [], connectionListed: []) == .added)
+        #expect(ServerAffinity.runKey(keys: ["k1"], connectionListed: ["idempotency-key"]) == .added)
+        #expect(ServerAffinity.runKey(keys: ["  "], connectionListed: []) == .none)
+        #expect(ServerAffinity.runKey(keys: ["a", "b"], connectionListed: []) == .none)
+    }
+}
