@@ -18,7 +18,11 @@ struct ForeignAnswerTests {
                 == .captivePortal(status: 302))
         #expect(ForeignAnswer.recognise(status: 200, html: true, location: nil) == .captivePortal(status: 200))
         #expect(ForeignAnswer.recognise(status: 530, html: true, location: nil) == .tunnelErrorPage(status: 530))
-        #expect(ForeignAnswer.recognise(status: 502, html: true, location: nil) == .tunnelErrorPage(status: 502))
+        #expect(
+            ForeignAnswer.recognise(status: 502, html: true, location: nil, edge: true) == .tunnelErrorPage(status: 502)
+        )
+        // A server's own framework's HTML error page (a 501 to HEAD) is the server's.
+        #expect(ForeignAnswer.recognise(status: 501, html: true, location: nil) == nil)
         // The server's own answers pass: JSON errors, 304, a 404 page of any type.
         #expect(ForeignAnswer.recognise(status: 200, html: false, location: nil) == nil)
         #expect(ForeignAnswer.recognise(status: 503, html: false, location: nil) == nil)

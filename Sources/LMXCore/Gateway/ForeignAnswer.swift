@@ -6,15 +6,18 @@
 public enum ForeignAnswer: Sendable, Hashable {
     /// A redirect to Cloudflare Access's login page: the route's Access token is missing or stale.
     case accessLogin
-    /// An HTML error page from the tunnel's edge (Cloudflare's 52x pages, its 502/504): the
-    /// tunnel or the server behind it is down.
+    /// An HTML error page from the tunnel's edge (Cloudflare's 52x pages, its 502/504 through
+    /// the edge): the tunnel or the server behind it is down.
     case tunnelErrorPage(status: Int)
     /// A web page or a redirect from the network itself (a captive portal asking for a login).
     case captivePortal(status: Int)
 
     /// The answer's head as the data path reads it. `html`: its `Content-Type` is `text/html`;
-    /// `location`: its `Location`, if any. Nil for an answer that may be the server's own.
-    public static func recognise(status: Int, html: Bool, location: String?) -> ForeignAnswer? {
+    /// `location`: its `Location`, if any; `edge`: it came through Cloudflare's edge (`CF-RAY`,
+    /// `Server: cloudflare`). Nil for an answer that may be the server's own: a 5xx page is the
+    /// edge's only when it is one of Cloudflare's own codes (520–530) or came through the edge
+    /// (a server's own framework may answer a 501 or 500 with an HTML page).
+    public static func recognise(status: Int, html: Bool, location: String?, edge: Bool = false) -> ForeignAnswer? {
         switch status {
         case 300..<400 where status != 304:
             let target = (location ?? "").lowercased()
@@ -24,7 +27,7 @@ public enum ForeignAnswer: Sendable, Hashable {
             return .captivePortal(status: status)
         case 200..<300 where html:
             return .captivePortal(status: status)
-        case 500..<600 where html:
+        case 520...530 where html, 500..<600 where html && edge:
             return .tunnelErrorPage(status: status)
         default:
             return nil

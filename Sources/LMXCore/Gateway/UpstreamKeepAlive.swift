@@ -48,6 +48,8 @@ public struct UpstreamKeepAlive: Sendable, Equatable {
     /// not) and a `CF-RAY` header (it has a value, or not), read by the caller from the bytes:
     /// as ``read(name:value:)`` reads them, without their `String`s.
     public mutating func readServer(isCloudflare: Bool) { serverCloudflare = isCloudflare }
+    /// The answer came through Cloudflare's edge (`CF-RAY`, or `Server: cloudflare`).
+    public var throughCloudflare: Bool { rayID || serverCloudflare }
     public mutating func readRayID(present: Bool) { rayID = present }
 
     /// Seconds the connection may wait idle; 0: not kept.

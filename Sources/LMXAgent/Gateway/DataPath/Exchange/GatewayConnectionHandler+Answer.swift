@@ -18,7 +18,9 @@ extension GatewayConnectionHandler {
             let read = head.read
             // A page that is not the server's (a login page, a tunnel's error page, a captive
             // portal): never passed on as if it were the answer; the route is marked with its cause.
-            let foreign = ForeignAnswer.recognise(status: head.status, html: read.html, location: read.location)
+            let foreign = ForeignAnswer.recognise(
+                status: head.status, html: read.html, location: read.location,
+                edge: read.keepAlive.throughCloudflare)
             let cooldown =
                 foreign != nil
                 ? nil
