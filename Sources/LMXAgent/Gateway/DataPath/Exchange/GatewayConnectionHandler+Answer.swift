@@ -18,9 +18,12 @@ extension GatewayConnectionHandler {
             let read = head.read
             // A page that is not the server's (a login page, a tunnel's error page, a captive
             // portal): never passed on as if it were the answer; the route is marked with its cause.
-            let foreign = ForeignAnswer.recognise(
-                status: head.status, html: read.html, location: read.location,
-                edge: read.keepAlive.throughCloudflare)
+            // (The API's paths: `/admin/` may serve a server's own pages.)
+            let foreign =
+                request.path.hasPrefix("/v1/")
+                ? ForeignAnswer.recognise(
+                    status: head.status, html: read.html, location: read.location,
+                    edge: read.keepAlive.throughCloudflare) : nil
             let cooldown =
                 foreign != nil
                 ? nil
