@@ -7,28 +7,37 @@ import Testing
 
 /// Generated client and server behaviours over the whole pipeline in process
 /// (``PipelineHarness``): pipelined requests drip-fed or sent at once (bodies by length or in
-/// chunks, a byte at a time), answers by length, chunked, as event streams (with or without a
-/// length, the last event without its final newline), compressed, cut at a random byte, each
-/// delivered in random slices. Every time: the bytes the client receives are one well-framed
+/// chunks, a byte at a time, within the read-ahead or streamed past it), answers by length,
+/// chunked, as event streams (with or without a length, the last event without its final
+/// newline), compressed, early (before the body has all come), cut at a random byte (a run's
+/// event stream then resumed by its server's other route), each delivered in random slices. Every time: the bytes the client receives are one well-framed
 /// answer per request, in order (or, where an answer was cut, the connection closes right after
 /// it), and the bytes the connection holds stay within the bound.
 @Suite("The gateway's wire, generated: one well-framed answer per request, in order, bytes held bounded")
 struct WirePropertyTests {
     static let server = AgentFixture.lan("10.9.0.2")
+    static let other = AgentFixture.lan("10.9.0.3")
     /// The bound the generated connections are held to (docs/gateway.md, "Bytes held").
     static let bound = 64 << 10
 
     @Test("300 generated connections (seeded: a failure names its seed)")
     func generated() async throws {
         try await AgentFixture.with { fixture in
-            fixture.publish([Self.server])
+            fixture.publish([Self.server, Self.other], oneServer: true)
             for seed in UInt64(1)...300 {
                 var random = SplitMix(seed: seed)
                 let scenario = Scenario(&random)
-                let pipe = try PipelineHarness(fixture)
+                var configuration = GatewayConfiguration()
+                configuration.readAheadBytes = scenario.readAhead
+                let pipe = try PipelineHarness(fixture, configuration: configuration)
                 defer { pipe.finish() }
                 try Self.run(scenario, pipe, &random, seed: seed)
             }
+            // The generated cases reach what they are for: streams resumed by the other route.
+            let resumed = fixture.agent.metrics.text().split(separator: "\n").first {
+                $0.hasPrefix("lmx_gateway_streams_resumed_total ")
+            }
+            #expect((resumed?.split(separator: " ").last.flatMap { Int($0) } ?? 0) >= 10, "\(resumed ?? "none")")
         }
     }
 
@@ -36,26 +45,34 @@ struct WirePropertyTests {
     /// with plain JSON).
     enum Answer: CaseIterable {
         case json, chunkedJSON, stream, sizedStream, doneWithoutNewline, compressed, cutBeforeHead, cutMidBody,
-            cutMidStream
+            cutMidStream, early
     }
 
-    enum Kind: CaseIterable { case get, post, chunkedPost, streamPost }
+    enum Kind: CaseIterable { case get, post, chunkedPost, streamPost, runEvents }
 
     struct Scenario: CustomStringConvertible {
         var kinds: [Kind]
         var answers: [Answer]
         var clientSlice: Int
         var serverSlice: Int
+        /// `gateway.read_ahead_bytes`: bodies read ahead whole, or streamed past 16 bytes.
+        var readAhead: Int
 
         init(_ random: inout SplitMix) {
             let count = random.int(1...4)
             kinds = (0..<count).map { _ in random.pick(Kind.allCases) }
-            answers = (0..<count).map { _ in random.pick(Answer.allCases) }
+            answers = kinds.map { kind in
+                // A run's events: whole, or cut after an event (then resumed by the other route).
+                kind == .runEvents ? random.pick([.stream, .cutMidStream]) : random.pick(Answer.allCases)
+            }
             clientSlice = random.pick([1, 3, 17, 64, 1 << 20])
             serverSlice = random.pick([1, 5, 29, 1 << 20])
+            readAhead = random.pick([16, 256 << 10])
         }
 
-        var description: String { "kinds \(kinds) answers \(answers) slices \(clientSlice)/\(serverSlice)" }
+        var description: String {
+            "kinds \(kinds) answers \(answers) slices \(clientSlice)/\(serverSlice) read-ahead \(readAhead)"
+        }
     }
 
     static func request(_ kind: Kind, _ index: Int) -> String {
@@ -63,11 +80,14 @@ struct WirePropertyTests {
         switch kind {
         case .get:
             return "GET /v1/models?i=\(index) HTTP/1.1\r\nHost: x\r\n\r\n"
+        case .runEvents:
+            return "GET /v1/agents/runs/run-\(index)/events?i=\(index) HTTP/1.1\r\nHost: x\r\n\r\n"
         case .post, .streamPost:
             let path = kind == .post ? "/v1/embeddings" : "/v1/chat/completions"
-            return "POST \(path) HTTP/1.1\r\nHost: x\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
+            return
+                "POST \(path)?i=\(index) HTTP/1.1\r\nHost: x\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
         case .chunkedPost:
-            var text = "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            var text = "POST /v1/embeddings?i=\(index) HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
             var rest = Substring(body)
             while !rest.isEmpty {
                 let part = rest.prefix(7)
@@ -94,7 +114,7 @@ struct WirePropertyTests {
         }
         let sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
         switch kind {
-        case .json, .cutBeforeHead:
+        case .json, .cutBeforeHead, .early:
             let whole = PipelineHarness.ok(json)
             return (whole, kind == .cutBeforeHead ? 0 : nil)
         case .chunkedJSON:
@@ -144,17 +164,31 @@ struct WirePropertyTests {
             }
             for index in pipe.servers.indices where pipe.servers[index].isActive {
                 serverText[index, default: []] += Array(try pipe.serverGot(index).utf8)
-                guard let (request, rest) = Self.wholeRequest(serverText[index]!) else { continue }
-                serverText[index] = rest
+                let text = serverText[index]!
+                // An early answer: as soon as the head has come (a body past the read-ahead
+                // still coming), the rest of the request dropped with the connection after.
+                let early =
+                    Self.headEnd(text).flatMap { Self.marker(in: Array(text[..<$0])) }.map {
+                        firstAttempt.contains($0) && scenario.answers[$0] == .early
+                    } ?? false
+                let request: [UInt8]
+                if early {
+                    request = text
+                    serverText[index] = []
+                } else {
+                    guard let (whole, rest) = Self.wholeRequest(text) else { continue }
+                    request = whole
+                    serverText[index] = rest
+                }
                 guard let marker = Self.marker(in: request) else {
                     Issue.record("\(context): a request without its marker reached the server")
                     return
                 }
                 var kind = scenario.answers[marker]
-                if !firstAttempt.contains(marker) { kind = .json }
+                if !firstAttempt.contains(marker) { kind = scenario.kinds[marker] == .runEvents ? .stream : .json }
                 firstAttempt.remove(marker)
-                let (text, cutAt) = Self.answer(kind, marker, &random)
-                let bytes = Array(text.utf8)
+                let (answer, cutAt) = Self.answer(kind, marker, &random)
+                let bytes = Array(answer.utf8)
                 let sent = bytes.prefix(cutAt ?? bytes.count)
                 var offset = 0
                 while offset < sent.count {
@@ -199,7 +233,8 @@ struct WirePropertyTests {
                     #expect(marker == index, "\(context): answer \(index) is request \(marker)'s")
                 }
                 if status == 200, body.contains("data: ") {
-                    let cut = scenario.answers[index] == .cutMidStream
+                    // (A run's stream cut is resumed by the other route: it ends whole.)
+                    let cut = scenario.answers[index] == .cutMidStream && scenario.kinds[index] != .runEvents
                     #expect(body.contains("event: error") == cut, "\(context): answer \(index): \(body)")
                     if !cut { #expect(body.contains("data: [DONE]"), "\(context): answer \(index): \(body)") }
                 }
@@ -217,6 +252,15 @@ struct WirePropertyTests {
         // (A connection closes only right after an answer cut short: returned above.)
         #expect(active, "\(context): closed after \(index) whole answers")
         #expect(index == scenario.kinds.count, "\(context): \(index) answers to \(scenario.kinds.count) requests")
+    }
+
+    /// Where a head ends (its blank line's end), if it has.
+    static func headEnd(_ bytes: [UInt8]) -> Int? {
+        guard bytes.count >= 4 else { return nil }
+        for index in 0...(bytes.count - 4) where bytes[index..<(index + 4)].elementsEqual([13, 10, 13, 10]) {
+            return index + 4
+        }
+        return nil
     }
 
     /// The request's marker: `i=N` in its target, or `"i":N` in its body.
