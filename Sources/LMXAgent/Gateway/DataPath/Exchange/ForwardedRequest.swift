@@ -122,6 +122,13 @@ final class ForwardedRequest {
         slack = whole.capacity - whole.readableBytes
     }
 
+    /// The body went on as it came: nothing of it is kept.
+    func dropBody() {
+        parts = []
+        slack = 0
+        coalesced = false
+    }
+
     /// Once the body is one buffer of the gateway's (``add(_:)``), its reservation counts that
     /// buffer's whole capacity: the bytes the budget took as they came, and the room beyond them.
     func countStorage(in budget: ReadAheadBudget, for peer: PeerUser) {

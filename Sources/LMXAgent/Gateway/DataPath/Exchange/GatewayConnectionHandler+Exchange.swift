@@ -222,7 +222,7 @@ extension GatewayConnectionHandler {
             handler.sendEnd()
         } else {
             // Sent on as it arrives: nothing of it is kept, and the request can never go again.
-            request.parts = []
+            request.dropBody()
         }
         handler.flush()
         resumeReadsIfHeld()
