@@ -45,7 +45,7 @@ struct WirePropertyTests {
     /// with plain JSON).
     enum Answer: CaseIterable {
         case json, chunkedJSON, stream, sizedStream, doneWithoutNewline, compressed, cutBeforeHead, cutMidBody,
-            cutMidStream, early
+            cutMidStream, cutMidSizedStream, early
     }
 
     enum Kind: CaseIterable { case get, post, chunkedPost, streamPost, runEvents }
@@ -63,7 +63,8 @@ struct WirePropertyTests {
             kinds = (0..<count).map { _ in random.pick(Kind.allCases) }
             answers = kinds.map { kind in
                 // A run's events: whole, or cut after an event (then resumed by the other route).
-                kind == .runEvents ? random.pick([.stream, .cutMidStream]) : random.pick(Answer.allCases)
+                kind == .runEvents
+                    ? random.pick([.stream, .cutMidStream, .cutMidSizedStream]) : random.pick(Answer.allCases)
             }
             clientSlice = random.pick([1, 3, 17, 64, 1 << 20])
             serverSlice = random.pick([1, 5, 29, 1 << 20])
@@ -142,6 +143,9 @@ struct WirePropertyTests {
             let whole = sse + "Transfer-Encoding: chunked\r\n\r\n" + chunked(events, pieces: 2)
             let head = sse.utf8.count + 30
             return (whole, random.int(head...(whole.utf8.count - 8)))
+        case .cutMidSizedStream:
+            let head = sse + "Content-Length: \(events.utf8.count)\r\n\r\n"
+            return (head + events, random.int(head.utf8.count...(head.utf8.count + events.utf8.count - 2)))
         }
     }
 
@@ -225,7 +229,7 @@ struct WirePropertyTests {
             case .truncated:
                 #expect(!active, "\(context): answer \(index) cut short but the connection was kept")
                 #expect(
-                    [.cutMidBody, .cutMidStream].contains(scenario.answers[index]),
+                    [.cutMidBody, .cutMidStream, .cutMidSizedStream].contains(scenario.answers[index]),
                     "\(context): answer \(index) cut short without a cut")
                 return
             case .whole(let status, let body):
@@ -234,7 +238,9 @@ struct WirePropertyTests {
                 }
                 if status == 200, body.contains("data: ") {
                     // (A run's stream cut is resumed by the other route: it ends whole.)
-                    let cut = scenario.answers[index] == .cutMidStream && scenario.kinds[index] != .runEvents
+                    let cut =
+                        [.cutMidStream, .cutMidSizedStream].contains(scenario.answers[index])
+                        && scenario.kinds[index] != .runEvents
                     #expect(body.contains("event: error") == cut, "\(context): answer \(index): \(body)")
                     if !cut { #expect(body.contains("data: [DONE]"), "\(context): answer \(index): \(body)") }
                 }
