@@ -47,6 +47,15 @@ struct SocketPathTests {
         #expect(!FileManager.default.fileExists(atPath: dir + "/agent.db"), "stopped before opening the database")
     }
 
+    @Test("a status socket whose bind fails (a folder no file can be made in, /proc): exit 79 naming it, no longer 0")
+    func statusBindFails() async throws {
+        let dir = AgentProcess.makeDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let result = try await daemon(["--socket", "/proc/lmx-\(TestBed.tag()).sock"], directory: dir)
+        #expect(result.status == ExitStatus.socketPath.rawValue, "\(result.stderr)")
+        #expect(result.stderr.contains("cannot bind the status socket /proc/lmx-"))
+    }
+
     @Test("a gateway socket named over the limit (--gateway-socket): exit 79 naming it")
     func namedGatewaySocketTooLong() async throws {
         let dir = try directory(socketBytes: 104)
