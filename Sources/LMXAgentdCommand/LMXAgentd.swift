@@ -22,10 +22,12 @@ public struct LMXAgentd: AsyncParsableCommand {
             and LMX_DB override the socket and database paths. The config file is JSON; comments \
             and trailing commas are allowed (JSON5).
 
-            Signals: SIGTERM and SIGINT stop gracefully; SIGHUP reloads the config file.
+            Signals: SIGTERM and SIGINT stop gracefully; SIGHUP reloads the config file and reads \
+            the address books again.
 
             Exit codes: 0 stopped cleanly, 64 usage error, 73 another lmx-agentd serves the \
-            socket, 74 the database cannot be opened, 78 configuration error.
+            socket, 74 the database cannot be opened, 78 configuration error, 79 a socket path \
+            that cannot be bound (over 103 bytes).
             """,
         version: StatusAPI.version)
 

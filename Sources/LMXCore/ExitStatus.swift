@@ -21,4 +21,7 @@ public enum ExitStatus: Int32, Sendable, CaseIterable {
     case ioError = 74
     /// A configuration error, naming the file and key (EX_CONFIG).
     case configuration = 78
+    /// A socket path that cannot be bound: longer than a Unix socket address holds, or refused by
+    /// `bind` (none of sysexits.h's fits: one past them).
+    case socketPath = 79
 }

@@ -3,6 +3,12 @@ import CQRencode
 import CZBar
 
 /// Finds QR codes in grey pixels with zbar (QR only, binary mode: the bytes as encoded).
+///
+/// What zbar reads by itself, measured with qrencode and ImageMagick images (PairTests): mirrored
+/// codes (a front camera's picture), low contrast (grey on grey), no quiet zone, perspective and
+/// blur. What it does not, by default: light modules on dark (a code shown in a dark theme, or
+/// printed so), which its `ZBAR_CFG_TEST_INVERTED` option reads with a second pass over the
+/// inverted image, only when the first pass found nothing.
 public enum QRScanner {
     public static func scan(_ image: GrayImage) throws(ImageError) -> [[UInt8]] {
         let z = try ImageLibraries.zbar.get()
@@ -11,6 +17,7 @@ public enum QRScanner {
         _ = z.zbar_image_scanner_set_config(scanner, ZBAR_NONE, ZBAR_CFG_ENABLE, 0)
         _ = z.zbar_image_scanner_set_config(scanner, ZBAR_QRCODE, ZBAR_CFG_ENABLE, 1)
         _ = z.zbar_image_scanner_set_config(scanner, ZBAR_QRCODE, ZBAR_CFG_BINARY, 1)
+        _ = z.zbar_image_scanner_set_config(scanner, ZBAR_NONE, ZBAR_CFG_TEST_INVERTED, 1)
         guard let zimage = z.zbar_image_create() else { return [] }
         defer { z.zbar_image_destroy(zimage) }
         z.zbar_image_set_format(zimage, lmx_zbar_format_y800())

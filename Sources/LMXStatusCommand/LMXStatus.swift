@@ -262,7 +262,7 @@ struct StatusRequest: Equatable {
             trust += " Prefer: \(prefer.map { ServerTable.printable($0) }.joined(separator: ", "))."
         }
         if let gateway = status.gateway?.openAIBaseURL { trust += " Gateway: \(gateway)." }
-        if let problem = status.gateway?.problem { trust += " Gateway: not on TCP: \(ServerTable.printable(problem))." }
+        if let problem = status.gateway?.problem { trust += " Gateway: \(ServerTable.printable(problem))." }
         let mdns = " mDNS: \(status.avahi)."
         guard let active = status.active else {
             let why = ServerTable.printable(status.noActiveReason ?? "unknown")

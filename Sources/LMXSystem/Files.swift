@@ -34,6 +34,18 @@ public enum FileSystem {
 
     public static func exists(_ path: String) -> Bool { access(path, F_OK) == 0 }
 
+    /// Where a symbolic link points, as written; nil when `path` is not a link.
+    public static func readLink(_ path: String) -> String? {
+        var buffer = [UInt8](repeating: 0, count: Int(PATH_MAX))
+        let count = buffer.withUnsafeMutableBufferPointer { out in
+            out.baseAddress!.withMemoryRebound(to: CChar.self, capacity: out.count) {
+                readlink(path, $0, out.count)
+            }
+        }
+        guard count >= 0 else { return nil }
+        return String(decoding: buffer[0..<count], as: UTF8.self)
+    }
+
     public static func remove(_ path: String) { unlink(path) }
 
     public static func setMode(_ path: String, _ mode: UInt32) { chmod(path, mode_t(mode)) }

@@ -1,14 +1,27 @@
+import Synchronization
+
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// Watches directories for files written, renamed in, created or changed (inotify), and reports
-/// the names that changed. Used from one thread; the descriptor closes when this is dropped.
-public final class DirectoryWatch {
+/// Watches directories for names written, made, removed, renamed or changed (inotify), and
+/// reports the paths that changed. One thread drains it while another may change what is
+/// watched; the descriptor closes when this is dropped.
+public final class DirectoryWatch: Sendable {
     /// Readable when changes wait (for a ``PollingThread``).
     public let descriptor: Int32
     private var fd: Int32 { descriptor }
-    private var directories: [Int32: String] = [:]
+    private let directories = Mutex<[Int32: String]>([:])
+
+    /// What a name's change is: written, made, removed, renamed either way, its mode or links
+    /// changed; and the folder itself removed or renamed. Never through a link, folders only.
+    private static let mask =
+        UInt32(IN_CLOSE_WRITE) | UInt32(IN_MOVED_TO) | UInt32(IN_MOVED_FROM) | UInt32(IN_CREATE)
+        | UInt32(IN_DELETE) | UInt32(IN_ATTRIB) | UInt32(IN_DELETE_SELF) | UInt32(IN_MOVE_SELF)
+        | UInt32(IN_ONLYDIR) | UInt32(IN_DONT_FOLLOW)
+
+    /// Reported by ``drain()`` when the kernel's queue overflowed: anything may have changed.
+    public static let overflow = ""
 
     /// - Throws: when inotify is unavailable.
     public init() throws(SystemError) {
@@ -18,15 +31,36 @@ public final class DirectoryWatch {
 
     deinit { close(fd) }
 
-    /// Starts watching `directory` for files closed after writing, moved in, created or changed.
+    /// Starts watching `directory`.
     public func add(_ directory: String) throws(SystemError) {
-        let mask = UInt32(IN_CLOSE_WRITE) | UInt32(IN_MOVED_TO) | UInt32(IN_CREATE) | UInt32(IN_ATTRIB)
-        let wd = inotify_add_watch(fd, directory, mask)
-        guard wd >= 0 else { throw SystemError("cannot watch \(directory)") }
-        directories[wd] = directory
+        let wd = inotify_add_watch(fd, directory, Self.mask)
+        guard wd >= 0 else { throw SystemError("cannot watch \(directory): \(SystemError.describe(errno))") }
+        directories.withLock { $0[wd] = directory }
     }
 
-    /// The paths (directory + "/" + name) that changed, from the events waiting (never blocks).
+    /// Watches exactly `wanted`: adds the folders that are new, stops watching the others.
+    /// - Returns: the folders that could not be watched (gone meanwhile, not allowed).
+    @discardableResult
+    public func watch(exactly wanted: Set<String>) -> [String] {
+        // Added again even when watched: a folder made anew under the same name is another
+        // inode, with a watch of its own.
+        var kept: [Int32: String] = [:]
+        var failed: [String] = []
+        for directory in wanted.sorted() {
+            let wd = inotify_add_watch(fd, directory, Self.mask)
+            if wd >= 0 { kept[wd] = directory } else { failed.append(directory) }
+        }
+        let previous = directories.withLock { watched in
+            defer { watched = kept }
+            return watched
+        }
+        for wd in previous.keys where kept[wd] == nil { inotify_rm_watch(fd, wd) }
+        return failed
+    }
+
+    /// The paths (directory + "/" + name; the directory alone when it was itself removed or
+    /// renamed; ``overflow`` when events were lost) that changed, from the events waiting (never
+    /// blocks).
     public func drain() -> [String] {
         var buffer = [UInt8](repeating: 0, count: 16 * 1024)
         guard
@@ -45,8 +79,16 @@ public final class DirectoryWatch {
             let length = Int(event.len)
             let start = offset + headerSize
             let name = buffer[start..<min(n, start + length)].prefix { $0 != 0 }
-            if let directory = directories[event.wd], !name.isEmpty {
-                paths.append(directory + "/" + String(decoding: name, as: UTF8.self))
+            if event.mask & UInt32(IN_Q_OVERFLOW) != 0 {
+                paths.append(Self.overflow)
+            } else if let directory = directories.withLock({ $0[event.wd] }) {
+                if name.isEmpty {
+                    // The folder itself (removed, renamed), or its watch dropped (IN_IGNORED).
+                    paths.append(directory)
+                } else {
+                    paths.append(
+                        (directory == "/" ? "/" : directory + "/") + String(decoding: name, as: UTF8.self))
+                }
             }
             offset = start + length
         }

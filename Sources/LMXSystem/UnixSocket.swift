@@ -10,11 +10,14 @@ public struct UnixSocketAddress: Sendable {
     public let path: String
     private let bytes: [UInt8]
 
+    /// The longest path `sun_path` holds with its closing NUL (107 bytes on Linux).
+    public static let maxPathBytes = MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1
+
     /// Nil when the path does not fit in `sun_path`.
     public init?(_ path: String) {
         var bytes = Array(path.utf8)
         if bytes.first == UInt8(ascii: "@") { bytes[0] = 0 }
-        guard !bytes.isEmpty, bytes.count < MemoryLayout.size(ofValue: sockaddr_un().sun_path) else { return nil }
+        guard !bytes.isEmpty, bytes.count <= Self.maxPathBytes else { return nil }
         self.path = path
         self.bytes = bytes
     }

@@ -1,4 +1,5 @@
 import Foundation
+import LMXAgent
 import LMXCore
 import LMXProbe
 import LMXSystem
@@ -53,6 +54,33 @@ struct SystemTests {
         try "x".write(toFile: path, atomically: false, encoding: .utf8)
         #expect(SocketFile.probe(path) == .unusable("it exists and is not a socket"))
         #expect(UnixSocketAddress(String(repeating: "a", count: 200)) == nil)
+    }
+
+    @Test(
+        "socket paths: the bind limit is SwiftNIO's 103 bytes, under the kernel's 107; a path over it is a problem naming it and the limit"
+    )
+    func socketPathLimit() async throws {
+        #expect(SocketPathLimit.kernel == 107)
+        #expect(SocketPathLimit.bindable == 103)
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        func path(_ bytes: Int) -> String {
+            directory + "/" + String(repeating: "s", count: bytes - directory.utf8.count - 1)
+        }
+        #expect(SocketPathLimit.problem(path(103)) == nil)
+        let long = path(104)
+        #expect(SocketPathLimit.problem(long)?.contains(long) == true)
+        #expect(SocketPathLimit.problem(long)?.contains("is 104 bytes, over the 103 bytes") == true)
+        #expect(SocketPathLimit.problem("") != nil)
+        #expect(SocketPathLimit.problem("/tmp/a\u{0}b") != nil)
+        // What binding really accepts: SwiftNIO binds 103 bytes and refuses 104, whatever the kernel takes.
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let bound = try await ServerBootstrap(group: group).bind(unixDomainSocketPath: path(103)).get()
+        try await bound.close()
+        await #expect(throws: SocketAddressError.self) {
+            try await ServerBootstrap(group: group).bind(unixDomainSocketPath: long).get()
+        }
+        try await group.shutdownGracefully()
     }
 
     @Test("the directory watch reports a file renamed into place, through a polling thread that stops when told")

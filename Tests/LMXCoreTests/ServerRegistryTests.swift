@@ -163,6 +163,30 @@ struct AddressAndFilterTests {
         #expect(ServerAddress.scoped(input, interface: "eth1") == expected)
     }
 
+    @Test("a server announced only by IPv6 link-local addresses gets a route with its interface as the zone")
+    func linkLocalOnly() throws {
+        let uppercase = NetworkInterface(index: 7, name: "Eth1")
+        let server = DiscoveredServer(
+            id: instance,
+            records: [record(uppercase, "fe80::1", proto: .ipv6), record(loopback, "fe80::9", proto: .ipv6)])
+        let route = try #require(Route.lan(for: server))
+        #expect(route.baseURL == "http://[fe80::1%25Eth1]:1234")
+        #expect(route.base.ipLiteral == "fe80::1%Eth1")
+        #expect(route.id == "lan/[fe80::1%25Eth1]:1234")
+        // febf:: is link-local too (fe80::/10): never before an IPv4 or a global IPv6 address.
+        let mixed = DiscoveredServer(
+            id: instance,
+            records: [
+                record(bridge, "febf::2", proto: .ipv6), record(bridge, "2001:db8::5", proto: .ipv6),
+            ])
+        #expect(Route.lan(for: mixed)?.baseURL == "http://[2001:db8::5]:1234")
+        let dual = DiscoveredServer(
+            id: instance, records: [record(bridge, "fe80::2", proto: .ipv6), record(bridge, "10.0.0.5")])
+        #expect(Route.lan(for: dual)?.baseURL == "http://10.0.0.5:1234")
+        #expect(ServerAddress.urlEscapedZone("fe80::1%25x") == "fe80::1%2525x")
+        #expect(ServerAddress.urlEscapedZone("2001:db8::1") == "2001:db8::1")
+    }
+
     @Test("host:port brackets IPv6")
     func hostPort() {
         #expect(ServerAddress.hostPort("10.0.0.1", port: 1234) == "10.0.0.1:1234")

@@ -5,7 +5,9 @@ import LMXStatusClient
 import LMXStore
 import LMXSystem
 import Logging
+import NIOCore
 import ServiceLifecycle
+import Synchronization
 
 /// `lmx-agentd`: checks its paths, opens the store, wires the manager to its inputs and outputs,
 /// and runs them all as one service group until SIGTERM or SIGINT.
@@ -64,7 +66,9 @@ public struct AgentDaemon {
         let agent = Agent(manager: manager, board: board, watch: hub, store: executor, metrics: metrics)
 
         let (readyStream, readyContinuation) = AsyncStream<Void>.makeStream()
+        let statusBound = BindFlag()
         let statusAPI = StatusServer.application(agent: agent, socketPath: paths.socket, logger: logger) {
+            statusBound.set()
             readyContinuation.yield()
             readyContinuation.finish()
         }
@@ -93,15 +97,12 @@ public struct AgentDaemon {
                     service: SoftFailService(base: app, name: "metrics listener", logger: logger),
                     serviceName: "metrics"))
         }
+        let books = AddressBookWatcher(
+            paths: addressBooks(configuration, logger: logger), manager: manager, store: executor, logger: logger)
+        services.append(.init(service: books, successTerminationBehavior: .ignore, serviceName: "address-books"))
         services.append(
             .init(
-                service: AddressBookWatcher(
-                    paths: addressBooks(configuration, logger: logger), manager: manager, store: executor,
-                    logger: logger),
-                successTerminationBehavior: .ignore, serviceName: "address-books"))
-        services.append(
-            .init(
-                service: ReloadService(logger: logger, load: load) { new in
+                service: ReloadService(logger: logger, load: load, reread: { books.reread() }) { new in
                     Self.warnUnknownKeys(new, file: configPath, logger: logger)
                     await manager.reload(new)
                     hub.setHeartbeat(new.watchHeartbeat)
@@ -139,16 +140,24 @@ public struct AgentDaemon {
             ])
         let group = ServiceGroup(
             configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+        var failure: StartupError?
         do {
             try await group.run()
         } catch {
             logger.error("stopped on an error: \(error)")
+            if !statusBound.isSet, error is IOError || error is SocketAddressError {
+                // The status socket was never bound: the agent never ran.
+                failure = .socketPath(
+                    "lmx-agentd: cannot bind the status socket \(paths.socket): \(error); check its directory, or pick another path with --socket"
+                )
+            }
         }
         await prober.shutdown()
         endpointFile.remove()
         try? store.close()
-        FileSystem.remove(paths.socket)
+        if statusBound.isSet { FileSystem.remove(paths.socket) }
         logger.info("Stopped.")
+        if let failure { throw failure }
     }
 
     /// Under systemd, stderr is the journal: lines carry sd-daemon priorities, no timestamps.
@@ -170,6 +179,11 @@ public struct AgentDaemon {
     func claimSocket(_ paths: AgentPaths, logger: Logger) throws(StartupError) {
         // Without XDG_RUNTIME_DIR (and HOME) the files go under /tmp/lmx-<uid>: only ever a
         // directory of our own, 0700, never one another user made first.
+        if let why = SocketPathLimit.problem(paths.socket) {
+            throw .socketPath(
+                "lmx-agentd: cannot use the status socket: \(why); pass a shorter path with --socket (or LMX_SOCKET), or use a shorter XDG_RUNTIME_DIR"
+            )
+        }
         let uid = Users.effective
         if RuntimeDirectory.fallbackContaining(paths.socket, uid: uid) != nil
             || RuntimeDirectory.fallbackContaining(paths.database, uid: uid) != nil,
@@ -225,18 +239,32 @@ public struct AgentDaemon {
         }
         let socketPath = configuration.gateway.socket ?? FileSystem.directory(of: socket) + "/gateway.sock"
         var usableSocket: String? = socketPath
-        switch SocketFile.probe(socketPath) {
-        case .free: break
-        case .stale: FileSystem.remove(socketPath)
-        case .live:
-            logger.warning(
-                "gateway socket already served by another process: the gateway is on TCP only",
-                metadata: ["socket": "\(socketPath)"])
+        var socketProblem: String?
+        if let why = SocketPathLimit.problem(socketPath) {
+            // A path the user named is refused as a bad setting; the one the agent chose beside
+            // the status socket costs the gateway its socket (reported in /v1/status), not the agent.
+            if configuration.gateway.socket != nil {
+                throw .socketPath(
+                    "lmx-agentd: cannot use the gateway socket (gateway.socket, --gateway-socket): \(why); name a shorter path"
+                )
+            }
+            socketProblem =
+                "gateway socket beside the status socket not made: \(why); set gateway.socket to a shorter path, or shorten --socket"
             usableSocket = nil
-        case .unusable(let why):
-            logger.warning(
-                "gateway socket unusable (\(why)): the gateway is on TCP only", metadata: ["socket": "\(socketPath)"])
-            usableSocket = nil
+        } else {
+            switch SocketFile.probe(socketPath) {
+            case .free: break
+            case .stale: FileSystem.remove(socketPath)
+            case .live:
+                socketProblem = "gateway socket \(socketPath) is already served by another process"
+                usableSocket = nil
+            case .unusable(let why):
+                socketProblem = "gateway socket \(socketPath) is unusable (\(why))"
+                usableSocket = nil
+            }
+        }
+        if let socketProblem {
+            logger.warning("\(socketProblem): the gateway is on TCP only", metadata: ["socket": "\(socketPath)"])
         }
         if configuration.gateway.group != nil, configuration.gateway.listen != nil {
             logger.notice(
@@ -248,7 +276,8 @@ public struct AgentDaemon {
             ServiceGroupConfiguration.ServiceConfiguration(
                 service: SoftFailService(base: service, name: name, logger: logger), serviceName: name)
         }
-        await agent.manager.setGateway(url: nil, socket: usableSocket)
+        // The socket is advertised once it is bound (`Gateway.socketChanged`).
+        await agent.manager.setGatewaySocket(nil, problem: socketProblem)
         return (gateway, services)
     }
 
@@ -260,4 +289,12 @@ public struct AgentDaemon {
             )
         }
     }
+}
+
+/// Whether a socket was bound: set once, from its server's start.
+final class BindFlag: Sendable {
+    private let bound = Atomic<Bool>(false)
+
+    func set() { bound.store(true, ordering: .releasing) }
+    var isSet: Bool { bound.load(ordering: .acquiring) }
 }

@@ -54,7 +54,8 @@ public struct DaemonOptions: Sendable {
 }
 
 /// Why the daemon could not start, with its exit code (sysexits: 73 the socket is taken or
-/// unusable, 74 the database cannot be opened, 78 a configuration error).
+/// unusable, 74 the database cannot be opened, 78 a configuration error; 79 a socket path that
+/// cannot be bound).
 public struct StartupError: Error, CustomStringConvertible {
     public let exitCode: Int32
     public let description: String
@@ -64,6 +65,9 @@ public struct StartupError: Error, CustomStringConvertible {
     }
     static func socket(_ message: String) -> StartupError {
         StartupError(exitCode: ExitStatus.cannotCreate.rawValue, description: message)
+    }
+    static func socketPath(_ message: String) -> StartupError {
+        StartupError(exitCode: ExitStatus.socketPath.rawValue, description: message)
     }
     static func database(_ message: String) -> StartupError {
         StartupError(exitCode: ExitStatus.ioError.rawValue, description: message)

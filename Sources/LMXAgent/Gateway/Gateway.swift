@@ -83,15 +83,23 @@ public final class Gateway: Sendable {
         if let socketPath {
             let listener = GatewayListener(
                 address: .unix(path: socketPath), connection: connection, maxConnections: 2048, logger: logger,
-                onRunning: { [logger, group = configuration.group] in
+                onRunning: { [logger, agent, group = configuration.group] in
                     // With a group gate the check is per request (SO_PEERCRED); the file itself
                     // stays connectable, as the status socket is.
                     FileSystem.setMode(socketPath, 0o666)
                     logger.info(
                         "The gateway serves \(group.map { "members of \($0)" } ?? "any local user") on its Unix socket.",
                         metadata: ["socket": "\(socketPath)"])
+                    await agent.manager.setGatewaySocket(socketPath, problem: nil)
                 })
-            apps.append(("gateway-socket", listener))
+            apps.append(
+                (
+                    "gateway-socket",
+                    ReportingListener(base: listener) { [agent] error in
+                        await agent.manager.setGatewaySocket(
+                            nil, problem: "gateway socket \(socketPath) cannot be bound: \(error)")
+                    }
+                ))
         }
         if let listen = configuration.listen, configuration.group == nil {
             for address in Self.listenAddresses(listen) {
@@ -185,6 +193,22 @@ public final class Gateway: Sendable {
                     "http://\(primaryIsV4 && $0.host.lowercased() == "localhost" ? "127.0.0.1:\($0.port)" : $0.description)"
                 } : nil,
             problem: problems.isEmpty ? nil : problems.joined(separator: "; "), generation: generation)
+    }
+}
+
+/// A listener whose failure to bind is reported (the gateway's socket: its problem in
+/// `/v1/status`), then passed on.
+struct ReportingListener: Service {
+    let base: any Service
+    let report: @Sendable (any Error) async -> Void
+
+    func run() async throws {
+        do {
+            try await base.run()
+        } catch {
+            if !Task.isShuttingDownGracefully { await report(error) }
+            throw error
+        }
     }
 }
 

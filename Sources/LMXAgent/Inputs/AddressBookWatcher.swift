@@ -6,19 +6,37 @@ import ServiceLifecycle
 /// Follows the Opta desktop manager's address books (`~/.config/opta/lmx-connections.json`):
 /// when the file is rewritten (a quick tunnel got a new URL after cloudflared restarted), its
 /// entries are imported again, so the pairing of the same entry follows the new tunnel without a
-/// new QR code. Watches each file's directory with inotify (the manager replaces the file), reads
-/// at most 1 MiB, and imports only entries that changed.
+/// new QR code. Reads at most 1 MiB, and imports only entries that changed.
+///
+/// What is followed is the path as the user named it: every folder on the way to the file is
+/// watched with inotify (``WatchPlan``), so a folder made after the start, a folder renamed and
+/// made again, a link pointed elsewhere, or the file replaced by a rename or rewritten in place
+/// all lead to the file being read again. SIGHUP (``reread()``) reads every file again.
 public struct AddressBookWatcher: Service {
     let paths: [String]
     let manager: ConnectionManager
     let store: StoreExecutor
     let logger: Logger
+    private let rereads: AsyncStream<Void>
+    private let rereadInput: AsyncStream<Void>.Continuation
 
     public init(paths: [String], manager: ConnectionManager, store: StoreExecutor, logger: Logger) {
         self.paths = paths
         self.manager = manager
         self.store = store
         self.logger = logger
+        (rereads, rereadInput) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+    }
+
+    /// Reads every address book again (SIGHUP), even those whose content did not change, and
+    /// watches their paths afresh.
+    public func reread() {
+        rereadInput.yield()
+    }
+
+    private enum Trigger: Sendable {
+        case changed(Set<String>)
+        case reread
     }
 
     public func run() async throws {
@@ -27,31 +45,27 @@ public struct AddressBookWatcher: Service {
         do {
             watch = try DirectoryWatch()
         } catch {
-            logger.warning("address books are not followed: \(error)")
+            logger.warning("address books are not followed (read again on SIGHUP only): \(error)")
+            var lastSeen: [String: [UInt8]] = [:]
+            for path in paths { await load(path, lastSeen: &lastSeen) }
+            for await _ in rereads.cancelOnGracefulShutdown() {
+                lastSeen = [:]
+                for path in paths { await load(path, lastSeen: &lastSeen) }
+            }
             return
         }
-        for directory in Set(paths.map(FileSystem.directory(of:))) {
-            do {
-                try watch.add(directory)
-            } catch {
-                logger.warning(
-                    "address book directory not followed (it is read again on SIGHUP): \(error)",
-                    metadata: ["directory": "\(directory)"])
-            }
-        }
+        var plan = arm(watch, previous: nil)
         var lastSeen: [String: [UInt8]] = [:]
         for path in paths { await load(path, lastSeen: &lastSeen) }
 
         // A thread of its own blocks on inotify until a change or the stop.
-        let watched = Set(paths)
-        let box = UncheckedBox(watch)
         let changes: AsyncStream<Set<String>>
         let thread: PollingThread
         do {
             (changes, thread) = try PollingThread.start(label: "lmx.address-book-watch", buffering: 16) {
                 poller, send in
-                while case .readable = poller.wait(for: [box.value.descriptor], milliseconds: -1) {
-                    let changed = Set(box.value.drain()).intersection(watched)
+                while case .readable = poller.wait(for: [watch.descriptor], milliseconds: -1) {
+                    let changed = Set(watch.drain())
                     if !changed.isEmpty { send(changed) }
                 }
             }
@@ -59,16 +73,67 @@ public struct AddressBookWatcher: Service {
             logger.warning("address books are not followed: \(error)")
             return
         }
-        await withGracefulShutdownHandler {
-            for await changed in changes {
-                // The manager writes a temporary file and renames it: let the burst settle.
-                try? await Task.sleep(for: .milliseconds(150))
-                for path in changed.sorted() { await load(path, lastSeen: &lastSeen) }
+        let (triggers, input) = AsyncStream<Trigger>.makeStream()
+        await withDiscardingTaskGroup { group in
+            group.addTask {
+                for await changed in changes { input.yield(.changed(changed)) }
+                input.finish()
             }
-        } onGracefulShutdown: {
+            group.addTask { [rereads] in
+                for await _ in rereads { input.yield(.reread) }
+            }
+            await withGracefulShutdownHandler {
+                for await trigger in triggers {
+                    switch trigger {
+                    case .changed(let changed):
+                        guard changed.contains(where: { $0 == DirectoryWatch.overflow || plan.matters($0) })
+                        else { continue }
+                        // The manager writes a temporary file and renames it: let the burst settle.
+                        try? await Task.sleep(for: .milliseconds(150))
+                    case .reread:
+                        lastSeen = [:]
+                    }
+                    plan = arm(watch, previous: plan)
+                    for path in paths { await load(path, lastSeen: &lastSeen) }
+                }
+            } onGracefulShutdown: {
+                thread.stop()
+                rereadInput.finish()
+            }
             thread.stop()
+            rereadInput.finish()
         }
-        thread.stop()
+    }
+
+    /// Watches the folders on the way to every path, again until nothing changed meanwhile (a
+    /// folder made while the watches were being set), so that no change falls between the plan
+    /// and the watches.
+    private func arm(_ watch: DirectoryWatch, previous: WatchPlan?) -> WatchPlan {
+        var plan = WatchPlan(paths: paths, lookup: Self.entry)
+        for _ in 0..<8 {
+            let failed = watch.watch(exactly: Set(plan.directories.keys))
+            let again = WatchPlan(paths: paths, lookup: Self.entry)
+            if again == plan {
+                if !failed.isEmpty, plan != previous {
+                    logger.warning(
+                        "address book folders not followed (the files are read again on SIGHUP): \(failed.joined(separator: ", "))"
+                    )
+                }
+                break
+            }
+            plan = again
+        }
+        return plan
+    }
+
+    /// What a path is, for the plan: `lstat`, and `readlink` for a link.
+    private static func entry(_ path: String) -> WatchPlan.Entry {
+        guard let info = FileSystem.info(path) else { return .missing }
+        switch info.kind {
+        case .directory: return .directory
+        case .symbolicLink: return FileSystem.readLink(path).map { .symbolicLink($0) } ?? .missing
+        default: return .other
+        }
     }
 
     /// Reads the file and imports the entries that are new or changed since the store last saw

@@ -18,6 +18,8 @@ public actor ConnectionManager {
     private var gateway: StatusAPI.Gateway?
     /// The latest gateway listener report applied.
     private var gatewayGeneration: UInt64 = 0
+    /// Why the gateway's TCP listener, and its Unix socket, are not advertised (nil: no problem).
+    private var gatewayProblems: (tcp: String?, socket: String?) = (nil, nil)
     private let prober: any RouteProber
     /// How this machine reaches LAN addresses (the kernel's routing table, or a test's table).
     public nonisolated let paths: any PathLookup
@@ -212,10 +214,22 @@ public actor ConnectionManager {
         pump()
     }
 
-    /// Where the gateway listens, for `/v1/status` and `endpoint.env`.
-    public func setGateway(url: String?, socket: String?, problem: String? = nil) {
-        gateway = StatusAPI.Gateway(openAIBaseURL: url.map { $0 + "/v1" }, socket: socket, problem: problem)
+    /// The gateway's Unix socket: advertised (`socket`) only once it is bound; `problem` says why
+    /// it is not (its path cannot be bound, its bind failed).
+    public func setGatewaySocket(_ socket: String?, problem: String?) {
+        gatewayProblems.socket = problem
+        let current = gateway ?? StatusAPI.Gateway(openAIBaseURL: nil, socket: nil)
+        let next = StatusAPI.Gateway(
+            openAIBaseURL: current.openAIBaseURL, socket: socket, problem: gatewayProblemText)
+        guard next != current || gateway == nil else { return }
+        gateway = next
         publish([.configured], now: clock.now())
+    }
+
+    /// The gateway's problems in one sentence: its socket's first, then its TCP listener's.
+    private var gatewayProblemText: String? {
+        let all = [gatewayProblems.socket, gatewayProblems.tcp.map { "not on TCP: \($0)" }].compactMap { $0 }
+        return all.isEmpty ? nil : all.joined(separator: "; ")
     }
 
     /// The TCP listener's state changed: advertised (`url`) only while it serves. Reports are
@@ -226,8 +240,10 @@ public actor ConnectionManager {
             guard generation > gatewayGeneration else { return }
             gatewayGeneration = generation
         }
+        gatewayProblems.tcp = problem
         let current = gateway ?? StatusAPI.Gateway(openAIBaseURL: nil, socket: nil)
-        let next = StatusAPI.Gateway(openAIBaseURL: url.map { $0 + "/v1" }, socket: current.socket, problem: problem)
+        let next = StatusAPI.Gateway(
+            openAIBaseURL: url.map { $0 + "/v1" }, socket: current.socket, problem: gatewayProblemText)
         guard next != current else { return }
         gateway = next
         publish([.configured], now: clock.now())

@@ -99,6 +99,12 @@ public enum ServerAddress {
         return "\(address)%\(interface)"
     }
 
+    /// An address with its zone as a URL writes it: `fe80::1%eth0` → `fe80::1%25eth0` (RFC 6874).
+    public static func urlEscapedZone(_ address: String) -> String {
+        guard let percent = address.firstIndex(of: "%") else { return address }
+        return address[..<percent] + "%25" + address[address.index(after: percent)...]
+    }
+
     static func isLinkLocalIPv6(_ address: String) -> Bool {
         let lower = address.lowercased()
         // fe80::/10 covers fe80 through febf.

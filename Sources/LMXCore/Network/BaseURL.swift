@@ -38,10 +38,19 @@ public struct BaseURL: Sendable, Hashable, CustomStringConvertible {
         scheme = s[..<separator.lowerBound].lowercased()
         let rest = s[separator.upperBound...]
         let authorityEnd = rest.firstIndex { $0 == "/" || $0 == "?" || $0 == "#" } ?? rest.endIndex
-        let authority = rest[..<authorityEnd].lowercased()
+        let authority = Self.lowercased(rest[..<authorityEnd])
         suffix = String(rest[authorityEnd...])
         (host, port) = Self.split(authority)
         text = scheme + "://" + authority + suffix
+    }
+
+    /// The authority in lower case, but for an IPv6 zone: an interface's name is kept as it is
+    /// written (`eth0` and `ETH0` can be two interfaces).
+    private static func lowercased(_ authority: Substring) -> String {
+        guard authority.hasPrefix("["), let percent = authority.firstIndex(of: "%"),
+            let close = authority.firstIndex(of: "]"), percent < close
+        else { return authority.lowercased() }
+        return authority[..<percent].lowercased() + authority[percent..<close] + authority[close...].lowercased()
     }
 
     /// `host[:port]`, `[v6%25zone][:port]`; a host that is neither address is a name.

@@ -181,24 +181,27 @@ public struct Route: Sendable, Hashable, Identifiable {
 
 extension Route {
     /// The LAN route to a discovered server: its first non-loopback IPv4 address, else a global
-    /// IPv6 one, else loopback (a server on this machine, seen on `lo`). Link-local IPv6 needs a
-    /// zone that URLs handle badly: last resort. Addresses the `AddressPolicy` refuses (loopback
-    /// announced from another host, unspecified, multicast, broadcast, metadata) are never used.
+    /// IPv6 one, else loopback (a server on this machine, seen on `lo`), else, as the last resort,
+    /// an IPv6 link-local address (`fe80::/10`) with the interface it was seen on as its zone
+    /// (`http://[fe80::1%25eth0]:1234`): two machines joined by a cable, a network without IPv4.
+    /// Addresses the `AddressPolicy` refuses (loopback announced from another host, unspecified,
+    /// multicast, broadcast, metadata) are never used.
     public static func lan(for server: DiscoveredServer) -> Route? {
         let records = server.records.filter {
             AddressPolicy.refusal($0.address, onLoopbackInterface: $0.key.interface.isLoopback) == nil
         }
+        func linkLocal(_ record: ResolvedRecord) -> Bool { ServerAddress.isLinkLocalIPv6(record.address) }
         let record =
             records.first {
                 $0.key.ipProtocol == .ipv4 && !$0.key.interface.isLoopback && !$0.address.hasPrefix("127.")
             }
-            ?? records.first {
-                $0.key.ipProtocol == .ipv6 && !$0.address.lowercased().hasPrefix("fe80") && !$0.key.interface.isLoopback
-            }
+            ?? records.first { $0.key.ipProtocol == .ipv6 && !linkLocal($0) && !$0.key.interface.isLoopback }
             ?? records.first { $0.key.ipProtocol == .ipv4 }
-            ?? records.first { !$0.address.lowercased().hasPrefix("fe80") }
+            ?? records.first { !linkLocal($0) }
+            // Link-local: only with its zone (``ResolvedRecord`` adds the interface it was seen on).
+            ?? records.first { linkLocal($0) && $0.address.contains("%") && !$0.key.interface.isLoopback }
         guard let record, record.port != 0 else { return nil }
-        let host = ServerAddress.hostPort(record.address, port: record.port)
+        let host = ServerAddress.hostPort(ServerAddress.urlEscapedZone(record.address), port: record.port)
         return Route(
             baseURL: "http://\(host)", via: .lan, source: .mdns, name: ServerTable.printable(server.name),
             servicePath: record.txt.servicePath,

@@ -222,10 +222,11 @@ public enum StatusAPI {
     public struct Gateway: Codable, Sendable, Hashable {
         /// `http://127.0.0.1:1235/v1`, or nil when there is no TCP listener.
         public var openAIBaseURL: String?
-        /// The gateway's Unix socket.
+        /// The gateway's Unix socket, once it is bound.
         public var socket: String?
-        /// Why the TCP listener is not advertised (its port is held by another user, or cannot be
-        /// bound): nil when it serves. The agent keeps trying.
+        /// Why the Unix socket is not advertised (its path is over the bind limit, its bind
+        /// failed), and why the TCP listener is not (`not on TCP: ` and its port held by another
+        /// user, or that cannot be bound; the agent keeps trying): nil when both serve.
         public var problem: String?
 
         public init(openAIBaseURL: String?, socket: String?, problem: String? = nil) {

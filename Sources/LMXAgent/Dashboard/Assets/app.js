@@ -120,7 +120,7 @@ function renderNow() {
     $('active-meta').textContent = '';
   }
   const gateway = status.gateway && status.gateway.openai_base_url ? 'Gateway: ' + status.gateway.openai_base_url + '. ' : '';
-  const problem = status.gateway && status.gateway.problem ? 'Gateway not on TCP: ' + status.gateway.problem + '. ' : '';
+  const problem = status.gateway && status.gateway.problem ? 'Gateway: ' + status.gateway.problem + '. ' : '';
   $('active-meta').textContent += (active ? ' · ' : '') + gateway + problem + 'mDNS: ' + status.avahi + '. Trust: ' + (status.trust || 'paired') + '.';
 }
 
