@@ -15,9 +15,9 @@ public struct Agent: Sendable {
 
     public init(
         manager: ConnectionManager, board: StateBoard, watch: WatchHub, store: StoreExecutor, metrics: AgentMetrics,
-        traffic: GatewayTraffic? = nil
+        traffic: GatewayTraffic? = nil, history: HistoryRecorder? = nil
     ) {
-        self.traffic = traffic ?? GatewayTraffic(metrics: metrics)
+        self.traffic = traffic ?? GatewayTraffic(metrics: metrics, history: history)
         self.manager = manager
         self.board = board
         self.watch = watch
@@ -43,6 +43,12 @@ public struct Agent: Sendable {
         let events = (try? await store.read { try $0.recentEvents(limit: limit) }) ?? []
         let snapshot = board.snapshot
         return events.map(snapshot.told)
+    }
+
+    /// `/v1/history`: the window's rows read off the caller's thread, made into the answer.
+    public func history(_ query: History.Query) async throws -> StatusAPI.History {
+        let rows = try await store.read { try $0.historyRows(since: query.since, until: query.until) }
+        return History.build(query, transitions: rows.transitions, probes: rows.probes, traffic: rows.traffic)
     }
 
     public func pairingSummaries() async throws -> [PairingSummary] {
