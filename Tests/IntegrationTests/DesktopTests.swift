@@ -155,7 +155,8 @@ struct DesktopTests {
                 timeout: 8)
             let marks =
                 try await browser.run(
-                    "return [...new Set([...document.querySelectorAll('#ribbons line.switch')].map((l) => l.dataset.at))]")
+                    "return [...new Set([...document.querySelectorAll('#ribbons line.switch')].map((l) => l.dataset.at))]"
+                )
                 as? [String] ?? []
             #expect(marked != nil && marks == switchTimes, "page \(marks) events \(switchTimes)")
             print(

@@ -71,6 +71,8 @@ struct HistoryAgentTests {
             #expect(lanRibbon.segments.last?.active == true && lanRibbon.segments.last?.state == .ready)
             #expect(answer.routes.first { $0.via == .wan }?.segments.contains { $0.active } == true)
             #expect(answer.routes.allSatisfy { $0.server == instance })
+            // The minute under way is in the answer before it is written: probe latency already.
+            #expect(lanRibbon.latency.last.map { $0.probes > 0 && $0.p50MS != nil } == true, "\(lanRibbon.latency)")
 
             // The terminal's ribbons: the same history, 80 columns, one line per route.
             let status = "\(TestBed.binDir)/lmx-status"
@@ -93,7 +95,8 @@ struct HistoryAgentTests {
             }
             // Seconds of history in an hour's ribbon: its last cell only, ready (in use or not).
             let lanLine = try #require(lines.first { $0.hasPrefix("Studio LAN ") })
-            #expect(lanLine.dropFirst(21).prefix(48).trimmingCharacters(in: .whitespaces).allSatisfy { "#=".contains($0) })
+            #expect(
+                lanLine.dropFirst(21).prefix(48).trimmingCharacters(in: .whitespaces).allSatisfy { "#=".contains($0) })
             let json = try await Command.run(status, ["--history", "--json", "--socket", agent.socket])
             let decoded = try JSONDecoder().decode(StatusAPI.History.self, from: Data(json.stdout.utf8))
             #expect(decoded.switches.map(\.at) == switches.map(\.at))

@@ -55,6 +55,11 @@ public final class HistoryRecorder: AgentEventSink, Service {
         }
     }
 
+    /// The figures not written yet (the minute under way), for `/v1/history`.
+    public func pending() -> (probes: [ProbeFigures], traffic: [TrafficFigures]) {
+        state.withLock { $0.tracker.minutes.figures() }
+    }
+
     /// Queues the figures of the minutes that are over (all of them when `final`), with a sign of
     /// life; every ten minutes, the trim that holds the history to its bound.
     public func flush(now: Double, final: Bool = false) {

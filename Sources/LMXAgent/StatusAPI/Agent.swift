@@ -10,6 +10,9 @@ public struct Agent: Sendable {
     public let metrics: AgentMetrics
     /// What went through the gateway, per model.
     public let traffic: GatewayTraffic
+    /// The history's recorder (nil in tests that keep none): its minute under way is part of
+    /// `/v1/history`'s answer.
+    public let recorder: HistoryRecorder?
     /// Large answers being built per user, on the status socket and the dashboard together.
     let largeAnswers = LargeAnswerGate(perUser: 4)
 
@@ -18,6 +21,7 @@ public struct Agent: Sendable {
         traffic: GatewayTraffic? = nil, history: HistoryRecorder? = nil
     ) {
         self.traffic = traffic ?? GatewayTraffic(metrics: metrics, history: history)
+        self.recorder = history
         self.manager = manager
         self.board = board
         self.watch = watch
@@ -45,10 +49,14 @@ public struct Agent: Sendable {
         return events.map(snapshot.told)
     }
 
-    /// `/v1/history`: the window's rows read off the caller's thread, made into the answer.
+    /// `/v1/history`: the window's rows read off the caller's thread, with the minute under way
+    /// (not written yet), made into the answer.
     public func history(_ query: History.Query) async throws -> StatusAPI.History {
         let rows = try await store.read { try $0.historyRows(since: query.since, until: query.until) }
-        return History.build(query, transitions: rows.transitions, probes: rows.probes, traffic: rows.traffic)
+        let pending = recorder?.pending() ?? (probes: [], traffic: [])
+        return History.build(
+            query, transitions: rows.transitions, probes: rows.probes + pending.probes,
+            traffic: rows.traffic + pending.traffic)
     }
 
     public func pairingSummaries() async throws -> [PairingSummary] {

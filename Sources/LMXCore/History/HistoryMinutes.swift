@@ -84,10 +84,21 @@ public struct HistoryMinutes: Sendable {
 
     /// The figures of every minute that began before `before`, taken out.
     public mutating func take(before: Double) -> (probes: [ProbeFigures], traffic: [TrafficFigures]) {
+        let taken = figures(before: before)
+        for key in probeCounts.keys where key.minute < before {
+            probeCounts[key] = nil
+            probes[key] = nil
+        }
+        for key in traffic.keys where key.minute < before { traffic[key] = nil }
+        return taken
+    }
+
+    /// The figures of every minute that began before `before` (`.infinity`: the one under way
+    /// too), left in place: what `/v1/history` adds to what the store has.
+    public func figures(before: Double = .infinity) -> (probes: [ProbeFigures], traffic: [TrafficFigures]) {
         var done: [ProbeFigures] = []
         for (key, count) in probeCounts where key.minute < before {
-            let values = probes.removeValue(forKey: key) ?? []
-            probeCounts[key] = nil
+            let values = probes[key] ?? []
             done.append(
                 ProbeFigures(
                     routeID: key.route, at: key.minute, step: 60, probes: count, p50: Quantile.of(values, 0.5),
@@ -95,7 +106,6 @@ public struct HistoryMinutes: Sendable {
         }
         var figures: [TrafficFigures] = []
         for (key, samples) in traffic where key.minute < before {
-            traffic[key] = nil
             figures.append(
                 TrafficFigures(
                     model: key.model, via: key.via, at: key.minute, step: 60, requests: samples.requests,
