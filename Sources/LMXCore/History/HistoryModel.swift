@@ -29,7 +29,7 @@ public enum RibbonState: String, Sendable, Hashable, Codable, CaseIterable {
         case .notReady: "~"
         case .down: "x"
         case .unknown: "?"
-        case .stopped: " "
+        case .stopped: "."
         }
     }
 
