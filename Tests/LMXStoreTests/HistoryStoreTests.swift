@@ -17,7 +17,8 @@ struct HistoryStoreTests {
     /// per minute, an hour per call here) and trimmed as it trims (every ten minutes: here every
     /// hour), each route flapping twice an hour. To stay a fast test, one minute in ten has
     /// figures (a debug build spends about 50 µs per row): the full month, every minute of it,
-    /// held 51 160 probe and 20 464 traffic rows in 12.2 MiB, flat from the tenth day on.
+    /// held 51 120 probe rows, 20 448 traffic rows and 7 700 changes in 13.4 MiB, the same size
+    /// after 10 days as after 31.
     @Test("the history's bound holds over a simulated month: rows capped, size flat, the last 7 days all there")
     func boundHoldsOverAMonth() throws {
         let path = Self.path()
