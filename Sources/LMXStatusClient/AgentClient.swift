@@ -42,6 +42,12 @@ public struct AgentClient: Sendable {
         return (resolved, response.body)
     }
 
+    /// `GET /v1/history?since=` (a duration back from now, `24h`; or a time), with its raw JSON.
+    public func history(since: String) throws(StatusClientError) -> (history: StatusAPI.History, json: [UInt8]) {
+        let response = try http.request("GET", "/v1/history?since=" + Pairing.percentEncodeComponent(since))
+        return (try decode(response, expecting: 200), response.body)
+    }
+
     public func pairings() throws(StatusClientError) -> [PairingSummary] {
         try decode(try http.request("GET", "/v1/pairings"), expecting: 200)
     }

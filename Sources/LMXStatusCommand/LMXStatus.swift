@@ -82,12 +82,25 @@ public struct LMXStatus: ParsableCommand {
             "The best usable endpoint that has this model loaded (with --url: only its URL).", valueName: "name"))
     var model: String?
 
+    @Flag(
+        name: .long,
+        help: "Each route's last day as a ribbon of characters (with --json: /v1/history's answer).")
+    var history = false
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "With --history: how far back (1h, 24h, 7d; at most 8d), or an ISO 8601 time.", valueName: "duration"))
+    var since: String?
+
     @Option(name: .long, help: ArgumentHelp("The agent's socket.", valueName: "path"))
     var socket: String?
 
     /// What was asked, as plain values.
     var request: StatusRequest {
-        StatusRequest(url: url, json: json, watch: watch, wait: wait, model: model, socket: socket)
+        StatusRequest(
+            url: url, json: json, watch: watch, wait: wait, model: model, socket: socket, history: history,
+            since: since)
     }
 
     public func validate() throws { try request.validate() }
@@ -104,8 +117,17 @@ struct StatusRequest: Equatable {
     var wait: Double?
     var model: String?
     var socket: String?
+    var history = false
+    var since: String?
 
     func validate() throws(ValidationError) {
+        if history && (url || watch || wait != nil || model != nil) {
+            throw ValidationError("--history goes alone or with --json and --since")
+        }
+        if since != nil && !history { throw ValidationError("--since goes with --history") }
+        if let since, since.isEmpty || since.utf8.count > 64 {
+            throw ValidationError("--since takes a duration (24h, 7d) or an ISO 8601 time")
+        }
         if url && json { throw ValidationError("--url and --json cannot be used together") }
         if url && watch { throw ValidationError("--url and --watch cannot be used together") }
         if wait != nil && watch { throw ValidationError("--wait and --watch cannot be used together") }
@@ -143,6 +165,7 @@ struct StatusRequest: Equatable {
         let client = AgentClient(socketPath: path)
         do {
             if watch { return try follow(client) }
+            if history { return try printHistory(client) }
             if let wait {
                 try waitForEndpoint(client, seconds: wait)
                 if !url && !json && model == nil { return Console.out(Self.summary(try client.status().status)) }
@@ -217,6 +240,24 @@ struct StatusRequest: Equatable {
                 )
             }
             throw ExitCode(ExitStatus.nothingFound.rawValue)
+        }
+    }
+
+    /// The ribbons of `--history`, or its JSON; a window the agent refuses is a usage error (64).
+    private func printHistory(_ client: AgentClient) throws {
+        let answer: Result<(history: StatusAPI.History, json: [UInt8]), StatusClientError>
+        do { answer = .success(try client.history(since: since ?? "24h")) } catch { answer = .failure(error) }
+        switch answer {
+        case .failure(.answered(let status, let reason)):
+            Console.error("lmx-status: \(ServerTable.printable(reason))")
+            throw ExitCode(status == 400 ? ExitCode.validationFailure.rawValue : ExitStatus.unavailable.rawValue)
+        case .failure(let error):
+            throw error
+        case .success(let (history, raw)):
+            if json { return Console.out(String(decoding: raw, as: UTF8.self).trimmingNewline) }
+            let routes = history.routes.count
+            Console.out("From \(history.since) to \(history.until), \(routes) route\(routes == 1 ? "" : "s"):")
+            for line in HistoryRibbon.render(history) { Console.out(line) }
         }
     }
 

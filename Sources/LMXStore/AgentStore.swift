@@ -166,6 +166,8 @@ public final class AgentStore: Sendable {
         // Each event's sentence as it was told, with the names of then (rows of earlier versions
         // have none: their sentence is made when they are read).
         ("v5-event-text", [#"ALTER TABLE "event" ADD COLUMN "text" TEXT"#]),
+        // What each route and model did over time (HistoryStore.swift).
+        historyMigration,
     ]
 
     // MARK: - Routes

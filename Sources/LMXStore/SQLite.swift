@@ -240,6 +240,7 @@ extension Double: SQLiteConvertible {
 struct StatementArguments: ExpressibleByArrayLiteral {
     var values: [(any SQLiteConvertible)?]
     init(arrayLiteral elements: (any SQLiteConvertible)?...) { values = elements }
+    init(_ values: [(any SQLiteConvertible)?]) { self.values = values }
 }
 
 /// One row, by column name.

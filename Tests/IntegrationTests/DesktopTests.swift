@@ -145,6 +145,20 @@ struct DesktopTests {
             if let agentHome, let pageHome {
                 #expect(pageHome - agentHome <= 1, "page \(pageHome - agentHome) s after the agent")
             }
+            // The ribbons: a switch mark at each of the agent's switches, at its very time.
+            let agentEvents = try JSONDecoder().decode(
+                [StatusAPI.Event].self, from: Data(try home.agent.client.request("GET", "/v1/events?limit=1000").body))
+            let switchTimes = agentEvents.filter { $0.kind == "active" }.map(\.at)
+            let expected = "[" + switchTimes.map { "\"\($0)\"" }.joined(separator: ",") + "]"
+            let marked = await browser.waitUntil(
+                "return JSON.stringify([...new Set([...document.querySelectorAll('#ribbons line.switch')].map((l) => l.dataset.at))]) === '\(expected)'",
+                timeout: 8)
+            let marks =
+                try await browser.run(
+                    "return [...new Set([...document.querySelectorAll('#ribbons line.switch')].map((l) => l.dataset.at))]"
+                )
+                as? [String] ?? []
+            #expect(marked != nil && marks == switchTimes, "page \(marks) events \(switchTimes)")
             print(
                 "figure: dashboard followed failover \(String(format: "%.3f", (pageAway ?? 0) - (agentAway ?? 0))) s and return \(String(format: "%.3f", (pageHome ?? 0) - (agentHome ?? 0))) s after the agent"
             )

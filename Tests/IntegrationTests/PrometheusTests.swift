@@ -39,6 +39,10 @@ struct PrometheusTests {
         #expect(rules.status == 0, "\(rules.stdout) \(rules.stderr)")
         let tests = try await Self.promtool(["test", "rules", Self.example + "/tests/lmx-alerts-test.yml"])
         #expect(tests.status == 0 && tests.stdout.contains("SUCCESS"), "\(tests.stdout) \(tests.stderr)")
+        // The fleet's figures over time: time on the tunnel, switches per hour.
+        let recording = try await Self.promtool(["test", "rules", Self.example + "/tests/lmx-recording-test.yml"])
+        #expect(
+            recording.status == 0 && recording.stdout.contains("SUCCESS"), "\(recording.stdout) \(recording.stderr)")
         // Every alert of the rules is tested firing (and the test names each one).
         let alerts = try String(contentsOfFile: Self.example + "/rules/lmx-alerts.yml", encoding: .utf8)
             .split(separator: "\n").compactMap { line -> String? in
@@ -180,8 +184,53 @@ struct PrometheusTests {
             #expect((expiring.first?["labels"] as? [String: String])?["pairing"] == "Office", "\(alerts)")
             #expect((expiring.first?["labels"] as? [String: String])?["instance"] == "127.0.0.1:\(metricsA)")
             #expect(counts["lan"] == "1" && counts["none"] == "1", "\(counts)")
+
+            // Every query of the Grafana dashboard, as Grafana sends it (its variable at "All"),
+            // against this Prometheus: each is valid PromQL, and those over the agents' paths and
+            // switches have a series for each agent.
+            let queries = try Self.dashboardQueries()
+            #expect(queries.count >= 10)
+            for query in queries {
+                let expr = query.replacingOccurrences(of: "$instance", with: ".*")
+                var answer: [String: Any] = [:]
+                let deadline = ContinuousClock.now + .seconds(10)
+                repeat {
+                    let result = try await Command.run(
+                        "/usr/bin/curl", ["-s", "-m", "5", "-G", api + "/query", "--data-urlencode", "query=" + expr])
+                    answer =
+                        (try? JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any]) ?? [:]
+                    let rows = (answer["data"] as? [String: Any])?["result"] as? [[String: Any]] ?? []
+                    // Gateway figures need traffic (none here): valid and empty is their answer.
+                    if !expr.contains("lmx_active") || rows.count >= 2 { break }
+                    try await Task.sleep(for: .milliseconds(500))
+                } while ContinuousClock.now < deadline
+                #expect(answer["status"] as? String == "success", "\(expr): \(answer)")
+                if expr.hasPrefix("instance:lmx_active") {
+                    let rows = (answer["data"] as? [String: Any])?["result"] as? [[String: Any]] ?? []
+                    #expect(rows.count == 2, "\(expr): \(rows)")
+                }
+            }
             await prometheus.stop()
             withExtendedLifetime(agentB) {}  // (its daemon runs until here)
         }
+    }
+
+    /// The PromQL of every panel of `examples/grafana/lmx-fleet.json`, and of its variable.
+    static func dashboardQueries() throws -> [String] {
+        let data = try Data(contentsOf: URL(fileURLWithPath: TestBed.repo + "/examples/grafana/lmx-fleet.json"))
+        let dashboard = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        let panels = dashboard["panels"] as? [[String: Any]] ?? []
+        var queries = panels.flatMap { panel in
+            (panel["targets"] as? [[String: Any]] ?? []).compactMap { $0["expr"] as? String }
+        }
+        // label_values(metric, label) is Grafana's: the metric is what Prometheus is asked for.
+        for variable in (dashboard["templating"] as? [String: Any])?["list"] as? [[String: Any]] ?? [] {
+            if let definition = variable["definition"] as? String, definition.hasPrefix("label_values("),
+                let metric = definition.dropFirst(13).split(separator: ",").first
+            {
+                queries.append(String(metric))
+            }
+        }
+        return queries
     }
 }

@@ -101,6 +101,12 @@ def main():
     call("GET", "/v1/resolve")
     call("GET", "/v1/events?limit=50")
     call("GET", "/v1/traffic")
+    status, history = call("GET", "/v1/history?since=1h")
+    if status == 200 and history is not None and not history.get("routes"):
+        problems.append("GET /v1/history: no route in the last hour of an agent with routes")
+    call("GET", "/v1/history?since=7d&step=1h")
+    if call("GET", "/v1/history?since=yesterday")[0] != 400:
+        problems.append("GET /v1/history?since=yesterday: not refused with 400")
     call("POST", "/v1/refresh")
     call("GET", "/v1/pairings")
     _, imported = call("POST", "/v1/pairings", {"payloads": [{"text": args.pairing}]})

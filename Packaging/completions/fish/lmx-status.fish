@@ -20,7 +20,7 @@ function __lmx-status_parse_tokens -S
     set -l unparsed_tokens (__lmx-status_tokens -pc)
     switch $unparsed_tokens[1]
     case 'lmx-status'
-        __lmx-status_parse_subcommand 0 'url' 'json' 'watch' 'wait=' 'model=' 'socket=' 'version' 'h/help'
+        __lmx-status_parse_subcommand 0 'url' 'json' 'watch' 'wait=' 'model=' 'history' 'since=' 'socket=' 'version' 'h/help'
         switch $unparsed_tokens[1]
         case 'help'
             __lmx-status_parse_subcommand -r 1 'version'
@@ -82,6 +82,8 @@ complete -c 'lmx-status' -n '__lmx-status_should_offer_completions_for_flags_or_
 complete -c 'lmx-status' -n '__lmx-status_should_offer_completions_for_flags_or_options "lmx-status" watch' -l 'watch' -d 'Keep running and print every change.'
 complete -c 'lmx-status' -n '__lmx-status_should_offer_completions_for_flags_or_options "lmx-status" wait' -l 'wait' -d 'Wait until an endpoint is usable, at most this many seconds (30 when given alone), then act as without it.' -rfka ''
 complete -c 'lmx-status' -n '__lmx-status_should_offer_completions_for_flags_or_options "lmx-status" model' -l 'model' -d 'The best usable endpoint that has this model loaded (with --url: only its URL).' -rfka ''
+complete -c 'lmx-status' -n '__lmx-status_should_offer_completions_for_flags_or_options "lmx-status" history' -l 'history' -d 'Each route\'s last day as a ribbon of characters (with --json: /v1/history\'s answer).'
+complete -c 'lmx-status' -n '__lmx-status_should_offer_completions_for_flags_or_options "lmx-status" since' -l 'since' -d 'With --history: how far back (1h, 24h, 7d; at most 8d), or an ISO 8601 time.' -rfka ''
 complete -c 'lmx-status' -n '__lmx-status_should_offer_completions_for_flags_or_options "lmx-status" socket' -l 'socket' -d 'The agent\'s socket.' -rfka ''
 complete -c 'lmx-status' -n '__lmx-status_should_offer_completions_for_flags_or_options "lmx-status" version' -l 'version' -d 'Show the version.'
 complete -c 'lmx-status' -n '__lmx-status_should_offer_completions_for_flags_or_options "lmx-status" h help' -s 'h' -l 'help' -d 'Show help information.'

@@ -58,12 +58,18 @@ public struct AgentDaemon {
         let hub = WatchHub(board: board, heartbeat: configuration.watchHeartbeat, logger: logger)
         // endpoint.env beside the socket: the active endpoint for shells and EnvironmentFile=.
         let endpointFile = EndpointFileWriter(file: EndpointFile.beside(socket: paths.socket), logger: logger)
+        // The ribbons of the last run end where it stopped (or was killed), before anything new.
+        do { try store.closeHistory(now: SystemClock.realtime()) } catch {
+            logger.warning("could not close the history of the last run: \(error)")
+        }
+        let history = HistoryRecorder(store: executor, board: board)
         let manager = ConnectionManager(
             configuration: configuration, prober: prober, store: executor, board: board,
-            sinks: [EventLog(logger: logger), EventRecorder(store: executor), metrics, hub, endpointFile],
+            sinks: [EventLog(logger: logger), EventRecorder(store: executor), history, metrics, hub, endpointFile],
             logger: logger)
         let follower = PassiveHealthFollower(manager: manager, prober: prober, board: board)
-        let agent = Agent(manager: manager, board: board, watch: hub, store: executor, metrics: metrics)
+        let agent = Agent(
+            manager: manager, board: board, watch: hub, store: executor, metrics: metrics, history: history)
 
         let (readyStream, readyContinuation) = AsyncStream<Void>.makeStream()
         let statusBound = BindFlag()
@@ -75,6 +81,7 @@ public struct AgentDaemon {
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(service: ManagerService(manager: manager), serviceName: "manager"),
             .init(service: follower, serviceName: "passive-health"),
+            .init(service: history, serviceName: "history"),
         ]
         let requery = configuration.discovery ? AvahiRequery() : nil
         if configuration.discovery {

@@ -52,6 +52,8 @@ struct Dashboard: Sendable {
             return Self.json(pairings)
         case .traffic:
             return Self.json(agent.traffic.report())
+        case .history:
+            return Self.secured(await StatusServer.history(request, agent: agent, uid: await context.peerUID()))
         case .watch:
             let since = request.uri.queryParameters.get("since", as: UInt64.self)
             guard

@@ -10,9 +10,12 @@ public final class GatewayTraffic: Sendable {
     private let started = SystemClock.realtime()
     /// Where the same figures go as Prometheus histograms (nil in tests that do not look).
     private let metrics: AgentMetrics?
+    /// Where the same answers go, per minute, for the history (nil: none kept).
+    private let history: HistoryRecorder?
 
-    public init(metrics: AgentMetrics? = nil) {
+    public init(metrics: AgentMetrics? = nil, history: HistoryRecorder? = nil) {
         self.metrics = metrics
+        self.history = history
     }
 
     /// One model and path's figures, resolved once: the key the table counts them under and the
@@ -69,6 +72,7 @@ public final class GatewayTraffic: Sendable {
             }
         }
         forget(evicted)
+        history?.answered(model: key.model, via: key.via, status: status, answered: answered, firstToken: firstByte)
         let counted = series ?? Series(model: model, key: key, metrics: metrics)
         if let firstByte, status < 400 { counted.firstToken?.record(seconds: firstByte) }
         return counted
@@ -89,6 +93,8 @@ public final class GatewayTraffic: Sendable {
             return $0.takeEvicted()
         }
         forget(evicted)
+        history?.streamed(
+            model: series.key.model, via: series.key.via, firstToken: firstEvent, events: events, seconds: seconds)
         if let firstEvent { series.firstToken?.record(seconds: firstEvent) }
         if events >= 2, seconds > 0 { series.tokensPerSecond?.record(seconds: Double(events - 1) / seconds) }
     }

@@ -10,14 +10,18 @@ public struct Agent: Sendable {
     public let metrics: AgentMetrics
     /// What went through the gateway, per model.
     public let traffic: GatewayTraffic
+    /// The history's recorder (nil in tests that keep none): its minute under way is part of
+    /// `/v1/history`'s answer.
+    public let recorder: HistoryRecorder?
     /// Large answers being built per user, on the status socket and the dashboard together.
     let largeAnswers = LargeAnswerGate(perUser: 4)
 
     public init(
         manager: ConnectionManager, board: StateBoard, watch: WatchHub, store: StoreExecutor, metrics: AgentMetrics,
-        traffic: GatewayTraffic? = nil
+        traffic: GatewayTraffic? = nil, history: HistoryRecorder? = nil
     ) {
-        self.traffic = traffic ?? GatewayTraffic(metrics: metrics)
+        self.traffic = traffic ?? GatewayTraffic(metrics: metrics, history: history)
+        self.recorder = history
         self.manager = manager
         self.board = board
         self.watch = watch
@@ -43,6 +47,16 @@ public struct Agent: Sendable {
         let events = (try? await store.read { try $0.recentEvents(limit: limit) }) ?? []
         let snapshot = board.snapshot
         return events.map(snapshot.told)
+    }
+
+    /// `/v1/history`: the window's rows read off the caller's thread, with the minute under way
+    /// (not written yet), made into the answer.
+    public func history(_ query: History.Query) async throws -> StatusAPI.History {
+        let rows = try await store.read { try $0.historyRows(since: query.since, until: query.until) }
+        let pending = recorder?.pending() ?? (probes: [], traffic: [])
+        return History.build(
+            query, transitions: rows.transitions, probes: rows.probes + pending.probes,
+            traffic: rows.traffic + pending.traffic)
     }
 
     public func pairingSummaries() async throws -> [PairingSummary] {

@@ -143,6 +143,9 @@ public enum StatusServer {
                 body: watchBody(subscription, hub: agent.watch, channel: context.channel))
         }
         router.get("/v1/traffic") { _, _ -> Response in json(agent.traffic.report()) }
+        router.get("/v1/history") { request, context -> Response in
+            await history(request, agent: agent, uid: await peer(context))
+        }
         router.get("/metrics") { _, _ -> Response in
             Response(
                 status: .ok, headers: [.contentType: "text/plain; version=0.0.4"],
@@ -171,6 +174,28 @@ public enum StatusServer {
             for line in subscription.first { try await send(line) }
             for await line in subscription.stream { try await send(line) }
             try await writer.finish(nil)
+        }
+    }
+
+    /// `/v1/history?since=&until=&step=`, on the status socket and the dashboard alike: a query
+    /// that cannot be read is a 400 naming the value; a large answer waits its turn (`gate`).
+    static func history(_ request: Request, agent: Agent, uid: UInt32?) async -> Response {
+        let parameters = request.uri.queryParameters
+        let query: History.Query
+        do {
+            query = try History.Query.parse(
+                since: parameters.get("since"), until: parameters.get("until"), step: parameters.get("step"),
+                now: SystemClock.realtime())
+        } catch {
+            return json(StatusAPI.ErrorBody(error: "bad-request", reason: error.description), status: .badRequest)
+        }
+        do {
+            return try await agent.largeAnswers.run(for: uid) { json(try await agent.history(query)) }
+                ?? LargeAnswerGate.busy()
+        } catch {
+            return json(
+                StatusAPI.ErrorBody(error: "store", reason: "could not read the history: \(error)"),
+                status: .internalServerError)
         }
     }
 

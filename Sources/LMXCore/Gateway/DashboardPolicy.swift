@@ -14,6 +14,8 @@ public enum DashboardPolicy {
         case pairings
         /// `/v1/traffic` (the gateway's traffic per model).
         case traffic
+        /// `/v1/history` (routes and models over time).
+        case history
         /// `/v1/watch`: the change stream (`?since=SEQ` resumes).
         case watch
         /// Under `/dashboard/` but nothing there.
@@ -32,6 +34,7 @@ public enum DashboardPolicy {
         case "/dashboard/api/events": return .events
         case "/dashboard/api/pairings": return .pairings
         case "/dashboard/api/traffic": return .traffic
+        case "/dashboard/api/history": return .history
         case "/dashboard/api/watch": return .watch
         default: return path == "/dashboard" || path.hasPrefix("/dashboard/") ? .missing : nil
         }

@@ -180,12 +180,12 @@ function renderTraffic(traffic) {
   }
   const ms = (v) => (typeof v === 'number' ? v.toFixed(v < 10 ? 1 : 0) + ' ms' : '–');
   body.replaceChildren(...rows.map((row) => el('tr', {},
-    el('td', { text: row.model }),
-    el('td', { text: row.via === 'wan' ? 'tunnel' : 'LAN' }),
-    el('td', { className: 'num', text: String(row.requests) }),
-    el('td', { className: 'num', text: String(row.errors) }),
-    el('td', { className: 'num', text: ms(row.first_byte_p50_ms) + ' / ' + ms(row.first_byte_p95_ms) }),
-    el('td', { className: 'num', text: typeof row.events_per_second_p50 === 'number' ? row.events_per_second_p50.toFixed(1) : '–' }))));
+    el('td', { 'data-label': 'Model', text: row.model }),
+    el('td', { 'data-label': 'Path', text: row.via === 'wan' ? 'tunnel' : 'LAN' }),
+    el('td', { 'data-label': 'Requests', className: 'num', text: String(row.requests) }),
+    el('td', { 'data-label': 'Errors', className: 'num', text: String(row.errors) }),
+    el('td', { 'data-label': 'First token p50 / p95', className: 'num', text: ms(row.first_byte_p50_ms) + ' / ' + ms(row.first_byte_p95_ms) }),
+    el('td', { 'data-label': 'Tokens/s', className: 'num', text: typeof row.events_per_second_p50 === 'number' ? row.events_per_second_p50.toFixed(1) : '–' }))));
 }
 
 function renderPairings(pairings) {
@@ -232,6 +232,7 @@ function renderEvents(events) {
 function render() {
   renderNow();
   renderServers();
+  renderPaths();
 }
 
 // Coalesced reloads: many changes at once cost one request.
@@ -298,6 +299,8 @@ function apply(line) {
   // Reasons and merged servers follow from the whole status: fetched again, coalesced.
   soon('status', 250, loadStatus);
   soon('events', 500, loadEvents);
+  // The ribbons gain the change (the agent records it as it happens).
+  soon('history', 2000, loadHistory);
 }
 
 function setConnection(kind, text) {
@@ -342,8 +345,240 @@ async function follow() {
   }
 }
 
+// --- History: ribbons per route, figures per model, the paths now -------------------------
+// Drawn as SVG by hand (no charting library: see docs/dashboard.md): a ribbon is a run of
+// rectangles, a chart two polylines; every element is made with createElementNS and filled with
+// textContent, so the page's CSP (no inline script or style) holds.
+const NS = 'http://www.w3.org/2000/svg';
+const RANGES = { '1h': 3600e3, '24h': 86400e3, '7d': 7 * 86400e3 };
+const STATES = { 'ready': 'ready', 'not-ready': 'not ready', 'down': 'down', 'unknown': 'not probed yet', 'stopped': 'agent not running' };
+const past = { range: '24h', data: null, loadedAt: 0 };
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(NS, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
+  return node;
+}
+
+function span(ms) {
+  const minutes = Math.round(ms / 60e3);
+  if (minutes < 60) return minutes + ' min';
+  const hours = Math.floor(minutes / 60);
+  if (hours < 48) return hours + ' h' + (minutes % 60 ? ' ' + (minutes % 60) + ' min' : '');
+  return Math.floor(hours / 24) + ' d ' + (hours % 24) + ' h';
+}
+
+function stamp(ms, range) {
+  const date = new Date(ms);
+  return range === '7d'
+    ? date.toLocaleDateString([], { weekday: 'short', day: 'numeric' }) + ' ' + date.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' })
+    : date.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
+}
+
+function segmentWords(route, s) {
+  const from = Date.parse(s.from);
+  const to = Date.parse(s.to);
+  return (route.via === 'wan' ? 'tunnel' : 'LAN') + ': ' + (STATES[s.state] || s.state) + (s.active ? ', in use' : '') +
+    ', ' + stamp(from, past.range) + ' to ' + stamp(to, past.range) + ' (' + span(to - from) + '). ' + (s.cause || '');
+}
+
+// One route's ribbon: a rectangle per segment (its state), a band above those in use, a mark at
+// each switch. Focusable: arrow keys walk the segments, the pointer points at one; either way the
+// segment's time and cause are told in the line under the server's ribbons.
+function ribbon(route, since, until, switches, tell) {
+  const width = until - since;
+  const x = (ms) => ((ms - since) / width * 1000).toFixed(2);
+  const box = svg('svg', { class: 'ribbon', viewBox: '0 0 1000 20', preserveAspectRatio: 'none', tabindex: '0', role: 'img' });
+  const rects = [];
+  for (const s of route.segments) {
+    const from = Math.max(Date.parse(s.from), since);
+    const to = Math.min(Date.parse(s.to), until);
+    if (!(to > from)) continue;
+    const w = Math.max(0.6, (to - from) / width * 1000).toFixed(2);
+    const rect = svg('rect', { x: x(from), y: '6', width: w, height: '14', class: 'seg', 'data-state': s.state });
+    box.append(rect);
+    if (s.active) box.append(svg('rect', { x: x(from), y: '0', width: w, height: '4', class: 'in-use' }));
+    rects.push({ rect, s });
+  }
+  for (const change of switches) {
+    const at = Date.parse(change.at);
+    if (at < since || at > until || (change.from !== route.id && change.to !== route.id)) continue;
+    box.append(svg('line', { x1: x(at), x2: x(at), y1: '0', y2: '20', class: 'switch', 'data-at': change.at }));
+  }
+  const used = route.segments.filter((s) => s.active).length;
+  box.setAttribute('aria-label', (route.via === 'wan' ? 'Tunnel' : 'LAN') + ' route over the last ' + past.range + ': ' +
+    rects.length + ' stretch' + (rects.length === 1 ? '' : 'es') + ', ' + used + ' in use. Arrow keys step through them.');
+  let current = -1;
+  const show = (index) => {
+    if (!rects.length) return;
+    current = Math.max(0, Math.min(rects.length - 1, index));
+    for (const [i, r] of rects.entries()) r.rect.classList.toggle('current', i === current);
+    tell(segmentWords(route, rects[current].s));
+  };
+  box.addEventListener('keydown', (event) => {
+    const moves = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1 };
+    if (event.key === 'Home') show(0);
+    else if (event.key === 'End') show(rects.length - 1);
+    else if (event.key in moves) show(current < 0 ? rects.length - 1 : current + moves[event.key]);
+    else return;
+    event.preventDefault();
+  });
+  box.addEventListener('focus', () => { if (current < 0) show(rects.length - 1); else show(current); });
+  box.addEventListener('pointermove', (event) => {
+    const bounds = box.getBoundingClientRect();
+    const at = since + (event.clientX - bounds.left) / bounds.width * width;
+    const index = rects.findIndex((r) => Date.parse(r.s.from) <= at && at < Date.parse(r.s.to));
+    if (index >= 0 && index !== current) show(index);
+  });
+  return box;
+}
+
+function axis(since, until) {
+  const row = el('div', { className: 'axis', 'aria-hidden': 'true' });
+  for (let i = 0; i <= 4; i++) row.append(el('span', { text: stamp(since + (until - since) * i / 4, past.range) }));
+  return row;
+}
+
+function renderRibbons(data) {
+  const box = $('ribbons');
+  const since = Date.parse(data.since);
+  const until = Date.parse(data.until);
+  if (!data.routes.length) {
+    box.replaceChildren(el('p', { className: 'empty', text: 'Nothing recorded in this window yet.' }));
+    return;
+  }
+  // One block per server: routes sharing an instance, else a name.
+  const servers = new Map();
+  for (const route of data.routes) {
+    const key = route.server || route.name;
+    if (!servers.has(key)) servers.set(key, { name: route.name, routes: [] });
+    servers.get(key).routes.push(route);
+  }
+  box.replaceChildren(...[...servers.values()].map((server) => {
+    const told = el('p', { className: 'told', 'aria-live': 'polite', text: 'Point at a ribbon, or focus it and use the arrow keys.' });
+    const tell = (text) => { told.textContent = text; };
+    const rows = server.routes.sort((a, b) => a.via.localeCompare(b.via)).map((route) => el('div', { className: 'ribbon-row', 'data-route': route.id },
+      el('span', { className: 'badge', 'data-tone': route.via === 'wan' ? 'wan' : 'idle', text: route.via === 'wan' ? 'tunnel' : 'LAN' }),
+      ribbon(route, since, until, data.switches, tell)));
+    return el('article', { className: 'card history-card', 'aria-label': 'history of ' + server.name },
+      el('h3', { text: server.name }), ...rows, axis(since, until), told);
+  }));
+}
+
+// A small line chart of `key` over time, the LAN and the tunnel side by side.
+function chart(title, unit, series, key, since, until) {
+  const lines = series.map((s) => ({ via: s.via, points: s.points.filter((p) => typeof p[key] === 'number').map((p) => [Date.parse(p.at), p[key]]) }));
+  const max = Math.max(1, ...lines.flatMap((l) => l.points.map((p) => p[1])));
+  const box = svg('svg', { class: 'chart', viewBox: '0 0 300 80', preserveAspectRatio: 'none', role: 'img' });
+  box.append(svg('line', { x1: '0', x2: '300', y1: '79', y2: '79', class: 'base' }));
+  const words = [];
+  for (const line of lines) {
+    if (!line.points.length) continue;
+    const pts = line.points.map(([t, v]) => ((t - since) / (until - since) * 300).toFixed(1) + ',' + (78 - v / max * 72).toFixed(1));
+    if (pts.length === 1) pts.push(pts[0].replace(/^[^,]*/, (n) => String(Number(n) + 2)));
+    box.append(svg('polyline', { points: pts.join(' '), class: 'series', 'data-via': line.via }));
+    const values = line.points.map((p) => p[1]);
+    words.push((line.via === 'wan' ? 'tunnel' : 'LAN') + ' ' + Math.min(...values).toFixed(0) + ' to ' + Math.max(...values).toFixed(0) + ' ' + unit);
+  }
+  box.setAttribute('aria-label', title + ': ' + (words.join('; ') || 'no figures'));
+  return el('figure', { className: 'chart-box' },
+    el('figcaption', { text: title + ' (up to ' + max.toFixed(max < 10 ? 1 : 0) + ' ' + unit + ')' }), box);
+}
+
+function renderCharts(data) {
+  const box = $('charts');
+  const since = Date.parse(data.since);
+  const until = Date.parse(data.until);
+  const byModel = new Map();
+  for (const m of data.models) {
+    if (!byModel.has(m.model)) byModel.set(m.model, []);
+    byModel.get(m.model).push(m);
+  }
+  if (!byModel.size) {
+    box.replaceChildren(el('p', { className: 'empty', text: 'No request through the gateway in this window.' }));
+    return;
+  }
+  box.replaceChildren(...[...byModel.entries()].map(([model, series]) => el('article', { className: 'card model-card' },
+    el('h3', { text: model }),
+    el('p', { className: 'legend' }, el('span', { className: 'key', 'data-via': 'lan', text: 'LAN' }), ' ', el('span', { className: 'key', 'data-via': 'wan', text: 'tunnel' })),
+    el('div', { className: 'chart-pair' },
+      chart('First token, median', 'ms', series, 'first_token_p50_ms', since, until),
+      chart('Tokens per second', 'tok/s', series, 'tokens_per_second', since, until)))));
+}
+
+// The paths now: this machine, the LAN or the tunnel, each server; the one in use drawn as such.
+function renderPaths() {
+  const box = $('paths');
+  const candidates = (state.status && state.status.candidates) || [];
+  if (!candidates.length) {
+    box.replaceChildren(el('p', { className: 'empty', text: 'No server known yet.' }));
+    return;
+  }
+  const rowHeight = 56;
+  const height = candidates.length * rowHeight + 8;
+  const picture = svg('svg', { class: 'paths', viewBox: '0 0 360 ' + height, role: 'img' });
+  const words = [];
+  const machine = svg('g', { class: 'node machine' });
+  machine.append(svg('rect', { x: '4', y: String(height / 2 - 14), width: '86', height: '28', rx: '6' }));
+  const me = svg('text', { x: '47', y: String(height / 2 + 4), 'text-anchor': 'middle' });
+  me.textContent = 'this machine';
+  machine.append(me);
+  picture.append(machine);
+  candidates.forEach((c, i) => {
+    const y = 8 + i * rowHeight + rowHeight / 2 - 4;
+    for (const route of c.routes) {
+      const [word, tone] = verdictOf(route);
+      const bend = route.via === 'wan' ? 14 : -14;
+      const path = svg('path', {
+        d: 'M90 ' + height / 2 + ' C 170 ' + (height / 2 + bend) + ', 190 ' + (y + bend) + ', 250 ' + y,
+        class: 'link', 'data-via': route.via, 'data-tone': tone, 'data-active': String(!!route.active),
+      });
+      picture.append(path);
+      words.push(c.name + (route.via === 'wan' ? ' through the tunnel' : ' on the LAN') + ': ' + word + (route.active ? ', in use' : ''));
+    }
+    const node = svg('g', { class: 'node server', 'data-active': String(!!c.active) });
+    node.append(svg('rect', { x: '250', y: String(y - 14), width: '106', height: '28', rx: '6' }));
+    const name = svg('text', { x: '303', y: String(y + 4), 'text-anchor': 'middle' });
+    name.textContent = c.name.length > 16 ? c.name.slice(0, 15) + '…' : c.name;
+    node.append(name);
+    picture.append(node);
+  });
+  picture.setAttribute('aria-label', 'Paths from this machine: ' + words.join('; ') + '.');
+  box.replaceChildren(picture, el('p', { className: 'legend' },
+    el('span', { className: 'key', 'data-via': 'lan', text: 'LAN' }), ' ', el('span', { className: 'key', 'data-via': 'wan', text: 'tunnel' }),
+    ' · thick: in use · dashed: not usable'));
+}
+
+async function loadHistory() {
+  const started = performance.now();
+  const data = await getJSON('/dashboard/api/history?since=' + past.range);
+  past.data = data;
+  past.loadedAt = Date.now();
+  renderRibbons(data);
+  renderCharts(data);
+  const section = $('history');
+  section.dataset.range = past.range;
+  // (Read by the tests: how long fetching and drawing took, and when it was done.)
+  section.dataset.drawnMs = (performance.now() - started).toFixed(1);
+  section.dataset.drawnAt = performance.now().toFixed(1);
+  section.dataset.loaded = String(past.loadedAt);
+}
+
+function setupHistory() {
+  for (const button of document.querySelectorAll('#ranges button')) {
+    button.addEventListener('click', () => {
+      past.range = button.dataset.range;
+      for (const b of document.querySelectorAll('#ranges button')) b.setAttribute('aria-pressed', String(b === button));
+      soon('history', 0, loadHistory);
+    });
+  }
+  soon('history', 0, loadHistory);
+  setInterval(() => soon('history', 0, loadHistory), 60000);
+}
+
 document.addEventListener('DOMContentLoaded', () => {
   follow();
+  setupHistory();
   setInterval(() => soon('traffic', 0, loadTraffic), 5000);
   setInterval(() => soon('pairings', 0, loadPairings), 60000);
 });
