@@ -28,6 +28,34 @@ struct ForeignAnswerTests {
         #expect(ForeignAnswer.recognise(status: 503, html: false, location: nil) == nil)
         #expect(ForeignAnswer.recognise(status: 304, html: false, location: nil) == nil)
         #expect(ForeignAnswer.recognise(status: 404, html: true, location: nil) == nil)
+        // The server's own redirects pass (a framework's trailing-slash 307, an https upgrade on
+        // its own host): only one to another host is the network's, and a local user's request
+        // for such a path must not mark the route down.
+        let server = "http://192.168.1.20:1234"
+        #expect(ForeignAnswer.recognise(status: 307, html: false, location: "/v1/models", server: server) == nil)
+        #expect(ForeignAnswer.recognise(status: 308, html: false, location: "models", server: server) == nil)
+        #expect(
+            ForeignAnswer.recognise(
+                status: 307, html: false, location: "http://192.168.1.20:1234/v1/models", server: server)
+                == nil)
+        #expect(
+            ForeignAnswer.recognise(status: 301, html: true, location: "https://192.168.1.20/v1/models", server: server)
+                == nil)
+        #expect(
+            ForeignAnswer.recognise(status: 302, html: true, location: "//portal.example/login", server: server)
+                == .captivePortal(status: 302))
+        #expect(
+            ForeignAnswer.recognise(
+                status: 302, html: true, location: "http://192.168.1.20.portal.example/", server: server)
+                == .captivePortal(status: 302))
+        #expect(
+            ForeignAnswer.recognise(
+                status: 302, html: true, location: "http://192.168.1.20@portal.example/", server: server)
+                == .captivePortal(status: 302))
+        #expect(
+            ForeignAnswer.recognise(
+                status: 302, html: false, location: "https://192.168.1.20/cdn-cgi/access/login/x", server: server)
+                == .accessLogin)
         #expect(ForeignAnswer.accessLogin.answer.message.contains("lmx-pair"))
         #expect(ForeignAnswer.accessLogin.verdict == .authRejected)
     }

@@ -17,13 +17,19 @@ public enum ForeignAnswer: Sendable, Hashable {
     /// `Server: cloudflare`). Nil for an answer that may be the server's own: a 5xx page is the
     /// edge's only when it is one of Cloudflare's own codes (520–530) or came through the edge
     /// (a server's own framework may answer a 501 or 500 with an HTML page).
-    public static func recognise(status: Int, html: Bool, location: String?, edge: Bool = false) -> ForeignAnswer? {
+    /// `server`: the route's base URL; a redirect to a path of its own host (relative, or
+    /// absolute to the same host on any scheme or port: a framework's trailing-slash 307, an
+    /// https upgrade) is the server's own answer and passes.
+    public static func recognise(
+        status: Int, html: Bool, location: String?, edge: Bool = false, server: String? = nil
+    ) -> ForeignAnswer? {
         switch status {
         case 300..<400 where status != 304:
             let target = (location ?? "").lowercased()
             if target.contains("cloudflareaccess.com") || target.contains("/cdn-cgi/access/") {
                 return .accessLogin
             }
+            if let location, let server, redirectStaysOn(server: server, location: location) { return nil }
             return .captivePortal(status: status)
         case 200..<300 where html:
             return .captivePortal(status: status)
@@ -32,6 +38,36 @@ public enum ForeignAnswer: Sendable, Hashable {
         default:
             return nil
         }
+    }
+
+    /// `location` points at `server`'s own host: a relative reference, or an absolute URL (or a
+    /// scheme-relative one) whose host is the server's.
+    static func redirectStaysOn(server: String, location: String) -> Bool {
+        let location = location.trimmingASCIIWhitespace().lowercased()
+        guard let serverHost = host(of: server.lowercased()) else { return false }
+        if location.hasPrefix("//") { return host(of: location) == serverHost }
+        // A relative reference has no scheme: no ':' before its first '/', '?' or '#'.
+        let head = location.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        if !head.contains(":") { return true }
+        return host(of: location) == serverHost
+    }
+
+    /// The host of an absolute or scheme-relative URL (no user, no port), nil when it has none.
+    static func host(of url: String) -> Substring? {
+        let characters = Array(url)
+        guard
+            let slashes = characters.indices.dropLast().first(where: {
+                characters[$0] == "/" && characters[$0 + 1] == "/"
+            })
+        else { return nil }
+        var authority = url.dropFirst(slashes + 2).prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        if let at = authority.lastIndex(of: "@") { authority = authority[authority.index(after: at)...] }
+        if authority.hasPrefix("[") {
+            guard let close = authority.firstIndex(of: "]") else { return nil }
+            return authority[...close]
+        }
+        let host = authority.prefix { $0 != ":" }
+        return host.isEmpty ? nil : host
     }
 
     /// The server may have seen the request: the tunnel's edge reached it (a 524 is its

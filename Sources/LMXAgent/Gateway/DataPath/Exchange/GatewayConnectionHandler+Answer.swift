@@ -23,7 +23,7 @@ extension GatewayConnectionHandler {
                 request.path.hasPrefix("/v1/")
                 ? ForeignAnswer.recognise(
                     status: head.status, html: read.html, location: read.location,
-                    edge: read.keepAlive.throughCloudflare) : nil
+                    edge: read.keepAlive.throughCloudflare, server: target.baseURL) : nil
             let cooldown =
                 foreign != nil
                 ? nil
