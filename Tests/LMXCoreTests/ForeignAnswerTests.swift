@@ -56,6 +56,12 @@ struct ForeignAnswerTests {
             ForeignAnswer.recognise(
                 status: 302, html: false, location: "https://192.168.1.20/cdn-cgi/access/login/x", server: server)
                 == .accessLogin)
+        // Cloudflare's 524: the edge reached the server and waited 100 s for an answer (a long
+        // generation not streamed): the server is busy, not gone; the route is not marked.
+        #expect(!ForeignAnswer.tunnelErrorPage(status: 524).marksRoute)
+        #expect(ForeignAnswer.tunnelErrorPage(status: 524).answer.message.contains("stream"))
+        #expect(ForeignAnswer.tunnelErrorPage(status: 530).marksRoute)
+        #expect(ForeignAnswer.accessLogin.marksRoute)
         #expect(ForeignAnswer.accessLogin.answer.message.contains("lmx-pair"))
         #expect(ForeignAnswer.accessLogin.verdict == .authRejected)
     }

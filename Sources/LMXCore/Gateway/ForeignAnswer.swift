@@ -77,6 +77,15 @@ public enum ForeignAnswer: Sendable, Hashable {
         return false
     }
 
+    /// The answer says something of the route, which is recorded with ``verdict``. Not
+    /// Cloudflare's 524: the edge reached the server and waited its 100 s for an answer (a long
+    /// generation that is not streamed): the server is busy, not gone, and one slow request
+    /// must not take the route from every client.
+    public var marksRoute: Bool {
+        if case .tunnelErrorPage(524) = self { return false }
+        return true
+    }
+
     /// The route's verdict for the agent (status, dashboard, notifications).
     public var verdict: HealthVerdict {
         switch self {
@@ -102,6 +111,11 @@ public enum ForeignAnswer: Sendable, Hashable {
             (
                 502, "access_login_required",
                 "the tunnel answered with Cloudflare Access's login page instead of the Opta LMX server: the route's Access token is missing or stale; pair the server again (lmx-pair with a new code) or set a new Access service token"
+            )
+        case .tunnelErrorPage(524):
+            (
+                502, "tunnel_error_page",
+                "the tunnel's edge answered HTTP 524: the Opta LMX server took longer than the edge waits (100 s) to start its answer; ask for a streamed answer (\"stream\": true), or use the server on the LAN"
             )
         case .tunnelErrorPage(let status):
             (

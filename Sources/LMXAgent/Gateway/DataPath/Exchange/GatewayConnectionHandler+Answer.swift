@@ -41,6 +41,8 @@ extension GatewayConnectionHandler {
                 gateway.logger.notice(
                     "gateway: a route answered with a page that is not the server's",
                     metadata: ["route": "\(target.routeID)", "status": "\(head.status)", "cause": "\(foreign.detail)"])
+            }
+            if let foreign, !resuming, foreign.marksRoute {
                 let manager = gateway.agent.manager
                 let routeID = target.routeID
                 Task { await manager.gatewayFoundNotServer(routeID, foreign) }
