@@ -56,6 +56,10 @@ struct ForeignAnswerTests {
             ForeignAnswer.recognise(
                 status: 302, html: false, location: "https://192.168.1.20/cdn-cgi/access/login/x", server: server)
                 == .accessLogin)
+        // 511 Network Authentication Required (RFC 6585 §6): the status a captive portal is
+        // meant to answer with, whatever its page's type; never an LMX server's.
+        #expect(ForeignAnswer.recognise(status: 511, html: true, location: nil) == .captivePortal(status: 511))
+        #expect(ForeignAnswer.recognise(status: 511, html: false, location: nil) == .captivePortal(status: 511))
         // Cloudflare's 524: the edge reached the server and waited 100 s for an answer (a long
         // generation not streamed): the server is busy, not gone; the route is not marked.
         #expect(!ForeignAnswer.tunnelErrorPage(status: 524).marksRoute)

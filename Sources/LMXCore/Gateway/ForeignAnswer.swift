@@ -31,7 +31,9 @@ public enum ForeignAnswer: Sendable, Hashable {
             }
             if let location, let server, redirectStaysOn(server: server, location: location) { return nil }
             return .captivePortal(status: status)
-        case 200..<300 where html:
+        case 200..<300 where html, 511:
+            // (511 Network Authentication Required, RFC 6585 §6: a captive portal's own status,
+            // whatever its page's type; never an LMX server's.)
             return .captivePortal(status: status)
         case 520...530 where html, 500..<600 where html && edge:
             return .tunnelErrorPage(status: status)
