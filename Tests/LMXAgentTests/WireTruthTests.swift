@@ -242,6 +242,34 @@ struct WireTruthTests {
     }
 
     @Test(
+        "the server's own redirect (a trailing slash's 307 on its own host) passes on as it came; an edge's 524 is the gateway's 502 naming the fix"
+    )
+    func serversOwnRedirect() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server, Self.other])
+            let pipe = try PipelineHarness(fixture)
+            defer { pipe.finish() }
+            for location in ["/v1/models", "http://10.9.0.2:1234/v1/models"] {
+                try pipe.send(PipelineHarness.get())
+                try pipe.answer(
+                    pipe.servers.count - 1,
+                    "HTTP/1.1 307 Temporary Redirect\r\nLocation: \(location)\r\nContent-Length: 0\r\n\r\n")
+                let answer = try pipe.received()
+                #expect(answer.hasPrefix("HTTP/1.1 307 ") && answer.contains("Location: \(location)"), "\(answer)")
+            }
+            #expect(pipe.connected.allSatisfy { $0 == "10.9.0.2:1234" }, "\(pipe.connected)")
+            // (Not marking the route for a 524: ``ForeignAnswer/marksRoute``, ForeignAnswerTests.)
+            try pipe.send(PipelineHarness.post(#"{"model":"alpha"}"#))
+            try pipe.answer(
+                pipe.servers.count - 1,
+                "HTTP/1.1 524 \r\nServer: cloudflare\r\nContent-Type: text/html\r\nContent-Length: 6\r\n\r\n<html>")
+            let timeout = try pipe.received()
+            #expect(timeout.hasPrefix("HTTP/1.1 502 ") && timeout.contains("tunnel_error_page"), "\(timeout)")
+            #expect(timeout.contains("stream"), "\(timeout)")
+        }
+    }
+
+    @Test(
         "a tunnel's HTML error page (530) and a captive portal's page (200 text/html) are answered as the gateway's errors"
     )
     func edgeAndPortalPages() async throws {

@@ -28,6 +28,44 @@ struct ForeignAnswerTests {
         #expect(ForeignAnswer.recognise(status: 503, html: false, location: nil) == nil)
         #expect(ForeignAnswer.recognise(status: 304, html: false, location: nil) == nil)
         #expect(ForeignAnswer.recognise(status: 404, html: true, location: nil) == nil)
+        // The server's own redirects pass (a framework's trailing-slash 307, an https upgrade on
+        // its own host): only one to another host is the network's, and a local user's request
+        // for such a path must not mark the route down.
+        let server = "http://192.168.1.20:1234"
+        #expect(ForeignAnswer.recognise(status: 307, html: false, location: "/v1/models", server: server) == nil)
+        #expect(ForeignAnswer.recognise(status: 308, html: false, location: "models", server: server) == nil)
+        #expect(
+            ForeignAnswer.recognise(
+                status: 307, html: false, location: "http://192.168.1.20:1234/v1/models", server: server)
+                == nil)
+        #expect(
+            ForeignAnswer.recognise(status: 301, html: true, location: "https://192.168.1.20/v1/models", server: server)
+                == nil)
+        #expect(
+            ForeignAnswer.recognise(status: 302, html: true, location: "//portal.example/login", server: server)
+                == .captivePortal(status: 302))
+        #expect(
+            ForeignAnswer.recognise(
+                status: 302, html: true, location: "http://192.168.1.20.portal.example/", server: server)
+                == .captivePortal(status: 302))
+        #expect(
+            ForeignAnswer.recognise(
+                status: 302, html: true, location: "http://192.168.1.20@portal.example/", server: server)
+                == .captivePortal(status: 302))
+        #expect(
+            ForeignAnswer.recognise(
+                status: 302, html: false, location: "https://192.168.1.20/cdn-cgi/access/login/x", server: server)
+                == .accessLogin)
+        // 511 Network Authentication Required (RFC 6585 §6): the status a captive portal is
+        // meant to answer with, whatever its page's type; never an LMX server's.
+        #expect(ForeignAnswer.recognise(status: 511, html: true, location: nil) == .captivePortal(status: 511))
+        #expect(ForeignAnswer.recognise(status: 511, html: false, location: nil) == .captivePortal(status: 511))
+        // Cloudflare's 524: the edge reached the server and waited 100 s for an answer (a long
+        // generation not streamed): the server is busy, not gone; the route is not marked.
+        #expect(!ForeignAnswer.tunnelErrorPage(status: 524).marksRoute)
+        #expect(ForeignAnswer.tunnelErrorPage(status: 524).answer.message.contains("stream"))
+        #expect(ForeignAnswer.tunnelErrorPage(status: 530).marksRoute)
+        #expect(ForeignAnswer.accessLogin.marksRoute)
         #expect(ForeignAnswer.accessLogin.answer.message.contains("lmx-pair"))
         #expect(ForeignAnswer.accessLogin.verdict == .authRejected)
     }

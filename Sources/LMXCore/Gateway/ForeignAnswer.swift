@@ -17,15 +17,23 @@ public enum ForeignAnswer: Sendable, Hashable {
     /// `Server: cloudflare`). Nil for an answer that may be the server's own: a 5xx page is the
     /// edge's only when it is one of Cloudflare's own codes (520–530) or came through the edge
     /// (a server's own framework may answer a 501 or 500 with an HTML page).
-    public static func recognise(status: Int, html: Bool, location: String?, edge: Bool = false) -> ForeignAnswer? {
+    /// `server`: the route's base URL; a redirect to a path of its own host (relative, or
+    /// absolute to the same host on any scheme or port: a framework's trailing-slash 307, an
+    /// https upgrade) is the server's own answer and passes.
+    public static func recognise(
+        status: Int, html: Bool, location: String?, edge: Bool = false, server: String? = nil
+    ) -> ForeignAnswer? {
         switch status {
         case 300..<400 where status != 304:
             let target = (location ?? "").lowercased()
             if target.contains("cloudflareaccess.com") || target.contains("/cdn-cgi/access/") {
                 return .accessLogin
             }
+            if let location, let server, redirectStaysOn(server: server, location: location) { return nil }
             return .captivePortal(status: status)
-        case 200..<300 where html:
+        case 200..<300 where html, 511:
+            // (511 Network Authentication Required, RFC 6585 §6: a captive portal's own status,
+            // whatever its page's type; never an LMX server's.)
             return .captivePortal(status: status)
         case 520...530 where html, 500..<600 where html && edge:
             return .tunnelErrorPage(status: status)
@@ -34,11 +42,50 @@ public enum ForeignAnswer: Sendable, Hashable {
         }
     }
 
+    /// `location` points at `server`'s own host: a relative reference, or an absolute URL (or a
+    /// scheme-relative one) whose host is the server's.
+    static func redirectStaysOn(server: String, location: String) -> Bool {
+        let location = location.trimmingASCIIWhitespace().lowercased()
+        guard let serverHost = host(of: server.lowercased()) else { return false }
+        if location.hasPrefix("//") { return host(of: location) == serverHost }
+        // A relative reference has no scheme: no ':' before its first '/', '?' or '#'.
+        let head = location.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        if !head.contains(":") { return true }
+        return host(of: location) == serverHost
+    }
+
+    /// The host of an absolute or scheme-relative URL (no user, no port), nil when it has none.
+    static func host(of url: String) -> Substring? {
+        let characters = Array(url)
+        guard
+            let slashes = characters.indices.dropLast().first(where: {
+                characters[$0] == "/" && characters[$0 + 1] == "/"
+            })
+        else { return nil }
+        var authority = url.dropFirst(slashes + 2).prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        if let at = authority.lastIndex(of: "@") { authority = authority[authority.index(after: at)...] }
+        if authority.hasPrefix("[") {
+            guard let close = authority.firstIndex(of: "]") else { return nil }
+            return authority[...close]
+        }
+        let host = authority.prefix { $0 != ":" }
+        return host.isEmpty ? nil : host
+    }
+
     /// The server may have seen the request: the tunnel's edge reached it (a 524 is its
     /// timeout) or may have. A login page or a captive portal answered instead of any server.
     public var mayHaveReachedServer: Bool {
         if case .tunnelErrorPage = self { return true }
         return false
+    }
+
+    /// The answer says something of the route, which is recorded with ``verdict``. Not
+    /// Cloudflare's 524: the edge reached the server and waited its 100 s for an answer (a long
+    /// generation that is not streamed): the server is busy, not gone, and one slow request
+    /// must not take the route from every client.
+    public var marksRoute: Bool {
+        if case .tunnelErrorPage(524) = self { return false }
+        return true
     }
 
     /// The route's verdict for the agent (status, dashboard, notifications).
@@ -66,6 +113,11 @@ public enum ForeignAnswer: Sendable, Hashable {
             (
                 502, "access_login_required",
                 "the tunnel answered with Cloudflare Access's login page instead of the Opta LMX server: the route's Access token is missing or stale; pair the server again (lmx-pair with a new code) or set a new Access service token"
+            )
+        case .tunnelErrorPage(524):
+            (
+                502, "tunnel_error_page",
+                "the tunnel's edge answered HTTP 524: the Opta LMX server took longer than the edge waits (100 s) to start its answer; ask for a streamed answer (\"stream\": true), or use the server on the LAN"
             )
         case .tunnelErrorPage(let status):
             (

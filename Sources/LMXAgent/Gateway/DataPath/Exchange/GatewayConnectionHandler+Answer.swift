@@ -23,7 +23,7 @@ extension GatewayConnectionHandler {
                 request.path.hasPrefix("/v1/")
                 ? ForeignAnswer.recognise(
                     status: head.status, html: read.html, location: read.location,
-                    edge: read.keepAlive.throughCloudflare) : nil
+                    edge: read.keepAlive.throughCloudflare, server: target.baseURL) : nil
             let cooldown =
                 foreign != nil
                 ? nil
@@ -41,6 +41,8 @@ extension GatewayConnectionHandler {
                 gateway.logger.notice(
                     "gateway: a route answered with a page that is not the server's",
                     metadata: ["route": "\(target.routeID)", "status": "\(head.status)", "cause": "\(foreign.detail)"])
+            }
+            if let foreign, !resuming, foreign.marksRoute {
                 let manager = gateway.agent.manager
                 let routeID = target.routeID
                 Task { await manager.gatewayFoundNotServer(routeID, foreign) }

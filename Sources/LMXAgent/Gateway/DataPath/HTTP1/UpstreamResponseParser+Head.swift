@@ -166,11 +166,15 @@ extension UpstreamResponseParser {
             guard !valueBytes.isEmpty else { throw Malformed(reason: "a Content-Length that is not a number") }
             parsed.read.contentLength = value
         case 17 where HTTPSyntax.equalsLowercased(nameBytes, "transfer-encoding"):
+            // Chunked alone, once: the gateway asks for no other transfer coding (it sends no
+            // `TE`), and one it passed on would reach the client still coded with the header that
+            // says so dropped (hop-by-hop): a gzip-coded stream read as events. nginx refuses it
+            // the same way ("upstream sent unknown Transfer-Encoding").
+            guard !parsed.transferEncoded, HTTPSyntax.equalsLowercased(trimmed(valueBytes[...]), "chunked") else {
+                throw Malformed(reason: "a transfer coding other than chunked")
+            }
             parsed.transferEncoded = true
-            // Chunked only when it is the last coding (what follows the last comma, trimmed).
-            let lastComma = valueBytes.lastIndex(of: UInt8(ascii: ","))
-            let last = valueBytes[(lastComma.map { $0 + 1 } ?? valueBytes.startIndex)...]
-            parsed.chunked = HTTPSyntax.equalsLowercased(trimmed(last), "chunked")
+            parsed.chunked = true
         case 10 where HTTPSyntax.equalsLowercased(nameBytes, "connection"):
             // Each comma-separated item, trimmed, in place (no array of the items).
             var itemStart = valueBytes.startIndex
