@@ -83,6 +83,25 @@ public struct AgentDaemon {
                         manager: manager, configuration: browse, requery: requery, logger: logger),
                     successTerminationBehavior: .ignore,
                     serviceName: "discovery"))
+            services.append(
+                .init(
+                    service: WideAreaDiscoveryService(
+                        manager: manager, domains: configuration.browseDomains,
+                        announced: configuration.browseAnnouncedDomains, logger: logger),
+                    successTerminationBehavior: .ignore, serviceName: "wide-area-discovery"))
+            let doctor = DoctorChecks(
+                filter: browse.interfaces,
+                askFilter: configuration.doctorInterfaces.isEmpty
+                    ? nil : InterfaceFilter(include: configuration.doctorInterfaces),
+                browseDomains: configuration.browseDomains,
+                announcedDomains: configuration.browseAnnouncedDomains)
+            let timeout = configuration.policy.lanTimeout
+            services.append(
+                .init(
+                    service: DoctorService(manager: manager, checks: doctor) { route in
+                        await prober.probe(route, timeout: timeout)
+                    },
+                    successTerminationBehavior: .ignore, serviceName: "discovery-doctor"))
         } else {
             await manager.discoveryEnded(.disabled)
         }

@@ -15,6 +15,8 @@ public actor ConnectionManager {
     private var sources = RouteSources()
     private var expiry = PairingExpiry()
     private var discovery: DiscoveryState = .stopped
+    /// The doctor's findings while nothing is usable (`DoctorService`).
+    private var discoveryFindings: [DoctorFinding] = []
     private var gateway: StatusAPI.Gateway?
     /// The latest gateway listener report applied.
     private var gatewayGeneration: UInt64 = 0
@@ -206,6 +208,24 @@ public actor ConnectionManager {
         pump(events)
     }
 
+    /// What the doctor needs: whether any route is usable now, and the LAN addresses the user set
+    /// up (pairings, configuration), which the doctor asks directly.
+    public func doctorInput() -> (usable: Bool, hosts: [HostPort]) {
+        let usable = planner.activeID != nil
+        let hosts = planner.sortedRoutes.compactMap { state -> HostPort? in
+            guard state.route.via == .lan, state.route.source.isSetUp, state.route.base.isPlainHTTP else { return nil }
+            return try? HostPort.parse(state.route.base.hostPort, field: "route", defaultPort: HostPort.defaultPort)
+        }
+        return (usable, hosts)
+    }
+
+    /// The doctor's findings (empty: nothing to say, or something is usable).
+    public func setDiscoveryFindings(_ findings: [DoctorFinding]) {
+        guard findings != discoveryFindings else { return }
+        discoveryFindings = findings
+        publish([], now: clock.now())
+    }
+
     /// Discovery is off (disabled in the configuration) or has stopped for good.
     public func discoveryEnded(_ state: DiscoveryState) {
         discovery = state
@@ -364,7 +384,8 @@ public actor ConnectionManager {
     func publish(_ events: [AgentEvent], now t: Double) {
         let events = AgentEvent.coalescingSwitches(events)
         let snapshot = AgentSnapshot(
-            planner: planner, discovery: discovery, gateway: gateway, originWall: clock.originWall)
+            planner: planner, discovery: discovery, gateway: gateway, originWall: clock.originWall,
+            discoveryFindings: discoveryFindings)
         for sink in sinks { sink.receive(events, snapshot: snapshot, now: t) }
         board.publish(snapshot, events: events)
     }

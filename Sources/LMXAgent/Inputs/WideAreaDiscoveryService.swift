@@ -1,0 +1,83 @@
+import LMXCore
+import LMXDiscovery
+import Logging
+import ServiceLifecycle
+
+/// Follows `_opta-lmx._tcp` in unicast DNS domains (wide-area DNS-SD): the configured
+/// `browse_domains` and those the network announces under its search domains. Servers found
+/// this way are candidates like those mDNS announces, under the same trust rules.
+public struct WideAreaDiscoveryService: Service {
+    let manager: ConnectionManager
+    let domains: [String]
+    let announced: Bool
+    let logger: Logger
+
+    public init(manager: ConnectionManager, domains: [String], announced: Bool, logger: Logger) {
+        self.manager = manager
+        self.domains = domains
+        self.announced = announced
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        var registry = ServerRegistry()
+        for await event in WideAreaBrowser.events(domains: domains, announced: announced).cancelOnGracefulShutdown() {
+            for change in registry.apply(event) {
+                if case .added(let server) = change {
+                    logger.info(
+                        "\(ServerTable.printable(server.name)) is listed in the DNS domain \(server.id.domain).",
+                        metadata: ["addresses": "\(server.addresses.joined(separator: ", "))"])
+                }
+                await manager.discovery(change)
+            }
+        }
+    }
+}
+
+/// While nothing is usable, runs the checks of `lmx-discover --doctor` now and then and puts
+/// their findings in the status (`lmx-status`, the dashboard); clears them once something is.
+public struct DoctorService: Service {
+    let manager: ConnectionManager
+    let checks: DoctorChecks
+    let probe: @Sendable (Route) async -> ProbeReport
+    /// Seconds with nothing usable before the first check, and between checks.
+    let grace: Double
+    let interval: Double
+
+    public init(
+        manager: ConnectionManager, checks: DoctorChecks, grace: Double = 4, interval: Double = 60,
+        probe: @escaping @Sendable (Route) async -> ProbeReport
+    ) {
+        self.manager = manager
+        self.checks = checks
+        self.probe = probe
+        self.grace = grace
+        self.interval = interval
+    }
+
+    public func run() async throws {
+        var lastRun: ContinuousClock.Instant?
+        var unusableSince: ContinuousClock.Instant?
+        while !Task.isCancelled && !Task.isShuttingDownGracefully {
+            try? await Task.sleep(for: .seconds(1))
+            let (usable, hosts) = await manager.doctorInput()
+            let now = ContinuousClock.now
+            if usable {
+                unusableSince = nil
+                lastRun = nil
+                await manager.setDiscoveryFindings([])
+                continue
+            }
+            let since = unusableSince ?? now
+            unusableSince = since
+            guard now - since >= .seconds(grace) else { continue }
+            if let lastRun, now - lastRun < .seconds(interval) { continue }
+            lastRun = now
+            var run = checks
+            run.hosts = hosts
+            let report = await run.run(probe: probe)
+            // Something may have become usable meanwhile: the manager decides again next turn.
+            await manager.setDiscoveryFindings(report.usable.isEmpty ? report.findings : [])
+        }
+    }
+}
