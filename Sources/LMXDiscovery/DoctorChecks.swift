@@ -33,8 +33,13 @@ public struct DoctorChecks: Sendable {
     }
 
     /// Checks everything at once and diagnoses.
-    /// - Parameter probe: probes one plain-HTTP LAN base URL (`http://host:port`) by the contract.
-    public func run(probe: @escaping @Sendable (Route) async -> ProbeReport) async -> DoctorReport {
+    /// - Parameters:
+    ///   - known: what recent probes found, by `host:port` (the agent's own): not probed again.
+    ///   - probe: probes one plain-HTTP LAN base URL (`http://host:port`) by the contract; `nil`:
+    ///     nothing is probed, only `known` is used.
+    public func run(
+        known: [String: ProbeReport] = [:], probe: (@Sendable (Route) async -> ProbeReport)?
+    ) async -> DoctorReport {
         async let avahi = avahiView()
         async let wideArea = unicastDNSView()
         let links = RouteLookup.interfaces().links
@@ -90,14 +95,16 @@ public struct DoctorChecks: Sendable {
                 baseURL: "http://\(host.description)", via: .lan, source: .manual, name: host.description)
         }
         let probes = await withTaskGroup(of: (String, ProbeReport).self) { group in
-            for (key, route) in routes { group.addTask { (key, await probe(route)) } }
-            var all: [String: ProbeReport] = [:]
+            if let probe {
+                for (key, route) in routes where known[key] == nil { group.addTask { (key, await probe(route)) } }
+            }
+            var all = known
             for await (key, report) in group { all[key] = report }
             return all
         }
         let paths = RouteLookup.interfaces()
         let hostChecks = named.map { host -> HostCheck in
-            let report = probes[host.description] ?? ProbeReport(verdict: .down, latency: 0, detail: "not probed")
+            let report = probes[host.description]
             guard IPSocketAddress(host.host, port: 9) != nil else {
                 // A name: its path depends on what it resolves to; the probe says the rest.
                 return HostCheck(

@@ -95,12 +95,9 @@ public struct AgentDaemon {
                     ? nil : InterfaceFilter(include: configuration.doctorInterfaces),
                 browseDomains: configuration.browseDomains,
                 announcedDomains: configuration.browseAnnouncedDomains)
-            let timeout = configuration.policy.lanTimeout
             services.append(
                 .init(
-                    service: DoctorService(manager: manager, checks: doctor) { route in
-                        await prober.probe(route, timeout: timeout)
-                    },
+                    service: DoctorService(manager: manager, checks: doctor),
                     successTerminationBehavior: .ignore, serviceName: "discovery-doctor"))
         } else {
             await manager.discoveryEnded(.disabled)

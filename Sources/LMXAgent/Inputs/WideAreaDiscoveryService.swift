@@ -36,21 +36,17 @@ public struct WideAreaDiscoveryService: Service {
 
 /// While nothing is usable, runs the checks of `lmx-discover --doctor` now and then and puts
 /// their findings in the status (`lmx-status`, the dashboard); clears them once something is.
+/// It probes nothing itself: the agent's own probes say how each server answers.
 public struct DoctorService: Service {
     let manager: ConnectionManager
     let checks: DoctorChecks
-    let probe: @Sendable (Route) async -> ProbeReport
     /// Seconds with nothing usable before the first check, and between checks.
     let grace: Double
     let interval: Double
 
-    public init(
-        manager: ConnectionManager, checks: DoctorChecks, grace: Double = 4, interval: Double = 60,
-        probe: @escaping @Sendable (Route) async -> ProbeReport
-    ) {
+    public init(manager: ConnectionManager, checks: DoctorChecks, grace: Double = 4, interval: Double = 60) {
         self.manager = manager
         self.checks = checks
-        self.probe = probe
         self.grace = grace
         self.interval = interval
     }
@@ -60,7 +56,7 @@ public struct DoctorService: Service {
         var unusableSince: ContinuousClock.Instant?
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
             try? await Task.sleep(for: .seconds(1))
-            let (usable, hosts) = await manager.doctorInput()
+            let (usable, hosts, known) = await manager.doctorInput()
             let now = ContinuousClock.now
             if usable {
                 unusableSince = nil
@@ -75,7 +71,7 @@ public struct DoctorService: Service {
             lastRun = now
             var run = checks
             run.hosts = hosts
-            let report = await run.run(probe: probe)
+            let report = await run.run(known: known, probe: nil)
             // Something may have become usable meanwhile: the manager decides again next turn.
             await manager.setDiscoveryFindings(report.usable.isEmpty ? report.findings : [])
         }

@@ -208,15 +208,22 @@ public actor ConnectionManager {
         pump(events)
     }
 
-    /// What the doctor needs: whether any route is usable now, and the LAN addresses the user set
-    /// up (pairings, configuration), which the doctor asks directly.
-    public func doctorInput() -> (usable: Bool, hosts: [HostPort]) {
+    /// What the doctor needs: whether any route is usable now, the LAN addresses the user set
+    /// up (pairings, configuration), which the doctor looks at, and what the last probe of each
+    /// plain-HTTP LAN route found (the doctor probes nothing the agent probes already).
+    public func doctorInput() -> (usable: Bool, hosts: [HostPort], known: [String: ProbeReport]) {
         let usable = planner.activeID != nil
-        let hosts = planner.sortedRoutes.compactMap { state -> HostPort? in
-            guard state.route.via == .lan, state.route.source.isSetUp, state.route.base.isPlainHTTP else { return nil }
-            return try? HostPort.parse(state.route.base.hostPort, field: "route", defaultPort: HostPort.defaultPort)
+        var hosts: [HostPort] = []
+        var known: [String: ProbeReport] = [:]
+        for state in planner.sortedRoutes where state.route.via == .lan && state.route.base.isPlainHTTP {
+            guard
+                let host = try? HostPort.parse(
+                    state.route.base.hostPort, field: "route", defaultPort: HostPort.defaultPort)
+            else { continue }
+            if state.route.source.isSetUp { hosts.append(host) }
+            if let report = state.lastReport { known[host.description] = report }
         }
-        return (usable, hosts)
+        return (usable, hosts, known)
     }
 
     /// The doctor's findings (empty: nothing to say, or something is usable).

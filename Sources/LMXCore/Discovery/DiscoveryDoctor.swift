@@ -115,10 +115,12 @@ public struct HostCheck: Sendable, Hashable {
     public var onLink: Bool
     /// Why there is no path at all (no route).
     public var noRoute: String?
-    public var probe: ProbeReport
+    /// What a probe found; `nil` when it was not probed (nothing is concluded from its silence).
+    public var probe: ProbeReport?
 
     public init(
-        hostPort: String, address: String, interface: String?, onLink: Bool, noRoute: String? = nil, probe: ProbeReport
+        hostPort: String, address: String, interface: String?, onLink: Bool, noRoute: String? = nil,
+        probe: ProbeReport?
     ) {
         self.hostPort = hostPort
         self.address = address
@@ -466,11 +468,11 @@ private struct Work {
     // Named hosts
 
     mutating func checkHost(_ host: HostCheck) {
-        let probe = host.probe
-        let alive = probe.verdict.isAlive || probe.verdict == .authRejected
+        let alive = host.probe.map { $0.verdict.isAlive || $0.verdict == .authRejected } ?? false
         let via = host.interface.map { host.onLink ? "on \($0)'s subnet" : "routed via \($0)" } ?? "no route"
-        report.checked.append(
-            "\(host.hostPort): \(via); probe: \(probe.verdict.rawValue)\(probe.detail.map { " (\($0))" } ?? "")")
+        let probed =
+            host.probe.map { "probe: \($0.verdict.rawValue)\($0.detail.map { " (\($0))" } ?? "")" } ?? "not probed"
+        report.checked.append("\(host.hostPort): \(via); \(probed)")
         if alive, !report.usable.contains(where: { $0.url.hasSuffix("//\(host.hostPort)") }) {
             report.usable.append(
                 .init(name: host.hostPort, url: "http://\(host.hostPort)", foundBy: "the address given"))
@@ -486,7 +488,8 @@ private struct Work {
         }
         guard let interface = host.interface else { return }
         if host.onLink {
-            guard observed.filter.allows(interface) else { return }  // the interface finding says it
+            // The interface finding says it; and an unprobed address proves nothing by its silence.
+            guard observed.filter.allows(interface), let probe = host.probe else { return }
             if alive {
                 report.findings.append(
                     DoctorFinding(
@@ -524,7 +527,7 @@ private struct Work {
                 DoctorFinding(
                     cause: .otherSubnet, interface: interface, server: host.hostPort,
                     says:
-                        "\(host.address) is on another subnet (routed via \(interface)): mDNS announcements do not cross routers, and no DNS-SD browse domain is set up to find it\(alive ? "" : "; it does not answer either (\(probe.detail ?? "no answer"))").",
+                        "\(host.address) is on another subnet (routed via \(interface)): mDNS announcements do not cross routers, and no DNS-SD browse domain is set up to find it\(alive || host.probe == nil ? "" : "; it does not answer either (\(host.probe?.detail ?? "no answer"))").",
                     next:
                         "list the server in your site's DNS and browse that domain (`lmx-discover -d DOMAIN`, `\"browse_domains\"` in the agent's configuration; see docs/wide-area-discovery.md), or pair it by address: `lmx-pair --host \(host.hostPort)`."
                 ))

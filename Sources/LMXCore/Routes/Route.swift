@@ -150,7 +150,7 @@ public struct Route: Sendable, Hashable, Identifiable {
         id: String? = nil, baseURL: String, via: Via, source: RouteSource, name: String,
         servicePath: String = TXTRecord.defaultServicePath, pinnedInstance: String? = nil,
         credentials: Credentials = Credentials(), addresses: [String] = [], announced: Bool = false,
-        vouchedBy: String? = nil
+        vouchedBy: String? = nil, foundBy: String? = nil
     ) {
         let base = BaseURL(baseURL)
         self.id = id ?? Route.identifier(base, via: via)
