@@ -161,4 +161,73 @@ struct WideAreaTests {
                 doctor.stdout.contains("DNS domain lmx.example.com (announced under example.com)"), "\(doctor.stdout)")
         }
     }
+
+    @Test("docs/wide-area-discovery.md: the zone file's records, served as written by NSD, list their server")
+    func documentedZoneWorks() async throws {
+        try await withResources {
+            let page = try String(contentsOfFile: TestBed.repo + "/docs/wide-area-discovery.md", encoding: .utf8)
+            let block = try #require(
+                page.components(separatedBy: "```zone\n").dropFirst().first?.components(separatedBy: "```").first)
+            let dir = AgentProcess.makeDirectory()
+            // The zone's own SOA and NS records, which every zone has; then the page's records as written.
+            try """
+            $ORIGIN example.com.
+            $TTL 60
+            @    SOA  ns.example.com. admin.example.com. 1 3600 600 86400 60
+            @    NS   ns
+            ns   A    \(Site.dnsAddress)
+
+            """.appending(block).write(toFile: dir + "/example.com.zone", atomically: true, encoding: .utf8)
+            try """
+            server:
+              ip-address: \(Site.dnsAddress)
+              port: 53
+              zonesdir: "\(dir)"
+              username: ""
+              chroot: ""
+              pidfile: "\(dir)/nsd.pid"
+              database: ""
+              xfrdfile: "\(dir)/xfrd.state"
+              zonelistfile: "\(dir)/zone.list"
+              logfile: "\(dir)/nsd.log"
+            remote-control:
+              control-enable: no
+            zone:
+              name: example.com
+              zonefile: example.com.zone
+
+            """.write(toFile: dir + "/nsd.conf", atomically: true, encoding: .utf8)
+            let check = try await Command.run("/usr/sbin/nsd-checkzone", ["example.com", dir + "/example.com.zone"])
+            #expect(check.status == 0, "\(check.stdout)\(check.stderr)")
+            let site = try await Site.up(bed)
+            defer { site.down() }
+            let nsd = LiveProcess("/usr/sbin/ip", ["netns", "exec", "lmxrt", "/usr/sbin/nsd", "-d", "-c", dir + "/nsd.conf"])
+            try await nsd.start()
+            Resources.current?.keep(nsd)
+            var listed: CommandResult?
+            for _ in 0..<25 {
+                let result = try await Command.run(
+                    "/usr/sbin/ip",
+                    ["netns", "exec", "lmxh4", "\(TestBed.binDir)/lmx-discover", "-d", "lmx.example.com", "--json"],
+                    environment: ["LOCALDOMAIN": ""], timeout: 20)
+                if result.status == 0 {
+                    listed = result
+                    break
+                }
+                try await Task.sleep(for: .milliseconds(200))
+            }
+            let log = (try? String(contentsOfFile: dir + "/nsd.log", encoding: .utf8)) ?? ""
+            let result = try #require(listed, "NSD with the documented zone listed nothing: \(nsd.stderr) \(log)")
+            let servers = try JSONDecoder().decode([ServerJSON].self, from: Data(result.stdout.utf8))
+            #expect(servers.map(\.name) == ["Studio"])
+            #expect(servers.first?.addresses == ["192.168.20.10"])
+            #expect(servers.first?.port == 1234)
+            #expect(servers.first?.txt["path"] == "/.well-known/opta-lmx")
+            let doctor = try await Command.run(
+                "/usr/sbin/ip",
+                ["netns", "exec", "lmxh4", "\(TestBed.binDir)/lmx-discover", "--doctor", "-i", "lan0", "--timeout", "1"],
+                environment: ["LOCALDOMAIN": "example.com", "DBUS_SYSTEM_BUS_ADDRESS": bed.bus(.h4)], timeout: 30)
+            #expect(doctor.stdout.contains("DNS domain lmx.example.com (announced under example.com)"), "\(doctor.stdout)")
+        }
+    }
 }

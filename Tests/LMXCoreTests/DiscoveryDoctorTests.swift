@@ -144,4 +144,21 @@ struct DiscoveryDoctorTests {
         #expect(report.text.contains("Next: "))
         #expect(report.text.contains("lan0: up; 10.0.0.5/24; multicast on"))
     }
+
+    @Test("browse_domains: DNS names, a trailing dot dropped; anything else is an error naming the key")
+    func browseDomainsConfiguration() throws {
+        let parsed = try AgentConfiguration.parse(
+            Array(#"{"browse_domains": ["lmx.example.com."], "browse_announced_domains": false}"#.utf8), file: "a.json")
+        #expect(parsed.browseDomains == ["lmx.example.com"])
+        #expect(parsed.browseAnnouncedDomains == false)
+        #expect(AgentConfiguration().browseAnnouncedDomains)
+        #expect(throws: ConfigurationError.self) {
+            try AgentConfiguration.parse(Array(#"{"browse_domains": ["not a domain"]}"#.utf8), file: "a.json")
+        }
+        do {
+            _ = try AgentConfiguration.parse(Array(#"{"browse_domains": ["x y"]}"#.utf8), file: "a.json")
+        } catch {
+            #expect(error.description.contains("browse_domains"))
+        }
+    }
 }
