@@ -68,7 +68,7 @@ struct DiscoveryDoctorTests {
         return result
     }
 
-    static let port = { Int.random(in: 20000...29999) }
+    static func port() -> Int { Int.random(in: 20000...29999) }
 
     // MARK: Scripted failures
 
