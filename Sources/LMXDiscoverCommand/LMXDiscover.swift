@@ -202,9 +202,11 @@ public struct LMXDiscover: AsyncParsableCommand {
         let checks = DoctorChecks(
             filter: filter, browseDomains: unicastDomain.map { [$0] } ?? [], hosts: hosts, serviceType: type,
             listen: min(timeout, 2))
-        let prober = try Prober()
+        // A connection attempt gives up with the probe (a filtered port would otherwise hold the
+        // client's shutdown until the connect timeout).
+        let prober = try Prober(quickConnectTimeout: probeTimeout)
         let seconds = probeTimeout
-        let report = await checks.run { route in await prober.probe(route, timeout: seconds) }
+        let report = await checks.run { route in await prober.probe(route, timeout: seconds, connectTimeout: 0) }
         await prober.shutdown()
         if json {
             let data = try DiscoveryJSON.encoder(pretty: true).encode(report)
@@ -216,14 +218,18 @@ public struct LMXDiscover: AsyncParsableCommand {
     }
 
     private func runHosts() async throws {
-        let prober = try Prober()
+        let prober = try Prober(quickConnectTimeout: probeTimeout)
         let seconds = probeTimeout
         let answers = await withTaskGroup(of: (Int, HostAnswer).self) { group in
             for (index, address) in hosts.enumerated() {
                 group.addTask {
                     let route = Route(
                         baseURL: "http://\(address.description)", via: .lan, source: .manual, name: address.description)
-                    return (index, HostAnswer(address: address, report: await prober.probe(route, timeout: seconds)))
+                    return (
+                        index,
+                        HostAnswer(
+                            address: address, report: await prober.probe(route, timeout: seconds, connectTimeout: 0))
+                    )
                 }
             }
             var all: [(Int, HostAnswer)] = []

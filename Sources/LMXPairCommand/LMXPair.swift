@@ -235,12 +235,13 @@ struct Import: ParsableCommand {
         guard !host.isEmpty else { return [] }
         let addresses = host.compactMap { try? HostPort.parse($0, field: "--host", defaultPort: HostPort.defaultPort) }
         let answers = Blocking.run {
-            guard let prober = try? Prober() else { return [HostAnswer]() }
+            guard let prober = try? Prober(quickConnectTimeout: 3) else { return [HostAnswer]() }
             var answers: [HostAnswer] = []
             for address in addresses {
                 let route = Route(
                     baseURL: "http://\(address.description)", via: .lan, source: .manual, name: address.description)
-                answers.append(HostAnswer(address: address, report: await prober.probe(route, timeout: 3)))
+                answers.append(
+                    HostAnswer(address: address, report: await prober.probe(route, timeout: 3, connectTimeout: 0)))
             }
             await prober.shutdown()
             return answers

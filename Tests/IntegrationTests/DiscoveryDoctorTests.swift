@@ -340,12 +340,14 @@ struct Site: Sendable {
         }
         let process = LiveProcess("/usr/sbin/ip", arguments)
         try await process.start()
-        // Ready when it answers: ask for the browse-domain record from h4.
-        for _ in 0..<50 {
-            let probe = try await Command.run(
-                "/usr/sbin/ip", ["netns", "exec", "lmxh4", "getent", "hosts", "far.\(Self.domain)"], timeout: 5)
-            if probe.status == 0 { return process }
-            try await Task.sleep(for: .milliseconds(100))
+        // Ready once it says it started (its socket is bound by then) and answers from h4.
+        if await process.waitForLine(containing: "started, version", timeout: 10) {
+            for _ in 0..<20 {
+                let probe = try await Command.run(
+                    "/usr/sbin/ip", ["netns", "exec", "lmxh4", "getent", "hosts", "far.\(Self.domain)"], timeout: 15)
+                if probe.status == 0 { return process }
+                try await Task.sleep(for: .milliseconds(100))
+            }
         }
         await process.stop()
         throw TestBedMissing(detail: "dnsmasq in lmxrt did not answer: \(process.stderr)")
