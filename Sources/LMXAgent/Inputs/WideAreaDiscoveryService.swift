@@ -43,6 +43,9 @@ public struct DoctorService: Service {
     /// Seconds with nothing usable before the first check, and between checks.
     let grace: Double
     let interval: Double
+    /// Past this many announced servers, discovery works and the routes' own reasons say why none
+    /// is usable: the checks (a browse that resolves every announcement) are not made.
+    static let maxAnnounced = 16
 
     public init(manager: ConnectionManager, checks: DoctorChecks, grace: Double = 4, interval: Double = 60) {
         self.manager = manager
@@ -56,9 +59,9 @@ public struct DoctorService: Service {
         var unusableSince: ContinuousClock.Instant?
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
             try? await Task.sleep(for: .seconds(1))
-            let (usable, hosts, known) = await manager.doctorInput()
+            let (usable, announced, hosts, known) = await manager.doctorInput()
             let now = ContinuousClock.now
-            if usable {
+            if usable || announced > Self.maxAnnounced {
                 unusableSince = nil
                 lastRun = nil
                 await manager.setDiscoveryFindings([])

@@ -211,8 +211,9 @@ public actor ConnectionManager {
     /// What the doctor needs: whether any route is usable now, the LAN addresses the user set
     /// up (pairings, configuration), which the doctor looks at, and what the last probe of each
     /// plain-HTTP LAN route found (the doctor probes nothing the agent probes already).
-    public func doctorInput() -> (usable: Bool, hosts: [HostPort], known: [String: ProbeReport]) {
+    public func doctorInput() -> (usable: Bool, announced: Int, hosts: [HostPort], known: [String: ProbeReport]) {
         let usable = planner.activeID != nil
+        let announced = planner.routes.values.count { $0.route.source == .mdns }
         var hosts: [HostPort] = []
         var known: [String: ProbeReport] = [:]
         for state in planner.sortedRoutes where state.route.via == .lan && state.route.base.isPlainHTTP {
@@ -223,7 +224,7 @@ public actor ConnectionManager {
             if state.route.source.isSetUp { hosts.append(host) }
             if let report = state.lastReport { known[host.description] = report }
         }
-        return (usable, hosts, known)
+        return (usable, announced, hosts, known)
     }
 
     /// The doctor's findings (empty: nothing to say, or something is usable).
