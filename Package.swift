@@ -92,8 +92,13 @@ let package = Package(
         // Adapter: images to grey pixels (limits checked from the header), QR codes in and out.
         .target(name: "LMXImage", dependencies: ["LMXCore", "LMXSystem", "CZBar", "CPNG", "CTurboJPEG", "CQRencode"]),
 
-        // Adapter: browses and resolves through avahi-daemon, yields core events.
-        .target(name: "LMXDiscovery", dependencies: ["LMXCore", "LMXSystem", "CAvahi"]),
+        // Thin module map over glibc's stub resolver (libresolv): unicast DNS questions through
+        // /etc/resolv.conf and its message parser, for DNS-SD in unicast domains (wide-area).
+        .systemLibrary(name: "CResolv"),
+
+        // Adapter: browses and resolves through avahi-daemon, and in unicast DNS domains; yields
+        // core events. Also the doctor's checks (a direct mDNS question per interface).
+        .target(name: "LMXDiscovery", dependencies: ["LMXCore", "LMXSystem", "CAvahi", "CResolv"]),
 
         // Adapter: probes one endpoint over HTTP(S) by the LMX contract.
         .target(
@@ -167,7 +172,7 @@ let package = Package(
         .target(
             name: "LMXPairCommand",
             dependencies: [
-                "LMXCore", "LMXImage", "LMXStore", "LMXStatusClient", "LMXSystem",
+                "LMXCore", "LMXImage", "LMXProbe", "LMXStore", "LMXStatusClient", "LMXSystem",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

@@ -65,6 +65,10 @@ TEST_PACKAGES+=(prometheus)
 TEST_PACKAGES+=(dpkg-dev debhelper binutils lintian systemd man-db util-linux)
 # ... and systemd-nspawn, which boots this machine's OS under a real systemd for the service test.
 TEST_PACKAGES+=(systemd-container)
+# Discovery on real networks: a site's DNS server with DNS-SD records (dnsmasq, and NSD for the zone file
+# of docs/wide-area-discovery.md; both run by the tests in a namespace, never as a service), and nftables
+# for the scripted failures (UDP 5353 dropped, multicast filtered on the bridge).
+TEST_PACKAGES+=(dnsmasq-base nsd nftables)
 
 log() { printf '%s: %s\n' "${LOG_NAME:-lmx}" "$*" >&2; }
 die() { printf '%s: error: %s\n' "${LOG_NAME:-lmx}" "$*" >&2; exit 1; }

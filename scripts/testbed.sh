@@ -13,6 +13,7 @@
 #   scripts/testbed.sh roam away|home     move h4 off the test LAN to another subnet, or back
 #   scripts/testbed.sh publish-bulk N PREFIX  publish N services "PREFIX 001".. from host h2
 #   scripts/testbed.sh unpublish-bulk     withdraw them
+#   scripts/testbed.sh site up|down       a routed second subnet for wide-area discovery (below)
 #
 # Network rule: no daemon started here ever touches eth0. Every avahi config sets
 # allow-interfaces to loopback or test links only, deny-interfaces=eth0, no wide-area.
@@ -28,6 +29,12 @@
 #   h4    namespace lmxh4, a roaming client with two links: lan0 on the test LAN (10.254.0.14)
 #         and wan0 (10.253.0.2) to this machine's 10.253.0.1, where the tunnel stand-ins listen;
 #         own avahi-daemon (lan0 only) and D-Bus bus (where a logind stand-in may send signals)
+#   site  (`site up`, made by the tests that need it and removed by `site down`): a router,
+#         namespace lmxrt, on the bridge as 10.254.0.2 and on 10.252.0.1 towards namespace
+#         lmxs1 (10.252.0.2), a host on another subnet: IP is routed between them, multicast is
+#         not. h4 gets a route to 10.252.0.0/24 through the router and /etc/netns/lmxh4/resolv.conf
+#         naming the router as its DNS server (the tests run dnsmasq there with the site's zone),
+#         so nothing in h4 asks this machine's own resolvers.
 set -euo pipefail
 
 STATE=${LMX_TESTBED_DIR:-/run/lmx-testbed}
@@ -198,6 +205,46 @@ make_network() {
     roam home
 }
 
+SITE_SUBNET=10.252.0
+
+site() { # up|down
+    case "$1" in
+    up)
+        if [ ! -e /run/netns/lmxrt ] || ! ip link show lmxvr >/dev/null 2>&1 || [ ! -e /run/netns/lmxs1 ]; then
+            site down
+            ip netns add lmxrt
+            ip netns add lmxs1
+            ip link add lmxvr type veth peer name lan0 netns lmxrt
+            ip link set lmxvr master "$BRIDGE" up
+            ip -n lmxrt addr add "$SUBNET.2/24" dev lan0
+            ip -n lmxrt link set lo up
+            ip -n lmxrt link set lan0 up
+            ip -n lmxrt link add far0 type veth peer name lan0 netns lmxs1
+            ip -n lmxrt addr add "$SITE_SUBNET.1/24" dev far0
+            ip -n lmxrt link set far0 up
+            ip -n lmxs1 addr add "$SITE_SUBNET.2/24" dev lan0
+            ip -n lmxs1 link set lo up
+            ip -n lmxs1 link set lan0 up
+            ip -n lmxs1 route add default via "$SITE_SUBNET.1"
+            # Forwarding in the router's namespace only; no multicast routing at all.
+            ip netns exec lmxrt sysctl -qw net.ipv4.ip_forward=1
+        fi
+        ip -n lmxh4 route replace "$SITE_SUBNET.0/24" via "$SUBNET.2" dev lan0
+        mkdir -p /etc/netns/lmxh4
+        printf 'nameserver %s\nsearch site.test\noptions timeout:1 attempts:2\n' "$SUBNET.2" > /etc/netns/lmxh4/resolv.conf
+        ;;
+    down)
+        [ -e /run/netns/lmxh4 ] && ip -n lmxh4 route del "$SITE_SUBNET.0/24" 2>/dev/null || true
+        rm -rf /etc/netns/lmxh4
+        [ -e /run/netns/lmxs1 ] && ip netns delete lmxs1
+        [ -e /run/netns/lmxrt ] && ip netns delete lmxrt
+        ip link show lmxvr >/dev/null 2>&1 && { ip link delete lmxvr 2>/dev/null || ! ip link show lmxvr >/dev/null 2>&1; }
+        true
+        ;;
+    *) die "usage: $0 site up|down" ;;
+    esac
+}
+
 # h4 leaves home for another network (its LAN port off the bridge, its address on another
 # subnet, a default route to a router that never answers), or comes back. Each side is one
 # batch, so the change reaches the kernel as it does when a laptop changes Wi-Fi networks.
@@ -335,6 +382,7 @@ down() {
     local f
     for f in "$STATE"/publishers/*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
     for h in h1 h2 h4 root; do stop_avahi "$h"; done
+    site down
     for h in h1 h2 h3 h4; do stop_pidfile "$STATE/$h/dbus.pid"; done
     if [ -f "$STATE/dbus-system.pid" ]; then
         stop_pidfile "$STATE/dbus-system.pid"
@@ -391,5 +439,6 @@ restart-avahi) stop_avahi "${2:?host}"; start_avahi "$2" ;;
 reload-avahi) kill -HUP "$(cat "$STATE/${2:?host}/avahi.pid")" ;;
 publish-bulk) publish_bulk "${2:?count}" "${3:-Bulk}" ;;
 unpublish-bulk) unpublish_bulk ;;
-*) die "usage: $0 up|down|status|stop-avahi H|start-avahi H|restart-avahi H|reload-avahi H|link hN up|down|roam away|home|publish-bulk N PREFIX|unpublish-bulk" ;;
+site) require_root; site "${2:?up or down}" ;;
+*) die "usage: $0 up|down|status|stop-avahi H|start-avahi H|restart-avahi H|reload-avahi H|link hN up|down|roam away|home|publish-bulk N PREFIX|unpublish-bulk|site up|down" ;;
 esac

@@ -56,6 +56,13 @@ public struct LMXAgentd: AsyncParsableCommand {
     var interface: [String] = []
 
     @Option(
+        name: .customLong("doctor-interface"),
+        help: ArgumentHelp(
+            "Interfaces on which the discovery checks may ask the link directly while nothing is usable (glob, repeatable; default: those of mDNS).",
+            valueName: "glob"))
+    var doctorInterface: [String] = []
+
+    @Option(
         name: .customLong("extra-ca-file"),
         help: ArgumentHelp("PEM file of extra trusted CAs for HTTPS endpoints.", valueName: "path"))
     var extraCAFile: String?
@@ -122,6 +129,7 @@ public struct LMXAgentd: AsyncParsableCommand {
         options.endpoints = endpoints
         options.noDiscovery = noDiscovery
         options.interfaces = interface
+        options.doctorInterfaces = doctorInterface
         options.extraCAFile = extraCAFile
         options.logLevel = logLevel
         options.gateway = gateway

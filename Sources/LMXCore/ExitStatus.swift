@@ -6,6 +6,8 @@ public enum ExitStatus: Int32, Sendable, CaseIterable {
     case success = 0
     /// Nothing usable: no endpoint (lmx-status), no server found (lmx-discover).
     case nothingFound = 1
+    /// Nothing usable, and the cause is known (`lmx-discover --doctor`: the findings name it).
+    case causeFound = 2
     /// A usage error (EX_USAGE).
     case usage = 64
     /// The input is not valid: no pairing code in it, a bad or expired payload (EX_DATAERR).

@@ -16,7 +16,8 @@ public struct LMXDiscover: AsyncParsableCommand {
 
     public static let configuration = CommandConfiguration(
         commandName: "lmx-discover",
-        abstract: "List the Opta LMX servers on the local network (mDNS, through avahi-daemon).",
+        abstract:
+            "List the Opta LMX servers on the local network (mDNS, through avahi-daemon) or in a DNS domain; say why none is found.",
         discussion: """
             Browses _opta-lmx._tcp until avahi-daemon reports that all cached and announced \
             servers were seen and every one is resolved, or until --timeout, then prints them.
@@ -26,7 +27,21 @@ public struct LMXDiscover: AsyncParsableCommand {
             discovery document, /readyz) and its verdict, version, instance_id, model count \
             and latency are added.
 
-            Exit status: 0 at least one server found, 1 none found, 64 usage error, \
+            With -d DOMAIN (not `local`) the servers listed in that unicast DNS domain are read \
+            through this machine's name servers (wide-area DNS-SD, RFC 6763): PTR, SRV, TXT and \
+            address records, as a site's DNS server holds them for servers on other subnets.
+
+            --host ADDR[:PORT] asks one address by the LMX contract and shows what the server \
+            says about itself (port 1234 when none is given): for a server nothing announces.
+
+            --doctor checks why no server is found: avahi-daemon, every interface (a direct mDNS \
+            question on it, whether the configuration leaves it out), the browse domains \
+            (configured with -d, and those the network announces under the search domains), \
+            the servers seen and the addresses named with --host; it prints each cause found, in \
+            words, with the next step (--json: one object with stable cause codes).
+
+            Exit status: 0 at least one server found (--doctor: a usable one), 1 none found, \
+            2 (--doctor) none usable and the cause is named, 64 usage error, \
             69 avahi-daemon unreachable.
             """
     )
@@ -98,7 +113,29 @@ public struct LMXDiscover: AsyncParsableCommand {
     )
     var domain: String?
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Ask this address by the LMX contract and show what the server says (repeatable; port 1234 when none).",
+            valueName: "addr[:port]"))
+    var host: [String] = []
+
+    @Flag(name: .long, help: "Check why no server is found and say what to do; with --host, also ask those addresses.")
+    var doctor = false
+
     public func validate() throws {
+        if doctor && (watch || parsable || probe) {
+            throw ValidationError("--doctor runs its own checks: --watch, --parsable and --probe do not apply to it.")
+        }
+        if !host.isEmpty && !doctor && (watch || parsable || probe) {
+            throw ValidationError(
+                "--host asks the addresses given: --watch, --parsable and --probe do not apply to it.")
+        }
+        for text in host {
+            do { _ = try HostPort.parse(text, field: "--host", defaultPort: HostPort.defaultPort) } catch {
+                throw ValidationError("\(error)")
+            }
+        }
         if json && parsable { throw ValidationError("--json and --parsable are different formats: choose one.") }
         if watch && parsable { throw ValidationError("--watch prints JSON lines; --parsable does not apply to it.") }
         if watch && terminate { throw ValidationError("-t (exit after the listing) and --watch exclude each other.") }
@@ -129,9 +166,24 @@ public struct LMXDiscover: AsyncParsableCommand {
             interfaces: filter, waitForDaemon: watch)
     }
 
+    var hosts: [HostPort] {
+        host.compactMap { try? HostPort.parse($0, field: "--host", defaultPort: HostPort.defaultPort) }
+    }
+
+    /// A unicast DNS domain (wide-area DNS-SD) rather than mDNS's `local`.
+    var unicastDomain: String? {
+        guard let domain, !domain.isEmpty else { return nil }
+        let trimmed = domain.hasSuffix(".") ? String(domain.dropLast()) : domain
+        return trimmed.lowercased() == "local" ? nil : trimmed
+    }
+
     public func run() async throws {
         do {
-            if watch {
+            if doctor {
+                try await runDoctor()
+            } else if !host.isEmpty {
+                try await runHosts()
+            } else if watch {
                 try await runWatch()
             } else {
                 try await runOnce()
@@ -142,15 +194,80 @@ public struct LMXDiscover: AsyncParsableCommand {
         }
     }
 
+    // MARK: Doctor and first contact
+
+    private func runDoctor() async throws {
+        let filter = InterfaceFilter(
+            include: interface, exclude: excludeInterface, excludesVirtualInterfaces: !allInterfaces)
+        let checks = DoctorChecks(
+            filter: filter, browseDomains: unicastDomain.map { [$0] } ?? [], hosts: hosts, serviceType: type,
+            listen: min(timeout, 2))
+        // A connection attempt gives up with the probe (a filtered port would otherwise hold the
+        // client's shutdown until the connect timeout).
+        let prober = try Prober(quickConnectTimeout: probeTimeout)
+        let seconds = probeTimeout
+        let report = await checks.run { route in await prober.probe(route, timeout: seconds, connectTimeout: 0) }
+        await prober.shutdown()
+        if json {
+            let data = try DiscoveryJSON.encoder(pretty: true).encode(report)
+            Console.out(String(decoding: data, as: UTF8.self))
+        } else {
+            Console.out(report.text)
+        }
+        throw ExitCode(report.exitStatus.rawValue)
+    }
+
+    private func runHosts() async throws {
+        let prober = try Prober(quickConnectTimeout: probeTimeout)
+        let seconds = probeTimeout
+        let answers = await withTaskGroup(of: (Int, HostAnswer).self) { group in
+            for (index, address) in hosts.enumerated() {
+                group.addTask {
+                    let route = Route(
+                        baseURL: "http://\(address.description)", via: .lan, source: .manual, name: address.description)
+                    return (
+                        index,
+                        HostAnswer(
+                            address: address, report: await prober.probe(route, timeout: seconds, connectTimeout: 0))
+                    )
+                }
+            }
+            var all: [(Int, HostAnswer)] = []
+            for await answer in group { all.append(answer) }
+            return all.sorted { $0.0 < $1.0 }.map(\.1)
+        }
+        await prober.shutdown()
+        if json {
+            let data = try DiscoveryJSON.encoder(pretty: true).encode(answers)
+            Console.out(String(decoding: data, as: UTF8.self))
+        } else {
+            Console.out(answers.map(\.text).joined(separator: "\n\n"))
+        }
+        if !answers.contains(where: \.isServer) { throw ExitCode(ExitStatus.nothingFound.rawValue) }
+    }
+
+    /// The browse events of the domain asked for: avahi-daemon's for `local`, unicast DNS for others.
+    private func browseEvents() -> AsyncThrowingStream<BrowseEvent, any Error> {
+        guard let unicastDomain else { return AvahiBrowser.events(browseConfiguration) }
+        let events = WideAreaBrowser.events(domains: [unicastDomain], announced: false, type: type)
+        return AsyncThrowingStream { continuation in
+            let task = Task {
+                for await event in events { continuation.yield(event) }
+                continuation.finish()
+            }
+            continuation.onTermination = { _ in task.cancel() }
+        }
+    }
+
     // MARK: One-shot listing
 
     private func runOnce() async throws {
-        let configuration = browseConfiguration
         let seconds = timeout
+        let events = browseEvents()
         let servers = try await withThrowingTaskGroup(of: [DiscoveredServer]?.self) { group in
             group.addTask {
                 var registry = ServerRegistry()
-                for try await event in AvahiBrowser.events(configuration) {
+                for try await event in events {
                     _ = registry.apply(event)
                     if registry.isSettled { return registry.servers }
                 }
@@ -180,8 +297,9 @@ public struct LMXDiscover: AsyncParsableCommand {
         } else if parsable {
             for server in servers { for line in ParsableFormat.lines(for: server) { Console.out(line) } }
         } else if servers.isEmpty {
+            let place = unicastDomain.map { "in the DNS domain \($0)" } ?? "by mDNS"
             Console.error(
-                "No \(type) servers found within \(Self.format(seconds)) s. Check that servers are up, that this machine is on their network, and that UDP port 5353 is not blocked."
+                "No \(type) servers found \(place) within \(Self.format(seconds)) s. `lmx-discover --doctor` checks why (add --host ADDR:PORT if you know a server's address)."
             )
         } else {
             Console.out(ServerTable.render(servers, probes: probes))
@@ -214,11 +332,11 @@ public struct LMXDiscover: AsyncParsableCommand {
     // MARK: Watch
 
     private func runWatch() async throws {
-        let configuration = browseConfiguration
+        let events = browseEvents()
         let watcher = Task {
             let encoder = DiscoveryJSON.encoder()
             var registry = ServerRegistry()
-            for try await event in AvahiBrowser.events(configuration) {
+            for try await event in events {
                 for change in registry.apply(event) {
                     if case .daemon(.waiting(let reason)) = change {
                         Console.error(

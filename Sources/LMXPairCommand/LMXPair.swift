@@ -1,6 +1,8 @@
 import ArgumentParser
+import Dispatch
 import LMXCore
 import LMXImage
+import LMXProbe
 import LMXStatusClient
 import LMXStore
 import LMXSystem
@@ -17,11 +19,15 @@ public struct LMXPair: ParsableCommand {
             opta-lmx://pair?v=1&… tokens, https:// tunnel URLs (?key=), dashboard /connect links, \
             account /pair links and Opta address books.
 
+            lmx-pair --host ADDR[:PORT] asks that address by the LMX contract (port 1234 when none \
+            is given), shows what the server says about itself, and pairs its LAN address: for a \
+            server that nothing announces (another subnet, a network that drops mDNS).
+
             When lmx-agentd runs, the pairing goes through its socket and is probed at once; \
             otherwise it is saved in the agent's database for its next start.
 
             Exit codes: 0 done, 64 usage, 65 no valid pairing in the input (no code, bad payload, \
-            expired) or no such pairing, 66 file missing or unreadable, 69 agent or database \
+            expired; --host: no Opta LMX server answers there) or no such pairing, 66 file missing or unreadable, 69 agent or database \
             unavailable.
             """,
         version: StatusAPI.version,
@@ -123,7 +129,14 @@ struct Import: ParsableCommand {
         help: ArgumentHelp(
             "PNG or JPEG with a QR code, a text file with a code or link, lmx-connections.json, or - for standard input.",
             valueName: "file"))
-    var files: [String]
+    var files: [String] = []
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Ask this address by the LMX contract, show what the server says, and pair it (repeatable; port 1234 when none).",
+            valueName: "addr[:port]"))
+    var host: [String] = []
 
     @Flag(name: .long, help: "Show what would be imported; write nothing.")
     var dryRun = false
@@ -148,7 +161,14 @@ struct Import: ParsableCommand {
     @OptionGroup var locations: Locations
 
     func validate() throws {
-        if files.isEmpty { throw ValidationError("name at least one file (or - for standard input)") }
+        if files.isEmpty && host.isEmpty {
+            throw ValidationError("name at least one file (or - for standard input), or --host ADDR[:PORT]")
+        }
+        for text in host {
+            do { _ = try HostPort.parse(text, field: "--host", defaultPort: HostPort.defaultPort) } catch {
+                throw ValidationError("\(error)")
+            }
+        }
         if let code, code < 1 { throw ValidationError("--code counts from 1") }
         if probeTimeout <= 0 || probeTimeout > 600 {
             throw ValidationError("--probe-timeout must be between 0 and 600 seconds")
@@ -161,10 +181,11 @@ struct Import: ParsableCommand {
             let parser = PairingParser(allowInsecure: allowInsecure, now: SystemClock.unixTime())
             // The files are read with the caller's rights (sudo: root's); images are decoded,
             // and the database and socket used, only after root has become the agent's user.
-            let raw = try files.map { file in
+            var raw = try files.map { file in
                 let name = file == "-" ? "standard input" : file
                 return (name, try PairingInput.readBytes(file, name: name))
             }
+            raw += try askHosts()
             try locations.becomeStateOwner()
             // Everything is read and validated first: anything refused imports nothing.
             var payloads: [PairingUpload.Payload] = []
@@ -205,6 +226,39 @@ struct Import: ParsableCommand {
                 if probe { Console.error("lmx-pair: not probed: lmx-agentd is not running") }
             }
         }
+    }
+
+    /// Asks every `--host` address by the contract and shows the answer; each that is an Opta
+    /// LMX server becomes a `/connect` link for its LAN address (no secrets: keys come with its
+    /// pairing code).
+    private func askHosts() throws -> [(String, [UInt8])] {
+        guard !host.isEmpty else { return [] }
+        let addresses = host.compactMap { try? HostPort.parse($0, field: "--host", defaultPort: HostPort.defaultPort) }
+        let answers = Blocking.run {
+            guard let prober = try? Prober(quickConnectTimeout: 3) else { return [HostAnswer]() }
+            var answers: [HostAnswer] = []
+            for address in addresses {
+                let route = Route(
+                    baseURL: "http://\(address.description)", via: .lan, source: .manual, name: address.description)
+                answers.append(
+                    HostAnswer(address: address, report: await prober.probe(route, timeout: 3, connectTimeout: 0)))
+            }
+            await prober.shutdown()
+            return answers
+        }
+        var inputs: [(String, [UInt8])] = []
+        for (address, answer) in zip(addresses, answers) {
+            if !json { Console.out(answer.text) }
+            guard answer.isServer else {
+                throw Failure.invalid(
+                    "--host \(address): no Opta LMX server answers there (\(answer.detail ?? answer.verdict.rawValue)); `lmx-discover --doctor --host \(address)` says more"
+                )
+            }
+            let host = address.isIPv6 ? "[\(address.host)]" : address.host
+            let link = "https://lmx.optalocal.com/connect?host=\(host)&port=\(address.port)&via=lan"
+            inputs.append(("--host \(address)", Array(link.utf8)))
+        }
+        return inputs
     }
 
     private func report(_ results: [PairingImportResult], verb: String?) {
@@ -308,5 +362,26 @@ struct Export: ParsableCommand {
                 )
             }
         }
+    }
+}
+
+/// Runs async work from a synchronous command and waits for it (the work runs on the global
+/// executor, never on the waiting thread).
+enum Blocking {
+    static func run<T: Sendable>(_ body: @escaping @Sendable () async -> T) -> T {
+        let box = ResultBox<T>()
+        let done = DispatchSemaphore(value: 0)
+        Task {
+            box.set(await body())
+            done.signal()
+        }
+        done.wait()
+        return box.value!
+    }
+
+    /// Written once by the task, read after the semaphore: the semaphore orders the two.
+    private final class ResultBox<T: Sendable>: @unchecked Sendable {
+        var value: T?
+        func set(_ value: T) { self.value = value }
     }
 }

@@ -283,15 +283,37 @@ struct StatusRequest: Equatable {
                     TextTable.render(
                         headers: ["  NAME", "VIA", "SOURCE", "URL", "STATE", "LATENCY", "WHY"], rows: rows))
             }
+            if let findings = status.discoveryFindings, !findings.isEmpty {
+                Console.out("")
+                Console.out(Self.findings(findings))
+            }
         }
         if status.active == nil { throw ExitCode(ExitStatus.nothingFound.rawValue) }
+    }
+
+    /// Why discovery finds nothing usable: the agent's discovery checks, as `lmx-discover --doctor`
+    /// says them.
+    static func findings(_ findings: [DoctorFinding]) -> String {
+        var lines = ["Why nothing is found (the agent's discovery checks; `lmx-discover --doctor` says more):"]
+        for finding in findings {
+            let scope = [finding.interface.map { "on \($0)" }, finding.server].compactMap { $0 }.map {
+                ServerTable.printable($0)
+            }.joined(separator: ", ")
+            lines.append(
+                "* \(finding.cause.rawValue)\(scope.isEmpty ? "" : " (\(scope))"): \(ServerTable.printable(finding.says))"
+            )
+            lines.append("  Next: \(ServerTable.printable(finding.next))")
+        }
+        return lines.joined(separator: "\n")
     }
 
     static func row(_ route: StatusAPI.RouteStatus) -> [String] {
         let marker = route.active ? "* " : "  "
         let latency = route.latencyMS.map { "\(($0 * 10).rounded() / 10) ms" } ?? "-"
+        let source =
+            route.foundBy.map { "\(route.source.rawValue) (\(ServerTable.printable($0)))" } ?? route.source.rawValue
         return [
-            marker + ServerTable.printable(route.name), route.via == .wan ? "tunnel" : "LAN", route.source.rawValue,
+            marker + ServerTable.printable(route.name), route.via == .wan ? "tunnel" : "LAN", source,
             route.baseURL, EventWords.label(route.verdict), latency, ServerTable.printable(route.reason),
         ]
     }

@@ -39,6 +39,27 @@ public enum RouteLookup {
         /// No interfaces.
         public init() {}
 
+        /// Every interface once, in the order listed, with its state and IPv4 addresses
+        /// (`10.0.0.5/24`).
+        public var links: [(name: String, up: Bool, multicast: Bool, loopback: Bool, ipv4: [String])] {
+            var order: [String] = []
+            var byName: [String: (up: Bool, multicast: Bool, loopback: Bool, ipv4: [String])] = [:]
+            for entry in entries {
+                if byName[entry.name] == nil {
+                    order.append(entry.name)
+                    byName[entry.name] = (
+                        entry.flags & UInt32(IFF_UP) != 0 && entry.flags & UInt32(IFF_RUNNING) != 0,
+                        entry.flags & UInt32(IFF_MULTICAST) != 0, entry.flags & UInt32(IFF_LOOPBACK) != 0, []
+                    )
+                }
+                if entry.address.count == 4 {
+                    let prefix = entry.mask.reduce(0) { $0 + $1.nonzeroBitCount }
+                    byName[entry.name]?.ipv4.append("\(text(entry.address))/\(prefix)")
+                }
+            }
+            return order.compactMap { name in byName[name].map { (name, $0.up, $0.multicast, $0.loopback, $0.ipv4) } }
+        }
+
         /// The addresses of interfaces that are up with a carrier (loopback aside): when this is
         /// unchanged, so is every way out of this machine that does not depend on routes alone.
         public var usable: Set<String> {

@@ -52,7 +52,9 @@ final class AgentProcess: Sendable {
         if let config {
             try config.write(toFile: dir + "/agent.json", atomically: true, encoding: .utf8)
         }
-        var env = ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(host), "LMX_SOCKET": "", "LMX_DB": ""]
+        // LOCALDOMAIN empty: no search domains, so the agent asks no DNS server for the browse
+        // domains a network announces (the machine's own resolvers are never asked in tests).
+        var env = ["DBUS_SYSTEM_BUS_ADDRESS": bed.bus(host), "LMX_SOCKET": "", "LMX_DB": "", "LOCALDOMAIN": ""]
         env.merge(environment) { $1 }
         let binary = "\(TestBed.binDir)/lmx-agentd"
         let process = LiveProcess(
@@ -65,6 +67,8 @@ final class AgentProcess: Sendable {
                 // Many agents run at once in the tests: only those that test the gateway take a port.
                 + (arguments.contains { $0.hasPrefix("--gateway") || $0 == "--no-gateway" }
                     ? [] : ["--gateway", "off"])
+                // The discovery checks ask the link directly only where a test says (never eth0).
+                + (arguments.contains("--doctor-interface") ? [] : ["--doctor-interface", "lo"])
                 + arguments,
             environment: env)
         let agent = AgentProcess(directory: dir, process: process)

@@ -35,9 +35,10 @@ struct FormattingTests {
         #expect(
             Set(object.keys) == [
                 "name", "type", "domain", "host", "port", "addresses", "interfaces", "path", "txt", "txt_raw",
-                "records",
+                "records", "found_by",
             ])
         #expect(object["name"] as? String == "Local One")
+        #expect(object["found_by"] as? String == "mDNS on lmxbr0, lo")
         #expect(object["addresses"] as? [String] == ["10.254.0.1", "127.0.0.1"])
         let txt = try #require(object["txt"] as? [String: Any])
         #expect(txt["flag"] is NSNull)

@@ -20,7 +20,7 @@ function __lmx-agentd_parse_tokens -S
     set -l unparsed_tokens (__lmx-agentd_tokens -pc)
     switch $unparsed_tokens[1]
     case 'lmx-agentd'
-        __lmx-agentd_parse_subcommand 0 'socket=' 'db=' 'config=' 'endpoint=+' 'no-discovery' 'i/interface=+' 'extra-ca-file=' 'log-level=' 'gateway=' 'gateway-socket=' 'no-gateway' 'metrics-address=' 'address-book=+' 'version' 'h/help'
+        __lmx-agentd_parse_subcommand 0 'socket=' 'db=' 'config=' 'endpoint=+' 'no-discovery' 'i/interface=+' 'doctor-interface=+' 'extra-ca-file=' 'log-level=' 'gateway=' 'gateway-socket=' 'no-gateway' 'metrics-address=' 'address-book=+' 'version' 'h/help'
         switch $unparsed_tokens[1]
         case 'help'
             __lmx-agentd_parse_subcommand -r 1 'version'
@@ -83,6 +83,7 @@ complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_
 complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd"' -l 'endpoint' -d 'A manual endpoint, scheme://host[:port] (repeatable). https:// is treated as WAN, http:// as LAN.' -rfka ''
 complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd" no-discovery' -l 'no-discovery' -d 'Do not browse mDNS; use only paired and configured endpoints.'
 complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd"' -s 'i' -l 'interface' -d 'Only these interfaces for mDNS (glob, repeatable).' -rfka ''
+complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd"' -l 'doctor-interface' -d 'Interfaces on which the discovery checks may ask the link directly while nothing is usable (glob, repeatable; default: those of mDNS).' -rfka ''
 complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd" extra-ca-file' -l 'extra-ca-file' -d 'PEM file of extra trusted CAs for HTTPS endpoints.' -rfka ''
 complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd" log-level' -l 'log-level' -d 'trace, debug, info, notice, warning or error.' -rfka ''
 complete -c 'lmx-agentd' -n '__lmx-agentd_should_offer_completions_for_flags_or_options "lmx-agentd" gateway' -l 'gateway' -d 'The local OpenAI-compatible gateway\'s TCP address, loopback only (default 127.0.0.1:1235), or off.' -rfka ''

@@ -20,7 +20,7 @@ function __lmx-discover_parse_tokens -S
     set -l unparsed_tokens (__lmx-discover_tokens -pc)
     switch $unparsed_tokens[1]
     case 'lmx-discover'
-        __lmx-discover_parse_subcommand 0 'json' 'p/parsable' 'r' 't' 'a' 'watch' 'timeout=' 'i/interface=+' 'exclude-interface=+' 'all-interfaces' '4' '6' 'probe' 'probe-timeout=' 'type=' 'd/domain=' 'h/help'
+        __lmx-discover_parse_subcommand 0 'json' 'p/parsable' 'r' 't' 'a' 'watch' 'timeout=' 'i/interface=+' 'exclude-interface=+' 'all-interfaces' '4' '6' 'probe' 'probe-timeout=' 'type=' 'd/domain=' 'host=+' 'doctor' 'h/help'
         switch $unparsed_tokens[1]
         case 'help'
             __lmx-discover_parse_subcommand -r 1 
@@ -93,5 +93,7 @@ complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" probe-timeout' -l 'probe-timeout' -d 'Per-request probe timeout.' -rfka ''
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" type' -l 'type' -d 'The DNS-SD service type.' -rfka ''
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" d domain' -s 'd' -l 'domain' -d 'The browse domain (default: local).' -rfka ''
+complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover"' -l 'host' -d 'Ask this address by the LMX contract and show what the server says (repeatable; port 1234 when none).' -rfka ''
+complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" doctor' -l 'doctor' -d 'Check why no server is found and say what to do; with --host, also ask those addresses.'
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_flags_or_options "lmx-discover" h help' -s 'h' -l 'help' -d 'Show help information.'
 complete -c 'lmx-discover' -n '__lmx-discover_should_offer_completions_for_positional "lmx-discover" -eq 1' -fa 'help' -d 'Show subcommand help information.'

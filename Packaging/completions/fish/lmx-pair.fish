@@ -23,7 +23,7 @@ function __lmx-pair_parse_tokens -S
         __lmx-pair_parse_subcommand 0 'version' 'h/help'
         switch $unparsed_tokens[1]
         case 'import'
-            __lmx-pair_parse_subcommand -r 1 'dry-run' 'probe' 'probe-timeout=' 'code=' 'allow-insecure' 'json' 'db=' 'socket=' 'version' 'h/help'
+            __lmx-pair_parse_subcommand -r 1 'host=+' 'dry-run' 'probe' 'probe-timeout=' 'code=' 'allow-insecure' 'json' 'db=' 'socket=' 'version' 'h/help'
         case 'list'
             __lmx-pair_parse_subcommand 0 'json' 'db=' 'socket=' 'version' 'h/help'
         case 'remove'
@@ -92,6 +92,7 @@ complete -c 'lmx-pair' -n '__lmx-pair_should_offer_completions_for_positional "l
 complete -c 'lmx-pair' -n '__lmx-pair_should_offer_completions_for_positional "lmx-pair" -eq 1' -fa 'remove' -d 'Remove a pairing; the agent drops its endpoints at once.'
 complete -c 'lmx-pair' -n '__lmx-pair_should_offer_completions_for_positional "lmx-pair" -eq 1' -fa 'export' -d 'Show a pairing as a QR code to carry it to another machine (it holds the secrets).'
 complete -c 'lmx-pair' -n '__lmx-pair_should_offer_completions_for_positional "lmx-pair" -eq 1' -fa 'help' -d 'Show subcommand help information.'
+complete -c 'lmx-pair' -n '__lmx-pair_should_offer_completions_for_flags_or_options "lmx-pair import"' -l 'host' -d 'Ask this address by the LMX contract, show what the server says, and pair it (repeatable; port 1234 when none).' -rfka ''
 complete -c 'lmx-pair' -n '__lmx-pair_should_offer_completions_for_flags_or_options "lmx-pair import" dry-run' -l 'dry-run' -d 'Show what would be imported; write nothing.'
 complete -c 'lmx-pair' -n '__lmx-pair_should_offer_completions_for_flags_or_options "lmx-pair import" probe' -l 'probe' -d 'Wait for the agent\'s verdict on the new endpoints and print it.'
 complete -c 'lmx-pair' -n '__lmx-pair_should_offer_completions_for_flags_or_options "lmx-pair import" probe-timeout' -l 'probe-timeout' -d 'How long --probe waits, in seconds.' -rfka ''

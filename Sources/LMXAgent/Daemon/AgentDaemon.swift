@@ -94,6 +94,22 @@ public struct AgentDaemon {
                         manager: manager, configuration: browse, requery: requery, logger: logger),
                     successTerminationBehavior: .ignore,
                     serviceName: "discovery"))
+            services.append(
+                .init(
+                    service: WideAreaDiscoveryService(
+                        manager: manager, domains: configuration.browseDomains,
+                        announced: configuration.browseAnnouncedDomains, logger: logger),
+                    successTerminationBehavior: .ignore, serviceName: "wide-area-discovery"))
+            let doctor = DoctorChecks(
+                filter: browse.interfaces,
+                askFilter: configuration.doctorInterfaces.isEmpty
+                    ? nil : InterfaceFilter(include: configuration.doctorInterfaces),
+                browseDomains: configuration.browseDomains,
+                announcedDomains: configuration.browseAnnouncedDomains)
+            services.append(
+                .init(
+                    service: DoctorService(manager: manager, checks: doctor),
+                    successTerminationBehavior: .ignore, serviceName: "discovery-doctor"))
         } else {
             await manager.discoveryEnded(.disabled)
         }

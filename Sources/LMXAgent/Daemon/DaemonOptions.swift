@@ -10,6 +10,7 @@ public struct DaemonOptions: Sendable {
     public var endpoints: [String] = []
     public var noDiscovery = false
     public var interfaces: [String] = []
+    public var doctorInterfaces: [String] = []
     public var extraCAFile: String?
     public var logLevel: String?
     public var gateway: String?
@@ -34,6 +35,7 @@ public struct DaemonOptions: Sendable {
         configuration.endpoints += endpoints.map { ManualEndpoint(url: $0) }
         if noDiscovery { configuration.discovery = false }
         if !interfaces.isEmpty { configuration.interfaces = interfaces }
+        if !doctorInterfaces.isEmpty { configuration.doctorInterfaces = doctorInterfaces }
         if let extraCAFile { configuration.extraCAFile = extraCAFile }
         if let logLevel { configuration.logLevel = logLevel }
         return configuration

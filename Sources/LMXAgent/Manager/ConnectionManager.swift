@@ -15,6 +15,8 @@ public actor ConnectionManager {
     private var sources = RouteSources()
     private var expiry = PairingExpiry()
     private var discovery: DiscoveryState = .stopped
+    /// The doctor's findings while nothing is usable (`DoctorService`).
+    private var discoveryFindings: [DoctorFinding] = []
     private var gateway: StatusAPI.Gateway?
     /// The latest gateway listener report applied.
     private var gatewayGeneration: UInt64 = 0
@@ -208,6 +210,32 @@ public actor ConnectionManager {
         pump(events)
     }
 
+    /// What the doctor needs: whether any route is usable now, the LAN addresses the user set
+    /// up (pairings, configuration), which the doctor looks at, and what the last probe of each
+    /// plain-HTTP LAN route found (the doctor probes nothing the agent probes already).
+    public func doctorInput() -> (usable: Bool, announced: Int, hosts: [HostPort], known: [String: ProbeReport]) {
+        let usable = planner.activeID != nil
+        let announced = planner.routes.values.count { $0.route.source == .mdns }
+        var hosts: [HostPort] = []
+        var known: [String: ProbeReport] = [:]
+        for state in planner.sortedRoutes where state.route.via == .lan && state.route.base.isPlainHTTP {
+            guard
+                let host = try? HostPort.parse(
+                    state.route.base.hostPort, field: "route", defaultPort: HostPort.defaultPort)
+            else { continue }
+            if state.route.source.isSetUp { hosts.append(host) }
+            if let report = state.lastReport { known[host.description] = report }
+        }
+        return (usable, announced, hosts, known)
+    }
+
+    /// The doctor's findings (empty: nothing to say, or something is usable).
+    public func setDiscoveryFindings(_ findings: [DoctorFinding]) {
+        guard findings != discoveryFindings else { return }
+        discoveryFindings = findings
+        publish([], now: clock.now())
+    }
+
     /// Discovery is off (disabled in the configuration) or has stopped for good.
     public func discoveryEnded(_ state: DiscoveryState) {
         discovery = state
@@ -380,7 +408,8 @@ public actor ConnectionManager {
     func publish(_ events: [AgentEvent], now t: Double) {
         let events = AgentEvent.coalescingSwitches(events)
         let snapshot = AgentSnapshot(
-            planner: planner, discovery: discovery, gateway: gateway, originWall: clock.originWall)
+            planner: planner, discovery: discovery, gateway: gateway, originWall: clock.originWall,
+            discoveryFindings: discoveryFindings)
         for sink in sinks { sink.receive(events, snapshot: snapshot, now: t) }
         board.publish(snapshot, events: events)
     }

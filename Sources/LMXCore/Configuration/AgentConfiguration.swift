@@ -197,6 +197,15 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
     public var excludeInterfaces: [String] = []
     /// Browse mDNS at all.
     public var discovery = true
+    /// Unicast DNS domains to browse for servers (wide-area DNS-SD, RFC 6763): a site lists its
+    /// servers on other subnets in its own DNS.
+    public var browseDomains: [String] = []
+    /// Also browse the domains the network announces under its search domains
+    /// (`b._dns-sd._udp.<search domain>`, `lb._dns-sd._udp.…`).
+    public var browseAnnouncedDomains = true
+    /// Interfaces (globs) on which the agent's discovery checks may ask the link directly (one
+    /// mDNS question now and then while nothing is usable); empty: those mDNS uses.
+    public var doctorInterfaces: [String] = []
     /// PEM file of extra certificate authorities for HTTPS endpoints.
     public var extraCAFile: String?
     /// Seconds between heartbeat lines on `/v1/watch`.
@@ -223,6 +232,9 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
         case endpoints, interfaces
         case excludeInterfaces = "exclude_interfaces"
         case discovery
+        case browseDomains = "browse_domains"
+        case browseAnnouncedDomains = "browse_announced_domains"
+        case doctorInterfaces = "doctor_interfaces"
         case extraCAFile = "extra_ca_file"
         case watchHeartbeat = "watch_heartbeat"
         case eventRetention = "event_retention"
@@ -246,6 +258,18 @@ public struct AgentConfiguration: Sendable, Hashable, Decodable {
         interfaces = try c.value(.interfaces, or: d.interfaces)
         excludeInterfaces = try c.value(.excludeInterfaces, or: d.excludeInterfaces)
         discovery = try c.value(.discovery, or: d.discovery)
+        browseDomains = try c.value(.browseDomains, or: d.browseDomains).map {
+            $0.hasSuffix(".") ? String($0.dropLast()) : $0
+        }
+        guard browseDomains.count <= 16,
+            browseDomains.allSatisfy({
+                (try? HostPort.parseHost($0, field: "browse_domains")) != nil && $0.contains(".")
+            })
+        else {
+            throw c.invalid(.browseDomains, "at most 16 DNS domain names, such as \"lmx.example.com\"")
+        }
+        browseAnnouncedDomains = try c.value(.browseAnnouncedDomains, or: d.browseAnnouncedDomains)
+        doctorInterfaces = try c.value(.doctorInterfaces, or: d.doctorInterfaces)
         extraCAFile = try c.optional(.extraCAFile)
         watchHeartbeat = try c.number(.watchHeartbeat, or: d.watchHeartbeat, in: 0.1...3600, unit: "seconds")
         eventRetention = try c.number(.eventRetention, or: d.eventRetention, in: 100...10_000_000)

@@ -23,8 +23,16 @@ public struct DiscoveredServer: Sendable, Hashable, Identifiable {
 
     /// Every distinct address, in record order.
     public var addresses: [String] { unique(records.map(\.address)) }
-    /// Every distinct interface name, in record order.
-    public var interfaces: [String] { unique(records.map(\.key.interface.name)) }
+    /// Every distinct interface name, in record order (records from unicast DNS have none).
+    public var interfaces: [String] { unique(records.map(\.key.interface.name).filter { !$0.isEmpty }) }
+
+    /// Found in a unicast DNS domain (wide-area DNS-SD) rather than by mDNS on a link.
+    public var isFromUnicastDNS: Bool { id.domain.lowercased() != "local" && interfaces.isEmpty }
+
+    /// Where the server was found, for people: "mDNS on eth0, wlan0" or "DNS domain example.lan".
+    public var foundBy: String {
+        isFromUnicastDNS ? "DNS domain \(id.domain)" : "mDNS on \(interfaces.joined(separator: ", "))"
+    }
 
     /// Every distinct `address:port` pair, IPv6 bracketed.
     public var endpoints: [String] {

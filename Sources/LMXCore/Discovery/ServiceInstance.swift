@@ -20,6 +20,13 @@ public struct NetworkInterface: Sendable, Hashable, Comparable {
 
     public var isLoopback: Bool { name == "lo" }
 
+    /// Stands for "no interface" in a record read from unicast DNS (wide-area DNS-SD), which is
+    /// not tied to a link.
+    public static let unicastDNS = NetworkInterface(index: 0, name: "")
+
+    /// A record of unicast DNS, not of mDNS on a link.
+    public var isUnicastDNS: Bool { self == .unicastDNS }
+
     public static func < (lhs: NetworkInterface, rhs: NetworkInterface) -> Bool {
         (lhs.isLoopback ? 1 : 0, lhs.name, lhs.index) < (rhs.isLoopback ? 1 : 0, rhs.name, rhs.index)
     }
@@ -93,7 +100,7 @@ public struct ResolvedRecord: Sendable, Hashable {
 public enum ServerAddress {
     /// Adds `%ifname` to an IPv6 link-local address (`fe80::/10`), which is unusable without it.
     public static func scoped(_ address: String, interface: String) -> String {
-        guard address.contains(":"), !address.contains("%"), isLinkLocalIPv6(address) else {
+        guard !interface.isEmpty, address.contains(":"), !address.contains("%"), isLinkLocalIPv6(address) else {
             return address
         }
         return "\(address)%\(interface)"

@@ -28,6 +28,8 @@ public struct ServerJSON: Codable, Sendable, Hashable {
     public var records: [Record]
     /// What a probe by the LMX contract found (`lmx-discover --probe` only).
     public var probe: ProbeJSON?
+    /// Where it was found: "mDNS on eth0" or "DNS domain example.lan".
+    public var foundBy: String?
 
     /// The result of probing a discovered server.
     public struct ProbeJSON: Codable, Sendable, Hashable {
@@ -69,6 +71,7 @@ public struct ServerJSON: Codable, Sendable, Hashable {
         case name, type, domain, host, port, addresses, interfaces, path, txt
         case txtRaw = "txt_raw"
         case records, probe
+        case foundBy = "found_by"
     }
 
     public init(_ server: DiscoveredServer) {
@@ -89,6 +92,7 @@ public struct ServerJSON: Codable, Sendable, Hashable {
                 interface: $0.key.interface.name, protocol: $0.key.ipProtocol,
                 address: $0.address, host: $0.hostName, port: $0.port)
         }
+        foundBy = server.foundBy
     }
 
     public func encode(to encoder: any Encoder) throws {
@@ -113,6 +117,7 @@ public struct ServerJSON: Codable, Sendable, Hashable {
         try container.encode(txtRaw, forKey: .txtRaw)
         try container.encode(records, forKey: .records)
         try container.encodeIfPresent(probe, forKey: .probe)
+        try container.encodeIfPresent(foundBy, forKey: .foundBy)
     }
 
     struct AnyKey: CodingKey {

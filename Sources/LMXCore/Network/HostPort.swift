@@ -33,6 +33,12 @@ extension HostPort {
         return HostPort(host: authority.host, port: port)
     }
 
+    /// `host[:port]` or `[v6][:port]`, the port defaulting to Opta LMX's (1234).
+    public static func parse(_ text: String, field: String, defaultPort: Int) throws(PairingError) -> HostPort {
+        let authority = try parseAuthority(text, field: field)
+        return HostPort(host: authority.host, port: authority.port ?? defaultPort)
+    }
+
     /// `host[:port]` or `[v6][:port]`.
     static func parseAuthority(_ text: String, field: String) throws(PairingError) -> (
         host: String, port: Int?, isIPv6: Bool

@@ -143,12 +143,14 @@ public struct Route: Sendable, Hashable, Identifiable {
     /// For a LAN route the server listed through its tunnel: the id of that tunnel's route.
     /// `nil` for everything else (the user wrote it, or it was announced).
     public var vouchedBy: String?
+    /// For an announced route, where it was found: "mDNS on eth0" or "DNS domain example.lan".
+    public var foundBy: String?
 
     public init(
         id: String? = nil, baseURL: String, via: Via, source: RouteSource, name: String,
         servicePath: String = TXTRecord.defaultServicePath, pinnedInstance: String? = nil,
         credentials: Credentials = Credentials(), addresses: [String] = [], announced: Bool = false,
-        vouchedBy: String? = nil
+        vouchedBy: String? = nil, foundBy: String? = nil
     ) {
         let base = BaseURL(baseURL)
         self.id = id ?? Route.identifier(base, via: via)
@@ -162,6 +164,7 @@ public struct Route: Sendable, Hashable, Identifiable {
         self.addresses = addresses
         self.announced = announced
         self.vouchedBy = vouchedBy
+        self.foundBy = foundBy
     }
 
     public static func identifier(baseURL: String, via: Via) -> String {
@@ -205,7 +208,7 @@ extension Route {
         return Route(
             baseURL: "http://\(host)", via: .lan, source: .mdns, name: ServerTable.printable(server.name),
             servicePath: record.txt.servicePath,
-            addresses: server.addresses, announced: true)
+            addresses: server.addresses, announced: true, foundBy: server.foundBy)
     }
 
     /// The addresses of a discovered server that the agent refuses to connect to, with why.

@@ -7,15 +7,18 @@ public struct AgentSnapshot: Sendable {
     public var gateway: StatusAPI.Gateway?
     /// Real time (seconds since 1970) at monotonic instant 0.
     public var originWall: Double
+    /// Why discovery finds nothing usable (the doctor's findings), while nothing is.
+    public var discoveryFindings: [DoctorFinding]
 
     public init(
         planner: ConnectionPlanner, discovery: DiscoveryState = .stopped, gateway: StatusAPI.Gateway? = nil,
-        originWall: Double
+        originWall: Double, discoveryFindings: [DoctorFinding] = []
     ) {
         self.planner = planner
         self.discovery = discovery
         self.gateway = gateway
         self.originWall = originWall
+        self.discoveryFindings = discoveryFindings
     }
 
     public func iso(_ t: Double) -> String { Timestamp.iso8601(originWall + t) }
@@ -92,7 +95,7 @@ extension AgentSnapshot {
             inferenceReady: state.verdict.map {
                 $0 == .ready && state.health == .up && !planner.lacksRequiredKey(state)
             },
-            inFlightRequests: state.lastReport?.inFlightRequests)
+            inFlightRequests: state.lastReport?.inFlightRequests, foundBy: state.route.foundBy)
     }
 
     /// The key that merges routes into one server: its instance (``serverInstance(_:)``), except
@@ -139,11 +142,13 @@ extension AgentSnapshot {
 
     public func status(seq: UInt64, now: Double) -> StatusAPI.Status {
         let active = activeEndpoint(now: now)
-        return StatusAPI.Status(
+        var status = StatusAPI.Status(
             agentVersion: StatusAPI.version, seq: seq, avahi: discovery.name, avahiDetail: discovery.detail,
             active: active, noActiveReason: active == nil ? noActiveReason : nil, candidates: candidates(now: now),
             trust: planner.policy.trust.rawValue, gateway: gateway,
             prefer: planner.policy.preferredInstances.isEmpty ? nil : planner.policy.preferredInstances)
+        if active == nil && !discoveryFindings.isEmpty { status.discoveryFindings = discoveryFindings }
+        return status
     }
 
     /// `GET /v1/resolve?model=`: the best usable endpoint that has `model`, with the reason.

@@ -98,6 +98,8 @@ public enum StatusAPI {
         /// Requests the server says it is working on (`in_flight_requests` of its discovery
         /// document at the last probe), when it says.
         public var inFlightRequests: Int?
+        /// For an announced route, where it was found: "mDNS on eth0", "DNS domain example.lan".
+        public var foundBy: String?
 
         public init(
             id: String, baseURL: String, via: Via, source: RouteSource, name: String, addresses: [String],
@@ -105,8 +107,9 @@ public enum StatusAPI {
             latencyMS: Double?, lastProbe: Probe?, version: String?, models: Int?, ready: Bool?, probes: Int,
             failures: Int, credentials: [String], pinnedInstance: String?, loadedModels: [String]? = nil,
             trust: RouteTrust? = nil, vouchedBy: String? = nil, keyRequired: Bool? = nil, inferenceReady: Bool? = nil,
-            inFlightRequests: Int? = nil
+            inFlightRequests: Int? = nil, foundBy: String? = nil
         ) {
+            self.foundBy = foundBy
             self.inFlightRequests = inFlightRequests
             self.trust = trust
             self.vouchedBy = vouchedBy
@@ -141,6 +144,7 @@ public enum StatusAPI {
             case credentials, pinnedInstance = "pinned_instance", loadedModels = "loaded_models"
             case trust, vouchedBy = "vouched_by", keyRequired = "key_required", inferenceReady = "inference_ready"
             case inFlightRequests = "in_flight_requests"
+            case foundBy = "found_by"
         }
     }
 
@@ -181,6 +185,9 @@ public enum StatusAPI {
         public var prefer: [String]?
         /// The gateway's recent figures per model and path (as `/v1/traffic`), when it runs.
         public var traffic: [ModelTraffic]?
+        /// Why discovery finds nothing usable, when nothing is (the checks of
+        /// `lmx-discover --doctor`, made by the agent).
+        public var discoveryFindings: [DoctorFinding]?
 
         public init(
             agentVersion: String, seq: UInt64, avahi: String, avahiDetail: String?, active: Active?,
@@ -202,6 +209,7 @@ public enum StatusAPI {
         enum CodingKeys: String, CodingKey {
             case agentVersion = "agent_version", seq, avahi, avahiDetail = "avahi_detail", active
             case noActiveReason = "no_active_reason", candidates, trust, gateway, prefer
+            case discoveryFindings = "discovery_findings"
         }
     }
 

@@ -113,11 +113,17 @@ function renderNow() {
       ? 'Directly on the local network.'
       : (lan.length ? 'The LAN route is not usable: ' + lan.map((r) => r.reason).join('; ') : 'This server has no LAN route from here.');
     $('active-meta').textContent = active.base_url + ' · ' + (VERDICTS[active.verdict] || [active.verdict])[0] + ' since ' + when(active.since);
+    $('active-findings').replaceChildren();
   } else {
     now.dataset.via = 'none';
     $('active-where').textContent = 'No server usable';
     $('active-why').textContent = status.no_active_reason || '';
     $('active-meta').textContent = '';
+    // The agent's discovery checks: the cause found, in words, and the next step.
+    $('active-findings').replaceChildren(...(status.discovery_findings || []).map((f) =>
+      el('li', { className: 'finding', 'data-cause': f.cause },
+        el('p', { text: f.says }),
+        el('p', { className: 'next', text: 'Next: ' + f.next }))));
   }
   const gateway = status.gateway && status.gateway.openai_base_url ? 'Gateway: ' + status.gateway.openai_base_url + '. ' : '';
   const problem = status.gateway && status.gateway.problem ? 'Gateway: ' + status.gateway.problem + '. ' : '';
@@ -164,6 +170,7 @@ function renderServers() {
         route.reason && !(route.active && route.reason === 'active') ? el('p', { className: 'reason', text: route.reason }) : null,
         el('div', { className: 'latency' }, (state.history.get(route.id) || []).length >= 2 ? sparkline(route) : null, el('span', { text: 'latency ' + latency + load })),
         models ? el('p', { className: 'models', text: models }) : null,
+        route.found_by ? el('p', { className: 'detail found-by', text: 'Found by ' + route.found_by }) : null,
         detailOf(route) ? el('p', { className: 'detail', text: detailOf(route) }) : null));
     }
     card.append(routes);
