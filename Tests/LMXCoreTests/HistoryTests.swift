@@ -46,6 +46,26 @@ struct HistoryTests {
         }
     }
 
+    @Test("a time past year 9999 is refused by name, not answered with a window of no length")
+    func queryFarFuture() throws {
+        // (until=1e20 answered 200 with since == until == "506713-02-07T00:00:00.000Z".)
+        func refused(_ since: String?, _ until: String?) -> String? {
+            do {
+                _ = try History.Query.parse(since: since, until: until, step: nil, now: now)
+                return nil
+            } catch { return error.parameter }
+        }
+        #expect(refused(nil, "1e20") == "until")
+        #expect(refused("1e300", nil) == "since")
+        #expect(refused("1e20", "2e20") != nil)
+        // A `since` left out but an `until` too early to have one before it: named `until`.
+        #expect(refused(nil, "1e300") == "until")
+        #expect(refused(nil, "1") == "until")
+        let last = try History.Query.parse(
+            since: "9999-12-30T00:00:00Z", until: "9999-12-31T00:00:00Z", step: nil, now: now)
+        #expect(last.until - last.since == 86_400)
+    }
+
     @Test("segments begin at the window, follow each change and end at its end; switches name both ends")
     func segmentsAndSwitches() throws {
         let q = History.Query(since: now - 86_400, until: now, step: 3600)
