@@ -146,4 +146,31 @@ struct HistoryTests {
         #expect(Array(switches.dropFirst(21)).enumerated().filter { $0.element == "^" }.map(\.offset) == [28, 32])
         #expect(lines.first?.contains("-24h") == true && lines.first?.contains("now") == true)
     }
+
+    @Test("a hostile server's name: wide, combining, escape characters, 5,000 of them, still one line of 80 columns")
+    func ribbonHostileNames() {
+        let names = [
+            String(repeating: "服", count: 40), String(repeating: "🔥", count: 30),
+            "e" + String(repeating: "\u{301}", count: 5000),
+            "\u{1B}[2J\u{1B}]0;pwn\u{07}\u{9B}31m" + String(repeating: "Z", count: 5000),
+        ]
+        for name in names {
+            let transition = HistoryTransition(
+                routeID: "lan", at: now - 3600, state: .ready, active: true, cause: "x", name: name, via: .lan,
+                server: nil)
+            let history = History.build(
+                History.Query(since: now - 86_400, until: now, step: 300), transitions: [transition], probes: [],
+                traffic: [])
+            let lines = HistoryRibbon.render(history)
+            #expect(lines.count == 4)
+            for line in lines {
+                #expect(HistoryRibbon.columns(line) <= 80, "\(line)")
+                #expect(!line.unicodeScalars.contains { $0.value < 0x20 || (0x7F..<0xA0).contains($0.value) })
+            }
+            // The cells stay under the axis: the route's line ends in its share.
+            #expect(lines[1].hasSuffix("100%"))
+            #expect(HistoryRibbon.columns(lines[1]) == HistoryRibbon.columns(lines[0]))
+        }
+        #expect(HistoryRibbon.columns("服a🔥e\u{301}") == 6)
+    }
 }
