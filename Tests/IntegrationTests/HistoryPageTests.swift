@@ -283,7 +283,7 @@ struct HistoryPageTests {
             let dir = screenshotDirectory
             try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
             try await browser.resize(width: 1200, height: 2300)
-            try await browser.run("document.getElementById('paths-title').scrollIntoView()")
+            _ = try await browser.run("document.getElementById('paths-title').scrollIntoView()")
             try await Task.sleep(for: .milliseconds(300))
             _ = try await browser.screenshot(to: dir + "/dashboard-history-light.png")
             try await browser.prefersDark(true)
@@ -338,7 +338,7 @@ struct HistoryPageTests {
             for range in ["7d", "24h", "7d"] {
                 let before =
                     try await browser.run("return document.getElementById('history').dataset.loaded") as? String
-                try await browser.run("document.querySelector('#ranges button[data-range=\"\(range)\"]').click()")
+                _ = try await browser.run("document.querySelector('#ranges button[data-range=\"\(range)\"]').click()")
                 _ = await browser.waitUntil(
                     "return document.getElementById('history').dataset.loaded !== '\(before ?? "")'", timeout: 10)
                 redraws.append(

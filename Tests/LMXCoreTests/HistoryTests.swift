@@ -46,6 +46,26 @@ struct HistoryTests {
         }
     }
 
+    @Test("a time past year 9999 is refused by name, not answered with a window of no length")
+    func queryFarFuture() throws {
+        // (until=1e20 answered 200 with since == until == "506713-02-07T00:00:00.000Z".)
+        func refused(_ since: String?, _ until: String?) -> String? {
+            do {
+                _ = try History.Query.parse(since: since, until: until, step: nil, now: now)
+                return nil
+            } catch { return error.parameter }
+        }
+        #expect(refused(nil, "1e20") == "until")
+        #expect(refused("1e300", nil) == "since")
+        #expect(refused("1e20", "2e20") != nil)
+        // A `since` left out but an `until` too early to have one before it: named `until`.
+        #expect(refused(nil, "1e300") == "until")
+        #expect(refused(nil, "1") == "until")
+        let last = try History.Query.parse(
+            since: "9999-12-30T00:00:00Z", until: "9999-12-31T00:00:00Z", step: nil, now: now)
+        #expect(last.until - last.since == 86_400)
+    }
+
     @Test("segments begin at the window, follow each change and end at its end; switches name both ends")
     func segmentsAndSwitches() throws {
         let q = History.Query(since: now - 86_400, until: now, step: 3600)
@@ -125,5 +145,32 @@ struct HistoryTests {
         let switches = try #require(lines.first { $0.hasPrefix("switches: 2") })
         #expect(Array(switches.dropFirst(21)).enumerated().filter { $0.element == "^" }.map(\.offset) == [28, 32])
         #expect(lines.first?.contains("-24h") == true && lines.first?.contains("now") == true)
+    }
+
+    @Test("a hostile server's name: wide, combining, escape characters, 5,000 of them, still one line of 80 columns")
+    func ribbonHostileNames() {
+        let names = [
+            String(repeating: "服", count: 40), String(repeating: "🔥", count: 30),
+            "e" + String(repeating: "\u{301}", count: 5000),
+            "\u{1B}[2J\u{1B}]0;pwn\u{07}\u{9B}31m" + String(repeating: "Z", count: 5000),
+        ]
+        for name in names {
+            let transition = HistoryTransition(
+                routeID: "lan", at: now - 3600, state: .ready, active: true, cause: "x", name: name, via: .lan,
+                server: nil)
+            let history = History.build(
+                History.Query(since: now - 86_400, until: now, step: 300), transitions: [transition], probes: [],
+                traffic: [])
+            let lines = HistoryRibbon.render(history)
+            #expect(lines.count == 4)
+            for line in lines {
+                #expect(HistoryRibbon.columns(line) <= 80, "\(line)")
+                #expect(!line.unicodeScalars.contains { $0.value < 0x20 || (0x7F..<0xA0).contains($0.value) })
+            }
+            // The cells stay under the axis: the route's line ends in its share.
+            #expect(lines[1].hasSuffix("100%"))
+            #expect(HistoryRibbon.columns(lines[1]) == HistoryRibbon.columns(lines[0]))
+        }
+        #expect(HistoryRibbon.columns("服a🔥e\u{301}") == 6)
     }
 }

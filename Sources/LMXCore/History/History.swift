@@ -39,8 +39,12 @@ public enum History {
                     guard let t = time(text, now: now) else { throw QueryError(parameter: "since", value: text) }
                     return t
                 } ?? end - 86_400
-            guard start < end else {
-                throw QueryError(parameter: "since", value: since ?? "", reason: "must be before until")
+            guard start < end, start > 0 else {
+                // With `since` left out, `until` is what left no day before it.
+                guard let since else {
+                    throw QueryError(parameter: "until", value: until ?? "", reason: "must be after 1970-01-02")
+                }
+                throw QueryError(parameter: "since", value: since, reason: "must be before until")
             }
             guard end - start <= longest + 3600 else {
                 throw QueryError(parameter: "since", value: since ?? "", reason: "the history keeps 8 days at most")
@@ -63,12 +67,21 @@ public enum History {
             return Query(since: start, until: end, step: seconds)
         }
 
+        /// The last second an answer can name (9999-12-31T23:59:59Z): later times are refused.
+        static let latest = 253_402_300_799.0
+
         static func time(_ text: String, now: Double) -> Double? {
-            if let t = Timestamp.parse(text) { return t }
-            if let seconds = Double(text), seconds.isFinite, seconds > 0 { return seconds }
-            let trimmed = text.hasPrefix("-") ? String(text.dropFirst()) : text
-            guard let ago = duration(trimmed), text.last.map({ !$0.isNumber }) == true else { return nil }
-            return now - ago
+            let t: Double
+            if let parsed = Timestamp.parse(text) {
+                t = parsed
+            } else if let seconds = Double(text), seconds.isFinite, seconds > 0 {
+                t = seconds
+            } else {
+                let trimmed = text.hasPrefix("-") ? String(text.dropFirst()) : text
+                guard let ago = duration(trimmed), text.last.map({ !$0.isNumber }) == true else { return nil }
+                t = now - ago
+            }
+            return t <= latest ? t : nil
         }
 
         /// `90`, `90s`, `10m`, `24h`, `7d` in seconds.

@@ -97,8 +97,38 @@ public enum HistoryRibbon {
         return number(seconds.rounded()) + "s"
     }
 
+    /// `text` in exactly `width` terminal columns: cut with `…` or padded with spaces.
     static func fit(_ text: String, _ width: Int) -> String {
-        if text.count > width { return String(text.prefix(width - 1)) + "…" }
-        return text + String(repeating: " ", count: width - text.count)
+        var out = ""
+        var used = 0
+        for character in text {
+            let wide = columns(String(character))
+            if used + wide > width - 1 && columns(text) > width {
+                return out + "…" + String(repeating: " ", count: max(0, width - 1 - used))
+            }
+            out.append(character)
+            used += wide
+        }
+        return out + String(repeating: " ", count: max(0, width - used))
+    }
+
+    /// The columns `text` takes on a terminal: East Asian wide characters and emoji two, combining
+    /// marks and format characters none, anything else one (a server's name may be any of them).
+    public static func columns(_ text: String) -> Int {
+        var total = 0
+        for scalar in text.unicodeScalars {
+            let v = scalar.value
+            switch scalar.properties.generalCategory {
+            case .nonspacingMark, .enclosingMark, .format: continue
+            default: break
+            }
+            if (0xFE00...0xFE0F).contains(v) { continue }
+            let wide =
+                scalar.properties.isEmojiPresentation || (0x1100...0x115F).contains(v) || (0x2E80...0xA4CF).contains(v)
+                || (0xAC00...0xD7A3).contains(v) || (0xF900...0xFAFF).contains(v) || (0xFE30...0xFE4F).contains(v)
+                || (0xFF00...0xFF60).contains(v) || (0xFFE0...0xFFE6).contains(v) || (0x20000...0x3FFFD).contains(v)
+            total += wide ? 2 : 1
+        }
+        return total
     }
 }
