@@ -29,7 +29,10 @@ public final class Prober: Sendable {
         let tls = try HTTPClients.tls(extraCAFile: extraCAFile)
         client = RenewableHTTPClient { HTTPClients.make(tls: tls, idleTimeout: 90) }
         quickConnectClient = RenewableHTTPClient {
-            HTTPClients.make(tls: tls, connectTimeout: quickConnectTimeout, idleTimeout: 90)
+            // Its connections are kept for a second at most: a check before a route is handed out
+            // must open a new one (a kept one to a server gone silent would wait for the whole
+            // timeout), and a new one gives up after the quick connect timeout.
+            HTTPClients.make(tls: tls, connectTimeout: quickConnectTimeout, idleTimeout: 1)
         }
         eventClient = RenewableHTTPClient { HTTPClients.make(tls: tls, idleTimeout: 90) }
     }

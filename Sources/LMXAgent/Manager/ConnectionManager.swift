@@ -40,6 +40,10 @@ public actor ConnectionManager {
     var stopped = false
     /// When a held gateway request last had every route probed.
     var lastWaitingRefresh = -Double.infinity
+    /// Where the agent's use is read from (ConnectionManager+Usage); nil: not known (no gateway).
+    var usage: UsageWitness?
+    /// Callers waiting for a route's probe to finish (``ensureFreshActive()``).
+    var probeWaiters: [String: [CheckedContinuation<Void, Never>]] = [:]
 
     public init(
         configuration: AgentConfiguration, prober: any RouteProber, paths: any PathLookup = KernelPaths(),
@@ -91,6 +95,7 @@ public actor ConnectionManager {
     public func stop() {
         stopped = true
         jobInput.finish()
+        for id in Array(probeWaiters.keys) { probeDone(id) }
     }
 
     /// Remembered routes (last-good first), pairings, configured endpoints and vouched addresses.
@@ -318,6 +323,7 @@ public actor ConnectionManager {
             events.append(.pairing(.expired, id: id, detail: "expired"))
         }
         if reselect { events += planned(planner.tick(now: t)) }
+        readUsage(now: t)
         for task in planner.takeDueProbes(now: t) {
             probing.insert(task.route.id)
             jobInput.yield(.probe(task, timeout: planner.policy.timeout(for: task.route.via)))
@@ -342,9 +348,14 @@ public actor ConnectionManager {
 
     private func probeFinished(_ routeID: String, report: ProbeReport, full: Bool) {
         probing.remove(routeID)
+        defer { probeDone(routeID) }
         guard !stopped else { return }
         let knownInstance = planner.routes[routeID]?.instanceID
-        var events = planned(planner.record(report, for: routeID, full: full, now: clock.now()))
+        let t = clock.now()
+        // The gateway's traffic as it is now: a probe that timed out while the server streamed
+        // to us says it is busy, not gone.
+        readUsage(now: t)
+        var events = planned(planner.record(report, for: routeID, full: full, now: t))
         if let state = planner.routes[routeID] {
             if let instance = state.instanceID, instance != knownInstance, state.route.source.isFound {
                 // Learned who answers at a found route: remembered with its instance_id.

@@ -55,6 +55,9 @@ public struct ProbeReport: Sendable, Hashable, Codable {
     /// then `endpoints.base_urls`), as sent; nil when no document was read. Only a document read
     /// through a tunnel vouches for any of them (`TunnelVouch`).
     public var advertisedBaseURLs: [String]?
+    /// The probe failed by waiting too long for an answer (not refused, reset or unreachable):
+    /// a server busy with our own traffic may answer its health paths this slowly.
+    public var timedOut: Bool?
 
     public init(
         verdict: HealthVerdict, latency: Double, detail: String? = nil, instanceID: String? = nil,

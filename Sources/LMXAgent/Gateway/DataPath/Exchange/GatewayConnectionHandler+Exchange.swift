@@ -110,11 +110,23 @@ extension GatewayConnectionHandler {
                 certainlyNotSent: true)
         }
         request.countOnRoute(state.routeCount(target.routeKey, in: gateway.load))
-        if !fresh, let connection = state.pool.takeIdle(address) {
+        // On the LAN, a connection kept idle for more than a second is not trusted with a
+        // request (its server may have gone silently since: the request would wait for the
+        // kernel to give up); a new one proves the route before anything is sent.
+        let lan = target.via == .lan
+        if !fresh, let connection = state.pool.takeIdle(address, idleAtMost: lan ? Self.provenFor : nil) {
             return send(request, over: connection, target: target, kept: true)
         }
+        // A route this loop has no connection to (the first request after an idle time) is
+        // checked by the connection itself: a LAN server answers a connection within
+        // milliseconds, so one that does not within `quickConnect` is passed over for the next
+        // route before any byte of the request is sent.
+        let unproven = lan && state.pool.openCount(address) == 0
         let timeout =
-            target.via == .lan ? gateway.configuration.connectTimeout : max(gateway.configuration.connectTimeout, 8)
+            lan
+            ? (unproven
+                ? min(gateway.configuration.connectTimeout, Self.quickConnect) : gateway.configuration.connectTimeout)
+            : max(gateway.configuration.connectTimeout, 8)
         let pool = state.pool
         let attempt = request.exchange.attempt
         pool.connect(address, timeout: .milliseconds(Int64(timeout * 1000))).assumeIsolated().whenComplete {
@@ -202,6 +214,11 @@ extension GatewayConnectionHandler {
         handler.flush()
         resumeReadsIfHeld()
     }
+
+    /// How long a kept LAN connection's last answer proves its route (``attempt(_:fresh:address:)``).
+    static let provenFor = TimeAmount.seconds(1)
+    /// The connect timeout to a LAN route the loop has no connection to.
+    static let quickConnect = 0.3
 
     /// Methods whose requests carry no body unless they say so (no `Content-Length: 0` added).
     static func bodilessMethod(_ method: HTTPMethod) -> Bool {

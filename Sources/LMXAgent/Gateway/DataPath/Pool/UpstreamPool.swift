@@ -1,4 +1,5 @@
 import LMXCore
+import LMXSystem
 import NIOCore
 import NIOHTTP1
 import NIOPosix
@@ -208,8 +209,8 @@ final class UpstreamPool {
         withEntries { entries in entries.first { $0.address == address }?.open ?? 0 }
     }
 
-    /// An idle connection that is still fresh, or nil.
-    func takeIdle(_ address: UpstreamAddress) -> UpstreamConnection? {
+    /// An idle connection that is still fresh (idle for less than `idleAtMost` too, when given), or nil.
+    func takeIdle(_ address: UpstreamAddress, idleAtMost: TimeAmount? = nil) -> UpstreamConnection? {
         // The address is looked up once; its list popped in place (a copy of the list taken out
         // would copy it on every request).
         let now = NIODeadline.now()
@@ -219,7 +220,7 @@ final class UpstreamPool {
         return withEntries { entries in
             guard let slot = entries.firstIndex(where: { $0.address == address }) else { return nil }
             while let last = entries[slot].idle.popLast() {
-                if last.channel.isActive, now - last.idleSince < last.keepFor,
+                if last.channel.isActive, now - last.idleSince < min(last.keepFor, idleAtMost ?? last.keepFor),
                     last.generation == generation, last.handler.reusable
                 {
                     return last
@@ -250,6 +251,7 @@ final class UpstreamPool {
                     // Set here, on the loop, not as the bootstrap's options, which are applied
                     // through a chain of futures (about 7,000 instructions each).
                     GatewayChildChannel.limitReceiveBuffers(of: channel)
+                    Self.watchPeer(of: channel, address.tls ? .wan : .lan)
                     let sync = channel.pipeline.syncOperations
                     if address.tls {
                         try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: address.serverName))
@@ -259,6 +261,19 @@ final class UpstreamPool {
             }
         if let socketAddress = address.socketAddress { return bootstrap.connect(to: socketAddress) }
         return bootstrap.connect(host: address.host, port: address.port)
+    }
+
+    /// The kernel watches the server's side of the connection (``TCPLiveness``): a stream is
+    /// ended by what happens to its own connection — a server gone silent fails it within
+    /// seconds — and never by a probe's verdict on another one.
+    static func watchPeer(of channel: any Channel, _ liveness: TCPLiveness) {
+        guard let options = channel.syncOptions else { return }
+        try? options.setOption(.socketOption(.so_keepalive), value: 1)
+        for (name, value) in liveness.tcpOptions {
+            try? options.setOption(
+                ChannelOptions.Types.SocketOption(level: .tcp, name: NIOBSDSocket.Option(rawValue: name)),
+                value: Int(value))
+        }
     }
 
     /// A newly connected channel as a pooled connection, counted until it closes.
