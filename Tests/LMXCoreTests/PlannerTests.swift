@@ -25,6 +25,8 @@ struct PlannerHarness {
     var requests: [String: Int] = [:]
     /// Whether each scripted failure timed out (else it was refused).
     var timesOut = false
+    /// Whether the host of a route whose probe timed out still accepts connections (busy).
+    var accepting = false
     private var lanURLs: [String] = []
 
     /// `inUse`: a client follows the agent (as the tests of failover timing assume: the active
@@ -69,7 +71,10 @@ struct PlannerHarness {
                     instanceID: instance(route.id))
                 var reported = report
                 reported.inferenceKeyRequired = inferenceKeyRequired
-                if !verdict.isAlive, timesOut { reported.timedOut = true }
+                if !verdict.isAlive, timesOut {
+                    reported.timedOut = true
+                    if planner.wantsConnectionCheck(route.id) { reported.connectionAccepted = accepting }
+                }
                 if route.via == .wan, task.full, verdict.isAlive { reported.advertisedBaseURLs = advertised(route.id) }
                 absorb(planner.record(reported, for: route.id, full: task.full, now: now))
             }

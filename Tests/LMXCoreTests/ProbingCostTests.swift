@@ -74,6 +74,7 @@ import Testing
         var slow = false
         var h = settled { id, _ in slow && id == Self.home.id ? .down : .ready }
         h.timesOut = true
+        h.accepting = true  // its host still accepts connections: busy
         h.planner.noteUse(now: h.now)
         slow = true
         // A chat stream in flight on the route (quiet: its prefill).
@@ -88,6 +89,22 @@ import Testing
         h.planner.noteTraffic(Self.home.id, RouteTraffic(inFlight: 0, heardAt: t0), now: h.now)
         h.run(until: h.now + 10)
         #expect(h.planner.activeID == Self.tunnel.id, "failed over once nothing proves the server alive")
+    }
+
+    @Test(
+        "a black hole is not busy: probes that time out while a quiet stream is on the route, its host accepting no connection, fail over"
+    )
+    func blackHoleWhileStreaming() {
+        var cut = false
+        var h = settled { id, _ in cut && id == Self.home.id ? .down : .ready }
+        h.timesOut = true
+        h.accepting = false
+        h.planner.noteUse(now: h.now)
+        h.planner.noteTraffic(Self.home.id, RouteTraffic(inFlight: 1, heardAt: h.now), now: h.now)
+        cut = true
+        h.run(until: h.now + 5)
+        #expect(h.planner.activeID == Self.tunnel.id)
+        #expect(h.planner.routes[Self.home.id]!.busyProbes == 0)
     }
 
     @Test("a refused probe is an answer: the server is gone even while a request of the gateway is on it")

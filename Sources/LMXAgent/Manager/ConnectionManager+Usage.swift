@@ -82,6 +82,13 @@ extension ConnectionManager {
         }
     }
 
+    /// Resumes whoever waits for the probe of a route that is no longer active (the agent moved
+    /// meanwhile, say on a network change): they look at the route active now instead.
+    func releaseWaitersOfInactive() {
+        guard !probeWaiters.isEmpty else { return }
+        for id in Array(probeWaiters.keys) where id != planner.activeID { probeDone(id) }
+    }
+
     /// Resumes whoever waits for the probe of `routeID` (it finished, or the manager stopped).
     func probeDone(_ routeID: String) {
         guard let waiters = probeWaiters.removeValue(forKey: routeID) else { return }

@@ -73,8 +73,13 @@ public actor ConnectionManager {
                 switch job {
                 case .probe(let task, let timeout):
                     group.addTask { [prober] in
-                        let report = await prober.probe(
+                        var report = await prober.probe(
                             task.route, timeout: timeout, full: task.full, connectTimeout: task.connectTimeout)
+                        if report.timedOut == true, await self.wantsConnectionCheck(task.route.id) {
+                            // Timed out while the gateway streams from it: busy, or gone?
+                            report.connectionAccepted = await prober.connects(
+                                task.route, timeout: ConnectionPlanner.pathReturnConnectTimeout)
+                        }
                         await self.probeFinished(task.route.id, report: report, full: task.full)
                     }
                 case .wake(let delay, let generation):
@@ -346,6 +351,12 @@ public actor ConnectionManager {
         pump()
     }
 
+    /// Whether a probe of `routeID` that timed out is to be followed by a connection check.
+    private func wantsConnectionCheck(_ routeID: String) -> Bool {
+        readUsage(now: clock.now())
+        return planner.wantsConnectionCheck(routeID)
+    }
+
     private func probeFinished(_ routeID: String, report: ProbeReport, full: Bool) {
         probing.remove(routeID)
         defer { probeDone(routeID) }
@@ -378,5 +389,6 @@ public actor ConnectionManager {
             planner: planner, discovery: discovery, gateway: gateway, originWall: clock.originWall)
         for sink in sinks { sink.receive(events, snapshot: snapshot, now: t) }
         board.publish(snapshot, events: events)
+        releaseWaitersOfInactive()
     }
 }

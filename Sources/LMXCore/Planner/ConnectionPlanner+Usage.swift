@@ -92,15 +92,22 @@ extension ConnectionPlanner {
 
     /// A failed probe of a route that carries the gateway's traffic: a server that answers its
     /// health paths slowly (or not within the timeout) while it streams to us is busy, not gone.
-    /// Only a probe that timed out counts so (a refusal or reset is an answer), and only while a
-    /// request of the gateway is on the route or a byte came from it since the probe started.
+    /// Only a probe that timed out counts so (a refusal or reset is an answer), and only when a
+    /// byte came from the server since the probe started, or a request of the gateway is on the
+    /// route and the server's host still accepted a new connection (its kernel answers for a busy
+    /// server, not for one that vanished: a black hole still fails over).
     func isBusyNotGone(_ state: RouteState, _ report: ProbeReport, startedAt: Double?) -> Bool {
         guard !report.verdict.isAlive, report.timedOut == true, state.health == .up, state.offNetwork == nil else {
             return false
         }
-        if state.gatewayInFlight > 0 { return true }
-        guard let heard = state.trafficAt, let startedAt else { return false }
-        return heard >= startedAt
+        if let heard = state.trafficAt, let startedAt, heard >= startedAt { return true }
+        return state.gatewayInFlight > 0 && report.connectionAccepted == true
+    }
+
+    /// Whether a probe of `routeID` that timed out should be followed by a connection check
+    /// (``ProbeReport/connectionAccepted``): the gateway has a request on the route.
+    public func wantsConnectionCheck(_ routeID: String) -> Bool {
+        (routes[routeID]?.gatewayInFlight ?? 0) > 0
     }
 
     /// Whether the next probe of `state` may be a quick check (`/readyz` only): a healthy route
