@@ -226,7 +226,9 @@ def main():
     parser.add_argument("--window", type=float, default=60)
     parser.add_argument("--settle", type=float, default=15)
     parser.add_argument("--schedule", choices=["now", "before"], default="now")
+    parser.add_argument("--label", default=None, help="what the figures are of (default: the schedule)")
     args = parser.parse_args()
+    label = args.label or "%s schedule" % args.schedule
 
     lan = Server("idle-bench-lan")
     standby = Server("idle-bench-lan")  # the same instance behind its "tunnel"
@@ -240,7 +242,7 @@ def main():
                     break
                 time.sleep(0.1)
         time.sleep(args.settle)
-        measure("idle (%s schedule)" % args.schedule, lan, standby, agents, args.window)
+        measure("idle (%s)" % label, lan, standby, agents, args.window)
         stop = threading.Event()
         sent = [0]
         clients = [threading.Thread(target=client_loop, args=(a.gateway_port, stop, sent), daemon=True)
@@ -248,7 +250,7 @@ def main():
         for c in clients:
             c.start()
         time.sleep(2)
-        measure("in use: a chat completion every %g s per gateway (%s schedule)" % (CLIENT_PERIOD, args.schedule),
+        measure("in use: a chat completion every %g s per gateway (%s)" % (CLIENT_PERIOD, label),
                 lan, standby, agents, args.window)
         stop.set()
         for c in clients:
