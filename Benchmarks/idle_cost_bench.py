@@ -174,8 +174,9 @@ def client_loop(port, stop, sent):
     while not stop.is_set():
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                          b"Content-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                          % (port, len(body), body))
                 while s.recv(65536):
                     pass
             sent[0] += 1
