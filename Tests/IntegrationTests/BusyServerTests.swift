@@ -104,7 +104,10 @@ struct BusyServerTests {
             let standby = try await LMXServer.start(bed, on: .h2, port: freePort(), instance: "standby-\(port)")
             let agent = try await AgentProcess.start(
                 bed,
-                config: config(endpoints: [endpoint(server, name: "Studio"), endpoint(standby, name: "Spare")]),
+                // Studio first among the two equal LAN servers.
+                config: config(
+                    endpoints: [endpoint(server, name: "Studio"), endpoint(standby, name: "Spare")],
+                    top: #""prefer": ["idle-\#(port)"]"#),
                 arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(freePort())"])
             #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
             // Settle, then count what the idle agent asks for 30 s.

@@ -110,11 +110,8 @@ extension GatewayConnectionHandler {
                 certainlyNotSent: true)
         }
         request.countOnRoute(state.routeCount(target.routeKey, in: gateway.load))
-        // On the LAN, a connection kept idle for more than a second is not trusted with a
-        // request (its server may have gone silently since: the request would wait for the
-        // kernel to give up); a new one proves the route before anything is sent.
         let lan = target.via == .lan
-        if !fresh, let connection = state.pool.takeIdle(address, idleAtMost: lan ? Self.provenFor : nil) {
+        if !fresh, let connection = state.pool.takeIdle(address) {
             return send(request, over: connection, target: target, kept: true)
         }
         // A route this loop has no connection to (the first request after an idle time) is
@@ -215,8 +212,6 @@ extension GatewayConnectionHandler {
         resumeReadsIfHeld()
     }
 
-    /// How long a kept LAN connection's last answer proves its route (``attempt(_:fresh:address:)``).
-    static let provenFor = TimeAmount.seconds(1)
     /// The connect timeout to a LAN route the loop has no connection to.
     static let quickConnect = 0.3
 

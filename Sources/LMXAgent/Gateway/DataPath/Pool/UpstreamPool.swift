@@ -209,8 +209,8 @@ final class UpstreamPool {
         withEntries { entries in entries.first { $0.address == address }?.open ?? 0 }
     }
 
-    /// An idle connection that is still fresh (idle for less than `idleAtMost` too, when given), or nil.
-    func takeIdle(_ address: UpstreamAddress, idleAtMost: TimeAmount? = nil) -> UpstreamConnection? {
+    /// An idle connection that is still fresh, or nil.
+    func takeIdle(_ address: UpstreamAddress) -> UpstreamConnection? {
         // The address is looked up once; its list popped in place (a copy of the list taken out
         // would copy it on every request).
         let now = NIODeadline.now()
@@ -220,7 +220,7 @@ final class UpstreamPool {
         return withEntries { entries in
             guard let slot = entries.firstIndex(where: { $0.address == address }) else { return nil }
             while let last = entries[slot].idle.popLast() {
-                if last.channel.isActive, now - last.idleSince < min(last.keepFor, idleAtMost ?? last.keepFor),
+                if last.channel.isActive, now - last.idleSince < last.keepFor,
                     last.generation == generation, last.handler.reusable
                 {
                     return last
