@@ -2,7 +2,7 @@
 # `make bench`: release build, test LAN up, discovery and agent benchmarks, test LAN down.
 # Writes the tables to Benchmarks/results-discovery.md, results-agent.md, results-pair.md and
 # results-proxy.md, results-instructions.md and results-footprint.md (copied into Benchmarks/README.md
-# by hand). BENCH=agent, discovery, pair, proxy, instructions or footprint runs only one of them.
+# by hand). BENCH=agent, discovery, pair, proxy, idle, instructions or footprint runs only one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOG_NAME=make-bench
@@ -34,6 +34,9 @@ all | footprint) scripts/build-deb.sh && BENCH_RESULTS=Benchmarks/results-footpr
 esac
 case "${BENCH:-all}" in
 all | proxy) BENCH_RESULTS=Benchmarks/results-proxy.md python3 Benchmarks/proxy_bench.py ;;
+esac
+case "${BENCH:-all}" in
+all | idle) LMX_BIN_DIR=.build/release python3 Benchmarks/idle_cost_bench.py | tee Benchmarks/results-idle.jsonl ;;
 esac
 case "${BENCH:-all}" in
 all | instructions) BENCH_RESULTS=Benchmarks/results-instructions.md python3 Benchmarks/instructions_bench.py ;;

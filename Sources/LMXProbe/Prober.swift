@@ -29,7 +29,10 @@ public final class Prober: Sendable {
         let tls = try HTTPClients.tls(extraCAFile: extraCAFile)
         client = RenewableHTTPClient { HTTPClients.make(tls: tls, idleTimeout: 90) }
         quickConnectClient = RenewableHTTPClient {
-            HTTPClients.make(tls: tls, connectTimeout: quickConnectTimeout, idleTimeout: 90)
+            // Its connections are kept for a second at most: a check before a route is handed out
+            // must open a new one (a kept one to a server gone silent would wait for the whole
+            // timeout), and a new one gives up after the quick connect timeout.
+            HTTPClients.make(tls: tls, connectTimeout: quickConnectTimeout, idleTimeout: 1)
         }
         eventClient = RenewableHTTPClient { HTTPClients.make(tls: tls, idleTimeout: 90) }
     }
@@ -78,6 +81,29 @@ public final class Prober: Sendable {
         }
     }
 
+    /// Whether the route's host accepts a new TCP connection within `timeout` seconds: its
+    /// kernel answers for it, as it does for a server busy generating (whose health paths may
+    /// answer late), and not for one that vanished (a cut link, a powered-off machine). The
+    /// connection is closed at once; nothing is sent.
+    public func connects(_ route: Route, timeout: Double) async -> Bool {
+        let url = BaseURL(route.baseURL)
+        let host: String
+        switch url.host {
+        case .ipv4(let address), .name(let address): host = address
+        case .ipv6(let address, let zone): host = zone.map { address + "%" + $0 } ?? address
+        }
+        let port = url.port ?? (url.scheme == "https" ? 443 : 80)
+        let bootstrap = ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .connectTimeout(.milliseconds(Int64(max(timeout, 0.01) * 1000)))
+        do {
+            let channel = try await bootstrap.connect(host: host, port: port).get()
+            try? await channel.close()
+            return true
+        } catch {
+            return false
+        }
+    }
+
     private func get(_ route: Route, path: String, timeout: Double, quickConnect: Bool) async -> Result<
         ProbeResponse, ProbeTransportFailure
     > {
@@ -85,6 +111,10 @@ public final class Prober: Sendable {
         request.method = .GET
         request.headers.add(name: "User-Agent", value: "lmx-agent/\(StatusAPI.version)")
         request.headers.add(name: "Accept", value: "application/json")
+        // A quick-connect probe (a check before a route is handed out, a network just back) is
+        // never sent over a kept connection: one to a server gone silent would wait for the whole
+        // timeout, where a new one gives up after the quick connect timeout.
+        if quickConnect { request.headers.add(name: "Connection", value: "close") }
         for header in route.credentials.headers(forPath: path) {
             request.headers.add(name: header.name, value: header.value)
         }

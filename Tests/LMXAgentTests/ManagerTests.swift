@@ -26,6 +26,10 @@ struct ManagerTests {
                     ?? ProbeReport(verdict: .down, latency: 0.001, detail: "connection refused")
             }
         }
+
+        /// Whether the servers' hosts accept connections (busy, not gone); a test sets it.
+        let accepting = Atomic<Bool>(true)
+        func connects(_ route: Route, timeout: Double) async -> Bool { accepting.load(ordering: .relaxed) }
     }
 
     /// Paths by address, set by the test: what the kernel's routing table would say.

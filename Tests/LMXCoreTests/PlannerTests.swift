@@ -21,10 +21,20 @@ struct PlannerHarness {
     var vouch: ((String) -> [String])?
     /// What every server's discovery document says of `auth.inference_key_required`.
     var inferenceKeyRequired: Bool?
+    /// HTTP requests sent to each route's server by the probes run (a quick check 1, a full probe 3).
+    var requests: [String: Int] = [:]
+    /// Whether each scripted failure timed out (else it was refused).
+    var timesOut = false
+    /// Whether the host of a route whose probe timed out still accepts connections (busy).
+    var accepting = false
     private var lanURLs: [String] = []
 
-    init(policy: HealthPolicy = HealthPolicy(), script: @escaping (String, Double) -> HealthVerdict) {
+    /// `inUse`: a client follows the agent (as the tests of failover timing assume: the active
+    /// route under its close watch); the tests of idle probing say `false`.
+    init(policy: HealthPolicy = HealthPolicy(), inUse: Bool = true, script: @escaping (String, Double) -> HealthVerdict)
+    {
         planner = ConnectionPlanner(policy: policy)
+        if inUse { planner.setWatchers(1, now: 0) }
         self.script = script
     }
 
@@ -54,12 +64,17 @@ struct PlannerHarness {
             // Probes started together complete in order of their latency.
             for task in planner.takeDueProbes(now: now).sorted(by: { latency($0.route.id) < latency($1.route.id) }) {
                 let route = task.route
+                requests[route.id, default: 0] += task.requests
                 let verdict = script(route.id, now)
                 let report = ProbeReport(
                     verdict: verdict, latency: latency(route.id), detail: verdict.isAlive ? nil : "scripted",
                     instanceID: instance(route.id))
                 var reported = report
                 reported.inferenceKeyRequired = inferenceKeyRequired
+                if !verdict.isAlive, timesOut {
+                    reported.timedOut = true
+                    if planner.wantsConnectionCheck(route.id) { reported.connectionAccepted = accepting }
+                }
                 if route.via == .wan, task.full, verdict.isAlive { reported.advertisedBaseURLs = advertised(route.id) }
                 absorb(planner.record(reported, for: route.id, full: task.full, now: now))
             }

@@ -382,6 +382,8 @@ struct FloodTests {
     func wanKeepsItsBudget() {
         var policy = HealthPolicy()
         policy.wanStandbyInterval = 5
+        // The tunnel is the active route, and nothing uses the agent: checked every idle interval.
+        policy.idleInterval = 5
         var planner = ConnectionPlanner(policy: policy)
         _ = planner.upsert(wan("https://t.example.com"), now: 0)
         for i in 0..<1000 {

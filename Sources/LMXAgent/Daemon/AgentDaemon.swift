@@ -140,6 +140,10 @@ public struct AgentDaemon {
             services.append(
                 .init(service: HeapReturn(traffic: agent.traffic, logger: logger), serviceName: "heap-return"))
         }
+        // What the agent's use is (the gateway's traffic, watchers): probing follows it.
+        let routeLoad = gateway?.load
+        await manager.setUsage(
+            UsageWitness(traffic: { routeLoad?.observed() ?? [:] }, watchers: { hub.watcherCount }))
         services.append(
             .init(
                 service: MachineWatcher(

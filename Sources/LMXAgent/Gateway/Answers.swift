@@ -117,9 +117,31 @@ final class RouteLoad: Sendable {
     /// count of the route it last used and adds to it with one atomic operation).
     final class Count: Sendable {
         private let value = Atomic<Int>(0)
+        /// When a byte last came from the route's server (``NIODeadline/uptimeNanoseconds``; 0:
+        /// never): the manager reads it as proof of life (``observed()``).
+        private let heardValue = Atomic<UInt64>(0)
         var current: Int { value.load(ordering: .relaxed) }
         func add() { value.add(1, ordering: .relaxed) }
         func remove() { value.subtract(1, ordering: .relaxed) }
+        func heard(at time: NIODeadline) { heardValue.store(time.uptimeNanoseconds, ordering: .relaxed) }
+        var lastHeard: NIODeadline? {
+            let nanos = heardValue.load(ordering: .relaxed)
+            return nanos == 0 ? nil : .uptimeNanoseconds(nanos)
+        }
+    }
+
+    /// Each counted route's requests in flight and seconds since its server's last byte, for the
+    /// manager (passive health, and whether the agent is in use).
+    func observed() -> [String: (inFlight: Int, heardAgo: Double?)] {
+        let now = NIODeadline.now()
+        return state.withLock { s in
+            var seen: [String: (inFlight: Int, heardAgo: Double?)] = [:]
+            for (route, count) in s.counts {
+                let ago = count.lastHeard.map { Double((now - $0).nanoseconds) / 1e9 }
+                seen[route.id] = (count.current, ago)
+            }
+            return seen
+        }
     }
 
     private struct State {

@@ -33,6 +33,7 @@ extension ConnectionManager {
     func serverEvent(_ event: ServerEvent, routeID: String) {
         guard routeID == planner.activeID, !stopped else { return }
         let t = clock.now()
+        planner.noteServerEvent(routeID, now: t)
         switch event.type {
         case "model_loaded", "model_unloaded", "readiness_changed", "config_reloaded", "ttl_evicted":
             if let model = event.model, event.type.hasPrefix("model_") {

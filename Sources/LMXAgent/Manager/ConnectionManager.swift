@@ -44,6 +44,10 @@ public actor ConnectionManager {
     var stopped = false
     /// When a held gateway request last had every route probed.
     var lastWaitingRefresh = -Double.infinity
+    /// Where the agent's use is read from (ConnectionManager+Usage); nil: not known (no gateway).
+    var usage: UsageWitness?
+    /// Callers waiting for a route's probe to finish (``ensureFreshActive()``).
+    var probeWaiters: [String: [CheckedContinuation<Void, Never>]] = [:]
 
     public init(
         configuration: AgentConfiguration, prober: any RouteProber, paths: any PathLookup = KernelPaths(),
@@ -73,8 +77,13 @@ public actor ConnectionManager {
                 switch job {
                 case .probe(let task, let timeout):
                     group.addTask { [prober] in
-                        let report = await prober.probe(
+                        var report = await prober.probe(
                             task.route, timeout: timeout, full: task.full, connectTimeout: task.connectTimeout)
+                        if report.timedOut == true, await self.wantsConnectionCheck(task.route.id) {
+                            // Timed out while the gateway streams from it: busy, or gone?
+                            report.connectionAccepted = await prober.connects(
+                                task.route, timeout: ConnectionPlanner.pathReturnConnectTimeout)
+                        }
                         await self.probeFinished(task.route.id, report: report, full: task.full)
                     }
                 case .wake(let delay, let generation):
@@ -95,6 +104,7 @@ public actor ConnectionManager {
     public func stop() {
         stopped = true
         jobInput.finish()
+        for id in Array(probeWaiters.keys) { probeDone(id) }
     }
 
     /// Remembered routes (last-good first), pairings, configured endpoints and vouched addresses.
@@ -362,6 +372,7 @@ public actor ConnectionManager {
             events.append(.pairing(.expired, id: id, detail: "expired"))
         }
         if reselect { events += planned(planner.tick(now: t)) }
+        readUsage(now: t)
         for task in planner.takeDueProbes(now: t) {
             probing.insert(task.route.id)
             jobInput.yield(.probe(task, timeout: planner.policy.timeout(for: task.route.via)))
@@ -384,11 +395,22 @@ public actor ConnectionManager {
         pump()
     }
 
+    /// Whether a probe of `routeID` that timed out is to be followed by a connection check.
+    private func wantsConnectionCheck(_ routeID: String) -> Bool {
+        readUsage(now: clock.now())
+        return planner.wantsConnectionCheck(routeID)
+    }
+
     private func probeFinished(_ routeID: String, report: ProbeReport, full: Bool) {
         probing.remove(routeID)
+        defer { probeDone(routeID) }
         guard !stopped else { return }
         let knownInstance = planner.routes[routeID]?.instanceID
-        var events = planned(planner.record(report, for: routeID, full: full, now: clock.now()))
+        let t = clock.now()
+        // The gateway's traffic as it is now: a probe that timed out while the server streamed
+        // to us says it is busy, not gone.
+        readUsage(now: t)
+        var events = planned(planner.record(report, for: routeID, full: full, now: t))
         if let state = planner.routes[routeID] {
             if let instance = state.instanceID, instance != knownInstance, state.route.source.isFound {
                 // Learned who answers at a found route: remembered with its instance_id.
@@ -412,5 +434,6 @@ public actor ConnectionManager {
             discoveryFindings: discoveryFindings)
         for sink in sinks { sink.receive(events, snapshot: snapshot, now: t) }
         board.publish(snapshot, events: events)
+        releaseWaitersOfInactive()
     }
 }

@@ -8,6 +8,8 @@ public protocol RouteProber: Sendable {
     /// not only the discovery document), a connection attempt giving up after `connectTimeout`
     /// seconds when given.
     func probe(_ route: Route, timeout: Double, full: Bool, connectTimeout: Double?) async -> ProbeReport
+    /// Whether the route's host accepts a new connection within `timeout` seconds.
+    func connects(_ route: Route, timeout: Double) async -> Bool
 }
 
 extension Prober: RouteProber {}

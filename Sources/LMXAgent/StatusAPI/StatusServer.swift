@@ -40,6 +40,9 @@ public enum StatusServer {
         }
 
         router.get("/v1/active") { _, _ -> Response in
+            // Never a dead route handed out: one not proved alive within the last second is
+            // checked first (a quick connection; on the LAN well under 300 ms).
+            await agent.manager.ensureFreshActive()
             let snapshot = board.snapshot
             if let active = snapshot.activeEndpoint(now: board.now()) { return json(active) }
             return json(
@@ -138,6 +141,8 @@ public enum StatusServer {
             else {
                 return LargeAnswerGate.busy()
             }
+            // A client follows the changes: the agent is in use (its active route watched closely).
+            await agent.manager.watchersChanged()
             return Response(
                 status: .ok, headers: [.contentType: "application/x-ndjson", .cacheControl: "no-store"],
                 body: watchBody(subscription, hub: agent.watch, channel: context.channel))

@@ -40,13 +40,22 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
     public var pendingInterval: Double = 1
     /// Re-probe delay while the active route's health is about to change ("re-probe at once").
     public var confirmInterval: Double = 0.25
-    /// Interval of the quick liveness checks (`/readyz` only) of the active route; it gets a full
-    /// probe every `stableInterval`.
+    /// Interval of the quick liveness checks (`/readyz` only) of the active route while the agent
+    /// is in use (gateway traffic, a `/v1/watch` client) and no traffic proved it meanwhile; it gets
+    /// a full probe every `stableInterval`.
     public var activeInterval: Double = 0.5
-    /// Probe interval of healthy LAN routes that are not active.
+    /// Interval of the quick checks of the active route while nothing uses the agent: its server
+    /// is not asked twice a second, day and night, by every idle client. It gets a full probe
+    /// every `ConnectionPlanner.idleFullEvery` checks.
+    public var idleInterval: Double = 10
+    /// Seconds without gateway traffic (and with no `/v1/watch` client) after which the agent is
+    /// idle.
+    public var idleAfter: Double = 30
+    /// Probe interval of healthy LAN routes that are not active, while the agent is in use.
     public var stableInterval: Double = 10
-    /// Probe interval of healthy WAN standbys.
-    public var wanStandbyInterval: Double = 60
+    /// Interval of the quick checks of healthy standbys: WAN ones always, LAN ones while the agent
+    /// is idle; a full probe every `ConnectionPlanner.standbyFullEvery` checks.
+    public var wanStandbyInterval: Double = 90
     /// Fraction of random spread on stable intervals (0.1 = ±10 %).
     public var jitter: Double = 0.1
     /// Longest delay between probes of a dead route (backoff doubles up to this).
@@ -90,6 +99,8 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
         case pendingInterval = "pending_interval"
         case confirmInterval = "confirm_interval"
         case activeInterval = "active_interval"
+        case idleInterval = "idle_interval"
+        case idleAfter = "idle_after"
         case stableInterval = "stable_interval"
         case wanStandbyInterval = "wan_standby_interval"
         case jitter
@@ -119,6 +130,8 @@ public struct HealthPolicy: Sendable, Hashable, Codable {
         pendingInterval = try seconds(.pendingInterval, d.pendingInterval)
         confirmInterval = try seconds(.confirmInterval, d.confirmInterval)
         activeInterval = try seconds(.activeInterval, d.activeInterval)
+        idleInterval = try seconds(.idleInterval, d.idleInterval)
+        idleAfter = try seconds(.idleAfter, d.idleAfter)
         stableInterval = try seconds(.stableInterval, d.stableInterval)
         wanStandbyInterval = try seconds(.wanStandbyInterval, d.wanStandbyInterval)
         maxBackoff = try seconds(.maxBackoff, d.maxBackoff)

@@ -8,11 +8,25 @@ extension ConnectionPlanner {
         guard var state = routes[routeID] else { return [] }
         let started = state.probe
         state.probe = .idle
+        let freshCheck = state.freshCheck
+        state.freshCheck = false
         if let since = state.staleSince, case .inFlight(let startedAt) = started, startedAt < since {
             // Started before this machine slept: says nothing of now. Probe again at once.
             state.nextProbeAt = now
             routes[routeID] = state
             return []
+        }
+        var startedAt: Double?
+        if case .inFlight(let since) = started { startedAt = since }
+        if isBusyNotGone(state, report, startedAt: startedAt) {
+            // Busy, not gone: the gateway's own traffic is the proof of life. Nothing is
+            // counted against the route; it is looked at again on its usual schedule.
+            state.lastProbeAt = now
+            state.probeCount += 1
+            state.busyProbes += 1
+            state.nextProbeAt = now + (state.id == activeID ? policy.activeInterval : policy.pendingInterval)
+            routes[routeID] = state
+            return [.routeUpdated(state)]
         }
         var report = report
         if full {
@@ -55,7 +69,9 @@ extension ConnectionPlanner {
 
         // The first probe after this machine's network changed or it woke decides alone: a
         // verdict from before means nothing, and a failure there is no flapping of the server.
-        let decisive = state.condition.decidesAlone
+        // So does a check asked for before the route is handed out: a route that vanished
+        // while nobody looked is not handed out once more.
+        let decisive = state.condition.decidesAlone || freshCheck
         state.condition = state.condition.afterProbe(good: good)
 
         switch (state.health, good) {
@@ -123,11 +139,14 @@ extension ConnectionPlanner {
             state.backoff = 0
             delay = policy.pendingInterval
         } else if good {
+            // Probing follows use: while nothing uses the agent, its active server is checked
+            // every `idle_interval` and standbys every `wan_standby_interval`.
             state.backoff = 0
+            let idle = isIdle(now: now)
             let base =
                 isActive
-                ? policy.activeInterval
-                : state.route.via == .wan ? policy.wanStandbyInterval : policy.stableInterval
+                ? (idle ? policy.idleInterval : policy.activeInterval)
+                : state.route.via == .wan || idle ? policy.wanStandbyInterval : policy.stableInterval
             delay = jittered(base)
         } else if let lastGood = state.lastGoodAt, now - lastGood <= policy.restartWatch {
             // Good not long ago: most likely a restart, crash or reboot that sends no goodbye and

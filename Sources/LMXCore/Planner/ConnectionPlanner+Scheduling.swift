@@ -19,6 +19,7 @@ extension ConnectionPlanner {
         }
         let room = policy.maxConcurrentProbes - inFlight
         guard room > 0 else { return [] }
+        deferProvenActive(now: now)
         let sorted = routes.values.lazy.filter { !$0.inFlight && $0.nextProbeAt <= now }
             .sorted { a, b in
                 let pa = priority(a)
@@ -44,14 +45,24 @@ extension ConnectionPlanner {
             routes[state.id]!.probe = .inFlight(since: now)
         }
         return due.map { state in
-            // The active route is checked often and cheaply; every stable interval, in full.
-            let quick =
-                state.id == activeID && state.health == .up && state.badStreak == 0
-                && state.lastFullProbeAt.map { now - $0 < policy.stableInterval } == true
+            // The active route (and a standby) is checked cheaply; now and then, in full.
+            let quick = mayCheckQuickly(state, now: now)
             let returning = state.pathBackAt.map { now - $0 < Self.pathReturnWindow } ?? false
             return ProbeTask(
-                route: state.route, full: !quick, connectTimeout: returning ? Self.pathReturnConnectTimeout : nil)
+                route: state.route, full: !quick,
+                connectTimeout: returning || state.freshCheck ? Self.pathReturnConnectTimeout : nil)
         }
+    }
+
+    /// While traffic flows, it is the health signal and probes fill only the gaps: an active
+    /// route due for a quick check that the gateway's traffic proved alive within
+    /// `active_interval` is looked at again `active_interval` after that proof instead.
+    mutating func deferProvenActive(now: Double) {
+        guard let id = activeID, let state = routes[id], !state.inFlight, state.nextProbeAt <= now,
+            !state.freshCheck, mayCheckQuickly(state, now: now), let heard = state.trafficAt,
+            now - heard < policy.activeInterval
+        else { return }
+        routes[id]!.nextProbeAt = heard + policy.activeInterval
     }
 
     /// How long after the way to a route came back its probes connect quickly and follow each

@@ -23,6 +23,11 @@ public struct ConnectionPlanner: Sendable {
     var flaggedImpostors: Set<String> = []
     /// What each tunnel last vouched for, as it listed it (for restarts and reloads).
     public internal(set) var vouches: [String: (baseURLs: [String], instanceID: String?)] = [:]
+    /// When the agent was last used (a gateway request in flight or a byte of its traffic);
+    /// nil: never (ConnectionPlanner+Usage).
+    public internal(set) var lastUseAt: Double?
+    /// Clients following the agent's changes (`/v1/watch`).
+    public internal(set) var watchers = 0
 
     public init(policy: HealthPolicy = HealthPolicy(), seed: UInt64 = 0x5EED) {
         self.policy = policy
@@ -171,11 +176,12 @@ public struct ConnectionPlanner: Sendable {
         return record(ProbeReport(verdict: .down, latency: 0, detail: detail), for: routeID, full: false, now: now)
     }
 
-    /// Makes every route due now (`POST /v1/refresh`).
+    /// Makes every route due now, for a full probe (`POST /v1/refresh`, a reload).
     public mutating func refreshAll(now: Double) {
         for id in routes.keys where !routes[id]!.inFlight {
             routes[id]!.nextProbeAt = now
             routes[id]!.backoff = 0
+            routes[id]!.lastFullProbeAt = nil
         }
     }
 

@@ -54,6 +54,20 @@ public struct RouteState: Sendable, Hashable, Identifiable {
     /// When the last full probe (healthz, discovery document, readyz) finished.
     public var lastFullProbeAt: Double?
     var backoff: Double = 0
+    /// When a byte of the gateway's own traffic last came from the route's server (passive
+    /// health: proof of life, as a good probe is).
+    public var trafficAt: Double?
+    /// The gateway's requests in flight on the route at the last look: while one is, a probe that
+    /// times out says the server is busy, not gone (its connection is watched by the kernel's
+    /// keepalive, so one to a vanished server does not stay counted).
+    public var gatewayInFlight = 0
+    /// When the server last spoke on its `/admin/events` stream (a heartbeat or an event).
+    public var eventAt: Double?
+    /// Its next probe is a check asked for before the route is handed out (``ConnectionPlanner/checkFresh(_:now:)``):
+    /// it connects quickly and a failure decides alone.
+    public var freshCheck = false
+    /// Probes that timed out while the gateway's traffic proved the server alive (busy, not gone).
+    public var busyProbes = 0
     /// The server's `instance_id`, learned from its discovery document (or remembered).
     public var instanceID: String?
 
@@ -74,6 +88,11 @@ public struct RouteState: Sendable, Hashable, Identifiable {
     public var offNetwork: String? { condition.offNetwork }
     /// The way to the route changed: the next probe decides alone.
     public var suspect: Bool { condition == .suspect }
+    /// The last proof that the route's server is alive: a good probe, a byte of the gateway's
+    /// traffic, or a word on its event stream.
+    public var lastProofAt: Double? {
+        [lastGoodAt, trafficAt, eventAt].compactMap { $0 }.max()
+    }
     /// Came back after a local loss: returns without the stability window.
     public var returnAtOnce: Bool { condition.base == .returning }
     /// When this machine woke, if the verdict predates that.
@@ -168,6 +187,8 @@ public struct ProbeTask: Sendable, Hashable {
     /// The connection's own timeout, shorter than the probe's (``RouteState/pathBackAt``); nil:
     /// the probe's.
     public var connectTimeout: Double? = nil
+    /// HTTP requests the probe sends: a quick check one (`/readyz`), a full probe three.
+    public var requests: Int { full ? 3 : 1 }
 }
 
 /// Something the planner decided that the world should hear about.

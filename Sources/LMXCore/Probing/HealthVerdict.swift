@@ -55,6 +55,12 @@ public struct ProbeReport: Sendable, Hashable, Codable {
     /// then `endpoints.base_urls`), as sent; nil when no document was read. Only a document read
     /// through a tunnel vouches for any of them (`TunnelVouch`).
     public var advertisedBaseURLs: [String]?
+    /// The probe failed by waiting too long for an answer (not refused, reset or unreachable):
+    /// a server busy with our own traffic may answer its health paths this slowly.
+    public var timedOut: Bool?
+    /// After a probe that timed out while the gateway had a request on the route: whether the
+    /// route's host still accepted a new connection (its kernel answers: busy, not gone).
+    public var connectionAccepted: Bool?
 
     public init(
         verdict: HealthVerdict, latency: Double, detail: String? = nil, instanceID: String? = nil,

@@ -107,6 +107,7 @@ public struct ProbeSequence: Sendable {
         let response: ProbeResponse
         switch result {
         case .failure(let failure):
+            if failure == .timeout { report.timedOut = true }
             return finish(.down, detail: failure.detail)
         case .success(let r):
             response = r

@@ -13,6 +13,7 @@ extension GatewayConnectionHandler {
         switch part {
         case .head(let head):
             if head.status < 200 { return }  // 100 Continue and other interim answers (the parser skips them)
+            request.routeCount?.heard(at: .now())
             let target = request.target
             // What the rules read of the answer's headers, read with the head.
             let read = head.read
@@ -146,8 +147,11 @@ extension GatewayConnectionHandler {
         case .body(let chunk):
             guard request.phase == .answering else { return }
             if request.madeAnswer != nil { request.madeAnswer?.append(contentsOf: chunk.readableBytesView) }
+            // Its server is alive: the agent reads this as proof (passive health).
+            let now = NIODeadline.now()
+            request.routeCount?.heard(at: now)
             if let relay = request.relay {
-                request.lastUpstreamByte = .now()
+                request.lastUpstreamByte = now
                 relay.pass(chunk) { emit(.body($0), for: request) }
             } else {
                 emit(.body(chunk), for: request)

@@ -208,6 +208,11 @@ extension GatewayConnectionHandler {
             return run(request.exchange.respond(refusal), for: request)
         }
         guard case .forward(let routes) = plan else { return handOver(request) }
+        if state.noteRequest() {
+            // The first request after a quiet time: the agent is in use again.
+            let manager = gateway.agent.manager
+            Task { await manager.gatewayInUse() }
+        }
         if routes.isEmpty { return hold(request) }
         var targets = gateway.load.order(routes)
         if !request.clientEnded { targets = Array(targets.prefix(1)) }

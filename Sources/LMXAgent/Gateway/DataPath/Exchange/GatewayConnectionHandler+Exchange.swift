@@ -129,11 +129,20 @@ extension GatewayConnectionHandler {
                 certainlyNotSent: true)
         }
         request.countOnRoute(state.routeCount(target.routeKey, in: gateway.load))
+        let lan = target.via == .lan
         if !fresh, let connection = state.pool.takeIdle(address) {
             return send(request, over: connection, target: target, kept: true)
         }
+        // A route this loop has no connection to (the first request after an idle time) is
+        // checked by the connection itself: a LAN server answers a connection within
+        // milliseconds, so one that does not within `quickConnect` is passed over for the next
+        // route before any byte of the request is sent.
+        let unproven = lan && state.pool.openCount(address) == 0
         let timeout =
-            target.via == .lan ? gateway.configuration.connectTimeout : max(gateway.configuration.connectTimeout, 8)
+            lan
+            ? (unproven
+                ? min(gateway.configuration.connectTimeout, Self.quickConnect) : gateway.configuration.connectTimeout)
+            : max(gateway.configuration.connectTimeout, 8)
         let pool = state.pool
         let attempt = request.exchange.attempt
         pool.connect(address, timeout: .milliseconds(Int64(timeout * 1000))).assumeIsolated().whenComplete {
@@ -227,6 +236,9 @@ extension GatewayConnectionHandler {
         handler.flush()
         resumeReadsIfHeld()
     }
+
+    /// The connect timeout to a LAN route the loop has no connection to.
+    static let quickConnect = 0.3
 
     /// Methods whose requests carry no body unless they say so (no `Content-Length: 0` added).
     static func bodilessMethod(_ method: HTTPMethod) -> Bool {

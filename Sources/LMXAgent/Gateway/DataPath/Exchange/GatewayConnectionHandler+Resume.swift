@@ -6,9 +6,13 @@ extension GatewayConnectionHandler {
 
     /// The agent's state changed while this handler streams an answer: a stream on a route the
     /// agent knows is gone, or whose server is now best reached by another route, is opened
-    /// again there when it can be (a run's events); a chat completion's stream on a route that
-    /// is gone ends now with the stream-lost event when its path is gone or it has gone silent,
-    /// instead of at a TCP timeout.
+    /// again there when it can be (a run's events). A chat completion's stream is judged by its
+    /// own connection: it ends now only when this machine lost the path to its route (a link,
+    /// address or route event); a probe verdict alone never cuts it — a server that answers its
+    /// probes slowly while it streams (a long prompt's prefill) is busy, not gone. A stream to a
+    /// server that vanished without a word ends when its connection fails: the kernel's
+    /// keepalive on the server's connection (``UpstreamPool/connect(_:timeout:)``) finds a silent
+    /// peer within seconds.
     func routesChanged() {
         if let request, request.phase == .waiting {
             // Held for a route (or for the stream's server's): planned again on the new state.
@@ -37,14 +41,9 @@ extension GatewayConnectionHandler {
             if request.exchange.resumable {
                 return resumeStream(request, routeFailed: false, detail: "the agent found its route gone")
             }
-            if pathGone || NIODeadline.now() - request.lastUpstreamByte >= Self.silentStream {
-                streamLost(request, error: RouteGone())
-            }
+            if pathGone { streamLost(request, error: RouteGone()) }
         }
     }
-
-    /// How long a stream on a route the agent found gone may stay silent before it is ended.
-    static let silentStream = TimeAmount.seconds(1)
 
     struct RouteGone: Error {}
 

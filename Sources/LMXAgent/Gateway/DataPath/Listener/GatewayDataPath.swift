@@ -88,6 +88,17 @@ final class GatewayDataPath: Sendable {
             streams[ObjectIdentifier(handler)] = nil
         }
 
+        /// When this loop last took a request (``noteRequest()``).
+        private var lastRequest = NIODeadline.distantPast
+
+        /// A request came: whether the loop had none for a second (the agent is told it is in
+        /// use then, at most once a second per loop).
+        func noteRequest() -> Bool {
+            let now = NIODeadline.now()
+            defer { lastRequest = now }
+            return now - lastRequest >= .seconds(1)
+        }
+
         /// The agent's state changed: each stream in progress is looked at.
         func snapshotChanged() {
             guard !streams.isEmpty else { return }

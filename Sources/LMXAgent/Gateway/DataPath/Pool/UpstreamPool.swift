@@ -266,6 +266,7 @@ final class UpstreamPool {
                     // Set here, on the loop, not as the bootstrap's options, which are applied
                     // through a chain of futures (about 7,000 instructions each).
                     GatewayChildChannel.limitReceiveBuffers(of: channel)
+                    Self.watchPeer(of: channel, address.tls ? .wan : .lan)
                     let sync = channel.pipeline.syncOperations
                     if address.tls {
                         try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: address.serverName))
@@ -275,6 +276,19 @@ final class UpstreamPool {
             }
         if let socketAddress = address.socketAddress { return bootstrap.connect(to: socketAddress) }
         return bootstrap.connect(host: address.host, port: address.port)
+    }
+
+    /// The kernel watches the server's side of the connection (``TCPLiveness``): a stream is
+    /// ended by what happens to its own connection — a server gone silent fails it within
+    /// seconds — and never by a probe's verdict on another one.
+    static func watchPeer(of channel: any Channel, _ liveness: TCPLiveness) {
+        guard let options = channel.syncOptions else { return }
+        try? options.setOption(.socketOption(.so_keepalive), value: 1)
+        for (name, value) in liveness.tcpOptions {
+            try? options.setOption(
+                ChannelOptions.Types.SocketOption(level: .tcp, name: NIOBSDSocket.Option(rawValue: name)),
+                value: Int(value))
+        }
     }
 
     /// A newly connected channel as a pooled connection, counted until it closes.
