@@ -121,21 +121,22 @@ extension AgentTests {
         let directory = AgentProcess.makeDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let log = directory + "/stderr"
-        // A warning at start: an address book whose directory cannot be watched.
+        // A warning at start: an address book that is not one.
+        try "not an address book".write(toFile: directory + "/book.json", atomically: true, encoding: .utf8)
         let script = """
             : > "$1"; export JOURNAL_STREAM="$(stat -c '%d:%i' "$1")"
             exec "$2" --no-discovery --gateway off --socket "$3/agent.sock" --db "$3/agent.db" --config /dev/null \\
-                --address-book /nonexistent/lmx-connections.json 2>>"$1"
+                --address-book "$3/book.json" 2>>"$1"
             """
         let agent = LiveProcess("/bin/sh", ["-c", script, "sh", log, "\(TestBed.binDir)/lmx-agentd", directory])
         try await agent.start()
         _ = await agent.waitFor(timeout: 5) { _ in
-            ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains("not followed")
+            ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains("not imported")
         }
         await agent.stop()
         let lines = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").map(String.init)
         #expect(lines.contains { $0.hasPrefix("<6>starting") })
-        #expect(lines.contains { $0.hasPrefix("<4>address book directory not followed") })
+        #expect(lines.contains { $0.hasPrefix("<4>address book not imported") })
         #expect(
             lines.allSatisfy { $0.range(of: #"^<[0-7]>"#, options: .regularExpression) != nil }, "\(lines.prefix(3))")
         #expect(!lines.contains { $0.range(of: #"\d{4}-\d\d-\d\dT\d\d:"#, options: .regularExpression) != nil })
