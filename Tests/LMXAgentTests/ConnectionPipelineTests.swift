@@ -42,6 +42,8 @@ final class PipelineHarness {
         state = GatewayDataPath.LoopState(
             loop: loop, snapshot: fixture.agent.board.snapshot, pool: pool,
             clientTimeout: .milliseconds(Int64(configuration.clientTimeout * 1000)))
+        // The test publishes the snapshots: no manager may replace them with its own.
+        state.reportsUse = false
         self.dataPath = dataPath
         self.uid = uid
         (client, handler) = try Self.connect(

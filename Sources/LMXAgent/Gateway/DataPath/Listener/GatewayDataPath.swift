@@ -90,10 +90,14 @@ final class GatewayDataPath: Sendable {
 
         /// When this loop last took a request (``noteRequest()``).
         private var lastRequest = NIODeadline.distantPast
+        /// Whether requests tell the agent's manager it is in use (off in the in-process
+        /// harness, whose snapshots the test publishes, not a manager).
+        var reportsUse = true
 
         /// A request came: whether the loop had none for a second (the agent is told it is in
         /// use then, at most once a second per loop).
         func noteRequest() -> Bool {
+            guard reportsUse else { return false }
             let now = NIODeadline.now()
             defer { lastRequest = now }
             return now - lastRequest >= .seconds(1)
