@@ -68,3 +68,27 @@ struct WatchPlanTests {
             ])
     }
 }
+
+@Suite("PendingChanges")
+struct PendingChangesTests {
+    @Test("10,000 changes while one is handled wait as one bounded set; any past the limit stand for all")
+    func bounded() {
+        var pending = PendingChanges()
+        for index in 0..<10_000 { pending.add(["/tmp/name-\(index)"]) }
+        #expect(pending.paths == [PendingChanges.everything])
+        let taken = pending.take()
+        #expect(taken.paths == [PendingChanges.everything])
+        #expect(pending.isEmpty)
+    }
+
+    @Test("repeated changes to one name fold into one; a reread is kept beside them until taken")
+    func folds() {
+        var pending = PendingChanges()
+        for _ in 0..<1000 { pending.add(["/tmp/book", "/tmp"]) }
+        pending.requestReread()
+        #expect(pending.paths == ["/tmp/book", "/tmp"])
+        let taken = pending.take()
+        #expect(taken.reread && taken.paths.count == 2)
+        #expect(pending.isEmpty && !pending.reread)
+    }
+}

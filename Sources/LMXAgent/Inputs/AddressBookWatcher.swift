@@ -2,6 +2,7 @@ import LMXCore
 import LMXSystem
 import Logging
 import ServiceLifecycle
+import Synchronization
 
 /// Follows the Opta desktop manager's address books (`~/.config/opta/lmx-connections.json`):
 /// when the file is rewritten (a quick tunnel got a new URL after cloudflared restarted), its
@@ -32,11 +33,6 @@ public struct AddressBookWatcher: Service {
     /// watches their paths afresh.
     public func reread() {
         rereadInput.yield()
-    }
-
-    private enum Trigger: Sendable {
-        case changed(Set<String>)
-        case reread
     }
 
     public func run() async throws {
@@ -73,26 +69,36 @@ public struct AddressBookWatcher: Service {
             logger.warning("address books are not followed: \(error)")
             return
         }
-        let (triggers, input) = AsyncStream<Trigger>.makeStream()
+        // Changes fold into one pending value while one is handled, and a wake-up waits at most
+        // once: a storm of changes (another user making and removing a name in /tmp) leaves one
+        // pass to do, not one per change.
+        let pending = PendingBox()
+        let (wakeUps, wake) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
         await withDiscardingTaskGroup { group in
             group.addTask {
-                for await changed in changes { input.yield(.changed(changed)) }
-                input.finish()
+                for await changed in changes {
+                    pending.state.withLock { $0.add(changed) }
+                    wake.yield()
+                }
+                wake.finish()
             }
             group.addTask { [rereads] in
-                for await _ in rereads { input.yield(.reread) }
+                for await _ in rereads {
+                    pending.state.withLock { $0.requestReread() }
+                    wake.yield()
+                }
             }
             await withGracefulShutdownHandler {
-                for await trigger in triggers {
-                    switch trigger {
-                    case .changed(let changed):
-                        guard changed.contains(where: { $0 == DirectoryWatch.overflow || plan.matters($0) })
-                        else { continue }
+                for await _ in wakeUps {
+                    let next = pending.state.withLock { $0.take() }
+                    let relevant = next.paths.contains { $0 == PendingChanges.everything || plan.matters($0) }
+                    guard relevant || next.reread else { continue }
+                    if relevant {
                         // The manager writes a temporary file and renames it: let the burst settle.
+                        // (A SIGHUP meanwhile waits for the next pass.)
                         try? await Task.sleep(for: .milliseconds(150))
-                    case .reread:
-                        lastSeen = [:]
                     }
+                    if next.reread { lastSeen = [:] }
                     plan = arm(watch, previous: plan)
                     for path in paths { await load(path, lastSeen: &lastSeen) }
                 }
@@ -173,6 +179,11 @@ public struct AddressBookWatcher: Service {
             logger.warning("address book not imported: \(error)", metadata: ["file": "\(path)"])
         }
     }
+}
+
+/// The changes waiting for the watcher's next pass, shared with the tasks that add to them.
+private final class PendingBox: Sendable {
+    let state = Mutex(PendingChanges())
 }
 
 /// Hands a value used by one thread only to that thread.
