@@ -122,16 +122,23 @@ struct WideAreaTests {
             try block.write(toFile: file, atomically: true, encoding: .utf8)
             let site = try await Site.up(bed)
             defer { site.down() }
-            let dns = LiveProcess(
-                "/usr/sbin/ip",
-                [
-                    "netns", "exec", "lmxrt", "/usr/sbin/dnsmasq", "-k", "--no-resolv", "--no-hosts",
-                    "--bind-interfaces",
-                    "--listen-address=\(Site.dnsAddress)", "--port=53", "--user=root", "--group=root",
-                    "--local=/example.com/", "--conf-file=\(file)",
-                ])
-            try await dns.start()
-            Resources.current?.keep(dns)
+            // The previous test's dnsmasq may still hold port 53 for a moment (a loaded machine
+            // reaps it late): one that exits at once is started again.
+            var dns: LiveProcess!
+            for _ in 0..<10 {
+                dns = LiveProcess(
+                    "/usr/sbin/ip",
+                    [
+                        "netns", "exec", "lmxrt", "/usr/sbin/dnsmasq", "-k", "--no-resolv", "--no-hosts",
+                        "--bind-interfaces",
+                        "--listen-address=\(Site.dnsAddress)", "--port=53", "--user=root", "--group=root",
+                        "--local=/example.com/", "--conf-file=\(file)",
+                    ])
+                try await dns.start()
+                Resources.current?.keep(dns)
+                try await Task.sleep(for: .milliseconds(500))
+                if dns.isRunning { break }
+            }
             var listed: CommandResult?
             for _ in 0..<20 {
                 let result = try await Command.run(
