@@ -9,7 +9,7 @@ import Testing
 @testable import LMXAgent
 
 /// A gateway client connection's whole pipeline in process: the front and the data path's
-/// handler on an `EmbeddedChannel`, its servers `EmbeddedChannel`s behind ``UpstreamHandler``s
+/// handler on an `EmbeddedChannel`, its servers `EmbeddedChannel`s behind ``HTTP1Upstream``s
 /// on the same loop (the pool's connector), time moved by hand. Bytes in, bytes out, no socket.
 final class PipelineHarness {
     let loop = EmbeddedEventLoop()
@@ -53,7 +53,7 @@ final class PipelineHarness {
             if self.refuse.contains(address.authority) {
                 return self.loop.makeFailedFuture(ChannelError.connectTimeout(.seconds(1)))
             }
-            let server = EmbeddedChannel(handler: UpstreamHandler(), loop: self.loop)
+            let server = EmbeddedChannel(handler: HTTP1Upstream(), loop: self.loop)
             self.servers.append(server)
             return server.connect(to: try! SocketAddress(ipAddress: "127.0.0.1", port: 1)).map { server }
         }

@@ -61,7 +61,7 @@ struct DataPathTests {
         let sameAsA = try #require(UpstreamAddress("http://10.0.0.5:1234"))  // another object, equal
         let b = try #require(UpstreamAddress("http://10.0.0.6:1234"))
         func open(_ address: UpstreamAddress) throws -> UpstreamConnection {
-            let channel = EmbeddedChannel(handler: UpstreamHandler(), loop: loop)
+            let channel = EmbeddedChannel(handler: HTTP1Upstream(), loop: loop)
             try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
             return try pool.adopt(channel, address: address)
         }

@@ -201,7 +201,7 @@ struct WireTruthTests {
             try pipe.send("}")
             pipe.loop.run()
             // Held (no route usable): every byte the request holds is counted.
-            let request = try #require(pipe.handler.request)
+            let request = try #require(pipe.handler.exchange?.request)
             #expect(request.parts.count == 1)
             let held = request.parts.reduce(0) { $0 + $1.capacity }
             let counted = before - pipe.gateway.readAhead.available
@@ -351,7 +351,7 @@ struct WireTruthTests {
         let second = UpstreamPool(eventLoop: loop, tls: tls, slots: slots)
         var opened: [EmbeddedChannel] = []
         let connector: (UpstreamAddress, TimeAmount) -> EventLoopFuture<any Channel> = { _, _ in
-            let channel = EmbeddedChannel(handler: UpstreamHandler(), loop: loop)
+            let channel = EmbeddedChannel(handler: HTTP1Upstream(), loop: loop)
             opened.append(channel)
             return channel.connect(to: try! SocketAddress(ipAddress: "127.0.0.1", port: 1)).map { channel }
         }

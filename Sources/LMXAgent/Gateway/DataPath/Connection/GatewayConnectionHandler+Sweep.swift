@@ -19,7 +19,7 @@ extension GatewayConnectionHandler {
     func cutIfClientLeft(lookAgain: Bool) {
         // A request of ours whose body has all come, or one handed over to the general path
         // (closing the connection cancels its task, and with it the request to the server).
-        let awaited = request.map(\.clientEnded) ?? (life.handedOver > 0)
+        let awaited = exchange.map(\.request.clientEnded) ?? (life.handedOver > 0)
         guard awaited, overTCP, let channel = context?.channel,
             let local = channel.localAddress?.bytesAndPort, let remote = channel.remoteAddress?.bytesAndPort
         else { return }
@@ -29,9 +29,9 @@ extension GatewayConnectionHandler {
         case .absent where SocketOwner.isLoopback(remote.address):
             break  // a loopback peer's socket is on this machine: gone
         case .held where lookAgain:
-            let current = request
+            let current = exchange
             context?.eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(100)) { [self] in
-                if self.request === current { self.cutIfClientLeft(lookAgain: false) }
+                if self.exchange === current { self.cutIfClientLeft(lookAgain: false) }
             }
             return
         case .held, .absent, .unknown:
@@ -87,8 +87,8 @@ extension GatewayConnectionHandler {
                 gateway.logger.info(
                     "gateway: a client sent nothing of its request for gateway.client_timeout; its connection is closed"
                 )
-                if let request, !request.clientEnded {
-                    return bodyNotWhole(request, .timeout(seconds: Int(clientTimeout.nanoseconds / 1_000_000_000)))
+                if let exchange, !exchange.request.clientEnded {
+                    return exchange.bodyNotWhole(.timeout(seconds: Int(clientTimeout.nanoseconds / 1_000_000_000)))
                 }
                 closeConnection()
                 return
@@ -97,7 +97,7 @@ extension GatewayConnectionHandler {
         } else {
             bytesSeen = nil
         }
-        if let request, request.phase == .answering, !request.exchange.holdsAnswer, !clientWritable {
+        if let request = exchange?.request, request.phase == .answering, !request.machine.holdsAnswer, !clientWritable {
             // The client takes nothing of its answer (as nginx's `send_timeout`): the server's
             // connection is not held for it any longer.
             if let answerSeen, answerSeen == answerBytesWritten {

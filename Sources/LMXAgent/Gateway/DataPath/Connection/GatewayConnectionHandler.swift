@@ -5,10 +5,13 @@ import NIOCore
 import NIOHTTP1
 import Prometheus
 
-/// One client connection of the gateway, on its event loop: decides each request with the core's
-/// pure rules against the loop's copy of the agent's state, forwards it to a connection of the
-/// loop's own pool and passes the answer back as it comes, with backpressure both ways (neither
-/// side is read while the other cannot take more) and one flush per read batch.
+/// One client connection of the gateway, on its event loop: the client's side of it. It reads
+/// the client's requests, takes or refuses each with the core's pure rules, and hands one it
+/// forwards to an exchange (``UpstreamExchange``), which holds the server's side (routes,
+/// connection, retries, the answer as it comes) and writes the answer through this handler
+/// (``writeToClient(_:for:)``), with backpressure both ways (neither side is read while the
+/// other cannot take more) and one flush per read batch. It keeps the connection's life: the
+/// requests read ahead, the client timeout (``sweepDue()``), keep-alive and close.
 ///
 /// Requests come from ``ClientFront`` (read by ``ClientRequestParser``), past SwiftNIO's decoder.
 /// A request this handler does not forward (the dashboard, a refusal, a request that names an
@@ -66,14 +69,20 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     /// Parts of the data path's answers written since the last flush (``writeToClient``).
     var gathered = Gathered()
-    /// The request this handler is forwarding, if any.
-    var request: ForwardedRequest?
+    /// The exchange of the request this handler is forwarding, if any.
+    var exchange: UpstreamExchange?
     /// …and its body came chunked: its parts go to llhttp framed again as chunks.
     var replayingChunked = false
     /// Where requests come from, and where bytes for llhttp go.
     var front: ClientFront?
     /// Parts read after the current request (pipelined): handled once it is done (nil: none).
     var queued: CircularBuffer<ClientRequestParser.Part>?
+    /// The `.end`s in ``queued``.
+    var queuedEnds = 0
+    /// Parts llhttp read behind a request the general path is answering (nil: none).
+    var llhttpQueue: CircularBuffer<HTTPServerRequestPart>?
+    /// The `.end`s in ``llhttpQueue``.
+    var llhttpQueuedEnds = 0
     var draining = false
     var readPending = false
     /// The connection's life around its exchanges: what is in progress where, when it closes
@@ -83,12 +92,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     var groupLookup = GroupLookup.none
     /// The exchange in progress, as ``life`` sees it.
     var exchangeNow: ClientConnectionState.Exchange {
-        guard let request else { return .none }
+        guard let request = exchange?.request else { return .none }
         if request.phase == .finished { return .finished }
         return request.clientEnded ? .answering : .reading
     }
-    /// The loop tells this handler of each change of the agent's state (``watchState()``).
-    var watchesState = false
     /// Parts were passed to the general path since the last read batch ended.
     var firedRead = false
     /// The connection's slot in its loop's ``ConnectionSweep`` while it is open.
@@ -111,23 +118,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         self.clientTimeout = .milliseconds(Int64(dataPath.gateway.configuration.clientTimeout * 1000))
     }
 
-    /// The general path behind this handler, set up if it was not; false (and the connection
-    /// closed) if it could not be.
-    func ensureGeneralPath() -> Bool {
-        if generalPathStarted { return true }
-        guard let context else { return false }
-        do {
-            try startGeneralPath(context.channel)
-            generalPathStarted = true
-            return true
-        } catch {
-            gateway.logger.error(
-                "gateway: could not set up a connection's general path", metadata: ["error": "\(error)"])
-            closeConnection()
-            return false
-        }
-    }
-
     /// Nothing in progress on the connection: no request of ours, none handed over.
     var idle: Bool { life.idle(exchangeNow) }
 
@@ -138,10 +128,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .refuseIncompleteBody:
             // The client closed its side before the body's end: the request can never be whole
             // (nginx: "client prematurely closed connection").
-            guard let request else { return }
-            bodyNotWhole(
-                request,
-                .incomplete(received: request.exchange.received, declared: request.exchange.declaredLength))
+            guard let exchange else { return }
+            let machine = exchange.request.machine
+            exchange.bodyNotWhole(.incomplete(received: machine.received, declared: machine.declaredLength))
         }
     }
 
@@ -212,7 +201,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable { request?.upstream?.handler.resumeReads() }
+        if context.channel.isWritable { exchange?.clientBecameWritable() }
         context.fireChannelWritabilityChanged()
     }
 
@@ -226,7 +215,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
-        request?.upstream?.handler.flush()
+        exchange?.clientReadComplete()
         // The general path hears of a read batch only when it was given something in it.
         if firedRead {
             firedRead = false
@@ -239,40 +228,6 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         context.close(mode: mode, promise: promise)
     }
 
-    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        if let rawOutput { withGathered { $0.write(to: rawOutput) } }  // (empty: answers are flushed as they end)
-        // The general path's answers pass through; when the last one ends, the next request is ours.
-        if case .end = unwrapOutboundIn(data), life.handedOver > 0 {
-            let nowIdle = life.generalPathAnswered(exchangeNow)
-            context.write(data, promise: promise)
-            if life.handedOver == 0, llhttpQueue != nil || front?.holdsForLLHTTP == true {
-                // The request llhttp read next, its turn now (after this write returned to the
-                // general path's handlers, as below).
-                context.eventLoop.assumeIsolated().execute { [self] in
-                    guard self.context != nil else { return }
-                    self.releaseLLHTTPQueue()
-                    self.closeIfDone()
-                }
-            }
-            if nowIdle {
-                idleSince = .now()
-                if life.closeWhenIdle { context.flush() }
-                // The requests read after it, their turn now: once this write has returned to
-                // the general path's handlers (their state moves on after it).
-                if !nothingQueued {
-                    context.eventLoop.assumeIsolated().execute { [self] in
-                        guard self.context != nil else { return }
-                        self.drainQueue()
-                        self.closeIfDone()
-                    }
-                }
-                closeIfDone()
-            }
-            return
-        }
-        context.write(data, promise: promise)
-    }
-
     /// The bytes the connection holds beyond its socket's receive buffers, as stored: the body
     /// read ahead (with its buffer's room to grow), the answer held until an upload ends, an
     /// unfinished event, parts read ahead and queued (a head as its bytes, a parsed head of
@@ -280,12 +235,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// what is gathered for the next flush. Bounded (docs/gateway.md, "Bytes held"): the
     /// generated pipeline test checks it after every step.
     var bytesHeld: Int {
-        var total = gathered.capacity + (front?.bytesWaiting ?? 0)
-        if let request {
-            total += request.parts.reduce(0) { $0 + $1.readableBytes } + request.slack + request.heldStorage
-            total += request.relay?.bytesHeld ?? 0
-            total += request.madeAnswer?.capacity ?? 0
-        }
+        var total = gathered.capacity + (front?.bytesWaiting ?? 0) + (exchange?.bytesHeld ?? 0)
         for part in queued ?? [] {
             switch part {
             case .head(let head, _): total += head.raw.readableBytes
@@ -316,10 +266,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// made, and while the upstream cannot take more of the body.
     var holdsReads: Bool {
         if !nothingQueued { return true }
-        guard let request, !request.clientEnded else { return false }
-        if request.phase == .connecting || request.phase == .waiting { return true }
-        if let upstream = request.upstream, !upstream.channel.isWritable { return true }
-        return false
+        return exchange?.holdsClientReads ?? false
     }
 
     func resumeReadsIfHeld() {
@@ -329,212 +276,35 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         context.read()
     }
 
-    /// Parts of requests llhttp read: all go to the general path, one request at a time. A
-    /// request parsed behind one the general path has not answered yet waits here
-    /// (``llhttpQueue``), and the front gives llhttp no more bytes meanwhile
-    /// (``ClientFront/feedLLHTTP(_:)``): pipelined requests behind a head llhttp reads cost what
-    /// one slice of bytes parses into, not a parsed request each for a whole read.
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let part = unwrapInboundIn(data)
-        guard ensureGeneralPath() else { return }
-        if llhttpQueue != nil || (life.handedOver > 0 && Self.isHead(part)) {
-            var queue = llhttpQueue.take() ?? []
-            queue.append(part)
-            if case .end = part { llhttpQueuedEnds += 1 }
-            llhttpQueue = queue
-            return
-        }
-        toGeneralPath(part, context: context)
-    }
-
-    static func isHead(_ part: HTTPServerRequestPart) -> Bool {
-        if case .head = part { return true }
-        return false
-    }
-
-    /// A part of a request llhttp read, passed to the general path.
-    func toGeneralPath(_ part: HTTPServerRequestPart, context: ChannelHandlerContext) {
-        switch part {
-        case .head:
-            life.generalPathHead()
-            gateway.metrics.gatewayHandedOver.increment()
-        case .body: break
-        case .end: life.generalPathEnd()
-        }
-        firedRead = true
-        context.fireChannelRead(wrapInboundOut(part))
-    }
-
-    /// Parts llhttp read behind a request the general path is answering (nil: none).
-    var llhttpQueue: CircularBuffer<HTTPServerRequestPart>?
-    /// The `.end`s in ``llhttpQueue``.
-    var llhttpQueuedEnds = 0
-    /// llhttp is given no more bytes: it read a whole request ahead, or many parts of one.
-    var llhttpQueueFull: Bool { llhttpQueuedEnds > 0 || (llhttpQueue?.count ?? 0) >= Self.maxLLHTTPQueued }
-    static let maxLLHTTPQueued = 64
-
-    /// The general path answered: the requests llhttp read after, their turn now, one at a time;
-    /// then llhttp is given the bytes the front held for it.
-    func releaseLLHTTPQueue() {
-        guard let context else { return }
-        while life.handedOver == 0 || !(llhttpQueue.map { Self.isHead($0.first!) } ?? true),
-            var queue = llhttpQueue.take()
-        {
-            let part = queue.removeFirst()
-            if case .end = part { llhttpQueuedEnds -= 1 }
-            if !queue.isEmpty { llhttpQueue = queue }
-            toGeneralPath(part, context: context)
-        }
-        endReadBatchIfFired()
-        front?.feedLLHTTP(nil)
-        endReadBatchIfFired()
-        resumeReadsIfHeld()
-    }
-
-    /// A request handed over to the general path has all come and waits for its answer there.
-    var waitsForGeneralPath: Bool { life.waitsForGeneralPath(exchangeNow) }
-
-    /// Parts of requests read ahead, waiting their turn, hold one whole request: the front reads
-    /// no more of the connection's bytes until the handler gets to it (a flood of pipelined
-    /// requests costs one read's bytes, not a parsed request each).
-    var queueFull: Bool { queuedEnds > 0 }
-    /// The `.end`s in ``queued``.
-    var queuedEnds = 0
-
-    /// A part of a request, from the front: handled now, or queued while the request before it
-    /// waits for its answer (ours, or one handed over to the general path).
-    func receive(_ part: ClientRequestParser.Part) {
-        if waitsForGroup || life.queues(exchangeNow, alreadyQueued: queued != nil) {
-            var parts = queued.take() ?? []
-            parts.append(part)
-            if case .end = part { queuedEnds += 1 }
-            queued = parts
-            return
-        }
-        handle(part)
-    }
-
-    func handle(_ part: ClientRequestParser.Part) {
-        guard context != nil else { return }
-        if case .other(let bytes) = part {
-            // The front reads no more of this connection: llhttp does, for the general path.
-            life.llhttpTakesRest()
-            if ensureGeneralPath() { front?.feedLLHTTP(bytes) }
-            endReadBatchIfFired()
-            return
-        }
-        if life.replaying {
-            switch part {
-            case .body(let bytes): front?.toLLHTTP(replayingChunked ? HTTP1Bytes.chunkFramed(bytes) : bytes)
-            case .end:
-                if replayingChunked { front?.toLLHTTP(HTTP1Bytes.lastChunk) }
-                life.replayEnded()
-            case .malformed: closeConnection()  // (llhttp is mid-body: nothing can follow)
-            case .head, .other: break  // not before the end
+    /// The exchange finished (``UpstreamExchange/finish(upstream:client:)``): what becomes of
+    /// the client's connection.
+    func exchangeFinished(_ exchange: UpstreamExchange, client fate: GatewayExchange.ClientFate) {
+        switch fate {
+        case .next:
+            // Answer and request both ended: the connection takes the next request.
+            guard self.exchange === exchange else { return }
+            self.exchange = nil
+            if !exchange.request.keepAlive {
+                closeConnection()
+                return
             }
-            endReadBatchIfFired()
-            return
-        }
-        if let request {
-            requestPart(part, of: request)
-            return
-        }
-        guard case .head(let head, let length) = part else {
-            // Parts of a request already abandoned (its answer ended before its body).
-            return
-        }
-        let taken = life.takesRequests ? takes(head, length: length) : .generalPath
-        let path: String
-        let mayConcern: Bool
-        switch taken {
-        case .generalPath:
-            handOver(raw: head.raw, parts: [], ended: false, chunked: length == ClientRequestParser.chunked)
-            return
-        case .lookUpGroup(let uid, let gate):
-            lookUpGroup(part, uid: uid, gate: gate)
-            return
-        case .refuse(let refusedPath, let refusal):
-            // The body (within the limit) is read and dropped, then the refusal answers it; one
-            // too large is answered at once, and the connection closes. So is a body the client
-            // holds back until it hears `100 Continue` (`Expect: 100-continue`): it would wait
-            // for a word while the gateway waits for its body (RFC 9110 §10.1.1: a final status
-            // instead of 100, and the body need not be read).
-            let request = ForwardedRequest(
-                head: head, path: refusedPath, declaredLength: length, mayConcern: false,
-                configuration: gateway.configuration)
-            self.request = request
-            gateway.metrics.gatewayRefused.increment()
-            let atOnce =
-                length > gateway.configuration.maxRequestBytes
-                || (length != 0 && Self.expectation(head) == .continue100)
-            return run(request.exchange.refuse(refusal, atOnce: atOnce), for: request)
-        case .forward(let forwardedPath, let concern):
-            path = forwardedPath
-            mayConcern = concern
-        }
-        request = ForwardedRequest(
-            head: head, path: path, declaredLength: length, mayConcern: mayConcern,
-            configuration: gateway.configuration)
-        // `Expect: 100-continue`: the client waits for a word before it sends its body (curl: a
-        // second, for bodies past 1 MiB); the gateway reads it, so it says so now, as nginx does
-        // (the server is never asked: `Expect` does not travel upstream). Any other expectation
-        // is one the gateway cannot meet: 417 (RFC 9110).
-        switch Self.expectation(head) {
-        case .none: break
-        case .continue100: if length != 0 { sendContinue() }
-        case .unmet:
-            if let request { run(request.exchange.respond(.expectationFailed), for: request) }
-        }
-    }
-
-    /// `100 Continue`, written to the client at once (no answer of the connection is in
-    /// progress: a request is taken only once the one before it has been answered).
-    func sendContinue() {
-        guard let rawOutput else { return }
-        flushToClient()
-        rawOutput.writeAndFlush(NIOAny(ByteBuffer(bytes: Self.continueLine)), promise: nil)
-    }
-
-    static let continueLine = Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)
-
-    /// Handles the queued parts, in order, until a request waits for its answer; then has the
-    /// front parse the bytes it held back, up to one more request.
-    func drainQueue() {
-        guard !draining else { return }
-        draining = true
-        defer { draining = false }
-        while true {
-            while request?.clientEnded != true, !waitsForGeneralPath, !waitsForGroup, var parts = queued.take() {
-                let part = parts.removeFirst()
-                if case .end = part { queuedEnds -= 1 }
-                if !parts.isEmpty { queued = parts }
-                handle(part)
-            }
-            guard !queueFull, !waitsForGroup, let front, front.holdsUnread, context != nil else { break }
-            front.readHeld()
-        }
-        endReadBatchIfFired()
-        resumeReadsIfHeld()
-    }
-
-    /// Answer and request both ended: the connection takes the next request.
-    func finished(_ request: ForwardedRequest) {
-        guard self.request === request else { return }
-        self.request = nil
-        if !request.keepAlive {
+            idleSince = .now()
+            drainQueue()
+            closeIfDone()
+        case .readRest:
+            resumeReadsIfHeld()  // the rest of the body is read and dropped
+        case .close:
+            if self.exchange === exchange { self.exchange = nil }
             closeConnection()
-            return
+        case .gone:
+            if self.exchange === exchange { self.exchange = nil }
         }
-        idleSince = .now()
-        drainQueue()
-        closeIfDone()
     }
 
     /// The client went away (or the handler left): the upstream connection is closed, not reused.
     func abandon() {
-        guard let request else { return }
-        self.request = nil
-        if case .none = request.exchange.clientGone() { return }
-        end(request, upstream: .close, client: .gone)
+        guard let exchange else { return }
+        self.exchange = nil
+        exchange.clientGone()
     }
 }

@@ -12,12 +12,23 @@ enum ClientOutput {
     case end
 }
 
+/// How an answer's body is framed to the client (``GatewayConnectionHandler/answerHead(_:status:sized:estimate:headers:)``).
+enum ClientFraming {
+    /// As it is: its length, or no body (`HEAD`, 204, 304).
+    case asIs
+    /// Chunked: no length, to an HTTP/1.1 client.
+    case chunked
+    /// Until the connection closes: no length, to an HTTP/1.0 client.
+    case untilClose
+}
+
 /// A request the data path forwards, from its head to its answer's end: what its exchange
-/// (``GatewayExchange``, the decisions) needs beside it — its bytes, its route, its connection,
-/// what it holds of the gateway's counts.
+/// (``GatewayExchange``, the decisions; ``UpstreamExchange``, which performs them and holds the
+/// server's connection) needs beside it — its bytes, its routes, what it holds of the answer and
+/// of the gateway's counts.
 final class ForwardedRequest {
     /// The exchange's state and rules (a value in the core, tested without I/O).
-    var exchange: GatewayExchange
+    var machine: GatewayExchange
     /// The head, with its bytes as the client sent them (given to llhttp if the request is handed over).
     let head: ClientHead
     let path: String
@@ -39,10 +50,6 @@ final class ForwardedRequest {
     var model: String?
     /// The client brings a key of its own (`Authorization`, `X-Api-Key`).
     var clientHasKey = false
-    /// While no route is usable (``GatewayExchange/Phase/waiting``), held until then.
-    var heldUntil = NIODeadline.distantFuture
-    /// When the agent is next asked to probe everything for it.
-    var nextNudge = NIODeadline.distantPast
     var madeByRequest: ServerObject?
     /// The server that holds the object the request names (``ServerAffinity/named``), as the
     /// client's user's table knows it: the request goes to that server only.
@@ -54,10 +61,9 @@ final class ForwardedRequest {
     /// The answer's body, read as it passes when it may name an object made (bounded).
     var madeAnswer: [UInt8]?
     var targets: [GatewayTarget] = []
-    var upstream: UpstreamConnection?
     var keepAlive = true
-    /// The answer goes to the client chunked (it had no length, and the client speaks HTTP/1.1).
-    var chunkedToClient = false
+    /// How the answer's body is framed to the client.
+    var framing = ClientFraming.asIs
     /// The answer held until the client's body has come (``GatewayExchange/holdsAnswer``).
     var heldAnswer: [ClientOutput] = []
     var heldBytes = 0
@@ -68,28 +74,21 @@ final class ForwardedRequest {
     var inFlight: Gauge?
     /// The route's count of requests in flight, while it counts this request.
     var routeCount: RouteLoad.Count?
-    /// A stream opened again (``StreamContinuation``): how many times, the route it left (not
-    /// taken again before ``avoidUntil`` while another is usable), and when its server last sent
-    /// a byte.
-    var resumes = 0
-    var avoid: RouteKey?
-    var avoidUntil = NIODeadline.distantPast
-    var lastUpstreamByte = NIODeadline.now()
 
     init(head: ClientHead, path: String, declaredLength: Int, mayConcern: Bool, configuration: GatewayConfiguration) {
         self.head = head
         self.path = path
         self.mayConcern = mayConcern
-        exchange = GatewayExchange(
+        machine = GatewayExchange(
             method: head.method.rawValue, declaredLength: declaredLength, maxBodyBytes: configuration.maxRequestBytes,
             readAheadBytes: configuration.readAheadBytes)
-        exchange.resumable = StreamContinuation.resumable(method: head.method.rawValue, path: path)
+        machine.resumable = StreamContinuation.resumable(method: head.method.rawValue, path: path)
     }
 
-    var clientEnded: Bool { exchange.clientEnded }
-    var phase: GatewayExchange.Phase { exchange.phase }
+    var clientEnded: Bool { machine.clientEnded }
+    var phase: GatewayExchange.Phase { machine.phase }
     /// The route tried now.
-    var target: GatewayTarget { targets[min(exchange.attempt, targets.count - 1)] }
+    var target: GatewayTarget { targets[min(machine.attempt, targets.count - 1)] }
 
     /// Keeps a part of the body: the first as it came (a slice of the read that brought it),
     /// the next ones copied with it into one buffer of the body's size when declared, else grown
@@ -111,7 +110,7 @@ final class ForwardedRequest {
             // The first copy: one buffer sized for the declared body when that is near, or for
             // twice what came.
             coalesced = true
-            let declared = exchange.declaredLength
+            let declared = machine.declaredLength
             var buffer = ByteBufferAllocator().buffer(
                 capacity: declared >= needed && declared <= needed * 2 ? declared : needed * 2)
             buffer.writeBuffer(&whole)

@@ -15,11 +15,7 @@ import NIOHTTP1
 /// was anything but `Content-Length` or chunked, is not reused (``reusable``): no byte of one
 /// answer can be taken as the start of another.
 struct UpstreamResponseParser {
-    enum Part {
-        case head(UpstreamAnswerHead)
-        case body(ByteBuffer)
-        case end
-    }
+    typealias Part = UpstreamAnswerPart
 
     struct Malformed: Error, CustomStringConvertible {
         let reason: String

@@ -71,21 +71,21 @@ final class GatewayDataPath: Sendable {
         /// on a thread of SwiftNIO's pool (the account database may wait on a directory
         /// service); the in-process tests answer on the loop.
         var groupLookup: (GroupMembership, UInt32) -> EventLoopFuture<Bool?>
-        /// Handlers with a stream in progress, told of every change of the agent's state
-        /// (``GatewayConnectionHandler/routesChanged()``): a stream on a route the agent knows is
-        /// gone is not left to a TCP timeout.
+        /// Exchanges held for a route or with a stream in progress, told of every change of the
+        /// agent's state (``UpstreamExchange/routesChanged()``): a request held is planned again,
+        /// a stream on a route the agent knows is gone is not left to a TCP timeout.
         private var streams: [ObjectIdentifier: StreamWatch] = [:]
         final class StreamWatch {
-            weak var handler: GatewayConnectionHandler?
-            init(_ handler: GatewayConnectionHandler) { self.handler = handler }
+            weak var exchange: UpstreamExchange?
+            init(_ exchange: UpstreamExchange) { self.exchange = exchange }
         }
 
-        func watchStreams(_ handler: GatewayConnectionHandler) {
-            streams[ObjectIdentifier(handler)] = StreamWatch(handler)
+        func watchStreams(_ exchange: UpstreamExchange) {
+            streams[ObjectIdentifier(exchange)] = StreamWatch(exchange)
         }
 
-        func unwatchStreams(_ handler: GatewayConnectionHandler) {
-            streams[ObjectIdentifier(handler)] = nil
+        func unwatchStreams(_ exchange: UpstreamExchange) {
+            streams[ObjectIdentifier(exchange)] = nil
         }
 
         /// When this loop last took a request (``noteRequest()``).
@@ -107,7 +107,7 @@ final class GatewayDataPath: Sendable {
         func snapshotChanged() {
             guard !streams.isEmpty else { return }
             for (id, watch) in streams {
-                if let handler = watch.handler { handler.routesChanged() } else { streams[id] = nil }
+                if let exchange = watch.exchange { exchange.routesChanged() } else { streams[id] = nil }
             }
         }
 

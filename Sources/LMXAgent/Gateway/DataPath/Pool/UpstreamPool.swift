@@ -107,7 +107,8 @@ struct UpstreamAddress: Hashable, Sendable {
 /// One connection to a route, owned by one event loop: lent to one request at a time.
 final class UpstreamConnection {
     let channel: any Channel
-    let handler: UpstreamHandler
+    /// How the exchange holding it speaks to the server (HTTP/1.1: ``HTTP1Upstream``).
+    let handler: any UpstreamProtocol
     let address: UpstreamAddress
     /// The pool's generation when it was opened (reused only within it).
     let generation: Int
@@ -116,7 +117,7 @@ final class UpstreamConnection {
     /// How long it may wait idle, from the server's last answer on it (``UpstreamKeepAlive``).
     var keepFor = UpstreamPool.idleLimit
 
-    init(channel: any Channel, handler: UpstreamHandler, address: UpstreamAddress, generation: Int) {
+    init(channel: any Channel, handler: any UpstreamProtocol, address: UpstreamAddress, generation: Int) {
         self.channel = channel
         self.handler = handler
         self.address = address
@@ -233,7 +234,7 @@ final class UpstreamPool {
     }
 
     /// Opens a connection to an address instead of a socket: the in-process tests' servers
-    /// (`EmbeddedChannel`s with an ``UpstreamHandler``, on the same loop).
+    /// (`EmbeddedChannel`s with an ``HTTP1Upstream``, on the same loop).
     var connector: ((UpstreamAddress, TimeAmount) -> EventLoopFuture<any Channel>)?
 
     /// Opens a connection on this loop.
@@ -271,7 +272,7 @@ final class UpstreamPool {
                     if address.tls {
                         try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: address.serverName))
                     }
-                    try sync.addHandler(UpstreamHandler())
+                    try sync.addHandler(HTTP1Upstream())
                 }
             }
         if let socketAddress = address.socketAddress { return bootstrap.connect(to: socketAddress) }
@@ -293,7 +294,7 @@ final class UpstreamPool {
 
     /// A newly connected channel as a pooled connection, counted until it closes.
     func adopt(_ channel: any Channel, address: UpstreamAddress) throws -> UpstreamConnection {
-        let handler = try channel.pipeline.syncOperations.handler(type: UpstreamHandler.self)
+        let handler = try channel.pipeline.syncOperations.handler(type: HTTP1Upstream.self)
         let connection = UpstreamConnection(
             channel: channel, handler: handler, address: address, generation: generation)
         withEntries { entries in

@@ -1,16 +1,18 @@
+import LMXCore
 import NIOCore
 
-/// The last handler of an upstream connection (behind TLS for a tunnel): writes the request of
-/// the data path's handler that holds the connection, reads its answer with the data path's own
-/// HTTP/1.1 parser (``UpstreamResponseParser``), hands the answer's parts to that handler, and
-/// reads only while its client can take more.
-final class UpstreamHandler: ChannelDuplexHandler {
+/// HTTP/1.1 to a server (``UpstreamProtocol``), the last handler of an upstream connection
+/// (behind TLS for a tunnel): writes the request of the exchange that holds the connection
+/// straight into bytes (``HeadLines``, ``Gathered``), reads its answer with the data path's own
+/// parser (``UpstreamResponseParser``), hands the answer's parts to that exchange, and reads only
+/// while its client can take more.
+final class HTTP1Upstream: ChannelDuplexHandler, UpstreamProtocol {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
-    /// The client side of the request that holds this connection (nil while idle).
-    weak var owner: GatewayConnectionHandler?
+    /// The exchange that holds this connection (nil while idle).
+    weak var owner: (any UpstreamOwner)?
     private(set) var context: ChannelHandlerContext?
     private var readPending = false
     // (The parser and the gathered bytes are changed through locals moved out of them and back
@@ -37,7 +39,7 @@ final class UpstreamHandler: ChannelDuplexHandler {
         // The parts are handed on once the parser has read the whole batch: handing on the end
         // gives the connection back (and may send the next request on it), which must find the
         // parser done, and knowing whether bytes followed the answer.
-        var parts: [UpstreamResponseParser.Part] = []
+        var parts: [UpstreamAnswerPart] = []
         // A head, a few chunks (a stream's first event, its `[DONE]`), the end: one allocation.
         parts.reserveCapacity(8)
         var failure: UpstreamResponseParser.Malformed?
@@ -99,13 +101,49 @@ final class UpstreamHandler: ChannelDuplexHandler {
         context.read()
     }
 
-    /// Writes the request's head, as bytes (sent by ``flush()``); its body goes chunked when
-    /// `chunkedBody`.
-    /// Something was written (``sendHead(_:toHEAD:chunkedBody:)``, a body part, the end) since
-    /// the last ``flush()``.
+    /// Something was written (``send(_:)``, a body part, the end) since the last ``flush()``.
     private var unflushed = false
 
-    func sendHead(_ head: ByteBuffer, toHEAD: Bool, chunkedBody: Bool) {
+    /// Writes the request's head straight into bytes: the names are the client's (read as
+    /// tokens, their values as visible ASCII by ``ClientRequestParser``), the route's (checked by
+    /// `isHeaderSafe` before the request was taken) and ours; the kept lines are copied from the
+    /// client's bytes.
+    func send(_ request: UpstreamRequest) {
+        let head = request.head
+        let bytes = HeadLines.make(
+            context?.channel.allocator ?? ByteBufferAllocator(),
+            estimate: head.raw.readableBytes + 512 + request.bodyRoom
+        ) { out in
+            out.add(head.method.rawValue)
+            out.add(" ")
+            out.add(head.uri)
+            out.add(" HTTP/1.1\r\nHost: ")
+            out.add(request.authority)
+            out.add("\r\n")
+            out.clientHeaders(head, keeping: request.rule, userAgent: Gateway.userAgent)
+            if request.identity { out.add("Accept-Encoding: identity\r\n") }
+            if let key = request.idempotencyKey {
+                out.add("Idempotency-Key: ")
+                out.add(key)
+                out.add("\r\n")
+            }
+            if let length = request.length {
+                out.add("Content-Length: ")
+                out.add(decimal: length)
+                out.add("\r\n")
+            } else if request.chunked {
+                out.add("Transfer-Encoding: chunked\r\n")
+            }
+            out.add("\r\n")
+        }
+        // (Let go of here: the body parts that follow are added to the same buffer, which must be
+        // held by nothing else, or the first of them copies it.)
+        sendHead(consume bytes, toHEAD: head.method == .HEAD, chunkedBody: request.chunked)
+    }
+
+    /// Writes the request's head, as bytes (sent by ``flush()``); its body goes chunked when
+    /// `chunkedBody`.
+    private func sendHead(_ head: ByteBuffer, toHEAD: Bool, chunkedBody: Bool) {
         guard context != nil else { return }
         self.chunkedBody = chunkedBody
         withParser { $0.expectAnswer(toHEAD: toHEAD) }

@@ -1,0 +1,120 @@
+import LMXCore
+import NIOCore
+import NIOHTTP1
+
+/// The general path behind the handler (Hummingbird behind SwiftNIO's HTTP/1 handlers): set up
+/// when a connection first needs it, given the requests llhttp reads one at a time, its answers
+/// passed through on their way out.
+extension GatewayConnectionHandler {
+    /// The general path behind this handler, set up if it was not; false (and the connection
+    /// closed) if it could not be.
+    func ensureGeneralPath() -> Bool {
+        if generalPathStarted { return true }
+        guard let context else { return false }
+        do {
+            try startGeneralPath(context.channel)
+            generalPathStarted = true
+            return true
+        } catch {
+            gateway.logger.error(
+                "gateway: could not set up a connection's general path", metadata: ["error": "\(error)"])
+            closeConnection()
+            return false
+        }
+    }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if let rawOutput { withGathered { $0.write(to: rawOutput) } }  // (empty: answers are flushed as they end)
+        // The general path's answers pass through; when the last one ends, the next request is ours.
+        if case .end = unwrapOutboundIn(data), life.handedOver > 0 {
+            let nowIdle = life.generalPathAnswered(exchangeNow)
+            context.write(data, promise: promise)
+            if life.handedOver == 0, llhttpQueue != nil || front?.holdsForLLHTTP == true {
+                // The request llhttp read next, its turn now (after this write returned to the
+                // general path's handlers, as below).
+                context.eventLoop.assumeIsolated().execute { [self] in
+                    guard self.context != nil else { return }
+                    self.releaseLLHTTPQueue()
+                    self.closeIfDone()
+                }
+            }
+            if nowIdle {
+                idleSince = .now()
+                if life.closeWhenIdle { context.flush() }
+                // The requests read after it, their turn now: once this write has returned to
+                // the general path's handlers (their state moves on after it).
+                if !nothingQueued {
+                    context.eventLoop.assumeIsolated().execute { [self] in
+                        guard self.context != nil else { return }
+                        self.drainQueue()
+                        self.closeIfDone()
+                    }
+                }
+                closeIfDone()
+            }
+            return
+        }
+        context.write(data, promise: promise)
+    }
+
+    /// Parts of requests llhttp read: all go to the general path, one request at a time. A
+    /// request parsed behind one the general path has not answered yet waits here
+    /// (``llhttpQueue``), and the front gives llhttp no more bytes meanwhile
+    /// (``ClientFront/feedLLHTTP(_:)``): pipelined requests behind a head llhttp reads cost what
+    /// one slice of bytes parses into, not a parsed request each for a whole read.
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let part = unwrapInboundIn(data)
+        guard ensureGeneralPath() else { return }
+        if llhttpQueue != nil || (life.handedOver > 0 && Self.isHead(part)) {
+            var queue = llhttpQueue.take() ?? []
+            queue.append(part)
+            if case .end = part { llhttpQueuedEnds += 1 }
+            llhttpQueue = queue
+            return
+        }
+        toGeneralPath(part, context: context)
+    }
+
+    static func isHead(_ part: HTTPServerRequestPart) -> Bool {
+        if case .head = part { return true }
+        return false
+    }
+
+    /// A part of a request llhttp read, passed to the general path.
+    func toGeneralPath(_ part: HTTPServerRequestPart, context: ChannelHandlerContext) {
+        switch part {
+        case .head:
+            life.generalPathHead()
+            gateway.metrics.gatewayHandedOver.increment()
+        case .body: break
+        case .end: life.generalPathEnd()
+        }
+        firedRead = true
+        context.fireChannelRead(wrapInboundOut(part))
+    }
+
+    /// llhttp is given no more bytes: it read a whole request ahead, or many parts of one.
+    var llhttpQueueFull: Bool { llhttpQueuedEnds > 0 || (llhttpQueue?.count ?? 0) >= Self.maxLLHTTPQueued }
+    static let maxLLHTTPQueued = 64
+
+    /// The general path answered: the requests llhttp read after, their turn now, one at a time;
+    /// then llhttp is given the bytes the front held for it.
+    func releaseLLHTTPQueue() {
+        guard let context else { return }
+        while life.handedOver == 0 || !(llhttpQueue.map { Self.isHead($0.first!) } ?? true),
+            var queue = llhttpQueue.take()
+        {
+            let part = queue.removeFirst()
+            if case .end = part { llhttpQueuedEnds -= 1 }
+            if !queue.isEmpty { llhttpQueue = queue }
+            toGeneralPath(part, context: context)
+        }
+        endReadBatchIfFired()
+        front?.feedLLHTTP(nil)
+        endReadBatchIfFired()
+        resumeReadsIfHeld()
+    }
+
+    /// A request handed over to the general path has all come and waits for its answer there.
+    var waitsForGeneralPath: Bool { life.waitsForGeneralPath(exchangeNow) }
+}
