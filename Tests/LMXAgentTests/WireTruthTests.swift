@@ -366,4 +366,29 @@ struct WireTruthTests {
         loop.run()
         #expect(second.hasRoom(address, cap: 1), "given back when it closed")
     }
+
+    @Test(
+        "a route's cap is checked and taken in one step: loops racing for its last slots open no more than the cap together"
+    )
+    func capTakenAtomically() async throws {
+        let slots = RouteSlots()
+        let address = try #require(UpstreamAddress("http://10.9.0.2:1234"))
+        let cap = 3
+        // Eight threads at once, as eight event loops asking for the route's slots.
+        let taken = await withTaskGroup(of: Int.self) { group in
+            for _ in 0..<8 {
+                group.addTask {
+                    var mine = 0
+                    for _ in 0..<2_000 where slots.take(address, cap: cap) { mine += 1 }
+                    return mine
+                }
+            }
+            return await group.reduce(0, +)
+        }
+        #expect(taken == cap)
+        #expect(slots.count(address) == cap)
+        slots.give(address)
+        #expect(slots.take(address, cap: cap), "a slot given back is taken again")
+        #expect(!slots.take(address, cap: cap))
+    }
 }

@@ -258,8 +258,24 @@ extension UpstreamExchange {
         let configured = gateway.configuration.connectTimeout
         let timeout = lan ? (unproven ? min(configured, Self.quickConnect) : configured) : max(configured, 8)
         let pool = state.pool
+        // Within the route's cap where the room was looked at (the first route, ``route()``; the
+        // next, above): the count is checked again and raised in one step (``RouteSlots``).
+        let capped = !fresh && !request.machine.resuming
+        guard
+            let opening = pool.connect(
+                address, timeout: .milliseconds(Int64(timeout * 1000)),
+                cap: capped ? gateway.configuration.maxConnectionsPerRoute : .max)
+        else {
+            // Another loop took the route's last slot since: the first route is waited for,
+            // the next one is a failure as above.
+            request.leaveRoute()
+            if request.machine.attempt == 0 { return waitForRoom(address) }
+            return failed(
+                detail: "every connection the gateway may open to the route is busy", error: nil,
+                certainlyNotSent: true)
+        }
         let serial = beginOpening()
-        pool.connect(address, timeout: .milliseconds(Int64(timeout * 1000))).assumeIsolated().whenComplete {
+        opening.assumeIsolated().whenComplete {
             [self] result in
             var waited = false
             if case .opening(serial) = self.link, self.current, self.request.phase == .connecting { waited = true }

@@ -237,11 +237,13 @@ final class UpstreamPool {
     /// (`EmbeddedChannel`s with an ``HTTP1Upstream``, on the same loop).
     var connector: ((UpstreamAddress, TimeAmount) -> EventLoopFuture<any Channel>)?
 
-    /// Opens a connection on this loop.
-    func connect(_ address: UpstreamAddress, timeout: TimeAmount) -> EventLoopFuture<any Channel> {
+    /// Opens a connection on this loop, within `cap` connections to the route on all loops
+    /// together (``RouteSlots``); nil when the cap is reached (another loop may have taken the
+    /// last slot since ``hasRoom(_:cap:)`` said there was one).
+    func connect(_ address: UpstreamAddress, timeout: TimeAmount, cap: Int = .max) -> EventLoopFuture<any Channel>? {
         // The route's slot, taken now, given back when the connection fails to open or closes.
         let slots = slots
-        slots.take(address)
+        guard slots.take(address, cap: cap) else { return nil }
         let connecting = opening(address, timeout: timeout)
         connecting.whenComplete { result in
             switch result {
