@@ -7,7 +7,9 @@ extension UpstreamExchange {
     // MARK: The answer
 
     func upstreamRead(_ part: UpstreamAnswerPart) {
-        guard client?.context != nil, let upstream = connection else { return }
+        // (A connection tells only the exchange that holds it: ``attach(_:)``, ``detach()``.)
+        guard let upstream = connection else { return unexpected("an answer's part with no connection in hand") }
+        guard client?.context != nil else { return }
         switch part {
         case .head(let head):
             answerHead(head)
