@@ -207,6 +207,8 @@ public final class Prober: Sendable {
         case .reset: .reset
         case .unreachable: .unreachable
         case .timedOut: .timeout
+        case .noAddress: .noAddress
+        case .blocked: .blocked
         case .other: .other(SystemError.connectWords(code))
         }
     }

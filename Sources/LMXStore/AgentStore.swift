@@ -168,6 +168,15 @@ public final class AgentStore: Sendable {
         ("v5-event-text", [#"ALTER TABLE "event" ADD COLUMN "text" TEXT"#]),
         // What each route and model did over time (HistoryStore.swift).
         historyMigration,
+        // Each event's cause as a code beside its sentence (rows of earlier versions have none),
+        // and each history change's.
+        (
+            "v7-causes",
+            [
+                #"ALTER TABLE "event" ADD COLUMN "cause" TEXT"#,
+                #"ALTER TABLE "history_transition" ADD COLUMN "cause_code" TEXT"#,
+            ]
+        ),
     ]
 
     // MARK: - Routes
@@ -271,13 +280,16 @@ public final class AgentStore: Sendable {
 
     @discardableResult
     public func appendEvent(
-        kind: String, routeID: String?, from: String?, to: String?, reason: String, text: String? = nil, at now: Double
+        kind: String, routeID: String?, from: String?, to: String?, reason: String, text: String? = nil,
+        cause: Cause? = nil, at now: Double
     ) throws -> Int64 {
         try pool.write { db in
             try db.execute(
-                sql:
-                    "INSERT INTO event (at, kind, route_id, from_value, to_value, reason, text) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                arguments: [now, kind, routeID, from, to, reason, text])
+                sql: """
+                    INSERT INTO event (at, kind, route_id, from_value, to_value, reason, text, cause)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                    """,
+                arguments: [now, kind, routeID, from, to, reason, text, cause?.rawValue])
             let id = db.lastInsertedRowID
             if id % 100 == 0 {
                 try db.execute(sql: "DELETE FROM event WHERE id <= ?", arguments: [id - Int64(eventRetention)])
@@ -295,7 +307,8 @@ public final class AgentStore: Sendable {
                 }
                 return StatusAPI.Event(
                     id: id, at: Timestamp.iso8601(at), kind: kind, routeID: row["route_id"], from: row["from_value"],
-                    to: row["to_value"], reason: row["reason"] ?? "", text: row["text"])
+                    to: row["to_value"], reason: row["reason"] ?? "", text: row["text"],
+                    cause: (row["cause"] as String?).map(Cause.init(code:)))
             }.reversed()
         }
     }

@@ -44,12 +44,13 @@ extension AgentStore {
             for t in transitions {
                 try db.execute(
                     sql: """
-                        INSERT INTO history_transition (route_id, at, state, active, cause, name, via, server)
-                        VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                        INSERT INTO history_transition (route_id, at, state, active, cause, name, via, server,
+                            cause_code)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
                         """,
                     arguments: [
                         cut(t.routeID), t.at, t.state?.rawValue, t.active ? 1 : 0, cut(t.cause), cut(t.name),
-                        t.via.rawValue, t.server.map(cut),
+                        t.via.rawValue, t.server.map(cut), t.causeCode?.rawValue,
                     ])
             }
             // Many rows per statement: a minute of twenty routes is one statement, not twenty.
@@ -265,7 +266,8 @@ extension AgentStore {
         let state = (row["state"] as String?).map { RibbonState(rawValue: $0) ?? .unknown }
         return HistoryTransition(
             routeID: routeID, at: at, state: state, active: active != 0, cause: row["cause"] ?? "",
-            name: row["name"] ?? routeID, via: via, server: row["server"])
+            name: row["name"] ?? routeID, via: via, server: row["server"],
+            causeCode: (row["cause_code"] as String?).map(Cause.init(code:)))
     }
 
     static func probeFigures(_ row: Row) -> ProbeFigures? {

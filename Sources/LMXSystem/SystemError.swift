@@ -20,7 +20,12 @@ public struct SystemError: Error, Sendable, CustomStringConvertible {
 
     /// What a socket error means to someone connecting.
     public enum ConnectFailure: Sendable, Equatable {
-        case refused, reset, unreachable, timedOut, other
+        case refused, reset, unreachable, timedOut
+        /// This machine has no address on a network that reaches it.
+        case noAddress
+        /// A firewall on this machine blocks it.
+        case blocked
+        case other
     }
 
     /// What a failure to reach an address means, in a person's words (no errno name or number):
@@ -45,6 +50,8 @@ public struct SystemError: Error, Sendable, CustomStringConvertible {
         case ECONNRESET, EPIPE: .reset
         case EHOSTUNREACH, ENETUNREACH, EHOSTDOWN, ENETDOWN: .unreachable
         case ETIMEDOUT: .timedOut
+        case EINVAL, EADDRNOTAVAIL: .noAddress
+        case EACCES, EPERM: .blocked
         default: .other
         }
     }

@@ -147,6 +147,10 @@ struct AgentTests {
             let switches = list.filter { $0.kind == "active" }
             #expect(switches.count == 4)
             #expect(switches.allSatisfy { !$0.reason.isEmpty })
+            // Each switch's cause as a code: the first route usable, a better one, the LAN lost, back.
+            let causes = switches.map(\.cause)
+            #expect(causes == [.firstUsable, .preferred, causes.count == 4 ? causes[2] : nil, .preferred], "\(causes)")
+            #expect(causes.count == 4 && [Cause.refused, .reset].contains(causes[2]), "\(causes)")
         }
     }
 

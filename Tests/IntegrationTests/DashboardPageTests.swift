@@ -26,7 +26,8 @@ private struct Scene {
                 history.append(
                     StatusAPI.Event(
                         id: Int64(history.count + 1), at: snapshot.iso(now), kind: row.kind, routeID: row.routeID,
-                        from: row.from, to: row.to, reason: row.reason, text: event.sentence(in: snapshot)))
+                        from: row.from, to: row.to, reason: row.reason, text: event.sentence(in: snapshot),
+                        cause: row.cause))
             }
             if var line = event.watchLine(in: snapshot, now: now) {
                 seq += 1
@@ -40,22 +41,26 @@ private struct Scene {
     mutating func add(_ route: Route) -> [StatusAPI.WatchLine] { apply(planner.upsert(route, now: now)) }
 
     mutating func probe(
-        _ id: String, _ verdict: HealthVerdict, detail: String? = nil, instance: String?, models: [String]? = nil
+        _ id: String, _ verdict: HealthVerdict, detail: String? = nil, instance: String?, models: [String]? = nil,
+        cause: Cause? = nil
     ) -> [StatusAPI.WatchLine] {
         now += 1
         var report = ProbeReport(
-            verdict: verdict, latency: 0.004 + Double(seq % 5) / 1000, detail: detail, instanceID: instance,
-            ready: verdict == .ready, modelCount: models?.count)
+            verdict: verdict, latency: 0.004 + Double(seq % 5) / 1000, detail: detail, cause: cause,
+            instanceID: instance, ready: verdict == .ready, modelCount: models?.count)
         report.models = models
         return apply(planner.record(report, for: id, now: now) + planner.tick(now: now))
     }
 
     /// Probes `id` with `verdict` until `done` says the planner has moved (hysteresis).
     mutating func probeUntil(
-        _ id: String, _ verdict: HealthVerdict, detail: String, instance: String?, _ done: (ConnectionPlanner) -> Bool
+        _ id: String, _ verdict: HealthVerdict, detail: String, instance: String?, cause: Cause? = nil,
+        _ done: (ConnectionPlanner) -> Bool
     ) -> [StatusAPI.WatchLine] {
         var lines: [StatusAPI.WatchLine] = []
-        for _ in 0..<10 where !done(planner) { lines += probe(id, verdict, detail: detail, instance: instance) }
+        for _ in 0..<10 where !done(planner) {
+            lines += probe(id, verdict, detail: detail, instance: instance, cause: cause)
+        }
         return lines
     }
 }
@@ -204,7 +209,9 @@ struct DashboardPageTests {
 
             // Failover, drawn from the change lines alone: the status answer is held for 5 s.
             try await command(standIn, ["delay": "status", "seconds": 5], ack: "delay status")
-            let failover = scene.probeUntil(lanID, .down, detail: "timed out", instance: nil) { $0.activeID != lanID }
+            let failover = scene.probeUntil(lanID, .down, detail: "timed out", instance: nil, cause: .timedOut) {
+                $0.activeID != lanID
+            }
             try #require(scene.planner.activeID == tunnel.id, "\(scene.status)")
             try await push(standIn, failover)
             #expect(
@@ -212,7 +219,7 @@ struct DashboardPageTests {
                     != nil)
             #expect(await browser.text("active-where") == "Through the tunnel: Studio")
             // The LAN route's verdict from its own line, once the agent counts it down.
-            let down = scene.probeUntil(lanID, .down, detail: "timed out", instance: nil) {
+            let down = scene.probeUntil(lanID, .down, detail: "timed out", instance: nil, cause: .timedOut) {
                 $0.routes[lanID]?.health == .down
             }
             try await push(standIn, down)
@@ -228,6 +235,11 @@ struct DashboardPageTests {
                 timeout: 8)
             let why = await browser.text("active-why")
             #expect(whyNow != nil, "\(why)")
+            // The route's cause code beside its reason, for programs and a hover.
+            #expect(
+                try await browser.run(
+                    "const r = document.querySelector('[data-route=\"\(lanID)\"]'); return [r.dataset.cause, r.querySelector('.reason').title].join(' ')"
+                ) as? String == "timed_out cause: timed_out")
             let moved = "Requests now go through the tunnel to Studio: Studio on the LAN is not answering (timed out)."
             let told = await browser.waitUntil(
                 "return [...document.querySelectorAll('#events .what')].some((e) => e.textContent === '\(moved)')",

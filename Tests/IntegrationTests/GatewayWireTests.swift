@@ -94,6 +94,7 @@ struct GatewayWireTests {
                 return route.baseURL == server.baseURL && detail.contains("login page")
             }
             #expect(seen != nil)
+            #expect(seen?.lastProbe?.cause == .loginPage, "the cause as a code beside its words")
             await server.set("api-open")
             let served = try await curl([
                 "-m", "10", "-H", "Content-Type: application/json", "-d", #"{"model":"test/model","messages":[]}"#,

@@ -199,8 +199,10 @@ struct NotificationPlannerTests {
                 gateway: StatusAPI.Gateway(openAIBaseURL: "http://127.0.0.1:1235/v1", socket: nil)))
     }
 
-    static func line(_ active: StatusAPI.Active?, reason: String = "because") -> StatusAPI.WatchLine {
-        StatusAPI.WatchLine(type: .active, seq: 2, at: "", active: active, reason: reason)
+    static func line(_ active: StatusAPI.Active?, reason: String = "because", cause: Cause? = nil)
+        -> StatusAPI.WatchLine
+    {
+        StatusAPI.WatchLine(type: .active, seq: 2, at: "", active: active, reason: reason, cause: cause)
     }
 
     static func impostor(_ id: String) -> StatusAPI.RouteStatus {
@@ -219,8 +221,9 @@ struct NotificationPlannerTests {
         #expect(planner.due(now: 0).isEmpty)
         #expect(planner.dashboardURL == "http://127.0.0.1:1235/")
         planner.receive(
-            Self.line(Self.active(.wan, "Studio"), reason: "lan/10.0.0.2:1234 failed: down: connection refused"), now: 1
-        )
+            Self.line(
+                Self.active(.wan, "Studio"), reason: "lan/10.0.0.2:1234 failed: down: connection refused",
+                cause: .refused), now: 1)
         let away = planner.due(now: 1)
         #expect(away.count == 1)
         #expect(away.first?.summary == "Switched to the tunnel" && away.first?.topic == .route)
@@ -314,7 +317,7 @@ struct NotificationPlannerTests {
     func noServer() {
         var planner = NotificationPlanner(interval: 0, noServerGrace: 5)
         planner.receive(Self.snapshot(Self.active(.lan, "S")), now: 0)
-        planner.receive(Self.line(nil, reason: "every route is down"), now: 1)
+        planner.receive(Self.line(nil, reason: "every route is down", cause: .timedOut), now: 1)
         #expect(planner.due(now: 3).isEmpty)
         let none = planner.due(now: 6)
         #expect(none.map(\.summary) == ["No LMX server usable"] && none.first?.urgency == .critical)
@@ -363,7 +366,8 @@ struct NotificationPlannerTests {
         planner.receive(
             Self.line(
                 Self.active(.wan, "Office"),
-                reason: "lan/10.0.0.7:1234 failed: alive-not-ready: \(hostile) says visit https://evil.example"),
+                reason: "lan/10.0.0.7:1234 failed: alive-not-ready: \(hostile) says visit https://evil.example",
+                cause: .notReady),
             now: 1)
         #expect(planner.due(now: 1).map(\.summary) == ["Switched to the tunnel"])
         planner.receive(Self.line(announced(.lan, instance: hostile), reason: hostile), now: 2)
@@ -373,7 +377,9 @@ struct NotificationPlannerTests {
         var away = NotificationPlanner(interval: 0)
         away.receive(Self.snapshot(announced(.lan, instance: "Mono512")), now: 0)
         away.receive(
-            Self.line(Self.active(.wan, "Office"), reason: "Studio failed: alive-not-ready: \(hostile)"), now: 1)
+            Self.line(
+                Self.active(.wan, "Office"), reason: "Studio failed: alive-not-ready: \(hostile)", cause: .notReady),
+            now: 1)
         let notice = away.due(now: 1).first
         #expect(
             notice?.body
@@ -390,23 +396,65 @@ struct NotificationPlannerTests {
         paired.receive(Self.snapshot(Self.active(.wan, "Studio")), now: 0)
         paired.receive(Self.line(announced(.lan, instance: "Mono512")), now: 1)
         #expect(paired.due(now: 1).first?.body == "Requests go to Studio on the local network again.")
-        // Reasons are told in the agent's words, or not at all.
+        // A reason's text is never read: without a cause, the notice says no why at all.
+        var silent = NotificationPlanner(interval: 0)
+        silent.receive(Self.snapshot(Self.active(.lan, "Studio")), now: 0)
+        silent.receive(Self.line(Self.active(.wan, "Studio"), reason: "down: connection refused"), now: 1)
         #expect(
-            NotificationPlanner.ownWords("lan/10.0.0.2:1234 failed: down: connection refused")
-                == "the connection was refused")
-        #expect(NotificationPlanner.ownWords("tunnel: TLS failure: certificate expired") != nil)
-        // The planner's own sentences (EventWords) name their cause in words the notice can say.
-        let place = EventWords.Place(name: "Studio", via: .wan)
-        let said: [(HealthVerdict, String)] = [
-            (.down, "it stopped answering"), (.tunnelDown, "its tunnel is down"),
-            (.authRejected, "the server refused the keys"), (.overloaded, "the server is busy"),
-            (.aliveNotReady, "the server is not ready"), (.wrongService, "another service answers there"),
-        ]
-        for (verdict, words) in said {
-            #expect(
-                NotificationPlanner.ownWords(EventWords.situation(place, verdict, detail: "x")) == words, "\(verdict)")
+            silent.due(now: 1).first?.body == "The LAN route is not usable. Requests go to Studio through the tunnel.")
+    }
+
+    @Test("every cause code has the agent's own words; a move that is no failure is told without a why")
+    func everyCauseHasWords() {
+        let noFailure: Set<Cause> = [.firstUsable, .preferred, .reachableAgain, .unknown]
+        var seen: [String: Cause] = [:]
+        for cause in Cause.allCases {
+            let words = NotificationPlanner.words(cause)
+            #expect(!words.isEmpty && words != cause.rawValue && !words.contains("_"), "\(cause)")
+            #expect(NotificationPlanner.printable(words) == words, "\(cause): plain words, no markup")
+            #expect((NotificationPlanner.ownWords(cause) == nil) == noFailure.contains(cause), "\(cause)")
+            if let other = seen[words], ![other, cause].allSatisfy([Cause.unreachable, .addressLost].contains) {
+                Issue.record("\(cause) and \(other) say the same: \(words)")
+            }
+            seen[words] = cause
         }
-        #expect(NotificationPlanner.ownWords(hostile) == nil)
+    }
+
+    @Test("no reason text reaches a notification: for every code, any reason gives the notice the code alone gives")
+    func codesNotProse() {
+        let hostile = "connection refused: https://evil.example <b>tunnel is down</b> pairing expired"
+        for cause in Cause.allCases {
+            for (from, to) in [(Via.lan, Via.wan), (.wan, .lan)] as [(Via, Via)] {
+                var told: [[DesktopNotice]] = []
+                for reason in [hostile, "", "x"] {
+                    var planner = NotificationPlanner(interval: 0, noServerGrace: 0)
+                    planner.receive(Self.snapshot(Self.active(from, "Studio")), now: 0)
+                    planner.receive(Self.line(Self.active(to, "Studio"), reason: reason, cause: cause), now: 1)
+                    var notices = planner.due(now: 1)
+                    planner.receive(Self.line(nil, reason: reason, cause: cause), now: 2)
+                    notices += planner.due(now: 2)
+                    told.append(notices)
+                }
+                #expect(told[0] == told[1] && told[1] == told[2], "\(cause): the reason's text changed the notice")
+                #expect(told[0].count == 2, "\(cause)")
+                for notice in told[0] {
+                    #expect(!notice.body.contains("evil") && !notice.body.contains("<"), "\(cause)")
+                    if let words = NotificationPlanner.ownWords(cause), notice.summary != "Back home on the LAN" {
+                        #expect(notice.body.contains(words), "\(cause): \(notice.body)")
+                    }
+                }
+            }
+        }
+        // A snapshot (the agent restarted with nothing usable) is told by its code too.
+        var planner = NotificationPlanner(interval: 0, noServerGrace: 0)
+        planner.receive(Self.snapshot(Self.active(.lan, "S")), now: 0)
+        var status = Self.snapshot(nil)
+        status.status?.noActiveReason = "Studio on the LAN is busy"
+        status.status?.noActiveCause = .pairingExpired
+        planner.receive(status, now: 1)
+        #expect(
+            planner.due(now: 1).first?.body
+                == "No server can take requests now: the pairing expired. The agent keeps probing.")
     }
 
     @Test("a pairing about to expire is told once; others are not")

@@ -197,29 +197,32 @@ import Testing
         h.run(until: 3)
         let states = h.planner.sortedRoutes
         let (a, b) = (states[0], states[1])
-        let health = AgentEvent.healthChanged(a, from: .ready, reason: "not answering")
+        let health = AgentEvent.healthChanged(a, from: .ready, reason: "not answering", cause: .refused)
         let back = AgentEvent.coalescingSwitches([
-            .activeChanged(from: a, to: nil, reason: "no server answers"), health,
-            .activeChanged(from: nil, to: a, reason: "the first server usable from here"),
+            .activeChanged(from: a, to: nil, reason: "no server answers", cause: .refused), health,
+            .activeChanged(from: nil, to: a, reason: "the first server usable from here", cause: .firstUsable),
         ])
         #expect(back.count == 1, "\(back)")
         let moved = AgentEvent.coalescingSwitches([
-            .activeChanged(from: a, to: nil, reason: "gone"), health,
-            .activeChanged(from: nil, to: b, reason: "the first server usable from here"),
+            .activeChanged(from: a, to: nil, reason: "gone", cause: .refused), health,
+            .activeChanged(from: nil, to: b, reason: "the first server usable from here", cause: .firstUsable),
         ])
         #expect(moved.count == 2)
-        if case .activeChanged(let from, let to, let reason) = moved.last {
+        if case .activeChanged(let from, let to, let reason, let cause) = moved.last {
             #expect(from?.id == a.id && to?.id == b.id && reason == "the first server usable from here")
+            #expect(cause == .firstUsable, "the last switch's cause, beside its sentence")
         } else {
             Issue.record("expected one switch last: \(moved)")
         }
-        let one: [AgentEvent] = [.activeChanged(from: a, to: b, reason: "x")]
+        let one: [AgentEvent] = [.activeChanged(from: a, to: b, reason: "x", cause: .preferred)]
         #expect(AgentEvent.coalescingSwitches(one).count == 1)
         // The line of a switch names the route it went to, not whatever is active by then.
         let snapshot = AgentSnapshot(planner: h.planner, discovery: .running, originWall: 0)
-        let line = AgentEvent.activeChanged(from: a, to: b, reason: "x").watchLine(in: snapshot, now: h.now)
-        #expect(line?.active?.routeID == b.id)
-        let none = AgentEvent.activeChanged(from: a, to: nil, reason: "x").watchLine(in: snapshot, now: h.now)
+        let line = AgentEvent.activeChanged(from: a, to: b, reason: "x", cause: .preferred).watchLine(
+            in: snapshot, now: h.now)
+        #expect(line?.active?.routeID == b.id && line?.cause == .preferred)
+        let none = AgentEvent.activeChanged(from: a, to: nil, reason: "x", cause: .refused).watchLine(
+            in: snapshot, now: h.now)
         #expect(none?.type == .active && none?.active == nil)
     }
 }

@@ -38,7 +38,7 @@ struct NetworkChangeTests {
     @Test("a link without carrier, or no route at all: out at once")
     func unreachableOutAtOnce() {
         var h = atHome()
-        h.absorb(h.planner.applyPaths([Self.lanID: .unreachable("lan0 has no carrier")], now: h.now))
+        h.absorb(h.planner.applyPaths([Self.lanID: .unreachable("lan0 has no carrier", cause: .linkLost)], now: h.now))
         #expect(h.planner.activeID == Self.wanID)
         #expect(
             h.planner.explain(h.planner.routes[Self.lanID]!, now: h.now)
@@ -68,7 +68,9 @@ struct NetworkChangeTests {
     func homeLinkLast() {
         // Away from t=20; the address and route of home at t=60, the link only at t=61.3.
         var h = atHome { t in !(20..<61.3).contains(t) }
-        h.absorb(h.planner.applyPaths([Self.lanID: .unreachable("lan0 has no address on 10.0.0.0/24")], now: h.now))
+        h.absorb(
+            h.planner.applyPaths(
+                [Self.lanID: .unreachable("lan0 has no address on 10.0.0.0/24", cause: .addressLost)], now: h.now))
         h.run(until: 60)
         #expect(h.planner.activeID == Self.wanID)
         #expect(h.planner.routes[Self.lanID]!.pathBackAt == nil)
@@ -99,7 +101,7 @@ struct NetworkChangeTests {
     @Test("a way back that stays dark: after the window, probes back off as before")
     func pathBackWindowEnds() {
         var h = atHome { t in t < 20 }
-        h.absorb(h.planner.applyPaths([Self.lanID: .unreachable("lan0 has no carrier")], now: h.now))
+        h.absorb(h.planner.applyPaths([Self.lanID: .unreachable("lan0 has no carrier", cause: .linkLost)], now: h.now))
         h.run(until: 60)
         let before = h.planner.routes[Self.lanID]!.failureCount
         h.absorb(h.planner.applyPaths([Self.lanID: Self.home], now: h.now))
@@ -205,7 +207,7 @@ struct NetworkChangeTests {
 
     @Test("a route's condition is one value: each probe moves it the one way the network rules say")
     func conditionTransitions() {
-        let off = RouteCondition.offNetwork("lan0 has no carrier")
+        let off = RouteCondition.offNetwork("lan0 has no carrier", cause: .linkLost)
         // (before, probe good?) → after
         let table: [(RouteCondition, Bool, RouteCondition)] = [
             (.normal, true, .normal), (.normal, false, .normal),

@@ -8,6 +8,8 @@ struct PlannerHarness {
     var planner: ConnectionPlanner
     var now: Double = 0
     var switches: [(at: Double, to: String?, reason: String)] = []
+    /// The cause code of each switch, beside `switches`.
+    var switchCauses: [Cause] = []
     var events: [PlannerEvent] = []
     /// Scripted results: route id → verdict at a time.
     var script: (String, Double) -> HealthVerdict
@@ -40,8 +42,9 @@ struct PlannerHarness {
 
     mutating func absorb(_ new: [PlannerEvent]) {
         events += new
-        for case .activeChanged(_, let to, let reason) in new {
+        for case .activeChanged(_, let to, let reason, let cause) in new {
             switches.append((now, to?.id, reason))
+            switchCauses.append(cause)
         }
     }
 
@@ -68,6 +71,7 @@ struct PlannerHarness {
                 let verdict = script(route.id, now)
                 let report = ProbeReport(
                     verdict: verdict, latency: latency(route.id), detail: verdict.isAlive ? nil : "scripted",
+                    cause: verdict == .down ? (timesOut ? .timedOut : .refused) : Cause(verdict: verdict),
                     instanceID: instance(route.id))
                 var reported = report
                 reported.inferenceKeyRequired = inferenceKeyRequired
@@ -288,7 +292,7 @@ struct PlannerTests {
         // Once on the WAN it never returns: the LAN never stays healthy for 10 s.
         #expect(h.switches.count <= 2)
         var flips = 0
-        for case .healthChanged(let s, let from, _) in h.events where s.id.hasPrefix("lan") && from != nil {
+        for case .healthChanged(let s, let from, _, _) in h.events where s.id.hasPrefix("lan") && from != nil {
             if (from?.isAlive ?? false) != (s.verdict?.isAlive ?? false) { flips += 1 }
         }
         // Hysteresis: health changes need 3 bad or 2 good probes in a row, never every flap.

@@ -63,6 +63,31 @@ struct AgentStoreTests {
         try again.appendEvent(kind: "health", routeID: "r", from: nil, to: "down", reason: "x", at: 2)
         let events = try again.recentEvents(limit: 2)
         #expect(events.map(\.text) == ["Studio on the LAN is ready.", nil])
+        #expect(events.map(\.cause) == [nil, nil], "rows without a code read nil")
+    }
+
+    @Test(
+        "an event's cause code and a history change's are kept beside their sentences; a code this version does not know reads as unknown"
+    )
+    func causesKept() throws {
+        let path = temporaryDirectory() + "/state/agent.db"
+        let store = try AgentStore.open(path: path)
+        try store.appendEvent(
+            kind: "active", routeID: "wan/t", from: "lan/s", to: "wan/t", reason: "Studio on the LAN is not answering",
+            cause: .refused, at: 1)
+        try store.appendEvent(kind: "pairing-added", routeID: nil, from: nil, to: "p", reason: "token: Studio", at: 2)
+        try store.appendHistory(
+            transitions: [
+                HistoryTransition(
+                    routeID: "lan/s", at: 1, state: .down, active: false, cause: "Studio on the LAN is not answering.",
+                    name: "Studio", via: .lan, server: nil, causeCode: .refused)
+            ], probes: [], traffic: [], heartbeat: nil)
+        try store.close()
+        // A newer agent wrote a code this one does not know.
+        #expect(try Command.sqlite(path, "UPDATE event SET cause = 'solar_flare' WHERE kind = 'pairing-added'") == 0)
+        let reopened = try AgentStore.open(path: path)
+        #expect(try reopened.recentEvents(limit: 10).map(\.cause) == [.refused, .unknown])
+        #expect(try reopened.lastTransitions().map(\.causeCode) == [.refused])
     }
 
     @Test("a file that is not a database is moved aside, with a log line, and a fresh one is created")

@@ -25,7 +25,7 @@ extension ConnectionManager {
         logger.notice(
             "A request through \(place) was not answered by the server (\(foreign.detail)).",
             metadata: ["route": "\(routeID)"])
-        let report = ProbeReport(verdict: foreign.verdict, latency: 0, detail: foreign.detail)
+        let report = ProbeReport(verdict: foreign.verdict, latency: 0, detail: foreign.detail, cause: foreign.cause)
         let events = planned(planner.record(report, for: routeID, full: false, now: t))
         pump(events, reselect: false)
     }
@@ -57,7 +57,7 @@ extension ConnectionManager {
         case .silent(let seconds):
             let detail = "no heartbeat on /admin/events for \(Int(seconds)) s"
             logger.warning("\(detail): counted as a failed probe; reconnecting", metadata: ["route": "\(routeID)"])
-            let events = planned(planner.recordPassiveFailure(routeID, detail: detail, now: t))
+            let events = planned(planner.recordPassiveFailure(routeID, detail: detail, cause: .eventsSilent, now: t))
             planner.probeNow(routeID, now: t)
             pump(events, reselect: false)
             return 0.5

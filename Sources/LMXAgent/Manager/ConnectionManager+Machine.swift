@@ -30,7 +30,7 @@ extension ConnectionManager {
                     let name = planner.routes[id].map { planner.place($0).words } ?? id
                     return switch path {
                     case .reachable(let how, _): "\(name) is now reached \(how)"
-                    case .unreachable(let why): "\(name) is out of reach (\(why))"
+                    case .unreachable(let why, _): "\(name) is out of reach (\(why))"
                     }
                 }.joined(separator: "; ")
                 + (moved.count > 3 ? " and \(moved.count - 3) more" : "")
@@ -68,9 +68,10 @@ extension ConnectionManager {
             else { continue }
             switch self.paths.path(to: host, in: network) {
             case .failure(let error):
-                paths[id] = .unreachable(SystemError.connectWords(error.code))
+                let cause: Cause = SystemError.connectFailure(error.code) == .noAddress ? .addressLost : .unreachable
+                paths[id] = .unreachable(SystemError.connectWords(error.code), cause: cause)
             case .success(let path) where !path.running:
-                paths[id] = .unreachable("\(path.interface) has no carrier")
+                paths[id] = .unreachable("\(path.interface) has no carrier", cause: .linkLost)
             case .success(let path):
                 paths[id] = .reachable(path.description, onLink: path.onLink)
             }

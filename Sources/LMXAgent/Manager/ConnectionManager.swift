@@ -174,7 +174,8 @@ public actor ConnectionManager {
             events += planned(planner.upsert(route, now: t))
         }
         for id in sources.setManual(ids) {
-            events += planned(planner.remove(id, reason: "removed from the configuration", now: t))
+            events += planned(
+                planner.remove(id, reason: "removed from the configuration", cause: .configRemoved, now: t))
         }
         return events
     }
@@ -307,7 +308,8 @@ public actor ConnectionManager {
             let pairing = result.stored.pairing
             let newIDs = pairing.routes(lanKeys: planner.policy.lanKeys).map(\.id)
             for old in sources.pairingRoutes[pairing.id] ?? [] where !newIDs.contains(old) {
-                events += dropPairingRoute(old, reason: "its pairing was updated without it", now: t)
+                events += dropPairingRoute(
+                    old, reason: "its pairing was updated without it", cause: .pairingRemoved, now: t)
             }
             events += addPairing(pairing, now: t, quiet: false)
             for id in newIDs { planner.probeNow(id, now: t) }
@@ -328,7 +330,7 @@ public actor ConnectionManager {
         expiry.remove(id)
         var events: [AgentEvent] = []
         for routeID in sources.removePairing(id) ?? removed.pairing.routes(lanKeys: planner.policy.lanKeys).map(\.id) {
-            events += dropPairingRoute(routeID, reason: "its pairing was removed", now: t)
+            events += dropPairingRoute(routeID, reason: "its pairing was removed", cause: .pairingRemoved, now: t)
         }
         pump(events + [.pairing(.removed, id: id, detail: removed.pairing.label)])
         return removed
@@ -348,9 +350,9 @@ public actor ConnectionManager {
     }
 
     /// Drops a pairing's route; one that mDNS still announces goes back to being an mDNS route.
-    private func dropPairingRoute(_ routeID: String, reason: String, now t: Double) -> [AgentEvent] {
+    private func dropPairingRoute(_ routeID: String, reason: String, cause: Cause, now t: Double) -> [AgentEvent] {
         guard planner.routes[routeID]?.route.source == .pairing else { return [] }
-        var events = planned(planner.remove(routeID, reason: reason, now: t))
+        var events = planned(planner.remove(routeID, reason: reason, cause: cause, now: t))
         if let announced = sources.announcedRoute(routeID) { events += planned(planner.upsert(announced, now: t)) }
         return events
     }
@@ -367,7 +369,7 @@ public actor ConnectionManager {
         if !added.isEmpty { recordNewPaths(of: added) }
         for id in expiry.takeExpired(at: WallTime(clock.realtime())) {
             for routeID in sources.removePairing(id) ?? [] {
-                events += dropPairingRoute(routeID, reason: "its pairing expired", now: t)
+                events += dropPairingRoute(routeID, reason: "its pairing expired", cause: .pairingExpired, now: t)
             }
             events.append(.pairing(.expired, id: id, detail: "expired"))
         }

@@ -17,17 +17,17 @@ public struct EventLog: AgentEventSink {
                     logger.info(
                         "\(text)", metadata: ["route": "\(state.id)", "source": "\(state.route.source.rawValue)"])
                 }
-            case .routeRemoved(let state, _):
-                logger.info("\(text)", metadata: ["route": "\(state.id)"])
-            case .healthChanged(let state, let from, _):
-                logger.info(
-                    "\(text)",
-                    metadata: [
-                        "route": "\(state.id)", "from": "\(from?.rawValue ?? "unknown")",
-                        "to": "\(state.verdict?.rawValue ?? "unknown")",
-                    ])
-            case .activeChanged(let from, let to, _):
-                var metadata: Logger.Metadata = ["previous": "\(from?.id ?? "none")"]
+            case .routeRemoved(let state, _, let cause):
+                logger.info("\(text)", metadata: ["route": "\(state.id)", "cause": "\(cause.rawValue)"])
+            case .healthChanged(let state, let from, _, let cause):
+                var metadata: Logger.Metadata = [
+                    "route": "\(state.id)", "from": "\(from?.rawValue ?? "unknown")",
+                    "to": "\(state.verdict?.rawValue ?? "unknown")",
+                ]
+                if let cause { metadata["cause"] = "\(cause.rawValue)" }
+                logger.info("\(text)", metadata: metadata)
+            case .activeChanged(let from, let to, _, let cause):
+                var metadata: Logger.Metadata = ["previous": "\(from?.id ?? "none")", "cause": "\(cause.rawValue)"]
                 if let to {
                     metadata["route"] = "\(to.id)"
                     metadata["url"] = "\(to.route.baseURL)"

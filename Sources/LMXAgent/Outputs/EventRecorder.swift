@@ -18,11 +18,11 @@ public struct EventRecorder: AgentEventSink {
                 store.write("record an event") {
                     _ = try $0.appendEvent(
                         kind: row.kind, routeID: row.routeID, from: row.from, to: row.to, reason: row.reason,
-                        text: text, at: at)
+                        text: text, cause: row.cause, at: at)
                 }
             }
             switch event {
-            case .routeRemoved(let state, _):
+            case .routeRemoved(let state, _, _):
                 // Every removal is final (deleted from the config, or forgotten after long silence).
                 let id = state.id
                 let tunnel = state.route.via == .wan
@@ -35,7 +35,7 @@ public struct EventRecorder: AgentEventSink {
                     try $0.saveVouch(
                         StoredVouch(tunnelRouteID: tunnelID, baseURLs: urls, instanceID: instance, updatedAt: at))
                 }
-            case .activeChanged(_, let to, _):
+            case .activeChanged(_, let to, _, _):
                 if let id = to?.id {
                     store.write("remember the active endpoint") { try $0.setMeta("last_good_route", id) }
                 }

@@ -33,7 +33,7 @@ public final class PassiveHealthFollower: Service {
     func receive(_ events: [AgentEvent]) {
         for event in events {
             switch event {
-            case .activeChanged(_, let to, _):
+            case .activeChanged(_, let to, _, _):
                 let route = to.flatMap { $0.route.credentials.adminKey == nil ? nil : $0.route }
                 let changed = following.withLock { current in
                     defer { current = route }

@@ -97,6 +97,15 @@ public enum ForeignAnswer: Sendable, Hashable {
         }
     }
 
+    /// The cause as a code, beside ``detail``.
+    public var cause: Cause {
+        switch self {
+        case .accessLogin: .loginPage
+        case .tunnelErrorPage: .edgeError
+        case .captivePortal: .captivePortal
+        }
+    }
+
     /// The cause, for the log and the route's detail.
     public var detail: String {
         switch self {

@@ -135,7 +135,8 @@ public enum History {
                 }
                 segments.append(
                     StatusAPI.HistorySegment(
-                        from: iso(from), to: iso(to), state: state, active: change.active, cause: change.cause))
+                        from: iso(from), to: iso(to), state: state, active: change.active, cause: change.cause,
+                        causeCode: change.causeCode))
             }
             let points = (latency[id] ?? []).filter {
                 $0.at >= History.align(query.since, query.step) && $0.at < query.until
@@ -204,8 +205,11 @@ public enum History {
             if at >= query.since, at <= query.until {
                 let taking = group.first { $0.routeID == next }
                 let leaving = group.first { $0.routeID == active }
-                let cause = taking?.cause ?? leaving?.cause ?? ""
-                result.append(StatusAPI.HistorySwitch(at: Timestamp.iso8601(at), from: active, to: next, cause: cause))
+                let told = taking ?? leaving
+                result.append(
+                    StatusAPI.HistorySwitch(
+                        at: Timestamp.iso8601(at), from: active, to: next, cause: told?.cause ?? "",
+                        causeCode: told?.causeCode))
             }
             active = next
         }

@@ -102,14 +102,20 @@ extension StatusAPI {
         public var active: Bool
         /// Why it began, in the agent's words.
         public var cause: String
+        /// Why it began, as a code (``Cause``), when one was told.
+        public var causeCode: Cause?
 
-        public init(from: String, to: String, state: RibbonState, active: Bool, cause: String) {
+        public init(from: String, to: String, state: RibbonState, active: Bool, cause: String, causeCode: Cause? = nil)
+        {
             self.from = from
             self.to = to
             self.state = state
             self.active = active
             self.cause = cause
+            self.causeCode = causeCode
         }
+
+        enum CodingKeys: String, CodingKey { case from, to, state, active, cause, causeCode = "cause_code" }
     }
 
     /// Probe latency over one step.
@@ -178,13 +184,19 @@ extension StatusAPI {
         /// Route ids (nil: none in use).
         public var from: String?
         public var to: String?
+        /// Why, in the agent's words.
         public var cause: String
+        /// Why, as a code (``Cause``), when one was told.
+        public var causeCode: Cause?
 
-        public init(at: String, from: String?, to: String?, cause: String) {
+        public init(at: String, from: String?, to: String?, cause: String, causeCode: Cause? = nil) {
             self.at = at
             self.from = from
             self.to = to
             self.cause = cause
+            self.causeCode = causeCode
         }
+
+        enum CodingKeys: String, CodingKey { case at, from, to, cause, causeCode = "cause_code" }
     }
 }

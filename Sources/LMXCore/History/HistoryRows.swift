@@ -8,15 +8,19 @@ public struct HistoryTransition: Sendable, Hashable {
     public var at: Double
     public var state: RibbonState?
     public var active: Bool
+    /// Why, in the agent's words (the event's sentence).
     public var cause: String
     public var name: String
     public var via: Via
     public var server: String?
+    /// Why, as a code (``Cause``), when one was told.
+    public var causeCode: Cause?
 
     public init(
         routeID: String, at: Double, state: RibbonState?, active: Bool, cause: String, name: String, via: Via,
-        server: String?
+        server: String?, causeCode: Cause? = nil
     ) {
+        self.causeCode = causeCode
         self.routeID = routeID
         self.at = at
         self.state = state

@@ -46,7 +46,8 @@ public struct DesktopNotice: Sendable, Hashable {
 /// - Notifications carry only names the user chose (a pairing's, a configured endpoint's) and the
 ///   agent's own words: desktops make URLs in a body clickable, and an announcer's name, a
 ///   server's instance id or readiness text is anyone's on the LAN. Why a route failed is told in
-///   the agent's words (``ownWords(_:)``), never as the reason's text.
+///   the agent's words for the line's ``Cause`` code (``ownWords(_:)``); the reason's text is
+///   never read.
 public struct NotificationPlanner: Sendable {
     /// Where requests go, as a person sees it.
     public enum Place: Sendable, Hashable {
@@ -73,7 +74,8 @@ public struct NotificationPlanner: Sendable {
     /// What the person last saw (the start, or the last notice).
     private var shown: Place = .none
     private var current: Place = .none
-    private var currentReason = ""
+    /// Why requests went where they go now, in the agent's words ("" when not told).
+    private var currentWords = ""
     private var currentSince = 0.0
     private var lastPost: [DesktopNotice.Topic: Double] = [:]
     private var impostorsSeen: Set<String> = []
@@ -113,11 +115,11 @@ public struct NotificationPlanner: Sendable {
                 return
             }
             // The agent restarted (or the stream was resumed from a snapshot): carry on from it.
-            move(to: place, reason: status.noActiveReason ?? routes.first { $0.active }?.reason ?? "", now: now)
+            move(to: place, cause: status.active == nil ? status.noActiveCause : nil, now: now)
             for route in routes where route.trust == .impostor { noteImpostor(route) }
         case .active:
             guard started else { return }
-            move(to: place(line.active), reason: line.reason ?? "", now: now)
+            move(to: place(line.active), cause: line.cause, now: now)
         case .health, .candidateAdded:
             guard started, let route = line.route, route.trust == .impostor else { return }
             noteImpostor(route)
@@ -156,7 +158,7 @@ public struct NotificationPlanner: Sendable {
     public mutating func due(now: Double) -> [DesktopNotice] {
         var out: [DesktopNotice] = []
         if started, current.kind != shown.kind, let at = routeDue(), now >= at {
-            out.append(Self.notice(from: shown, to: current, reason: currentReason))
+            out.append(Self.notice(from: shown, to: current, words: currentWords))
             shown = current
             lastPost[.route] = now
         }
@@ -206,11 +208,11 @@ public struct NotificationPlanner: Sendable {
         return at
     }
 
-    private mutating func move(to place: Place, reason: String, now: Double) {
+    private mutating func move(to place: Place, cause: Cause?, now: Double) {
         guard place != current else { return }
         if place.kind != current.kind { currentSince = now }
         current = place
-        currentReason = Self.ownWords(reason) ?? ""
+        currentWords = cause.flatMap(Self.ownWords) ?? ""
     }
 
     private mutating func noteImpostor(_ route: StatusAPI.RouteStatus) {
@@ -232,8 +234,8 @@ public struct NotificationPlanner: Sendable {
         return active.via == .lan ? .lan(name) : .wan(name)
     }
 
-    static func notice(from: Place, to: Place, reason: String) -> DesktopNotice {
-        let why = reason.isEmpty ? "" : " (\(reason))"
+    static func notice(from: Place, to: Place, words: String) -> DesktopNotice {
+        let why = words.isEmpty ? "" : " (\(words))"
         switch to {
         case .wan(let name):
             let server = name ?? "the server"
@@ -253,43 +255,59 @@ public struct NotificationPlanner: Sendable {
         case .none:
             return DesktopNotice(
                 topic: .route, summary: "No LMX server usable",
-                body: "No server can take requests now\(reason.isEmpty ? "" : ": \(reason)"). The agent keeps probing.",
+                body: "No server can take requests now\(words.isEmpty ? "" : ": \(words)"). The agent keeps probing.",
                 urgency: .critical, category: "network.error")
         }
     }
 
-    /// Why a route stopped, in the agent's own words: the first of the causes it knows that the
-    /// reason names (its text is never copied: it holds names, ids and readiness text servers
-    /// chose). Nil when it names none of them.
-    static func ownWords(_ reason: String) -> String? {
-        let lower = reason.lowercased()
-        let causes: [(needle: String, words: String)] = [
-            ("connection refused", "the connection was refused"),
-            ("nothing accepts connections", "the connection was refused"),
-            ("no way to that network", "the host cannot be reached"),
-            ("no address on a network", "the host cannot be reached"),
-            ("not answering", "it stopped answering"),
-            ("tunnel is down", "its tunnel is down"),
-            ("refused the keys", "the server refused the keys"),
-            ("is out of reach", "the host cannot be reached"),
-            ("is busy", "the server is busy"),
-            ("is not ready", "the server is not ready"),
-            ("another service answers", "another service answers there"),
-            ("connection reset", "the connection was reset"),
-            ("timed out", "it did not answer in time"),
-            ("host unreachable", "the host cannot be reached"),
-            ("no route", "the host cannot be reached"),
-            ("name not resolved", "its name does not resolve"),
-            ("tls", "the secure connection failed"),
-            ("overloaded", "the server is overloaded"),
-            ("alive-not-ready", "the server is not ready"),
-            ("wrong-service", "another service answers there"),
-            ("not opta-lmx", "another service answers there"),
-            ("expired", "the pairing expired"),
-            ("removed", "its route was removed"),
-            ("down", "it stopped answering"),
-        ]
-        return causes.first { lower.contains($0.needle) }?.words
+    /// Why requests moved, as a notice says it: the words for `cause` when it is something that
+    /// went wrong with the route left; nil for a move that is no failure (the first server usable,
+    /// a preferred one back) and for a code this version does not know.
+    static func ownWords(_ cause: Cause) -> String? {
+        switch cause {
+        case .firstUsable, .preferred, .reachableAgain, .unknown: nil
+        default: words(cause)
+        }
+    }
+
+    /// Every cause in the agent's own words, as a notice's clause: "(the connection was refused)",
+    /// "No server can take requests now: the pairing expired."
+    static func words(_ cause: Cause) -> String {
+        switch cause {
+        case .refused: "the connection was refused"
+        case .reset: "the connection was reset"
+        case .timedOut: "it did not answer in time"
+        case .unreachable, .addressLost: "the host cannot be reached"
+        case .blocked: "a firewall on this machine blocks it"
+        case .nameUnresolved: "its name does not resolve"
+        case .tls: "the secure connection failed"
+        case .connectionFailed: "the connection could not be made"
+        case .httpStatus: "it answered with an error"
+        case .keysRefused: "the server refused the keys"
+        case .loginPage: "the tunnel asks for a login: its Access token is missing or stale"
+        case .overloaded: "the server is busy"
+        case .notReady: "the server is not ready"
+        case .tunnelDown: "its tunnel is down"
+        case .edgeError: "the tunnel answered with an error page"
+        case .captivePortal: "the network asks for a sign-in"
+        case .wrongService: "another service answers there"
+        case .wrongInstance: "another server answers there"
+        case .eventsSilent: "it stopped answering"
+        case .linkLost: "this machine lost its link to it"
+        case .leftNetwork: "this machine left its network"
+        case .configRemoved: "its route was removed"
+        case .pairingRemoved: "its pairing was removed"
+        case .pairingExpired: "the pairing expired"
+        case .unvouched: "its tunnel no longer vouches for it"
+        case .forgotten: "it is no longer announced"
+        case .firstUsable: "the first server usable"
+        case .preferred: "a preferred route is usable"
+        case .reachableAgain: "it is reachable again"
+        case .impostor: "a machine claims to be it"
+        case .untrusted: "the trust policy does not allow it"
+        case .keyMissing: "the route carries no inference key"
+        case .unknown: "for a reason this version does not know"
+        }
     }
 
     /// Server-supplied text as it may appear in a notification: bounded, one line, no markup

@@ -53,4 +53,23 @@ extension ConnectionPlanner {
             return "standby: as good as the active route, which is kept"
         }
     }
+
+    /// What ``explain(_:now:)`` tells, as a code: nil when nothing keeps the route from use
+    /// (active, standby, preferred) or nothing is known yet.
+    public func explainCause(_ state: RouteState) -> Cause? {
+        if state.id == activeID { return nil }
+        if let cause = state.offNetworkCause { return cause }
+        if state.stale { return nil }
+        switch state.health {
+        case .unknown:
+            return nil
+        case .down:
+            if trust(of: state) == .impostor { return .impostor }
+            return state.lastReport?.effectiveCause
+        case .up:
+            if !isAllowed(state) { return lossCause(state) }
+            guard isUsable(state) else { return state.lastReport?.effectiveCause }
+            return lacksRequiredKey(state) ? .keyMissing : nil
+        }
+    }
 }

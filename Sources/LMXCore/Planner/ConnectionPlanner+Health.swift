@@ -102,7 +102,7 @@ extension ConnectionPlanner {
 
         var events: [PlannerEvent] = []
         if state.verdict != before || state.health != beforeHealth {
-            events.append(.healthChanged(state, from: before, reason: describe(report)))
+            events.append(.healthChanged(state, from: before, reason: describe(report), cause: report.effectiveCause))
         } else {
             events.append(.routeUpdated(state))
         }
@@ -114,8 +114,11 @@ extension ConnectionPlanner {
         }
         let lost =
             routeID == activeID && !isUsable(state)
-            ? EventWords.situation(place(state), report.verdict, detail: report.detail) : nil
-        return events + select(now: now, lostReason: lost)
+            ? (
+                EventWords.situation(place(state), report.verdict, detail: report.detail),
+                report.effectiveCause ?? lossCause(state)
+            ) : nil
+        return events + select(now: now, lost: lost)
     }
 
     mutating func schedule(_ state: inout RouteState, report: ProbeReport, now: Double) {

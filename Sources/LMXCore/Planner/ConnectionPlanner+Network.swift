@@ -9,7 +9,7 @@ extension ConnectionPlanner {
     /// probed now. A route seen for the first time only records its path.
     public mutating func applyPaths(_ paths: [String: RoutePath], now: Double) -> [PlannerEvent] {
         var events: [PlannerEvent] = []
-        var lost: [String] = []
+        var lost: [(String, Cause)] = []
         for (id, path) in paths.sorted(by: { $0.key < $1.key }) {
             guard var state = routes[id] else { continue }
             let old = state.path
@@ -18,13 +18,14 @@ extension ConnectionPlanner {
             guard let old, old != path else { continue }
             let wasOff = state.offNetwork != nil
             switch path {
-            case .unreachable(let why):
-                state.condition = state.condition.replacingBase(with: .offNetwork(why))
+            case .unreachable(let why, let cause):
+                state.condition = state.condition.replacingBase(with: .offNetwork(why, cause: cause))
                 state.pathBackAt = nil
             case .reachable(let detail, let onLink):
                 if case .reachable(_, true) = old, !onLink {
                     state.condition = state.condition.replacingBase(
-                        with: .offNetwork("no longer on a network of this machine's (now \(detail))"))
+                        with: .offNetwork(
+                            "no longer on a network of this machine's (now \(detail))", cause: .leftNetwork))
                 } else if state.condition == .normal || state.condition == .returning {
                     state.condition = .suspect
                 }
@@ -32,14 +33,16 @@ extension ConnectionPlanner {
             // lost or stale already has its next probe decide alone.
             }
             if case .reachable = path, wasOff { state.pathBackAt = now }
-            if let why = state.offNetwork, id == activeID { lost.append("\(describe(state)) is out of reach (\(why))") }
+            if let why = state.offNetwork, id == activeID {
+                lost.append(("\(describe(state)) is out of reach (\(why))", state.offNetworkCause ?? .unreachable))
+            }
             if !state.inFlight {
                 state.nextProbeAt = now
                 state.backoff = 0
             }
             events.append(.routeUpdated(state))
         }
-        return events + select(now: now, lostReason: lost.first.map { "this machine's network changed and \($0)" })
+        return events + select(now: now, lost: lost.first.map { ("this machine's network changed and \($0.0)", $0.1) })
     }
 
     /// After a change of this machine's network, routes without a path of their own to check

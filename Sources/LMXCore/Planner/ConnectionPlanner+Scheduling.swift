@@ -120,7 +120,9 @@ extension ConnectionPlanner {
         }.map(\.id)
         for id in Array(forgotten) {
             guard let state = routes.removeValue(forKey: id) else { continue }
-            events.append(.routeRemoved(state, reason: "not announced on the LAN for \(Int(policy.forgetAfter)) s"))
+            events.append(
+                .routeRemoved(
+                    state, reason: "not announced on the LAN for \(Int(policy.forgetAfter)) s", cause: .forgotten))
         }
         return events + select(now: now)
     }
@@ -148,7 +150,8 @@ extension ConnectionPlanner {
             events.append(
                 .routeRemoved(
                     state,
-                    reason: "more than \(bound) servers seen on the LAN: the one withdrawn longest ago is forgotten"))
+                    reason: "more than \(bound) servers seen on the LAN: the one withdrawn longest ago is forgotten",
+                    cause: .forgotten))
         }
         return events
     }

@@ -147,7 +147,9 @@ extension ConnectionPlanner {
         return a.id < b.id
     }
 
-    mutating func select(now: Double, lostReason: String? = nil) -> [PlannerEvent] {
+    /// Picks the active route. `lost`: why the active route was just lost, in words and as a
+    /// code (the caller knows it better than its state tells).
+    mutating func select(now: Double, lost: (reason: String, cause: Cause)? = nil) -> [PlannerEvent] {
         let current = active
         let planner = self  // a copy-on-write snapshot the lazy closures can capture
         let usable = planner.routes.values.lazy.filter(planner.isUsable)
@@ -173,28 +175,47 @@ extension ConnectionPlanner {
                         ? "\(describe(best)) is preferred to \(describe(current))"
                         : best.returnAtOnce
                             ? "\(describe(best)) is reachable again from this machine and preferred to \(describe(current))"
-                            : "\(describe(best)) has answered well for \(Int(policy.stabilityWindow)) s and is preferred to \(describe(current))"
+                            : "\(describe(best)) has answered well for \(Int(policy.stabilityWindow)) s and is preferred to \(describe(current))",
+                cause: planner.rank(best) != currentRank && best.failureCount > 0 && best.returnAtOnce
+                    ? .reachableAgain : .preferred
             )
         }
         guard let best = usable.min(by: planner.better) else {
             // A failing active route with nothing better is kept until hysteresis says down.
             guard let current, rank(current) == nil else { return [] }
-            return switchActive(to: nil, now: now, reason: lostReason ?? "no server answers")
+            return switchActive(
+                to: nil, now: now, reason: lost?.reason ?? "no server answers", cause: lost?.cause ?? lossCause(current)
+            )
         }
         let reason: String
-        if let lostReason {
-            reason = lostReason
+        let cause: Cause
+        if let lost {
+            (reason, cause) = lost
         } else if let current {
             reason =
                 current.verdict.map { EventWords.situation(place(current), $0, detail: nil) }
                 ?? "\(describe(current)) is not usable"
+            cause = lossCause(current)
         } else {
             reason = "the first server usable from here"
+            cause = .firstUsable
         }
-        return switchActive(to: best, now: now, reason: reason)
+        return switchActive(to: best, now: now, reason: reason, cause: cause)
     }
 
-    mutating func switchActive(to new: RouteState?, now: Double, reason: String) -> [PlannerEvent] {
+    /// Why a route is not usable, as a code, from what its state tells: the trust policy, this
+    /// machine's network, else its last probe.
+    func lossCause(_ state: RouteState) -> Cause {
+        switch trust(of: state) {
+        case .impostor: return .impostor
+        case .announced where !isAllowed(state): return .untrusted
+        default: break
+        }
+        if let cause = state.offNetworkCause { return cause }
+        return state.lastReport?.effectiveCause ?? state.verdict.flatMap(Cause.init(verdict:)) ?? .unknown
+    }
+
+    mutating func switchActive(to new: RouteState?, now: Double, reason: String, cause: Cause) -> [PlannerEvent] {
         let old = active
         guard old?.id != new?.id else { return [] }
         activeID = new?.id
@@ -204,7 +225,7 @@ extension ConnectionPlanner {
             // The new active route is watched closely from now on.
             routes[id]!.nextProbeAt = min(routes[id]!.nextProbeAt, now + policy.activeInterval)
         }
-        return [.activeChanged(from: old, to: new.flatMap { routes[$0.id] }, reason: reason)]
+        return [.activeChanged(from: old, to: new.flatMap { routes[$0.id] }, reason: reason, cause: cause)]
     }
 
 }

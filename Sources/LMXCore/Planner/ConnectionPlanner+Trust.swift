@@ -84,7 +84,7 @@ extension ConnectionPlanner {
     /// announces it, else removed.
     mutating func unvouch(_ routeID: String, reason: String, now: Double) -> [PlannerEvent] {
         guard var state = routes[routeID], state.route.vouchedBy != nil else { return [] }
-        guard state.route.announced else { return remove(routeID, reason: reason, now: now) }
+        guard state.route.announced else { return remove(routeID, reason: reason, cause: .unvouched, now: now) }
         state.route = Route(
             id: state.id, baseURL: state.route.baseURL, via: .lan, source: .mdns, name: state.route.name,
             addresses: state.route.addresses, announced: true)

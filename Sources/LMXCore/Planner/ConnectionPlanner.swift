@@ -123,9 +123,9 @@ public struct ConnectionPlanner: Sendable {
     }
 
     /// Removes a route for good (a pairing or manual entry deleted).
-    public mutating func remove(_ routeID: String, reason: String, now: Double) -> [PlannerEvent] {
+    public mutating func remove(_ routeID: String, reason: String, cause: Cause, now: Double) -> [PlannerEvent] {
         guard let state = routes.removeValue(forKey: routeID) else { return [] }
-        var events: [PlannerEvent] = [.routeRemoved(state, reason: reason)]
+        var events: [PlannerEvent] = [.routeRemoved(state, reason: reason, cause: cause)]
         if vouches.removeValue(forKey: routeID) != nil {
             // A tunnel that goes takes the addresses it vouched for with it.
             for vouched in routes.values where vouched.route.vouchedBy == routeID {
@@ -134,7 +134,7 @@ public struct ConnectionPlanner: Sendable {
         }
         refreshUserRoutes()
         events += select(
-            now: now, lostReason: activeID == routeID ? "\(describe(state)) is no longer used: \(reason)" : nil)
+            now: now, lost: activeID == routeID ? ("\(describe(state)) is no longer used: \(reason)", cause) : nil)
         return events
     }
 
@@ -171,9 +171,12 @@ public struct ConnectionPlanner: Sendable {
     }
 
     /// Passive health: a silence where a heartbeat was due counts as one failed probe.
-    public mutating func recordPassiveFailure(_ routeID: String, detail: String, now: Double) -> [PlannerEvent] {
+    public mutating func recordPassiveFailure(_ routeID: String, detail: String, cause: Cause, now: Double)
+        -> [PlannerEvent]
+    {
         guard let state = routes[routeID], !state.inFlight else { return [] }
-        return record(ProbeReport(verdict: .down, latency: 0, detail: detail), for: routeID, full: false, now: now)
+        return record(
+            ProbeReport(verdict: .down, latency: 0, detail: detail, cause: cause), for: routeID, full: false, now: now)
     }
 
     /// Makes every route due now, for a full probe (`POST /v1/refresh`, a reload).

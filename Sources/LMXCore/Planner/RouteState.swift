@@ -86,6 +86,8 @@ public struct RouteState: Sendable, Hashable, Identifiable {
 
     /// Why this machine cannot reach the route the way it did (it left the route's network).
     public var offNetwork: String? { condition.offNetwork }
+    /// …and as a code.
+    public var offNetworkCause: Cause? { condition.offNetworkCause }
     /// The way to the route changed: the next probe decides alone.
     public var suspect: Bool { condition == .suspect }
     /// The last proof that the route's server is alive: a good probe, a byte of the gateway's
@@ -126,8 +128,9 @@ public indirect enum RouteCondition: Sendable, Hashable {
     case normal
     /// The way to the route changed: its next probe decides alone (one failure is enough).
     case suspect
-    /// This machine left the route's network: not usable until a probe gets through.
-    case offNetwork(String)
+    /// This machine left the route's network: not usable until a probe gets through. Why, in
+    /// words and as a code.
+    case offNetwork(String, cause: Cause)
     /// Failing because this machine's network changed or it slept, not because the server did.
     case localLoss
     /// Came back after a local loss: returns without the stability window, until a failure.
@@ -150,7 +153,9 @@ public indirect enum RouteCondition: Sendable, Hashable {
         }
     }
 
-    public var offNetwork: String? { if case .offNetwork(let why) = base { why } else { nil } }
+    public var offNetwork: String? { if case .offNetwork(let why, _) = base { why } else { nil } }
+    /// Why this machine left the route's network, as a code.
+    public var offNetworkCause: Cause? { if case .offNetwork(_, let cause) = base { cause } else { nil } }
 
     /// The route was lost for local reasons (left its network, or failed after a change).
     var lostLocally: Bool {
@@ -192,14 +197,15 @@ public struct ProbeTask: Sendable, Hashable {
 }
 
 /// Something the planner decided that the world should hear about.
+/// Each change carries its reason twice: a sentence for people and a ``Cause`` for programs.
 public enum PlannerEvent: Sendable, Hashable {
     case routeAdded(RouteState)
-    case routeRemoved(RouteState, reason: String)
-    /// Established health or verdict changed.
-    case healthChanged(RouteState, from: HealthVerdict?, reason: String)
+    case routeRemoved(RouteState, reason: String, cause: Cause)
+    /// Established health or verdict changed (`cause`: nil when the server is ready).
+    case healthChanged(RouteState, from: HealthVerdict?, reason: String, cause: Cause?)
     /// Any other change of what is shown for a route (latency, last probe, announcement).
     case routeUpdated(RouteState)
-    case activeChanged(from: RouteState?, to: RouteState?, reason: String)
+    case activeChanged(from: RouteState?, to: RouteState?, reason: String, cause: Cause)
     /// An announcer claims the `instance_id` of a server the user set up (`owner` is its name)
     /// from an address that server does not vouch for. Sent once per route.
     case impostor(RouteState, owner: String)

@@ -38,6 +38,10 @@ public struct ProbeReport: Sendable, Hashable, Codable {
     /// Why the verdict is what it is, for people: "connection refused", "HTTP 530", "timed out".
     /// Never carries a secret.
     public var detail: String?
+    /// Why the verdict is what it is, as a code for programs (the notifier, the dashboard):
+    /// nil when the server is ready, or in a report stored by a version that had no codes
+    /// (``effectiveCause`` then tells what the verdict says).
+    public var cause: Cause?
     public var instanceID: String?
     public var version: String?
     public var ready: Bool?
@@ -63,13 +67,14 @@ public struct ProbeReport: Sendable, Hashable, Codable {
     public var connectionAccepted: Bool?
 
     public init(
-        verdict: HealthVerdict, latency: Double, detail: String? = nil, instanceID: String? = nil,
+        verdict: HealthVerdict, latency: Double, detail: String? = nil, cause: Cause? = nil, instanceID: String? = nil,
         version: String? = nil, ready: Bool? = nil, modelCount: Int? = nil, securityProfile: String? = nil,
         adminKeyRequired: Bool? = nil, inferenceKeyRequired: Bool? = nil, retryAfter: Double? = nil
     ) {
         self.verdict = verdict
         self.latency = latency
         self.detail = detail
+        self.cause = cause
         self.instanceID = instanceID
         self.version = version
         self.ready = ready
@@ -79,6 +84,9 @@ public struct ProbeReport: Sendable, Hashable, Codable {
         self.inferenceKeyRequired = inferenceKeyRequired
         self.retryAfter = retryAfter
     }
+
+    /// The cause, else what the verdict says of it; nil for a ready server.
+    public var effectiveCause: Cause? { cause ?? Cause(verdict: verdict) }
 }
 
 /// The discovery document (CONTRACT §3), decoded leniently: every field optional, unknown

@@ -25,6 +25,10 @@ public enum ProbeTransportFailure: Error, Sendable, Hashable {
     case reset
     case timeout
     case unreachable
+    /// This machine has no address on a network that reaches the host.
+    case noAddress
+    /// A firewall on this machine blocks the connection.
+    case blocked
     case nameResolution
     case tls(String)
     case other(String)
@@ -35,9 +39,26 @@ public enum ProbeTransportFailure: Error, Sendable, Hashable {
         case .reset: "connection reset"
         case .timeout: "timed out"
         case .unreachable: "host unreachable"
+        case .noAddress: "this machine has no address on a network that reaches it"
+        case .blocked: "a firewall on this machine blocks the connection"
         case .nameResolution: "name not resolved"
         case .tls(let why): "TLS failure: \(why)"
         case .other(let why): why
+        }
+    }
+
+    /// The failure as a code, beside ``detail``.
+    public var cause: Cause {
+        switch self {
+        case .refused: .refused
+        case .reset: .reset
+        case .timeout: .timedOut
+        case .unreachable: .unreachable
+        case .noAddress: .addressLost
+        case .blocked: .blocked
+        case .nameResolution: .nameUnresolved
+        case .tls: .tls
+        case .other: .connectionFailed
         }
     }
 }
@@ -108,16 +129,16 @@ public struct ProbeSequence: Sendable {
         switch result {
         case .failure(let failure):
             if failure == .timeout { report.timedOut = true }
-            return finish(.down, detail: failure.detail)
+            return finish(.down, detail: failure.detail, cause: failure.cause)
         case .success(let r):
             response = r
         }
-        if let verdict = Self.classifyFailureStatus(response, via: via) {
+        if let (verdict, cause) = Self.classifyFailureStatus(response, via: via) {
             if verdict == .overloaded {
                 report.retryAfter = Self.retryAfter(response)
-                return finish(.overloaded, detail: "overloaded (HTTP \(response.status))")
+                return finish(.overloaded, detail: "overloaded (HTTP \(response.status))", cause: cause)
             }
-            return finish(verdict, detail: Self.statusDetail(response))
+            return finish(verdict, detail: Self.statusDetail(response), cause: cause)
         }
 
         switch stage {
@@ -125,11 +146,13 @@ public struct ProbeSequence: Sendable {
             guard response.status == 200 else {
                 // A web server without /healthz is something else than an LMX server.
                 return finish(
-                    response.status == 404 ? .wrongService : .down, detail: "/healthz answered HTTP \(response.status)")
+                    response.status == 404 ? .wrongService : .down, detail: "/healthz answered HTTP \(response.status)",
+                    cause: response.status == 404 ? .wrongService : .httpStatus)
             }
             let body = ContractBody.decode(response.body)
             guard let body, body.status != nil || body.version != nil else {
-                return finish(.wrongService, detail: "/healthz did not answer the LMX health document")
+                return finish(
+                    .wrongService, detail: "/healthz did not answer the LMX health document", cause: .wrongService)
             }
             report.version = OutsideInput.label(body.version, maxBytes: Self.maxVersionBytes)
             stage = .discovery(0)
@@ -138,13 +161,16 @@ public struct ProbeSequence: Sendable {
         case .discovery(let index):
             if response.status == 200, let document = DiscoveryDocument.decode(response.body) {
                 if let service = document.service, service != "opta-lmx" {
-                    return finish(.wrongService, detail: "service is \"\(Self.printable(service))\", not opta-lmx")
+                    return finish(
+                        .wrongService, detail: "service is \"\(Self.printable(service))\", not opta-lmx",
+                        cause: .wrongService)
                 }
                 if let pinned = pinnedInstance, let instance = document.instanceID, instance != pinned {
                     return finish(
                         .wrongService,
-                        detail: "instance_id is \"\(Self.printable(instance))\", expected \"\(Self.printable(pinned))\""
-                    )
+                        detail:
+                            "instance_id is \"\(Self.printable(instance))\", expected \"\(Self.printable(pinned))\"",
+                        cause: .wrongInstance)
                 }
                 // Kept whole or not at all: a pinned identity compares the server's own text.
                 report.instanceID = OutsideInput.identifier(document.instanceID)
@@ -167,7 +193,8 @@ public struct ProbeSequence: Sendable {
             if let pinned = pinnedInstance, report.instanceID == nil {
                 // The user paired a particular server: one that cannot say who it is is not it.
                 return finish(
-                    .wrongService, detail: "did not report an instance_id (expected \"\(Self.printable(pinned))\")")
+                    .wrongService, detail: "did not report an instance_id (expected \"\(Self.printable(pinned))\")",
+                    cause: .wrongInstance)
             }
             stage = .readyz
             return .request(path: "/readyz")
@@ -191,17 +218,18 @@ public struct ProbeSequence: Sendable {
                 {
                     report.verdict = .ready
                     report.detail = nil
+                    report.cause = nil
                     stage = .models
                     return .request(path: "/v1/models")
                 }
-                return finish(.ready, detail: nil)
+                return finish(.ready, detail: nil, cause: nil)
             case 503:
                 report.ready = false
                 if report.modelCount == nil { report.modelCount = 0 }
                 let reason = body?.reason.map { Self.printable($0) } ?? "not ready"
-                return finish(.aliveNotReady, detail: reason)
+                return finish(.aliveNotReady, detail: reason, cause: .notReady)
             default:
-                return finish(.down, detail: "/readyz answered HTTP \(response.status)")
+                return finish(.down, detail: "/readyz answered HTTP \(response.status)", cause: .httpStatus)
             }
 
         case .models, .done:
@@ -209,10 +237,11 @@ public struct ProbeSequence: Sendable {
         }
     }
 
-    private mutating func finish(_ verdict: HealthVerdict, detail: String?) -> Step {
+    private mutating func finish(_ verdict: HealthVerdict, detail: String?, cause: Cause?) -> Step {
         stage = .done
         report.verdict = verdict
         report.detail = detail
+        report.cause = cause
         return .finished(report)
     }
 
@@ -237,26 +266,27 @@ public struct ProbeSequence: Sendable {
         }.prefix(maxModels).map { $0 }
     }
 
-    /// Statuses that end the probe whatever was asked: auth, tunnel and overload answers.
-    static func classifyFailureStatus(_ response: ProbeResponse, via: Via) -> HealthVerdict? {
+    /// Statuses that end the probe whatever was asked: auth, tunnel and overload answers, with
+    /// their cause.
+    static func classifyFailureStatus(_ response: ProbeResponse, via: Via) -> (HealthVerdict, Cause)? {
         switch response.status {
         case 401, 403:
-            return .authRejected
+            return (.authRejected, .keysRefused)
         case 300..<400:
             // Cloudflare Access answers a missing or wrong service token with a redirect to its
             // login page; an LMX server never redirects.
             let location = response.headers["location"]?.lowercased() ?? ""
             if via == .wan || location.contains("cdn-cgi/access") || location.contains("login") {
-                return .authRejected
+                return (.authRejected, .loginPage)
             }
-            return .down
+            return (.down, .httpStatus)
         case 429:
-            return .overloaded
+            return (.overloaded, .overloaded)
         case 503:
             let body = ContractBody.decode(response.body)
-            return body?.errorCode == "overloaded" ? .overloaded : nil
+            return body?.errorCode == "overloaded" ? (.overloaded, .overloaded) : nil
         case 502, 524, 530:
-            return via == .wan ? .tunnelDown : .down
+            return via == .wan ? (.tunnelDown, .tunnelDown) : (.down, .httpStatus)
         default:
             return nil
         }

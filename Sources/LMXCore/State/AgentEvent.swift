@@ -1,10 +1,12 @@
 /// Everything the agent tells its outputs (the watch hub, the event recorder, the log, metrics,
-/// `endpoint.env`, the passive-health follower): the one enum they all read.
+/// `endpoint.env`, the passive-health follower): the one enum they all read. A change's reason
+/// comes twice: a sentence for people (`reason`) and a ``Cause`` for programs (`cause`).
 public enum AgentEvent: Sendable {
     case routeAdded(RouteState, quiet: Bool)
-    case routeRemoved(RouteState, reason: String)
-    case healthChanged(RouteState, from: HealthVerdict?, reason: String)
-    case activeChanged(from: RouteState?, to: RouteState?, reason: String)
+    case routeRemoved(RouteState, reason: String, cause: Cause)
+    /// `cause`: nil when the server is ready.
+    case healthChanged(RouteState, from: HealthVerdict?, reason: String, cause: Cause?)
+    case activeChanged(from: RouteState?, to: RouteState?, reason: String, cause: Cause)
     /// An announcer repeating a set-up server's instance id from an unvouched address.
     case impostor(RouteState, owner: String, why: String)
     /// A tunnel listed the LAN addresses it vouches for.
@@ -35,26 +37,27 @@ public enum AgentEvent: Sendable {
     }
 
     /// The row this event adds to the event history (`/v1/events`), if any: its kind, route,
-    /// from, to and reason.
-    public var record: (kind: String, routeID: String?, from: String?, to: String?, reason: String)? {
+    /// from, to, reason and cause (nil where the kind says it all: a route found, a pairing, this
+    /// machine's network or a wake).
+    public var record: (kind: String, routeID: String?, from: String?, to: String?, reason: String, cause: Cause?)? {
         switch self {
         case .routeAdded(let state, _):
-            ("candidate-added", state.id, nil, nil, "\(state.route.source.rawValue): \(state.route.name)")
-        case .routeRemoved(let state, let reason):
-            ("candidate-removed", state.id, nil, nil, reason)
-        case .healthChanged(let state, let from, let reason):
-            ("health", state.id, from?.rawValue, state.verdict?.rawValue, reason)
-        case .activeChanged(let from, let to, let reason):
-            ("active", to?.id, from?.id, to?.id, reason)
+            ("candidate-added", state.id, nil, nil, "\(state.route.source.rawValue): \(state.route.name)", nil)
+        case .routeRemoved(let state, let reason, let cause):
+            ("candidate-removed", state.id, nil, nil, reason, cause)
+        case .healthChanged(let state, let from, let reason, let cause):
+            ("health", state.id, from?.rawValue, state.verdict?.rawValue, reason, cause)
+        case .activeChanged(let from, let to, let reason, let cause):
+            ("active", to?.id, from?.id, to?.id, reason, cause)
         case .impostor(let state, _, let why):
-            ("impostor", state.id, nil, nil, why)
+            ("impostor", state.id, nil, nil, why, .impostor)
         case .pairing(let change, let id, let detail, _):
             switch change {
-            case .added, .updated: (change.rawValue, nil, nil, id, detail)
-            case .removed, .expired: (change.rawValue, nil, id, nil, detail)
+            case .added, .updated: (change.rawValue, nil, nil, id, detail, nil)
+            case .removed, .expired: (change.rawValue, nil, id, nil, detail, nil)
             }
         case .machine(let change, let detail):
-            (change.rawValue, nil, nil, nil, detail)
+            (change.rawValue, nil, nil, nil, detail, nil)
         case .vouchesChanged, .discoveryChanged, .serverSeen, .probed, .announcementIgnored, .serverEventReceived,
             .configured:
             nil
@@ -67,16 +70,20 @@ public enum AgentEvent: Sendable {
         switch self {
         case .routeAdded(let state, _):
             return .init(type: .candidateAdded, seq: 0, at: at, route: snapshot.routeStatus(state, now: now))
-        case .routeRemoved(let state, let reason):
+        case .routeRemoved(let state, let reason, let cause):
             return .init(
-                type: .candidateRemoved, seq: 0, at: at, route: snapshot.routeStatus(state, now: now), reason: reason)
-        case .healthChanged(let state, _, let reason):
-            return .init(type: .health, seq: 0, at: at, route: snapshot.routeStatus(state, now: now), reason: reason)
-        case .activeChanged(_, let to, let reason):
+                type: .candidateRemoved, seq: 0, at: at, route: snapshot.routeStatus(state, now: now), reason: reason,
+                cause: cause)
+        case .healthChanged(let state, _, let reason, let cause):
+            return .init(
+                type: .health, seq: 0, at: at, route: snapshot.routeStatus(state, now: now), reason: reason,
+                cause: cause)
+        case .activeChanged(_, let to, let reason, let cause):
             // The route this switch went to (a batch's switches are coalesced before they are
             // published, so this is the active route of the snapshot).
             return .init(
-                type: .active, seq: 0, at: at, active: to.flatMap { snapshot.endpoint($0, now: now) }, reason: reason)
+                type: .active, seq: 0, at: at, active: to.flatMap { snapshot.endpoint($0, now: now) }, reason: reason,
+                cause: cause)
         case .discoveryChanged(let state):
             return .init(type: .avahi, seq: 0, at: at, avahi: state.name, reason: state.detail)
         default:
@@ -92,9 +99,11 @@ extension AgentEvent {
     /// pairing for the server in use replaces its route by one with the same id: gone, then
     /// back, in one step — nothing moved.)
     public static func coalescingSwitches(_ events: [AgentEvent]) -> [AgentEvent] {
-        var switches: [(index: Int, from: RouteState?, to: RouteState?, reason: String)] = []
+        var switches: [(index: Int, from: RouteState?, to: RouteState?, reason: String, cause: Cause)] = []
         for (index, event) in events.enumerated() {
-            if case .activeChanged(let from, let to, let reason) = event { switches.append((index, from, to, reason)) }
+            if case .activeChanged(let from, let to, let reason, let cause) = event {
+                switches.append((index, from, to, reason, cause))
+            }
         }
         guard switches.count > 1, let first = switches.first, let last = switches.last else { return events }
         var out: [AgentEvent] = []
@@ -102,7 +111,7 @@ extension AgentEvent {
         for (index, event) in events.enumerated() {
             if case .activeChanged = event {
                 if index == last.index, first.from?.id != last.to?.id {
-                    out.append(.activeChanged(from: first.from, to: last.to, reason: last.reason))
+                    out.append(.activeChanged(from: first.from, to: last.to, reason: last.reason, cause: last.cause))
                 }
             } else {
                 out.append(event)
@@ -120,10 +129,10 @@ extension AgentEvent {
         guard let row = record else { return nil }
         var own: [String: RouteState] = [:]
         switch self {
-        case .routeAdded(let state, _), .routeRemoved(let state, _), .healthChanged(let state, _, _),
+        case .routeAdded(let state, _), .routeRemoved(let state, _, _), .healthChanged(let state, _, _, _),
             .impostor(let state, _, _):
             own[state.id] = state
-        case .activeChanged(let from, let to, _):
+        case .activeChanged(let from, let to, _, _):
             for state in [from, to].compactMap(\.self) { own[state.id] = state }
         default:
             break
@@ -143,10 +152,12 @@ extension AgentEvent {
         events.compactMap { event in
             switch event {
             case .routeAdded(let state): .routeAdded(state, quiet: quiet)
-            case .routeRemoved(let state, let reason): .routeRemoved(state, reason: reason)
-            case .healthChanged(let state, let from, let reason): .healthChanged(state, from: from, reason: reason)
+            case .routeRemoved(let state, let reason, let cause): .routeRemoved(state, reason: reason, cause: cause)
+            case .healthChanged(let state, let from, let reason, let cause):
+                .healthChanged(state, from: from, reason: reason, cause: cause)
             case .routeUpdated: nil
-            case .activeChanged(let from, let to, let reason): .activeChanged(from: from, to: to, reason: reason)
+            case .activeChanged(let from, let to, let reason, let cause):
+                .activeChanged(from: from, to: to, reason: reason, cause: cause)
             case .impostor(let state, let owner): .impostor(state, owner: owner, why: planner.untrustedWhy(state))
             case .vouchesChanged(let id, let urls, let instance):
                 .vouchesChanged(tunnelID: id, baseURLs: urls, instanceID: instance)

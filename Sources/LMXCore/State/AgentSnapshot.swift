@@ -72,6 +72,12 @@ extension AgentSnapshot {
         return summary.joined(separator: "; ") + more
     }
 
+    /// Why there is no active endpoint, as a code: the first route's failure that is known; nil
+    /// when no route is known or none has failed.
+    public var noActiveCause: Cause? {
+        planner.sortedRoutes.lazy.compactMap { $0.offNetworkCause ?? $0.lastReport?.effectiveCause }.first
+    }
+
     public func routeStatus(_ state: RouteState, now t: Double) -> StatusAPI.RouteStatus {
         // A route the trust policy keeps from requests shows how many models it has, not their
         // names: an announcer's list is of no use to anyone here and would only grow the answer.
@@ -85,7 +91,8 @@ extension AgentSnapshot {
             lastProbe: state.lastReport.map { report in
                 StatusAPI.Probe(
                     at: iso(state.lastProbeAt ?? t), verdict: report.verdict,
-                    latencyMS: (report.latency * 10_000).rounded() / 10, detail: report.detail)
+                    latencyMS: (report.latency * 10_000).rounded() / 10, detail: report.detail,
+                    cause: report.effectiveCause)
             },
             version: state.lastReport?.version, models: state.lastReport?.modelCount, ready: state.lastReport?.ready,
             probes: state.probeCount, failures: state.failureCount, credentials: state.route.credentials.setNames,
@@ -95,7 +102,8 @@ extension AgentSnapshot {
             inferenceReady: state.verdict.map {
                 $0 == .ready && state.health == .up && !planner.lacksRequiredKey(state)
             },
-            inFlightRequests: state.lastReport?.inFlightRequests, foundBy: state.route.foundBy)
+            inFlightRequests: state.lastReport?.inFlightRequests, foundBy: state.route.foundBy,
+            cause: planner.explainCause(state))
     }
 
     /// The key that merges routes into one server: its instance (``serverInstance(_:)``), except
@@ -147,6 +155,7 @@ extension AgentSnapshot {
             active: active, noActiveReason: active == nil ? noActiveReason : nil, candidates: candidates(now: now),
             trust: planner.policy.trust.rawValue, gateway: gateway,
             prefer: planner.policy.preferredInstances.isEmpty ? nil : planner.policy.preferredInstances)
+        if active == nil { status.noActiveCause = noActiveCause }
         if active == nil && !discoveryFindings.isEmpty { status.discoveryFindings = discoveryFindings }
         return status
     }

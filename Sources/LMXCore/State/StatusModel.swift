@@ -48,15 +48,18 @@ public enum StatusAPI {
         public var verdict: HealthVerdict
         public var latencyMS: Double
         public var detail: String?
+        /// `detail` as a code (``Cause``): nil when the server is ready.
+        public var cause: Cause?
 
-        public init(at: String, verdict: HealthVerdict, latencyMS: Double, detail: String?) {
+        public init(at: String, verdict: HealthVerdict, latencyMS: Double, detail: String?, cause: Cause? = nil) {
             self.at = at
             self.verdict = verdict
             self.latencyMS = latencyMS
             self.detail = detail
+            self.cause = cause
         }
 
-        enum CodingKeys: String, CodingKey { case at, verdict, latencyMS = "latency_ms", detail }
+        enum CodingKeys: String, CodingKey { case at, verdict, latencyMS = "latency_ms", detail, cause }
     }
 
     /// One way to reach a server, with its health.
@@ -73,6 +76,9 @@ public enum StatusAPI {
         public var active: Bool
         /// Why it is or is not the active route.
         public var reason: String
+        /// `reason` as a code (``Cause``) when something keeps the route from use (its last probe
+        /// failed, this machine left its network, the trust policy); nil when nothing does.
+        public var cause: Cause?
         public var latencyMS: Double?
         public var lastProbe: Probe?
         public var version: String?
@@ -107,8 +113,9 @@ public enum StatusAPI {
             latencyMS: Double?, lastProbe: Probe?, version: String?, models: Int?, ready: Bool?, probes: Int,
             failures: Int, credentials: [String], pinnedInstance: String?, loadedModels: [String]? = nil,
             trust: RouteTrust? = nil, vouchedBy: String? = nil, keyRequired: Bool? = nil, inferenceReady: Bool? = nil,
-            inFlightRequests: Int? = nil, foundBy: String? = nil
+            inFlightRequests: Int? = nil, foundBy: String? = nil, cause: Cause? = nil
         ) {
+            self.cause = cause
             self.foundBy = foundBy
             self.inFlightRequests = inFlightRequests
             self.trust = trust
@@ -145,6 +152,7 @@ public enum StatusAPI {
             case trust, vouchedBy = "vouched_by", keyRequired = "key_required", inferenceReady = "inference_ready"
             case inFlightRequests = "in_flight_requests"
             case foundBy = "found_by"
+            case cause
         }
     }
 
@@ -176,6 +184,9 @@ public enum StatusAPI {
         public var avahiDetail: String?
         public var active: Active?
         public var noActiveReason: String?
+        /// `noActiveReason` as a code (``Cause``): that of the first route's failure; nil while
+        /// a route is active, none is known, or they are being probed.
+        public var noActiveCause: Cause?
         public var candidates: [Candidate]
         /// The trust policy in force (`paired`, `pinned`, `lan`).
         public var trust: String?
@@ -210,6 +221,7 @@ public enum StatusAPI {
             case agentVersion = "agent_version", seq, avahi, avahiDetail = "avahi_detail", active
             case noActiveReason = "no_active_reason", candidates, trust, gateway, prefer
             case discoveryFindings = "discovery_findings"
+            case noActiveCause = "no_active_cause"
         }
     }
 
@@ -257,13 +269,17 @@ public enum StatusAPI {
         public var reason: String
         /// The event as a sentence for people (``EventWords``); the fields above are for programs.
         public var text: String?
+        /// Why, as a code (``Cause``); nil for kinds that say it all (a route found, a pairing,
+        /// this machine's network, a wake) and for events recorded by older versions.
+        public var cause: Cause?
 
-        enum CodingKeys: String, CodingKey { case id, at, kind, routeID = "route_id", from, to, reason, text }
+        enum CodingKeys: String, CodingKey { case id, at, kind, routeID = "route_id", from, to, reason, text, cause }
 
         public init(
             id: Int64, at: String, kind: String, routeID: String?, from: String?, to: String?, reason: String,
-            text: String? = nil
+            text: String? = nil, cause: Cause? = nil
         ) {
+            self.cause = cause
             self.text = text
             self.id = id
             self.at = at
@@ -296,12 +312,16 @@ public enum StatusAPI {
         public var active: Active?
         public var route: RouteStatus?
         public var avahi: String?
+        /// Why, for people (a sentence or its words: never parse it).
         public var reason: String?
+        /// Why, as a code (``Cause``): on `active`, `health` and `candidate-removed` lines.
+        public var cause: Cause?
 
         public init(
             type: Kind, seq: UInt64, at: String, status: Status? = nil, active: Active? = nil,
-            route: RouteStatus? = nil, avahi: String? = nil, reason: String? = nil
+            route: RouteStatus? = nil, avahi: String? = nil, reason: String? = nil, cause: Cause? = nil
         ) {
+            self.cause = cause
             self.type = type
             self.seq = seq
             self.at = at

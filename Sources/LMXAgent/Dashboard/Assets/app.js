@@ -160,14 +160,15 @@ function renderServers() {
       const models = route.loaded_models && route.loaded_models.length
         ? 'Models: ' + route.loaded_models.join(', ')
         : (typeof route.models === 'number' && route.models > 0 ? route.models + ' model' + (route.models === 1 ? '' : 's') + ' loaded' : null);
-      routes.append(el('li', { className: 'route', 'data-route': route.id, 'data-verdict': verdict },
+      // The cause code (docs/socket-api.md) for programs and a hover: the reason says it in words.
+      routes.append(el('li', { className: 'route', 'data-route': route.id, 'data-verdict': verdict, 'data-cause': route.cause },
         el('div', { className: 'route-head' },
           el('span', { className: 'badge', 'data-tone': route.via === 'wan' ? 'wan' : 'idle', text: route.via === 'wan' ? 'tunnel' : 'LAN' }),
           el('span', { className: 'badge', 'data-tone': verdictTone, text: verdict }),
           route.active ? el('span', { className: 'badge', 'data-tone': 'ok', text: 'active' }) : null,
           el('span', { className: 'url', text: route.base_url })),
         // (Not "active" under the "active" badge.)
-        route.reason && !(route.active && route.reason === 'active') ? el('p', { className: 'reason', text: route.reason }) : null,
+        route.reason && !(route.active && route.reason === 'active') ? el('p', { className: 'reason', text: route.reason, title: route.cause ? 'cause: ' + route.cause : null }) : null,
         el('div', { className: 'latency' }, (state.history.get(route.id) || []).length >= 2 ? sparkline(route) : null, el('span', { text: 'latency ' + latency + load })),
         models ? el('p', { className: 'models', text: models }) : null,
         route.found_by ? el('p', { className: 'detail found-by', text: 'Found by ' + route.found_by }) : null,
