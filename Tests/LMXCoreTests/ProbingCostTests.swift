@@ -153,6 +153,21 @@ import Testing
         #expect(h.planner.routes[Self.tunnel.id]!.freshCheck == false)
     }
 
+    @Test(
+        "the check before a tunnel is handed out connects with the tunnel's own timeout: 250 ms is a LAN's SYN, not a phone's way to Cloudflare, and one failed check decides alone"
+    )
+    func freshCheckOfTunnel() {
+        var h = settled { id, _ in id == Self.home.id ? .down : .ready }
+        #expect(h.planner.activeID == Self.tunnel.id)
+        let asked = h.planner.routes[Self.tunnel.id]!.lastProofAt! + 8
+        h.now = asked
+        let due = h.planner.checkFresh(Self.tunnel.id, now: asked)
+        #expect(due)
+        let check = h.planner.takeDueProbes(now: asked).first { $0.route.id == Self.tunnel.id }
+        #expect(check != nil)
+        #expect(check?.connectTimeout == nil, "the tunnel's check connects within \(check?.connectTimeout ?? 0) s")
+    }
+
     @Test("a request after an idle time puts the active route back under its close watch at once")
     func useTightens() {
         var h = settled()

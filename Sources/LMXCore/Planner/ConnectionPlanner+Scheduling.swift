@@ -48,9 +48,12 @@ extension ConnectionPlanner {
             // The active route (and a standby) is checked cheaply; now and then, in full.
             let quick = mayCheckQuickly(state, now: now)
             let returning = state.pathBackAt.map { now - $0 < Self.pathReturnWindow } ?? false
+            // A check before the route is handed out decides alone: it connects quickly on the LAN
+            // only; a tunnel's way (a phone's link to Cloudflare) takes its own connect timeout.
+            let freshOnLAN = state.freshCheck && state.route.via == .lan
             return ProbeTask(
                 route: state.route, full: !quick,
-                connectTimeout: returning || state.freshCheck ? Self.pathReturnConnectTimeout : nil)
+                connectTimeout: returning || freshOnLAN ? Self.pathReturnConnectTimeout : nil)
         }
     }
 
