@@ -23,6 +23,28 @@ struct PairingTests {
         }
     }
 
+    @Test(
+        "an address given as a URL or with a zone is refused by what it is, naming the address to give, never the URL's secrets"
+    )
+    func addressAsURLOrZoned() {
+        func refusal(_ text: String) -> String {
+            do {
+                _ = try HostPort.parse(text, field: "--host", defaultPort: HostPort.defaultPort)
+                return "accepted"
+            } catch { return error.description }
+        }
+        let url = refusal("https://user:pw@studio.example:1234/v1?key=SECRET")
+        #expect(url.contains("is a URL") && url.contains("--host studio.example:1234"), "\(url)")
+        #expect(!url.contains("SECRET") && !url.contains("pw"), "\(url)")
+        let plain = refusal("http://10.254.0.11")
+        #expect(plain.contains("is a URL") && plain.contains("10.254.0.11"), "\(plain)")
+        let v6 = refusal("http://[fd00::5]:8080/")
+        #expect(v6.contains("[fd00::5]:8080"), "\(v6)")
+        let zoned = refusal("[fe80::1%eth0]:1234")
+        #expect(zoned.contains("zone") && zoned.contains("lmx-discover"), "\(zoned)")
+        #expect(refusal("[fd00::5]:8080") == "accepted")
+    }
+
     @Test("the v1 token with every field")
     func tokenFull() throws {
         let p = try one(
