@@ -78,7 +78,7 @@ extension ConnectionPlanner {
 
     /// Asks for a check of `routeID` now unless its last proof is at most ``freshFor`` old or a
     /// probe of it is running: a LAN route connects quickly (``pathReturnConnectTimeout``; a tunnel
-    /// with its own connect timeout) and its failure decides alone, so a route that vanished while
+    /// within ``freshTunnelConnectTimeout``) and its failure decides alone, so a route that vanished while
     /// nobody looked is not handed out.
     /// - Returns: whether a check was made due (the caller waits for it).
     public mutating func checkFresh(_ routeID: String, now: Double) -> Bool {
