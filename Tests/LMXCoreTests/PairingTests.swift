@@ -24,7 +24,7 @@ struct PairingTests {
     }
 
     @Test(
-        "an address given as a URL or with a zone is refused by what it is, naming the address to give, never the URL's secrets"
+        "an address given as a URL, with a zone or link-local is refused by what it is, naming the address to give, never the URL's secrets"
     )
     func addressAsURLOrZoned() {
         func refusal(_ text: String) -> String {
@@ -42,6 +42,9 @@ struct PairingTests {
         #expect(v6.contains("[fd00::5]:8080"), "\(v6)")
         let zoned = refusal("[fe80::1%eth0]:1234")
         #expect(zoned.contains("zone") && zoned.contains("lmx-discover"), "\(zoned)")
+        // Without its zone a link-local address reaches nothing (connect() needs the interface).
+        let bare = refusal("[fe80::1]:1234")
+        #expect(bare.contains("link-local") && bare.contains("lmx-discover"), "\(bare)")
         #expect(refusal("[fd00::5]:8080") == "accepted")
     }
 

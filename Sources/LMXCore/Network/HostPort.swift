@@ -104,6 +104,13 @@ extension HostPort {
             guard isIPv6(inner) else {
                 throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)) is not an IPv6 address")
             }
+            if ServerAddress.isLinkLocalIPv6(inner) {
+                // Without its interface, connect() refuses it: nothing could be reached there.
+                throw PairingError(
+                    .invalidField, field: field,
+                    "\(PairingError.quote(text)) is a link-local address, which reaches nothing without its interface; such a server is found, with its interface, by lmx-discover (mDNS)"
+                )
+            }
             return inner
         }
         if text.contains(":") {
