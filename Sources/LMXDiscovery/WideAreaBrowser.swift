@@ -53,9 +53,25 @@ public enum WideAreaBrowser {
             for await answer in group { all.append(answer) }
             return all.sorted { $0.0 < $1.0 }.map(\.1)
         }
+        return announced(answers)
+    }
+
+    /// Browse domains taken from the network's announcements at most. RFC 6763 §11 expects a
+    /// handful; a DNS server (any network's, handed out with its search domain) that lists
+    /// hundreds would otherwise have each browsed, and up to 64 instances resolved in each, every
+    /// refresh. The same bound as the configured `browse_domains`.
+    public static let maxAnnouncedDomains = 16
+
+    /// The announced domains from the answers to each question (`nil`: not answered), each once
+    /// in the order found, at most ``maxAnnouncedDomains``; `nil` when no question was answered.
+    static func announced(_ answers: [[String]?]) -> [String]? {
         if answers.allSatisfy({ $0 == nil }) { return nil }
         var seen = Set<String>()
-        return answers.compactMap { $0 }.flatMap { $0 }.filter { !$0.isEmpty && seen.insert($0.lowercased()).inserted }
+        var domains: [String] = []
+        for domain in answers.compactMap({ $0 }).joined() where domains.count < maxAnnouncedDomains {
+            if !domain.isEmpty && seen.insert(domain.lowercased()).inserted { domains.append(domain) }
+        }
+        return domains
     }
 
     /// Lists and resolves every instance of `type` in `domain`.

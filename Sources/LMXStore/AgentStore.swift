@@ -347,4 +347,23 @@ extension AgentStore {
     public static func isLocked(_ error: any Error) -> Bool {
         (error as? SQLiteError)?.isLocked == true
     }
+
+    /// A failed read or write of the database at `path`, for people: what happened to which file
+    /// and the next step (the history's readers show it; the log says it once per episode).
+    public static func explain(_ error: any Error, path: String) -> String {
+        guard let sqlite = error as? SQLiteError else {
+            return
+                "could not use the database \(path) (\(error)): check the disk (df) and the file's owner and permissions, then restart the agent"
+        }
+        if sqlite.isLocked {
+            return
+                "the database \(path) is locked by another process (a backup, sqlite3 left in a transaction): try again once it lets go"
+        }
+        if sqlite.isCorrupt {
+            return
+                "the database \(path) is damaged (\(sqlite.message)): stop the agent, move the file aside and start it again (a fresh one is made; pair again with lmx-pair)"
+        }
+        return
+            "could not use the database \(path) (\(sqlite.message)): check the disk (df) and the file's owner and permissions, then restart the agent"
+    }
 }

@@ -125,6 +125,28 @@ struct StatusAPITests {
         }
     }
 
+    @Test("/v1/history on a damaged database: a 500 naming the file and the next step")
+    func historyOnDamagedDatabase() async throws {
+        try await AgentFixture.with { fixture in
+            // Every page overwritten under the open connections (a disk that went bad), once the
+            // write-ahead log is in the file.
+            let path = fixture.directory + "/agent.db"
+            try fixture.store.close()
+            let size = try FileManager.default.attributesOfItem(atPath: path)[.size] as? Int ?? 0
+            let file = try #require(FileHandle(forWritingAtPath: path))
+            try file.write(contentsOf: Data(repeating: 0x5A, count: max(size, 4096)))
+            try file.close()
+            try await app(fixture, peer: 0).test(.router) { client in
+                try await client.execute(uri: "/v1/history?since=1h", method: .get) { response in
+                    #expect(response.status == .internalServerError)
+                    let body = try JSONDecoder().decode(StatusAPI.ErrorBody.self, from: Data(buffer: response.body))
+                    #expect(body.reason.contains(path), "\(body.reason)")
+                    #expect(body.reason.contains("stop the agent, move the file aside"), "\(body.reason)")
+                }
+            }
+        }
+    }
+
     @Test("every error has the API's one JSON shape")
     func errorShape() async throws {
         try await AgentFixture.with { fixture in

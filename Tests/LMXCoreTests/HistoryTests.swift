@@ -92,6 +92,36 @@ struct HistoryTests {
         #expect(wan.segments.last?.to == Timestamp.iso8601(now - 3600))
     }
 
+    @Test("many routes and models: the step grows so one answer holds at most maxTotalPoints figures")
+    func manySeriesStepUp() throws {
+        let q = History.Query(since: now - 86_400, until: now, step: 60)
+        let minutes = (0..<1440).map { now - 86_400 + Double($0) * 60 }
+        let probes = (0..<30).flatMap { route in
+            minutes.map {
+                ProbeFigures(routeID: "route-\(route)", at: $0, step: 60, probes: 6, p50: 0.0123, p95: 0.0456)
+            }
+        }
+        let traffic = (0..<10).flatMap { model in
+            minutes.map {
+                TrafficFigures(
+                    model: "organisation/a-long-model-name-\(model)", via: .wan, at: $0, step: 60, requests: 3,
+                    errors: 1, firstTokens: 3, firstTokenP50: 0.3, firstTokenP95: 0.9, streams: 2, tokensPerSecond: 40.5
+                )
+            }
+        }
+        let transitions = (0..<30).map { change("route-\($0)", 86_400, .ready) }
+        let history = History.build(q, transitions: transitions, probes: probes, traffic: traffic)
+        let points = history.routes.map(\.latency.count).reduce(0, +) + history.models.map(\.points.count).reduce(0, +)
+        #expect(history.routes.count == 30 && history.models.count == 10)
+        #expect(history.step > 60 && history.step % 60 == 0, "stepped up in whole minutes: \(history.step)")
+        #expect(points <= History.maxTotalPoints && points > History.maxTotalPoints / 2, "\(points) points")
+        let bytes = try StatusAPI.encoder.encode(history).count
+        #expect(bytes < 1_600_000, "\(bytes) bytes")
+        // One route over the same day keeps the step asked for.
+        let one = History.build(q, transitions: [transitions[0]], probes: Array(probes.prefix(1440)), traffic: [])
+        #expect(one.step == 60 && one.routes.first?.latency.count == 1440)
+    }
+
     @Test("figures of minutes summed into the step asked for")
     func figures() throws {
         let q = History.Query(since: now - 3600, until: now, step: 600)

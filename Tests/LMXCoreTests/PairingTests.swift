@@ -23,6 +23,31 @@ struct PairingTests {
         }
     }
 
+    @Test(
+        "an address given as a URL, with a zone or link-local is refused by what it is, naming the address to give, never the URL's secrets"
+    )
+    func addressAsURLOrZoned() {
+        func refusal(_ text: String) -> String {
+            do {
+                _ = try HostPort.parse(text, field: "--host", defaultPort: HostPort.defaultPort)
+                return "accepted"
+            } catch { return error.description }
+        }
+        let url = refusal("https://user:pw@studio.example:1234/v1?key=SECRET")
+        #expect(url.contains("is a URL") && url.contains("--host studio.example:1234"), "\(url)")
+        #expect(!url.contains("SECRET") && !url.contains("pw"), "\(url)")
+        let plain = refusal("http://10.254.0.11")
+        #expect(plain.contains("is a URL") && plain.contains("10.254.0.11"), "\(plain)")
+        let v6 = refusal("http://[fd00::5]:8080/")
+        #expect(v6.contains("[fd00::5]:8080"), "\(v6)")
+        let zoned = refusal("[fe80::1%eth0]:1234")
+        #expect(zoned.contains("zone") && zoned.contains("lmx-discover"), "\(zoned)")
+        // Without its zone a link-local address reaches nothing (connect() needs the interface).
+        let bare = refusal("[fe80::1]:1234")
+        #expect(bare.contains("link-local") && bare.contains("lmx-discover"), "\(bare)")
+        #expect(refusal("[fd00::5]:8080") == "accepted")
+    }
+
     @Test("the v1 token with every field")
     func tokenFull() throws {
         let p = try one(

@@ -143,6 +143,27 @@ struct ProbeSequenceTests {
         #expect(report.detail == "no models loaded")
     }
 
+    @Test(
+        "a server's words reach terminals and logs escaped: C1 controls, bidirectional overrides and line separators in a 503 reason or a service name"
+    )
+    func hostileWords() {
+        let hostile = #"ok\u202Egnp.exe\u009B31m\u2028fake line\u0085x"#
+        let (notReady, _) = run([
+            "/healthz": .success(healthz), "/.well-known/opta-lmx": .success(document),
+            "/readyz": .success(ProbeResponse(status: 503, body: json(#"{"reason":"\#(hostile)"}"#))),
+        ])
+        let (foreign, _) = run([
+            "/healthz": .success(healthz),
+            "/.well-known/opta-lmx": .success(ProbeResponse(status: 200, body: json(#"{"service":"\#(hostile)"}"#))),
+        ])
+        let raw: Set<UInt32> = [0x202E, 0x9B, 0x2028, 0x85]
+        for detail in [notReady.detail, foreign.detail] {
+            #expect(detail != nil)
+            #expect(!(detail ?? "").unicodeScalars.contains { raw.contains($0.value) }, "\(detail ?? "")")
+            #expect((detail ?? "").contains(#"\u{202e}"#), "shown, not obeyed: \(detail ?? "")")
+        }
+    }
+
     @Test("an older server without a discovery document falls back to /v1/discovery, then is still probed")
     func olderServer() {
         let (report, asked) = run(["/healthz": .success(healthz), "/readyz": .success(readyz)])

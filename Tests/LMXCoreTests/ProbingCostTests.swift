@@ -32,6 +32,30 @@ import Testing
     }
 
     @Test(
+        "idle: a tunnel standby that goes down (a quick tunnel's stale URL, cloudflared stopped) is asked a couple of times a minute, not every second for the ten minutes of the restart watch"
+    )
+    func idleStandbyDown() {
+        // The tunnel is down from 100 s to 700 s; the LAN server goes at 700 s.
+        var h = settled { id, now in
+            id == Self.tunnel.id ? (now > 100 && now < 700 ? .tunnelDown : .ready) : (now < 700 ? .ready : .down)
+        }
+        h.run(until: 100)
+        h.requests = [:]
+        h.run(until: 699)
+        let standby = h.requests[Self.tunnel.id] ?? 0
+        #expect(h.planner.activeID == Self.home.id)
+        #expect(h.planner.routes[Self.tunnel.id]?.health == .down)
+        #expect(standby <= 25, "the tunnel standby, down, was asked \(standby) times in 10 minutes")
+        // The LAN server goes (seen at its next idle check): the tunnel, back meanwhile, is asked
+        // again at once and taken.
+        h.run(until: 740)
+        let lost = h.switches.last { $0.to == nil }?.at
+        let taken = h.switches.last { $0.to == Self.tunnel.id }?.at
+        #expect(h.planner.activeID == Self.tunnel.id, "\(h.switches.map(\.reason))")
+        #expect(lost != nil && taken != nil && taken! - lost! < 4, "lost at \(lost ?? 0), tunnel at \(taken ?? 0)")
+    }
+
+    @Test(
         "in use (a client follows the changes): the active route is checked every 0.5 s, as the close watch always was")
     func watchedCost() {
         var h = settled()
@@ -151,6 +175,24 @@ import Testing
         )
         #expect(h.planner.activeID == Self.tunnel.id)
         #expect(h.planner.routes[Self.tunnel.id]!.freshCheck == false)
+    }
+
+    @Test(
+        "the check before a tunnel is handed out waits for a resent SYN (2 s): 250 ms is a LAN's SYN, not a phone's way to Cloudflare, and one failed check decides alone"
+    )
+    func freshCheckOfTunnel() {
+        var h = settled { id, _ in id == Self.home.id ? .down : .ready }
+        #expect(h.planner.activeID == Self.tunnel.id)
+        let asked = h.planner.routes[Self.tunnel.id]!.lastProofAt! + 8
+        h.now = asked
+        let due = h.planner.checkFresh(Self.tunnel.id, now: asked)
+        #expect(due)
+        let check = h.planner.takeDueProbes(now: asked).first { $0.route.id == Self.tunnel.id }
+        #expect(check != nil)
+        #expect(
+            check?.connectTimeout == ConnectionPlanner.freshTunnelConnectTimeout,
+            "the tunnel's check connects within \(check?.connectTimeout ?? 0) s")
+        #expect(ConnectionPlanner.freshTunnelConnectTimeout > 1, "a SYN sent again after 1 s is waited for")
     }
 
     @Test("a request after an idle time puts the active route back under its close watch at once")

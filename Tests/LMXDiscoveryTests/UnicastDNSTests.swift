@@ -34,6 +34,18 @@ struct UnicastDNSTests {
         return message
     }
 
+    @Test(
+        "browse domains the network announces: each once, in the order found, at most maxAnnouncedDomains (a DNS server listing hundreds does not have each browsed every refresh)"
+    )
+    func announcedDomainsBounded() {
+        let many = (0..<500).map { "d\($0).site.test" }
+        let domains = WideAreaBrowser.announced([nil, ["A.site.test", "a.site.test", ""], many])
+        #expect(domains?.count == WideAreaBrowser.maxAnnouncedDomains)
+        #expect(domains?.prefix(2) == ["A.site.test", "d0.site.test"])
+        #expect(WideAreaBrowser.announced([nil, nil]) == nil, "no answer at all: nothing known")
+        #expect(WideAreaBrowser.announced([[]]) == [])
+    }
+
     @Test("PTR, SRV, TXT and A come out with exact labels, port, entries and address; compression followed")
     func parsesDNSSDRecords() throws {
         let records = UnicastDNS.parse(Self.response())

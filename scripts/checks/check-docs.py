@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Checks every link in the repository's Markdown files: relative links must name a file or
 directory inside the repository, and #anchors a heading of the file they point to. Links to
-the web are left alone. Exit 1 with each broken link listed; `make test` runs it.
+the web are left alone. The README must also name every Debian package `make run` and `make test`
+install (the lists in scripts/lib.sh), so a reader knows what lands on the machine. Exit 1 with
+each broken link or unnamed package listed; `make test` runs it.
 
 Usage: check-docs.py [REPO]
 """
@@ -45,8 +47,27 @@ def markdown_files():
                 yield os.path.join(directory, name)
 
 
+def packages():
+    """The Debian packages scripts/lib.sh installs (BUILD_PACKAGES, TEST_PACKAGES); none without it."""
+    path = os.path.join(ROOT, "scripts", "lib.sh")
+    if not os.path.exists(path):
+        return []
+    text = open(path, encoding="utf-8").read()
+    names = []
+    for m in re.finditer(r"^(?:BUILD|TEST)_PACKAGES\+?=\(([^)]*)\)", text, flags=re.M):
+        for word in m.group(1).split():
+            if not word.startswith('"$') and word not in names:
+                names.append(word)
+    return names
+
+
 def main():
     broken = []
+    readme = os.path.join(ROOT, "README.md")
+    named = open(readme, encoding="utf-8").read() if os.path.exists(readme) else ""
+    for package in packages():
+        if "`%s`" % package not in named:
+            broken.append("README.md: does not name the package `%s` that scripts/lib.sh installs" % package)
     count = 0
     for path in sorted(markdown_files()):
         text = open(path, encoding="utf-8").read()

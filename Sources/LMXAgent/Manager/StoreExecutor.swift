@@ -35,6 +35,9 @@ public final class StoreExecutor: Sendable {
         self.limit = limit
     }
 
+    /// The database's file.
+    public var path: String { store.path }
+
     /// Writes waiting to be performed.
     public var pending: Int { state.withLock { $0.pending } }
     /// Droppable writes skipped because the queue was full.
@@ -66,7 +69,7 @@ public final class StoreExecutor: Sendable {
                         // Held by another process: the next writes wait behind this one (order
                         // is kept), unless it is a statistic and others are waiting.
                         if droppable && state.withLock({ $0.pending > 1 }) { throw error }
-                        Self.failing(state, logger, what: what, error)
+                        Self.failing(state, logger, what: what, error, path: store.path)
                         attempt += 1
                         SystemClock.sleep(seconds: 0.2)
                     }
@@ -78,14 +81,16 @@ public final class StoreExecutor: Sendable {
                 if recovered { logger.notice("the database accepts writes again") }
             } catch {
                 state.withLock { $0.dropped += 1 }
-                Self.failing(state, logger, what: what, error)
+                Self.failing(state, logger, what: what, error, path: store.path)
             }
         }
     }
 
     /// Says that writes fail: one line per episode, not one per write, while the database stays
     /// locked (or broken).
-    private static func failing(_ state: Box<State>, _ logger: Logger, what: String, _ error: any Error) {
+    private static func failing(
+        _ state: Box<State>, _ logger: Logger, what: String, _ error: any Error, path: String
+    ) {
         let first = state.withLock { s in
             defer { s.failing = true }
             return !s.failing
@@ -96,7 +101,7 @@ public final class StoreExecutor: Sendable {
                 "the database is locked by another process: writes wait and are tried again (probe statistics may be skipped meanwhile)"
             )
         } else {
-            logger.warning("could not \(what); carrying on from memory: \(error)")
+            logger.warning("could not \(what); carrying on from memory: \(AgentStore.explain(error, path: path))")
         }
     }
 

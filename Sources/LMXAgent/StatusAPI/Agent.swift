@@ -1,4 +1,5 @@
 import LMXCore
+import LMXStore
 
 /// What the status API and the gateway reach: the manager for changes, the board for reading
 /// (no wait on the manager), the watch hub, the store for history, metrics.
@@ -52,7 +53,12 @@ public struct Agent: Sendable {
     /// `/v1/history`: the window's rows read off the caller's thread, with the minute under way
     /// (not written yet), made into the answer.
     public func history(_ query: History.Query) async throws -> StatusAPI.History {
-        let rows = try await store.read { try $0.historyRows(since: query.since, until: query.until) }
+        let rows: (transitions: [HistoryTransition], probes: [ProbeFigures], traffic: [TrafficFigures])
+        do {
+            rows = try await store.read { try $0.historyRows(since: query.since, until: query.until) }
+        } catch {
+            throw HistoryReadError(description: AgentStore.explain(error, path: store.path))
+        }
         let pending = recorder?.pending() ?? (probes: [], traffic: [])
         return History.build(
             query, transitions: rows.transitions, probes: rows.probes + pending.probes,
@@ -64,4 +70,9 @@ public struct Agent: Sendable {
         let snapshot = board.snapshot
         return stored.map { snapshot.summary(of: $0.pairing, stored: $0.summary) }
     }
+}
+
+/// The history could not be read: the sentence says why and what to do.
+public struct HistoryReadError: Error, CustomStringConvertible {
+    public var description: String
 }

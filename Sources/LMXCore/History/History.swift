@@ -105,11 +105,33 @@ public enum History {
         }
     }
 
+    /// Figures in one answer at most, over every series together (each route's latency, each
+    /// model's traffic by way): with many routes and models the step grows, in whole minutes, so
+    /// an answer stays within about 1.5 MB whatever the window (a point is 70–150 bytes of JSON).
+    public static let maxTotalPoints = 10_000
+
+    /// The step that keeps `series` series over `query`'s window within ``maxTotalPoints``: the
+    /// one asked for, or the shortest longer one in whole minutes.
+    static func step(for query: Query, series: Int) -> Int {
+        guard series > 0 else { return query.step }
+        // The first step is aligned down, so a series can hold two points more than window / step.
+        let perSeries = max(1, maxTotalPoints / series - 2)
+        let needed = Int(((query.until - query.since) / Double(perSeries) / 60).rounded(.up)) * 60
+        return max(query.step, needed)
+    }
+
     /// The answer to `query` from the rows the store read: `transitions` from the last one of
-    /// each route before `since` on, in order of time; figures of the window, of any step.
+    /// each route before `since` on, in order of time; figures of the window, of any step. With
+    /// more series than ``maxTotalPoints`` allows at the step asked for, a longer step is used
+    /// (the answer's `step` says which).
     public static func build(
         _ query: Query, transitions: [HistoryTransition], probes: [ProbeFigures], traffic: [TrafficFigures]
     ) -> StatusAPI.History {
+        var query = query
+        let series =
+            Set(probes.lazy.filter { $0.at < query.until }.map(\.routeID)).count
+            + Set(traffic.lazy.filter { $0.at < query.until }.map { $0.via.rawValue + " " + $0.model }).count
+        query.step = step(for: query, series: series)
         let iso: (Double) -> String = Timestamp.iso8601
         var byRoute: [String: [HistoryTransition]] = [:]
         var order: [String] = []

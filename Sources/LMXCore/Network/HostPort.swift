@@ -43,6 +43,16 @@ extension HostPort {
     static func parseAuthority(_ text: String, field: String) throws(PairingError) -> (
         host: String, port: Int?, isIPv6: Bool
     ) {
+        if let scheme = text.firstRange(of: "://") {
+            // A URL pasted where an address goes (`lmx-status --url` prints one). Only its
+            // authority is shown: user info, path and query may carry keys.
+            var authority = text[scheme.upperBound...].prefix { !"/?#".contains($0) }
+            if let at = authority.lastIndex(of: "@") { authority = authority[authority.index(after: at)...] }
+            let example =
+                authority.isEmpty ? "host:port" : "\(field) \(PairingError.quote(authority).dropFirst().dropLast())"
+            throw PairingError(
+                .invalidField, field: field, "is a URL: give the server's address and port alone (\(example))")
+        }
         if text.hasPrefix("[") {
             guard let close = text.firstIndex(of: "]") else {
                 throw PairingError(
@@ -85,8 +95,21 @@ extension HostPort {
                     .invalidField, field: field, "\(PairingError.quote(text)) is not an IPv6 address in brackets")
             }
             let inner = String(text.dropFirst().dropLast()).lowercased()
+            if inner.contains("%") {
+                throw PairingError(
+                    .invalidField, field: field,
+                    "\(PairingError.quote(text)): an address with a zone (%ifname) is not accepted here; a server reachable only by a link-local address is found, with its interface, by lmx-discover (mDNS)"
+                )
+            }
             guard isIPv6(inner) else {
                 throw PairingError(.invalidField, field: field, "\(PairingError.quote(text)) is not an IPv6 address")
+            }
+            if ServerAddress.isLinkLocalIPv6(inner) {
+                // Without its interface, connect() refuses it: nothing could be reached there.
+                throw PairingError(
+                    .invalidField, field: field,
+                    "\(PairingError.quote(text)) is a link-local address, which reaches nothing without its interface; such a server is found, with its interface, by lmx-discover (mDNS)"
+                )
             }
             return inner
         }

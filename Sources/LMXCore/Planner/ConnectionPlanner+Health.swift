@@ -160,6 +160,15 @@ extension ConnectionPlanner {
             state.backoff = state.backoff == 0 ? policy.pendingInterval * 2 : min(policy.maxBackoff, state.backoff * 2)
             delay = jittered(state.backoff)
         }
+        if !good, !pending, !isActive, activeID != nil, state.route.via == .wan, isIdle(now: now),
+            state.pathBackAt.map({ now - $0 >= Self.pathReturnWindow }) ?? true
+        {
+            // A tunnel standby that is down while the idle agent has a route is asked once a
+            // `wan_standby_interval`, as a healthy one is, not every second of the restart watch:
+            // nothing waits on it, and Cloudflare's edge answers each of those requests. Should
+            // the agent lose its route, it is asked again at once (``switchActive``).
+            delay = max(delay, jittered(policy.wanStandbyInterval))
+        }
         // Retry-After steers preference (an overloaded server ranks lower) and spares standbys;
         // it never blinds the agent to its active route, and never for more than maxRetryAfter.
         if let retryAfter = report.retryAfter, report.verdict == .overloaded, !isActive {

@@ -48,9 +48,13 @@ extension ConnectionPlanner {
             // The active route (and a standby) is checked cheaply; now and then, in full.
             let quick = mayCheckQuickly(state, now: now)
             let returning = state.pathBackAt.map { now - $0 < Self.pathReturnWindow } ?? false
-            return ProbeTask(
-                route: state.route, full: !quick,
-                connectTimeout: returning || state.freshCheck ? Self.pathReturnConnectTimeout : nil)
+            // A check before the route is handed out decides alone: it connects within a LAN's SYN
+            // on the LAN, within a resent SYN through a tunnel (a phone's way to Cloudflare).
+            let connectTimeout: Double? =
+                returning || state.freshCheck && state.route.via == .lan
+                ? Self.pathReturnConnectTimeout
+                : state.freshCheck ? Self.freshTunnelConnectTimeout : nil
+            return ProbeTask(route: state.route, full: !quick, connectTimeout: connectTimeout)
         }
     }
 
@@ -70,6 +74,9 @@ extension ConnectionPlanner {
     public static let pathReturnWindow: Double = 10
     /// A connection attempt's timeout then: a LAN answers a SYN within milliseconds.
     public static let pathReturnConnectTimeout: Double = 0.25
+    /// A tunnel's connection timeout in the check before it is handed out: a SYN lost once is
+    /// sent again after 1 s, and the answer stays within `lmx-status`'s 5 s.
+    public static let freshTunnelConnectTimeout: Double = 2
     /// The delay before the next probe then, after one that failed.
     public static let pathReturnRetry: Double = 0.02
 

@@ -224,6 +224,12 @@ extension ConnectionPlanner {
             lastGoodID = id
             // The new active route is watched closely from now on.
             routes[id]!.nextProbeAt = min(routes[id]!.nextProbeAt, now + policy.activeInterval)
+        } else {
+            // Nothing usable: tunnels left to the idle standby's slow watch while down are asked
+            // again now (``schedule(_:report:now:)``).
+            for (id, state) in routes where state.route.via == .wan && state.health == .down && !state.inFlight {
+                routes[id]!.nextProbeAt = min(state.nextProbeAt, now + policy.restartInterval)
+            }
         }
         return [.activeChanged(from: old, to: new.flatMap { routes[$0.id] }, reason: reason, cause: cause)]
     }

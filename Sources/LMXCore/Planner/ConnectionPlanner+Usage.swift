@@ -77,8 +77,9 @@ extension ConnectionPlanner {
     }
 
     /// Asks for a check of `routeID` now unless its last proof is at most ``freshFor`` old or a
-    /// probe of it is running: it connects quickly (``pathReturnConnectTimeout``) and its failure
-    /// decides alone, so a route that vanished while nobody looked is not handed out.
+    /// probe of it is running: a LAN route connects quickly (``pathReturnConnectTimeout``; a tunnel
+    /// within ``freshTunnelConnectTimeout``) and its failure decides alone, so a route that vanished while
+    /// nobody looked is not handed out.
     /// - Returns: whether a check was made due (the caller waits for it).
     public mutating func checkFresh(_ routeID: String, now: Double) -> Bool {
         guard var state = routes[routeID], !state.inFlight else { return false }

@@ -306,9 +306,14 @@ public struct ProbeSequence: Sendable {
         response.headers["retry-after"].flatMap { OutsideInput.delaySeconds($0, cap: 3600) }
     }
 
-    /// Server-provided text shown to people: control characters removed, length bounded.
+    /// Server-provided text shown to people: control characters escaped, length bounded.
     static func printable(_ text: String) -> String {
-        let cleaned = String(text.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.map(Character.init))
-        return cleaned.count > 120 ? String(cleaned.prefix(120)) + "…" : cleaned
+        // Escaped as every name from the network is (``ServerTable/printable(_:)``): C1 controls,
+        // bidirectional overrides and line separators too, not only C0.
+        let scalars = text.unicodeScalars
+        var head = String.UnicodeScalarView()
+        head.append(contentsOf: scalars.prefix(120))
+        let shown = ServerTable.printable(String(head))
+        return scalars.count > 120 ? shown + "…" : shown
     }
 }
