@@ -511,8 +511,8 @@ def heap_only(directory, pid):
 # The floods of issue 63 item 5 (GatewayWireTests reproduces them against the debug daemon):
 # (name, connections, what each connection sends). The gateway's RSS is read before, while the
 # connections are open (their bytes sent and held), and FLOOD_SETTLE seconds after they closed
-# (the daemon gives freed memory back 5 s after its last answer).
-FLOOD_SETTLE = 7
+# (the daemon gives freed memory back at its first look, every 5 s, that finds no new answer).
+FLOOD_SETTLE = 12
 LONG_HEAD = "GET /v1/models HTTP/1.1\r\nHost: x\r\n" + "".join("X-H%d: v\r\n" % i for i in range(101)) + "\r\n"
 FLOODS = [
     # A head of 101 header lines (more than the data path's reader takes: llhttp reads it) with
@@ -529,12 +529,32 @@ FLOODS = [
 ]
 
 
+def still_open(s):
+    """Whether the gateway kept a connection open (it may have answered on it)."""
+    s.setblocking(False)
+    try:
+        return s.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
 def floods(pid):
-    """Each flood against the gateway on GATEWAY: its RSS before, held and after, KiB."""
+    """Each flood against the gateway on GATEWAY: its RSS and anonymous memory before, held and
+    after, KiB; and whether the connections were still open (not answered) when it was read.
+    Requests of each kind go first, so that the code the floods run is mapped before (its pages
+    would otherwise count as memory the flood holds)."""
+    warm = [LONG_HEAD.encode(), b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"]
+    for request in warm * 3:
+        with socket.create_connection(("127.0.0.1", GATEWAY), timeout=10) as s:
+            s.sendall(request)
+            s.recv(65536)
     results = []
     for name, count, parts in FLOODS:
         time.sleep(FLOOD_SETTLE)
-        before = lmxtools.memory_kib(pid)["rss"]
+        before = {**lmxtools.memory_kib(pid), "fds": len(os.listdir("/proc/%d/fd" % pid))}
         conns = []
         try:
             for _ in range(count):
@@ -546,22 +566,29 @@ def floods(pid):
                 for s in conns:
                     s.sendall(part)
             time.sleep(1)
-            held = lmxtools.memory_kib(pid)["rss"]
+            held = {**lmxtools.memory_kib(pid), "fds": len(os.listdir("/proc/%d/fd" % pid))}
+            open_count = sum(1 for s in conns if still_open(s))
         finally:
             for s in conns:
                 s.close()
         time.sleep(FLOOD_SETTLE)
-        after = lmxtools.memory_kib(pid)["rss"]
-        results.append({"flood": name, "connections": count, "before_kib": before, "held_kib": held,
-                        "after_kib": after, "per_connection_kib": (held - before) / count})
+        after = {**lmxtools.memory_kib(pid), "fds": len(os.listdir("/proc/%d/fd" % pid))}
+        results.append({"flood": name, "connections": count, "open": open_count,
+                        "before_kib": before["rss"], "held_kib": held["rss"], "after_kib": after["rss"],
+                        "anon_before_kib": before["anon"], "anon_held_kib": held["anon"], "anon_after_kib": after["anon"],
+                        "fds": (before["fds"], held["fds"], after["fds"]),
+                        "per_connection_kib": (held["rss"] - before["rss"]) / count})
     return results
 
 
 def floods_line(results):
-    return "Floods (the gateway's RSS before → while the connections are open → %d s after they closed): %s." % (
-        FLOOD_SETTLE, "; ".join("%s, %d connections: %.1f → %.1f → %.1f MiB, %.1f KiB per connection" % (
-            r["flood"], r["connections"], r["before_kib"] / 1024, r["held_kib"] / 1024, r["after_kib"] / 1024,
-            r["per_connection_kib"]) for r in results))
+    return ("Floods (the gateway's RSS, anonymous memory in brackets, before → while the connections are open → "
+            "%d s after they closed): %s." % (FLOOD_SETTLE, "; ".join(
+                "%s, %d connections (%d kept open by the gateway): %.1f (%.1f) → %.1f (%.1f) → %.1f (%.1f) MiB, "
+                "%.1f KiB per connection; its descriptors %d → %d → %d" % (
+                    r["flood"], r["connections"], r["open"], r["before_kib"] / 1024, r["anon_before_kib"] / 1024,
+                    r["held_kib"] / 1024, r["anon_held_kib"] / 1024, r["after_kib"] / 1024, r["anon_after_kib"] / 1024,
+                    r["per_connection_kib"], *r["fds"]) for r in results)))
 
 
 def print_quick(results):
