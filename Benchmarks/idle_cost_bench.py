@@ -163,7 +163,7 @@ class Agent:
                 parts = line.split()
                 if len(parts) >= 2 and parts[0].endswith(":") and parts[1].isdigit():
                     fields[parts[0][:-1]] = int(parts[1])
-        return fields.get("Rss", 0) / 1024, fields.get("Anonymous", 0) / 1024
+        return fields.get("Rss", 0) / 1024, fields.get("Anonymous", 0) / 1024, fields.get("Pss", 0) / 1024
 
     def stop(self):
         self.p.send_signal(signal.SIGTERM)
@@ -221,6 +221,8 @@ def measure(label, lan, standby, agents, window):
         "agent_cpu_ms_per_min_max": round(max(per_agent_cpu), 1),
         "agent_rss_mib_median": round(sorted(m[0] for m in memory)[n // 2], 1),
         "agent_anon_mib_median": round(sorted(m[1] for m in memory)[n // 2], 1),
+        # The binary's pages are shared by the agents: PSS divides them among them.
+        "agent_pss_mib_median": round(sorted(m[2] for m in memory)[n // 2], 1),
     }
     print(json.dumps(figures), flush=True)
     if BREAKDOWN:

@@ -482,8 +482,10 @@ def request_tables(results):
                 "what the traffic freed once it is quiet); nginx's master and workers, PSS summed, %.1f MiB." % (
                     results["gateway_rss_mib"], results["gateway_rss_quiet_mib"], QUIET_SECONDS, results["nginx_pss_mib"]))
     rows.append("")
-    rows.append("The gateway's RSS during its runs at %d clients (sampled every 50 ms): at most %.1f MiB." % (
-        CLIENTS[-1], results["gateway_rss_busy_peak_mib"]))
+    rows.append("The gateway's RSS during its runs at %d clients (sampled every 50 ms): at most %.1f MiB (%s)." % (
+        CLIENTS[-1], results["gateway_rss_busy_peak_mib"], "; ".join(
+            "%s %.1f" % (key.replace("_gateway_%d" % CLIENTS[-1], "").replace("_", " "), r["rss_peak_kib"] / 1024)
+            for key, r in results.items() if key.endswith("gateway_%d" % CLIENTS[-1]))))
     rows.append("")
     rows.append("The gateway's RSS right after each kind's runs (the last at %d clients): GET %.1f MiB; %s." % (
         CLIENTS[-1], results["rss_get"], "; ".join("%s bodies %.1f MiB" % (label, results["rss_post_%d" % size])
