@@ -24,6 +24,14 @@ import lmxtools  # noqa: E402
 
 REPO = lmxtools.REPO
 sys.path.insert(0, os.path.join(REPO, "Benchmarks"))
+import memory_map  # noqa: E402
+
+# Seconds of steady probing over which the daemon's idle CPU is measured.
+IDLE_WINDOW = float(os.environ.get("BENCH_IDLE_WINDOW", "60"))
+# BENCH_DAEMON_ONLY=1: the daemon's rows alone, from the release build in .build/release (or
+# LMX_BIN_DIR), no package: RSS, PSS, idle CPU and where the memory goes (a few minutes, test LAN).
+DAEMON_ONLY = os.environ.get("BENCH_DAEMON_ONLY") == "1"
+SIZES = [int(n) for n in os.environ.get("BENCH_SIZES", "1,200").split(",")]
 
 
 def sh(*argv, **kw):
@@ -64,11 +72,18 @@ def rss(pid, binary):
     return kib("VmRSS") / 1024, kib("RssAnon") / 1024, kib("RssFile") / 1024, own / 1024, pss / 1024
 
 
+def cpu_seconds(pid):
+    """utime + stime of a process so far, seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def daemon(results, bindir):
     os.environ["LMX_BIN_DIR"] = bindir
     import agent_bench as ab  # noqa: E402 (reads LMX_BIN_DIR when imported)
 
-    for n in (1, 200):
+    for n in SIZES:
         # As after a reboot: the binary's pages come in through the daemon's own page faults
         # (readahead makes large folios, which the kernel maps whole), not from the extraction.
         fd = os.open(os.path.realpath(bindir + "/lmx-agentd"), os.O_RDONLY)
@@ -87,11 +102,19 @@ def daemon(results, bindir):
                 if len([r for r in routes if r.get("verdict") == "ready"]) >= n:
                     break
             time.sleep(0.2)
-        time.sleep(30)  # steady probing, status requests below
+        # Steady probing, nobody asking: the idle CPU over the window (utime + stime), then
+        # status requests below.
+        cpu = cpu_seconds(agent.p.pid)
+        started = time.monotonic()
+        time.sleep(IDLE_WINDOW)
+        cpu_ms_per_min = (cpu_seconds(agent.p.pid) - cpu) / (time.monotonic() - started) * 60 * 1000
         for _ in range(20):
             ab.request(agent.sock, "/v1/status")
         total, anon, file_backed, own, pss = rss(agent.p.pid, bindir + "/lmx-agentd")
-        results["rss_%d" % n] = {"total": total, "anon": anon, "file": file_backed, "binary": own, "pss": pss}
+        results["rss_%d" % n] = {"total": total, "anon": anon, "file": file_backed, "binary": own, "pss": pss,
+                                 "idle_cpu_ms_per_min": cpu_ms_per_min}
+        # Where it goes: smaps by kind of mapping, and the threads by name.
+        results["map_%d" % n] = memory_map.table(memory_map.breakdown(agent.p.pid))
         agent.stop()
         subprocess.run([ab.TESTBED, "unpublish-bulk"], check=True)
         server.stop()
@@ -123,8 +146,39 @@ def startup(results, bindir):
     server.stop()
 
 
+def daemon_rows(results):
+    rows = []
+    for n in SIZES:
+        r = results["rss_%d" % n]
+        rows.append(("daemon RSS with %d live server(s): total (anonymous + file-backed; of which the binary)" % n,
+                     "%.1f MiB (%.1f + %.1f; %.1f)" % (r["total"], r["anon"], r["file"], r["binary"]),
+                     "≤ 20 MiB" if n == 1 else "≤ 25 MiB"))
+        # The budgets that matter when several programs share the machine: the daemon's own heap
+        # (anonymous memory, which no other process shares and swap must hold), and PSS (each
+        # shared page divided among the processes that map it: what the daemon costs the machine).
+        rows.append(("daemon anonymous memory with %d live server(s)" % n, "%.1f MiB" % r["anon"],
+                     "≤ 6 MiB" if n == 1 else "≤ 12 MiB"))
+        rows.append(("daemon PSS with %d live server(s)" % n, "%.1f MiB" % r["pss"],
+                     "≤ 18 MiB" if n == 1 else "≤ 24 MiB"))
+        rows.append(("daemon idle CPU with %d live server(s) (%g s window)" % (n, IDLE_WINDOW),
+                     "%.0f ms/min" % r["idle_cpu_ms_per_min"], "≤ 60 ms/min" if n == 1 else ""))
+    return rows
+
+
+def daemon_maps(results):
+    return "".join("\n\nWhere the daemon's memory goes with %d live server(s):\n\n%s" % (n, results["map_%d" % n])
+                   for n in SIZES)
+
+
 def main():
     results = {}
+    if DAEMON_ONLY:
+        bindir = os.environ.get("LMX_BIN_DIR", os.path.join(REPO, ".build", "release"))
+        daemon(results, bindir)
+        table = "| measure | lmx-agent | target |\n|---|---|---|\n" + "\n".join(
+            "| %s | %s | %s |" % r for r in daemon_rows(results)) + daemon_maps(results)
+        print(table)
+        return
     root = package(results)
     bindir = root + "/usr/bin"
     results["by_dependency"] = sh("python3", os.path.join(REPO, "Benchmarks", "sizes.py"),
@@ -143,18 +197,7 @@ def main():
     if "code_text_lmx_hot" in results:
         rows.append(("lmx-agentd's code: the part it runs (`.text.lmx_hot`) / the rest (`.text`)",
                      "%s / %s" % (mb(results["code_text_lmx_hot"]), mb(results.get("code_text", 0))), ""))
-    for n in (1, 200):
-        r = results["rss_%d" % n]
-        rows.append(("daemon RSS with %d live server(s): total (anonymous + file-backed; of which the binary)" % n,
-                     "%.1f MiB (%.1f + %.1f; %.1f)" % (r["total"], r["anon"], r["file"], r["binary"]),
-                     "≤ 20 MiB" if n == 1 else "≤ 25 MiB"))
-        # The budgets that matter when several programs share the machine: the daemon's own heap
-        # (anonymous memory, which no other process shares and swap must hold), and PSS (each
-        # shared page divided among the processes that map it: what the daemon costs the machine).
-        rows.append(("daemon anonymous memory with %d live server(s)" % n, "%.1f MiB" % r["anon"],
-                     "≤ 6 MiB" if n == 1 else "≤ 12 MiB"))
-        rows.append(("daemon PSS with %d live server(s)" % n, "%.1f MiB" % r["pss"],
-                     "≤ 18 MiB" if n == 1 else "≤ 24 MiB"))
+    rows += daemon_rows(results)
     for key, label, target in (
         ("status_url", "`lmx-status --url` (its own binary), whole process", "≤ 3 ms"),
         ("status_url_multicall", "`lmx-status --url` as a link to the multi-call binary", ""),
@@ -164,6 +207,7 @@ def main():
     ):
         rows.append((label + " (median of 50)", "%.1f ms" % results["start_%s_ms" % key], target))
     table = "| measure | lmx-agent | target |\n|---|---|---|\n" + "\n".join("| %s | %s | %s |" % r for r in rows)
+    table += daemon_maps(results)
     table += "\n\nThe multi-call binary by dependency (symbol bytes, unstripped release build):\n\n" + results["by_dependency"]
     print(table)
     out = os.environ.get("BENCH_RESULTS", os.path.join(REPO, "Benchmarks", "results-footprint.md"))

@@ -18,6 +18,7 @@ route checked every 0.5 s whether used or not, standbys probed in full every 60 
 figures side by side. Loopback only; stops what it starts by PID.
 
   python3 Benchmarks/idle_cost_bench.py [--agents 20] [--window 60] [--settle 15] [--schedule now|before]
+      [--idle-only] [--breakdown]  (where the first agent's memory goes: Benchmarks/memory_map.py's table)
     (LMX_BIN_DIR: the directory of lmx-agentd; default .build/release)
 """
 import argparse
@@ -36,6 +37,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 import lmxtools  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import memory_map  # noqa: E402
+
 REPO = lmxtools.REPO
 BIN = os.environ.get("LMX_BIN_DIR", os.path.join(REPO, ".build", "release"))
 SERVER = lmxtools.fixture("lmx-test-server.py")
@@ -44,6 +48,7 @@ HEALTH = ("/healthz", "/readyz", "/.well-known/opta-lmx", "/v1/discovery")
 TICK = os.sysconf("SC_CLK_TCK")
 
 LIVE = []
+BREAKDOWN = False
 
 
 @atexit.register
@@ -158,7 +163,7 @@ class Agent:
                 parts = line.split()
                 if len(parts) >= 2 and parts[0].endswith(":") and parts[1].isdigit():
                     fields[parts[0][:-1]] = int(parts[1])
-        return fields.get("Rss", 0) / 1024, fields.get("Anonymous", 0) / 1024
+        return fields.get("Rss", 0) / 1024, fields.get("Anonymous", 0) / 1024, fields.get("Pss", 0) / 1024
 
     def stop(self):
         self.p.send_signal(signal.SIGTERM)
@@ -216,8 +221,13 @@ def measure(label, lan, standby, agents, window):
         "agent_cpu_ms_per_min_max": round(max(per_agent_cpu), 1),
         "agent_rss_mib_median": round(sorted(m[0] for m in memory)[n // 2], 1),
         "agent_anon_mib_median": round(sorted(m[1] for m in memory)[n // 2], 1),
+        # The binary's pages are shared by the agents: PSS divides them among them.
+        "agent_pss_mib_median": round(sorted(m[2] for m in memory)[n // 2], 1),
     }
     print(json.dumps(figures), flush=True)
+    if BREAKDOWN:
+        # Where the first agent's memory goes: smaps by kind of mapping, threads by name.
+        print(memory_map.table(memory_map.breakdown(agents[0].p.pid)), flush=True)
     return figures
 
 
@@ -228,7 +238,11 @@ def main():
     parser.add_argument("--settle", type=float, default=15)
     parser.add_argument("--schedule", choices=["now", "before"], default="now")
     parser.add_argument("--label", default=None, help="what the figures are of (default: the schedule)")
+    parser.add_argument("--idle-only", action="store_true", help="the idle phase alone")
+    parser.add_argument("--breakdown", action="store_true", help="where the first agent's memory goes, per phase")
     args = parser.parse_args()
+    global BREAKDOWN
+    BREAKDOWN = args.breakdown
     label = args.label or "%s schedule" % args.schedule
 
     lan = Server("idle-bench-lan")
@@ -244,6 +258,8 @@ def main():
                 time.sleep(0.1)
         time.sleep(args.settle)
         measure("idle (%s)" % label, lan, standby, agents, args.window)
+        if args.idle_only:
+            return
         stop = threading.Event()
         sent = [0]
         clients = [threading.Thread(target=client_loop, args=(a.gateway_port, stop, sent), daemon=True)

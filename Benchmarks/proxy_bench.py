@@ -28,6 +28,7 @@ import os
 import resource
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -193,6 +194,11 @@ QUICK = os.environ.get("BENCH_QUICK") == "1"
 # each size's runs and after QUIET_SECONDS of nothing (about a minute).
 HEAP_ONLY = os.environ.get("BENCH_HEAP_ONLY") == "1"
 QUIET_SECONDS = 12
+# BENCH_REQUESTS_ONLY=1: the request rows (GET, a new connection each, every body size at each
+# client count), the gateway's RSS through the busiest runs and the floods; no LiteLLM, no streams
+# (about 10 minutes). BENCH_FLOODS_ONLY=1: the floods alone (about a minute).
+REQUESTS_ONLY = os.environ.get("BENCH_REQUESTS_ONLY") == "1"
+FLOODS_ONLY = os.environ.get("BENCH_FLOODS_ONLY") == "1"
 if QUICK:
     BODIES = BODIES[:1]
 
@@ -220,13 +226,24 @@ def cpu_seconds(pid):
 
 
 
-def wrk(url, connections, script=None, pids=(), prefix=(), headers=()):
+def wrk(url, connections, script=None, pids=(), prefix=(), headers=(), sample=None):
     """wrk's figures, and the CPU time of `pids` (the proxy's processes) per request over the run.
-    `prefix`: what wrk runs under (`ip netns exec …` for LiteLLM); `headers`: added to each request."""
+    `prefix`: what wrk runs under (`ip netns exec …` for LiteLLM); `headers`: added to each request;
+    `sample`: a process whose RSS is read every 50 ms during the run (its peak in "rss_peak_kib")."""
     before = sum(cpu_seconds(p) for p in pids)
+    peak, done = [0], threading.Event()
+    if sample:
+        def sampler():
+            while not done.wait(0.05):
+                peak[0] = max(peak[0], lmxtools.memory_kib(sample)["rss"])
+        sampling = threading.Thread(target=sampler)
+        sampling.start()
     out = subprocess.run([*prefix, "wrk", "-t", str(min(connections, 2)), "-c", str(connections), "-d", "%gs" % SECONDS, "--latency",
                           *(["-s", script] if script else []), *[a for h in headers for a in ("-H", h)], url],
                          capture_output=True, text=True, check=True).stdout
+    if sample:
+        done.set()
+        sampling.join()
     cpu = sum(cpu_seconds(p) for p in pids) - before if pids else None
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 
@@ -238,7 +255,8 @@ def wrk(url, connections, script=None, pids=(), prefix=(), headers=()):
         return float(value) * {"us": 0.001, "ms": 1, "s": 1000}[unit]
     requests = int(re.search(r"(\d+) requests in", out).group(1))
     return {"rps": rps, "p50": pct(50), "p99": pct(99), "requests": requests,
-            "cpu_us_per_request": cpu / max(requests, 1) * 1e6 if cpu is not None else None}
+            "cpu_us_per_request": cpu / max(requests, 1) * 1e6 if cpu is not None else None,
+            "rss_peak_kib": peak[0]}
 
 
 def start_gateway(directory, name, upstream, port):
@@ -273,6 +291,7 @@ def in_rounds(cells):
         cpus = [r["cpu_us_per_request"] for r in rs if r["cpu_us_per_request"] is not None]
         merged["cpu_us_per_request"] = statistics.median(cpus) if cpus else None
         merged["rounds"] = [r["rps"] for r in rs]
+        merged["rss_peak_kib"] = max(r["rss_peak_kib"] for r in rs)
         results[key] = merged
     return results
 
@@ -368,7 +387,7 @@ def burst_rounds_line(results):
 # virtual environment, and run in a network namespace of its own that has nothing but a loopback
 # (with its own stand-in upstream and wrk there too): whatever it might try to reach beyond, it cannot.
 LITELLM_VERSION = "1.74.0"
-LITELLM = os.environ.get("BENCH_LITELLM", "1") != "0" and not QUICK
+LITELLM = os.environ.get("BENCH_LITELLM", "1") != "0" and not QUICK and not REQUESTS_ONLY
 LITELLM_VENV = os.path.join(REPO, ".build-bench", "litellm-%s" % LITELLM_VERSION)
 LITELLM_PORT = 21706
 NETNS = "lmx-bench-litellm"
@@ -463,6 +482,11 @@ def request_tables(results):
                 "what the traffic freed once it is quiet); nginx's master and workers, PSS summed, %.1f MiB." % (
                     results["gateway_rss_mib"], results["gateway_rss_quiet_mib"], QUIET_SECONDS, results["nginx_pss_mib"]))
     rows.append("")
+    rows.append("The gateway's RSS during its runs at %d clients (sampled every 50 ms): at most %.1f MiB (%s)." % (
+        CLIENTS[-1], results["gateway_rss_busy_peak_mib"], "; ".join(
+            "%s %.1f" % (key.replace("_gateway_%d" % CLIENTS[-1], "").replace("_", " "), r["rss_peak_kib"] / 1024)
+            for key, r in results.items() if key.endswith("gateway_%d" % CLIENTS[-1]))))
+    rows.append("")
     rows.append("The gateway's RSS right after each kind's runs (the last at %d clients): GET %.1f MiB; %s." % (
         CLIENTS[-1], results["rss_get"], "; ".join("%s bodies %.1f MiB" % (label, results["rss_post_%d" % size])
                                                   for label, size in BODIES)))
@@ -484,6 +508,89 @@ def heap_only(directory, pid):
     time.sleep(QUIET_SECONDS)
     lines.append("%d s later %s" % (QUIET_SECONDS, figures()))
     print("; ".join(lines) + ".")
+
+
+# The floods of issue 63 item 5 (GatewayWireTests reproduces them against the debug daemon):
+# (name, connections, what each connection sends). The gateway's RSS is read before, while the
+# connections are open (their bytes sent and held), and FLOOD_SETTLE seconds after they closed
+# (the daemon gives freed memory back at its first look, every 5 s, that finds no new answer).
+FLOOD_SETTLE = 12
+LONG_HEAD = "GET /v1/models HTTP/1.1\r\nHost: x\r\n" + "".join("X-H%d: v\r\n" % i for i in range(101)) + "\r\n"
+FLOODS = [
+    # A head of 101 header lines (more than the data path's reader takes: llhttp reads it) with
+    # 400 requests pipelined behind it.
+    ("400 requests pipelined behind a 101-line head", 64,
+     [(LONG_HEAD + "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n" * 400).encode()]),
+    # A 32,000-byte body, its first 16,001 bytes sent one byte per send.
+    ("a body sent one byte per send (Content-Length 32000, 16,000 bytes sent)", 16,
+     [b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 32000\r\n\r\n{"] + [b" "] * 16000),
+    # The same in 1-byte chunks of a chunked body (each chunk 6 bytes on the wire).
+    ("a chunked body in 1-byte chunks (16,000 chunks sent)", 16,
+     [b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n"]
+     + [b"1\r\n \r\n"] * 16000),
+]
+
+
+def still_open(s):
+    """Whether the gateway kept a connection open (it may have answered on it)."""
+    s.setblocking(False)
+    try:
+        return s.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def floods(pid):
+    """Each flood against the gateway on GATEWAY: its RSS and anonymous memory before, held and
+    after, KiB; and whether the connections were still open (not answered) when it was read.
+    Requests of each kind go first, so that the code the floods run is mapped before (its pages
+    would otherwise count as memory the flood holds)."""
+    warm = [LONG_HEAD.encode(), b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"]
+    for request in warm * 3:
+        with socket.create_connection(("127.0.0.1", GATEWAY), timeout=10) as s:
+            s.sendall(request)
+            s.recv(65536)
+    results = []
+    for name, count, parts in FLOODS:
+        time.sleep(FLOOD_SETTLE)
+        before = {**lmxtools.memory_kib(pid), "fds": len(os.listdir("/proc/%d/fd" % pid))}
+        conns = []
+        try:
+            for _ in range(count):
+                s = socket.create_connection(("127.0.0.1", GATEWAY), timeout=10)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conns.append(s)
+            # Part by part across the connections, as many clients at once.
+            for part in parts:
+                for s in conns:
+                    s.sendall(part)
+            time.sleep(1)
+            held = {**lmxtools.memory_kib(pid), "fds": len(os.listdir("/proc/%d/fd" % pid))}
+            open_count = sum(1 for s in conns if still_open(s))
+        finally:
+            for s in conns:
+                s.close()
+        time.sleep(FLOOD_SETTLE)
+        after = {**lmxtools.memory_kib(pid), "fds": len(os.listdir("/proc/%d/fd" % pid))}
+        results.append({"flood": name, "connections": count, "open": open_count,
+                        "before_kib": before["rss"], "held_kib": held["rss"], "after_kib": after["rss"],
+                        "anon_before_kib": before["anon"], "anon_held_kib": held["anon"], "anon_after_kib": after["anon"],
+                        "fds": (before["fds"], held["fds"], after["fds"]),
+                        "per_connection_kib": (held["rss"] - before["rss"]) / count})
+    return results
+
+
+def floods_line(results):
+    return ("Floods (the gateway's RSS, anonymous memory in brackets, before → while the connections are open → "
+            "%d s after they closed): %s." % (FLOOD_SETTLE, "; ".join(
+                "%s, %d connections (%d kept open by the gateway): %.1f (%.1f) → %.1f (%.1f) → %.1f (%.1f) MiB, "
+                "%.1f KiB per connection; its descriptors %d → %d → %d" % (
+                    r["flood"], r["connections"], r["open"], r["before_kib"] / 1024, r["anon_before_kib"] / 1024,
+                    r["held_kib"] / 1024, r["anon_held_kib"] / 1024, r["after_kib"] / 1024, r["anon_after_kib"] / 1024,
+                    r["per_connection_kib"], *r["fds"]) for r in results)))
 
 
 def print_quick(results):
@@ -524,22 +631,30 @@ def main():
             return
         if HEAP_ONLY:
             return heap_only(directory, gateway_pid)
+        if FLOODS_ONLY:
+            return print(floods_line(floods(gateway_pid)))
         peers = (("direct", UPSTREAM), ("nginx", NGINX), ("gateway", GATEWAY))
+
+        def busy(name, c):
+            """The gateway's RSS is sampled through its runs at the most clients."""
+            return gateway_pid if name == "gateway" and c == CLIENTS[-1] else None
         for c in CLIENTS:
             results.update(in_rounds([("%s_%d" % (name, c), lambda port=port, name=name, c=c: wrk(
-                "http://127.0.0.1:%d/v1/models" % port, c, pids=pids[name])) for name, port in peers]))
+                "http://127.0.0.1:%d/v1/models" % port, c, pids=pids[name], sample=busy(name, c))) for name, port in peers]))
         results["rss_get"] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
         # A new connection for every request (clients that do not keep connections: scripts,
         # one-shot tools, 64 streams started at once): what accepting and closing cost.
         for c in CLIENTS:
             results.update(in_rounds([("close_%s_%d" % (name, c), lambda port=port, name=name, c=c: wrk(
-                "http://127.0.0.1:%d/v1/models" % port, c, pids=pids[name], headers=("Connection: close",)))
+                "http://127.0.0.1:%d/v1/models" % port, c, pids=pids[name], headers=("Connection: close",),
+                sample=busy(name, c)))
                 for name, port in peers]))
         for label, size in BODIES:
             script = post_script(directory, size)
             for c in CLIENTS:
                 results.update(in_rounds([("post_%d_%s_%d" % (size, name, c), lambda port=port, name=name, c=c: wrk(
-                    "http://127.0.0.1:%d/v1/chat/completions" % port, c, script=script, pids=pids[name]))
+                    "http://127.0.0.1:%d/v1/chat/completions" % port, c, script=script, pids=pids[name],
+                    sample=busy(name, c)))
                     for name, port in peers]))
             # The daemon's RSS right after the runs of this body size (the last at 64 clients).
             results["rss_post_%d" % size] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
@@ -549,8 +664,18 @@ def main():
         results["gateway_rss_quiet_mib"] = lmxtools.memory_kib(gateway_pid)["rss"] / 1024
         # nginx is several processes sharing pages: the sum of their proportional shares.
         results["nginx_pss_mib"] = sum(lmxtools.memory_kib(p)["pss"] for p in [proxy.pid] + workers) / 1024
+        results["gateway_rss_busy_peak_mib"] = max(
+            r["rss_peak_kib"] for key, r in results.items() if key.endswith("gateway_%d" % CLIENTS[-1])) / 1024
         if QUICK:
             return print_quick(results)
+        if REQUESTS_ONLY:
+            results["floods"] = floods(gateway_pid)
+            text = "\n".join(request_tables(results) + [floods_line(results["floods"])])
+            print(text)
+            if os.environ.get("BENCH_RESULTS"):
+                with open(os.environ["BENCH_RESULTS"], "w") as f:
+                    f.write(text + "\n")
+            return
         if LITELLM:
             litellm = litellm_start(directory)
             litellm_pids = [litellm.pid] + [int(p) for p in subprocess.run(

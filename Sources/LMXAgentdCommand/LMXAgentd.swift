@@ -122,6 +122,8 @@ public struct LMXAgentd: AsyncParsableCommand {
     }
 
     public func run() async throws {
+        // First: SwiftNIO's thread counts can be set only before its shared loops are used.
+        DaemonThreads.configure(environment: ProcessEnvironment.current)
         var options = DaemonOptions()
         options.socket = socket
         options.database = db

@@ -10,6 +10,25 @@ public enum HeapMemory {
     @discardableResult
     public static func returnFreePages() -> Bool { malloc_trim(0) == 1 }
 
+    /// Limits glibc's allocator to `count` heaps (arenas; `mallopt(M_ARENA_MAX)`). By default it
+    /// makes up to eight per core, one for each thread that allocates while the others' are busy,
+    /// and each holds its own freed memory resident. Call before starting threads; true when set.
+    @discardableResult
+    public static func limitArenas(_ count: Int) -> Bool {
+        lmx_limit_malloc_arenas(Int32(clamping: count)) == 1
+    }
+
+    /// The bytes the allocator has handed out and not had back (`mallinfo2`'s `uordblks` and
+    /// `hblkhd`): what the process uses, apart from what it freed and the allocator still holds.
+    public static func allocatedBytes() -> Int { Int(clamping: lmx_malloc_in_use()) }
+
+    /// Anonymous resident memory beyond what the allocator has handed out, bytes: mostly memory
+    /// freed and still held (plus a steady part: relocated data, thread stacks); nil when
+    /// /proc/self/status cannot be read.
+    public static func residentBeyondAllocatedBytes() -> Int? {
+        anonymousResidentKiB().map { $0 * 1024 - allocatedBytes() }
+    }
+
     /// The process's anonymous resident memory (`RssAnon` of /proc/self/status), KiB; nil when
     /// it cannot be read.
     public static func anonymousResidentKiB() -> Int? {
