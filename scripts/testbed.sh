@@ -216,6 +216,11 @@ site() { # up|down
             ip netns add lmxs1
             ip link add lmxvr type veth peer name lan0 netns lmxrt
             ip link set lmxvr master "$BRIDGE" up
+            # One fixed hardware address for the router on every `site up`: a new random one
+            # behind the same IPv4 address leaves h4's neighbour entry pointing at a link that
+            # is gone (REACHABLE while TCP confirms it), and h4's DNS questions vanish for the
+            # ~30 s the kernel takes to notice.
+            ip -n lmxrt link set lan0 address 02:6c:6d:78:72:02
             ip -n lmxrt addr add "$SUBNET.2/24" dev lan0
             ip -n lmxrt link set lo up
             ip -n lmxrt link set lan0 up
@@ -230,6 +235,7 @@ site() { # up|down
             ip netns exec lmxrt sysctl -qw net.ipv4.ip_forward=1
         fi
         ip -n lmxh4 route replace "$SITE_SUBNET.0/24" via "$SUBNET.2" dev lan0
+        ip -n lmxh4 neigh flush to "$SUBNET.2" 2>/dev/null || true
         mkdir -p /etc/netns/lmxh4
         printf 'nameserver %s\nsearch site.test\noptions timeout:1 attempts:2\n' "$SUBNET.2" > /etc/netns/lmxh4/resolv.conf
         ;;
