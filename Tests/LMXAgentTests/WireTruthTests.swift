@@ -324,6 +324,42 @@ struct WireTruthTests {
         }
     }
 
+    @Test(
+        "the benchmark's pipelined flood (400 requests behind a head llhttp reads) holds at most 64 KiB, answers SwiftNIO may hold included"
+    )
+    func pipelinedFloodBounded() async throws {
+        try await AgentFixture.with { fixture in
+            fixture.publish([Self.server])
+            let pipe = try PipelineHarness(fixture, generalPath: true)
+            defer { pipe.finish() }
+            let general = try #require(pipe.generalPath)
+            let many = (0..<101).map { "X-H\($0): v\r\n" }.joined()
+            let count = 400
+            var text = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\(many)\r\n"
+            for _ in 1...count { text += "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n" }
+            // One read brings it all (17 KB; a socket's reads are at most 32 KiB).
+            var read = ByteBufferAllocator().buffer(capacity: 32 << 10)
+            read.writeString(text)
+            try pipe.client.writeInbound(read)
+            pipe.loop.run()
+            // What SwiftNIO may hold of the answers while the client reads none of them (the
+            // general path writes the next only while the connection is writable).
+            let marks = pipe.client.options.lazy.compactMap { $0.value as? ChannelOptions.Types.WriteBufferWaterMark }
+                .first
+            let answersHeld = try #require(marks, "the general path sets the connection's water marks").high
+            var most = pipe.handler.bytesHeld
+            for index in 0...count {
+                general.answerNext("r\(index)")
+                _ = try pipe.received()
+                most = max(most, pipe.handler.bytesHeld)
+            }
+            #expect(general.heads.count == count + 1)
+            #expect(!pipe.front.holdsForLLHTTP && pipe.handler.llhttpQueue == nil)
+            print("pipelined flood: at most \(most) bytes held by the handler, \(answersHeld) of answers by SwiftNIO")
+            #expect(most + answersHeld <= WirePropertyTests.bound, "held \(most) + answers \(answersHeld)")
+        }
+    }
+
     @Test("a request held for a route goes as soon as the agent's state has one, without a timer")
     func heldRequestWokenByState() async throws {
         try await AgentFixture.with { fixture in

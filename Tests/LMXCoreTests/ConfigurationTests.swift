@@ -177,7 +177,7 @@ struct ConfigurationTests {
             .appendingPathComponent("examples/agent.json").path
         let example = try AgentConfiguration.parse(Array(try Data(contentsOf: URL(fileURLWithPath: path))), file: path)
         #expect(example.gateway.maxConnectionsPerRoute == 256)
-        #expect(example.gateway.readAheadBudgetBytes == 64 << 20)
+        #expect(example.gateway.readAheadBudgetBytes == 16 << 20)
         #expect(example.gateway.holdSeconds == 5)
         let defaults = try parse("{}").gateway
         #expect(

@@ -13,6 +13,7 @@ extension GatewayConnectionHandler {
         guard let context else { return false }
         do {
             try startGeneralPath(context.channel)
+            try context.channel.syncOptions?.setOption(.writeBufferWaterMark, value: Self.generalPathWaterMark)
             generalPathStarted = true
             return true
         } catch {
@@ -22,6 +23,13 @@ extension GatewayConnectionHandler {
             return false
         }
     }
+
+    /// How much of the connection's answers SwiftNIO holds while the client takes no more, once the
+    /// general path is set up: Hummingbird writes its next answer only while the connection is
+    /// writable, and with SwiftNIO's default (64 KiB) the answers to requests pipelined behind a
+    /// head llhttp reads held 64 KiB, and more in their buffers' room to grow, per connection
+    /// that did not read them. The kernel's send buffer takes most of an answer regardless.
+    static let generalPathWaterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 8 << 10, high: 16 << 10)
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         if let rawOutput { withGathered { $0.write(to: rawOutput) } }  // (empty: answers are flushed as they end)

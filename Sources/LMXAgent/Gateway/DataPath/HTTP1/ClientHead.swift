@@ -228,8 +228,9 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
     /// Whether bytes wait to be parsed (reads from the client wait meanwhile).
     var holdsUnread: Bool { unread != nil }
 
-    /// The bytes waiting for either reader (``GatewayConnectionHandler/bytesHeld``).
-    var bytesWaiting: Int { (unread?.readableBytes ?? 0) + (forLLHTTP?.readableBytes ?? 0) }
+    /// The storage the bytes waiting for either reader hold (``GatewayConnectionHandler/bytesHeld``):
+    /// a read's whole buffer, not only its bytes left to parse.
+    var bytesWaiting: Int { (unread?.storageCapacity ?? 0) + (forLLHTTP?.storageCapacity ?? 0) }
 
     private func parse(_ bytes: ByteBuffer, for handler: GatewayConnectionHandler) {
         parsing = true
@@ -270,9 +271,13 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
     func feedLLHTTP(_ bytes: ByteBuffer?) {
         if var bytes {
             if var held = forLLHTTP {
+                // (Into a buffer of their size: the held read's storage, most of it given to
+                // llhttp already, is not kept growing.)
                 forLLHTTP = nil
-                held.writeBuffer(&bytes)
-                forLLHTTP = held
+                var merged = ByteBufferAllocator().buffer(capacity: held.readableBytes + bytes.readableBytes)
+                merged.writeBuffer(&held)
+                merged.writeBuffer(&bytes)
+                forLLHTTP = merged
             } else if bytes.readableBytes > 0 {
                 forLLHTTP = bytes
             }
@@ -285,5 +290,14 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
             forLLHTTP = held.readableBytes > 0 ? held : nil
             toLLHTTP(slice)
         }
+        // What is left waits in a buffer of its size once most of the read's storage is given to
+        // llhttp (each copy at most half the last: the copies together at most the read's bytes).
+        if let held = forLLHTTP, held.storageCapacity > 2 * held.readableBytes + Self.compactAbove {
+            var rest = ByteBufferAllocator().buffer(capacity: held.readableBytes)
+            rest.writeImmutableBuffer(held)
+            forLLHTTP = rest
+        }
     }
+    /// Storage left unused in the bytes held for llhttp, at most, beyond as much as they hold.
+    static let compactAbove = 4096
 }
