@@ -9,7 +9,11 @@
     right above a one-page guard), the main thread's `[stack]`, the rest (Swift's and NIO's own
     mmaps, relocated data of the executable);
   - threads: /proc/PID/task/*/comm counted by name (NIO event loops, the blocking pool, Swift's
-    cooperative pool, avahi, …).
+    cooperative pool, avahi, …);
+  - the executable's resident pages by ELF section (/proc/PID/pagemap's present bits against
+    readelf's section addresses): how much of the hot code (`.text.lmx_hot`), the rest of the code (`.text`),
+    unwind tables, Swift metadata and data is mapped in. A page two sections share counts for each
+    by the bytes it holds of it.
 
   python3 Benchmarks/memory_map.py PID [--json]
 """
@@ -17,6 +21,7 @@ import collections
 import json
 import os
 import re
+import subprocess
 import sys
 
 MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \d+\s*(.*)$")
@@ -91,6 +96,44 @@ def threads(pid):
     return dict(names)
 
 
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def sections_resident(pid, executable):
+    """{section: (resident KiB, size KiB)} of the executable's allocated sections, or {} when
+    readelf or the process's pagemap cannot be read."""
+    try:
+        headers = subprocess.run(["readelf", "-SWl", executable], check=True, capture_output=True,
+                                 text=True).stdout
+        pagemap = open("/proc/%d/pagemap" % pid, "rb")
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    # The load bias: where the segment at file offset 0 was mapped, less its link-time address.
+    first_load = re.search(r"^\s*LOAD\s+0x0+\s+0x([0-9a-f]+)", headers, re.M)
+    starts = [int(line.split("-")[0], 16) for line in open("/proc/%d/maps" % pid)
+              if line.split()[2] == "00000000" and os.path.realpath(line.split(None, 5)[-1].strip()) == executable]
+    if not first_load or not starts:
+        return {}
+    bias = min(starts) - (int(first_load.group(1), 16) & ~(PAGE - 1))
+    result = {}
+    with pagemap:
+        for m in re.finditer(r"^\s*\[\s*\d+\]\s+(\S+)\s+\S+\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)\s+\S+\s+(\S*A\S*)\s",
+                             headers, re.M):
+            name, address, size = m.group(1), bias + int(m.group(2), 16), int(m.group(3), 16)
+            if size == 0 or "T" in m.group(4):  # empty, or thread-local (a template, not mapped as such)
+                continue
+            first, last = address // PAGE, (address + size - 1) // PAGE
+            pagemap.seek(first * 8)
+            entries = pagemap.read((last - first + 1) * 8)
+            resident = 0
+            for i in range(last - first + 1):
+                if int.from_bytes(entries[i * 8:i * 8 + 8], "little") >> 63:
+                    page = (first + i) * PAGE
+                    resident += min(page + PAGE, address + size) - max(page, address)
+            result[name] = (resident / 1024, size / 1024)
+    return result
+
+
 def breakdown(pid):
     executable = os.path.realpath("/proc/%d/exe" % pid)
     groups = collections.defaultdict(lambda: {"rss_kib": 0, "pss_kib": 0, "mappings": 0})
@@ -99,7 +142,7 @@ def breakdown(pid):
         g["rss_kib"] += m.get("Rss", 0)
         g["pss_kib"] += m.get("Pss", 0) if not group.startswith("anon: written") else 0
         g["mappings"] += 1
-    return {"groups": dict(groups), "threads": threads(pid)}
+    return {"groups": dict(groups), "threads": threads(pid), "sections": sections_resident(pid, executable)}
 
 
 def table(result):
@@ -113,7 +156,13 @@ def table(result):
     rows.append("| **total** | %.2f MiB | |" % (total / 1024))
     threads_line = "Threads (%d): %s." % (sum(result["threads"].values()), ", ".join(
         "%s × %d" % (name, n) for name, n in sorted(result["threads"].items(), key=lambda kv: -kv[1])))
-    return "\n".join(rows) + "\n\n" + threads_line
+    sections = sorted(result.get("sections", {}).items(), key=lambda kv: -kv[1][0])
+    big = [(name, r, size) for name, (r, size) in sections if r >= 64]
+    sections_line = ("\n\nThe executable's resident pages by section (/proc/PID/pagemap), MiB resident of its size: %s; "
+                     "the other sections %.2f MiB." % (
+                         ", ".join("%s %.2f of %.2f" % (name, r / 1024, size / 1024) for name, r, size in big),
+                         sum(r for _, (r, _) in sections) / 1024 - sum(r for _, r, _ in big) / 1024)) if sections else ""
+    return "\n".join(rows) + "\n\n" + threads_line + sections_line
 
 
 def main():
