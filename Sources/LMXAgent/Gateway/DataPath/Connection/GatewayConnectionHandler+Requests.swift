@@ -68,12 +68,7 @@ extension GatewayConnectionHandler {
             // holds back until it hears `100 Continue` (`Expect: 100-continue`): it would wait
             // for a word while the gateway waits for its body (RFC 9110 §10.1.1: a final status
             // instead of 100, and the body need not be read).
-            let exchange = UpstreamExchange(
-                ForwardedRequest(
-                    head: head, path: refusedPath, declaredLength: length, mayConcern: false,
-                    configuration: gateway.configuration),
-                client: self)
-            self.exchange = exchange
+            let exchange = startExchange(head, path: refusedPath, declaredLength: length, mayConcern: false)
             gateway.metrics.gatewayRefused.increment()
             let atOnce =
                 length > gateway.configuration.maxRequestBytes
@@ -83,12 +78,7 @@ extension GatewayConnectionHandler {
             path = forwardedPath
             mayConcern = concern
         }
-        let exchange = UpstreamExchange(
-            ForwardedRequest(
-                head: head, path: path, declaredLength: length, mayConcern: mayConcern,
-                configuration: gateway.configuration),
-            client: self)
-        self.exchange = exchange
+        let exchange = startExchange(head, path: path, declaredLength: length, mayConcern: mayConcern)
         // `Expect: 100-continue`: the client waits for a word before it sends its body (curl: a
         // second, for bodies past 1 MiB); the gateway reads it, so it says so now, as nginx does
         // (the server is never asked: `Expect` does not travel upstream). Any other expectation
@@ -102,6 +92,19 @@ extension GatewayConnectionHandler {
 
     /// `100 Continue`, written to the client at once (no answer of the connection is in
     /// progress: a request is taken only once the one before it has been answered).
+    /// The exchange for the request just read, held as this connection's current one.
+    private func startExchange(_ head: ClientHead, path: String, declaredLength: Int, mayConcern: Bool)
+        -> UpstreamExchange
+    {
+        let exchange = UpstreamExchange(
+            ForwardedRequest(
+                head: head, path: path, declaredLength: declaredLength, mayConcern: mayConcern,
+                configuration: gateway.configuration),
+            client: self)
+        self.exchange = exchange
+        return exchange
+    }
+
     func sendContinue() {
         guard let rawOutput else { return }
         flushToClient()
