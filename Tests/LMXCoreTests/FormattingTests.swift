@@ -88,3 +88,31 @@ struct ExitStatusTests {
         #expect(rows.count == ExitStatus.allCases.count)
     }
 }
+
+@Suite("The Date header's text (RFC 9110 IMF-fixdate) without a calendar")
+struct HTTPDateTests {
+    @Test("known instants, leap days and the edges of the four-digit years")
+    func knownInstants() {
+        #expect(HTTPDate.format(unixSeconds: 0) == "Thu, 01 Jan 1970 00:00:00 GMT")
+        #expect(HTTPDate.format(unixSeconds: 784_111_777) == "Sun, 06 Nov 1994 08:49:37 GMT")  // RFC 9110's example
+        #expect(HTTPDate.format(unixSeconds: 951_782_400) == "Tue, 29 Feb 2000 00:00:00 GMT")
+        #expect(HTTPDate.format(unixSeconds: 4_107_542_399) == "Thu, 28 Feb 2100 23:59:59 GMT")
+        #expect(HTTPDate.format(unixSeconds: 4_107_542_400) == "Mon, 01 Mar 2100 00:00:00 GMT")
+        #expect(HTTPDate.format(unixSeconds: -1) == "Wed, 31 Dec 1969 23:59:59 GMT")
+        #expect(HTTPDate.format(unixSeconds: .min) == "Mon, 01 Jan 0001 00:00:00 GMT")
+        #expect(HTTPDate.format(unixSeconds: .max) == "Fri, 31 Dec 9999 23:59:59 GMT")
+    }
+
+    @Test("agrees with Foundation's formatter over a spread of instants")
+    func agreesWithFoundation() {
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "GMT")
+        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
+        var t: Int64 = -2_208_988_800  // 1900
+        while t < 4_102_444_800 {  // 2100
+            #expect(HTTPDate.format(unixSeconds: t) == formatter.string(from: Date(timeIntervalSince1970: Double(t))))
+            t += 7_919_993  // about three months, a prime number of seconds: every weekday and hour comes
+        }
+    }
+}

@@ -108,7 +108,7 @@ public struct AgentDaemon {
                 announcedDomains: configuration.browseAnnouncedDomains)
             services.append(
                 .init(
-                    service: DoctorService(manager: manager, checks: doctor),
+                    service: DoctorService(manager: manager, checks: doctor, updates: board.updates(buffering: 1)),
                     successTerminationBehavior: .ignore, serviceName: "discovery-doctor"))
         } else {
             await manager.discoveryEnded(.disabled)

@@ -86,6 +86,7 @@ public struct MachineWatcher: Service {
         // The network as last read: each change is handed over as the state before and after.
         var network = paths.network()
         var bus: SleepSignal?
+        var busFresh = false
         var nextBusAttempt = 0.0
         var detector = SuspendDetector()
         var loggedNoBus = false
@@ -106,6 +107,9 @@ public struct MachineWatcher: Service {
             if bus == nil, now >= nextBusAttempt {
                 do {
                     bus = try SleepSignal()
+                    // Read once whatever it is: messages libdbus took in while connecting wait
+                    // in its queue, not on the descriptor.
+                    busFresh = true
                 } catch {
                     if !loggedNoBus {
                         logger.notice(
@@ -117,8 +121,15 @@ public struct MachineWatcher: Service {
                 }
             }
             let fds = [monitor?.descriptor, bus?.descriptor].compactMap { $0 }
-            if poller.wait(for: fds, milliseconds: 1000) == .stopped { return }
-            if let monitor {
+            // Each second the clocks are compared (a sleep without logind's word); a descriptor
+            // is read only when it has something (each read costs syscalls and a 32 KiB buffer).
+            let ready: Set<Int32>
+            switch poller.wait(for: fds, milliseconds: 1000) {
+            case .stopped: return
+            case .timedOut: ready = []
+            case .readable(let which): ready = which
+            }
+            if let monitor, ready.contains(monitor.descriptor) {
                 var change = monitor.drain()
                 if change.any {
                     // Let the burst settle (an address moving is a handful of messages): one
@@ -131,7 +142,8 @@ public struct MachineWatcher: Service {
                     network = now
                 }
             }
-            if let current = bus {
+            if let current = bus, busFresh || ready.contains(current.descriptor) {
+                busFresh = false
                 let (signals, connected) = current.drain()
                 if signals.contains(false) { wake("logind: PrepareForSleep(false)", fromLogind: true) }
                 // At 1, 2, 4, 8… refusals: a flood logs a few lines.

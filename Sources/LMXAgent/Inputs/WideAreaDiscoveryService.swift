@@ -47,9 +47,18 @@ public struct DoctorService: Service {
     /// is usable: the checks (a browse that resolves every announcement) are not made.
     static let maxAnnounced = 16
 
-    public init(manager: ConnectionManager, checks: DoctorChecks, grace: Double = 4, interval: Double = 60) {
+    /// The agent's state as it changes: while something is usable the service waits for the
+    /// next change instead of looking every second (an idle daemon's threads sleep). Nil: it looks
+    /// every second.
+    let updates: AsyncStream<StateBoard.Update>?
+
+    public init(
+        manager: ConnectionManager, checks: DoctorChecks, updates: AsyncStream<StateBoard.Update>? = nil,
+        grace: Double = 4, interval: Double = 60
+    ) {
         self.manager = manager
         self.checks = checks
+        self.updates = updates
         self.grace = grace
         self.interval = interval
     }
@@ -57,11 +66,19 @@ public struct DoctorService: Service {
     public func run() async throws {
         var lastRun: ContinuousClock.Instant?
         var unusableSince: ContinuousClock.Instant?
+        var changes = updates?.cancelOnGracefulShutdown().makeAsyncIterator()
+        var waitForChange = false
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
-            try? await Task.sleep(for: .seconds(1))
+            if waitForChange, changes != nil {
+                // (Updates that came meanwhile are in the stream, the newest kept: none is missed.)
+                guard await changes?.next() != nil else { return }
+            } else {
+                try? await Task.sleep(for: .seconds(1))
+            }
             let (usable, announced, hosts, known) = await manager.doctorInput()
             let now = ContinuousClock.now
-            if usable || announced > Self.maxAnnounced {
+            waitForChange = usable || announced > Self.maxAnnounced
+            if waitForChange {
                 unusableSince = nil
                 lastRun = nil
                 await manager.setDiscoveryFindings([])

@@ -117,6 +117,8 @@ public final class WatchHub: AgentEventSink, Service {
         try? await cancelWhenGracefulShutdown {
             while !Task.isCancelled {
                 try await Task.sleep(for: .milliseconds(Int64(self.heartbeat.withLock { $0 } * 1000)))
+                // Nobody watching: no line to make (an idle daemon does as little as it can).
+                if self.state.withLock({ $0.watchers.isEmpty }) { continue }
                 let at = self.board.snapshot.iso(self.board.now())
                 self.state.withLock { s in
                     _ = Self.send(

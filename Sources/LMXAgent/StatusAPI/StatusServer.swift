@@ -5,6 +5,7 @@ import LMXSystem
 import Logging
 import NIOCore
 import NIOPosix
+import ServiceLifecycle
 
 #if canImport(FoundationEssentials)
 import FoundationEssentials
@@ -215,9 +216,9 @@ public enum StatusServer {
         agent: Agent, socketPath: String, logger: Logger,
         limiter: ConnectionLimiter = ConnectionLimiter(perUser: 64),
         onRunning: @escaping @Sendable () async -> Void
-    ) -> some ApplicationProtocol {
-        Application(
-            router: router(agent: agent),
+    ) -> some Service {
+        QuietApplication(
+            responder: router(agent: agent).buildResponder(),
             // Idle connections (slow or half-sent requests) are closed; watch streams write a
             // heartbeat more often than this.
             server: HTTPServerBuilder { responder in
@@ -239,15 +240,15 @@ public enum StatusServer {
 
 extension StatusServer {
     /// `/metrics` alone over TCP (`--metrics-address`), for a Prometheus server to scrape.
-    public static func metricsApplication(agent: Agent, address: HostPort, logger: Logger) -> some ApplicationProtocol {
+    public static func metricsApplication(agent: Agent, address: HostPort, logger: Logger) -> some Service {
         let router = Router()
         router.get("/metrics") { _, _ -> Response in
             Response(
                 status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                 body: .init(byteBuffer: ByteBuffer(string: await agent.metricsText())))
         }
-        return Application(
-            router: router,
+        return QuietApplication(
+            responder: router.buildResponder(),
             server: .http1(configuration: .init(idleTimeout: .seconds(60))),
             configuration: .init(address: .hostname(address.host, port: address.port), serverName: nil),
             onServerRunning: { _ in
