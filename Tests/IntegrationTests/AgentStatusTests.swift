@@ -375,6 +375,39 @@ extension AgentTests {
     }
 
     @Test(
+        "a watch client that closes its connection is gone at once (not at the next heartbeat): a loop of them holds nothing"
+    )
+    func closedWatchersGone() async throws {
+        try await withResources {
+            let port = freePort()
+            let server = try await LMXServer.start(bed, on: .h1, port: port, instance: "w-\(port)")
+            let agent = try await AgentProcess.start(
+                bed, config: config(endpoints: [#"{"url": "\#(server.baseURL)"}"#]), arguments: ["--no-discovery"])
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            // Twenty watchers, each closing after its first lines (curl gives up after 0.3 s).
+            _ = try await Command.run(
+                "/bin/sh",
+                [
+                    "-c",
+                    "for i in $(seq 20); do curl -s -o /dev/null --max-time 0.3 --unix-socket \"$0\" http://localhost/v1/watch; done",
+                    agent.socket,
+                ], timeout: 30)
+            func watchers() throws -> String {
+                let text = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
+                return text.split(separator: "\n").first { $0.hasPrefix("lmx_watch_clients ") }.map(String.init) ?? "-"
+            }
+            // Well within the 15 s heartbeat that found them before.
+            let deadline = ContinuousClock.now + .seconds(2)
+            var seen = try watchers()
+            while seen != "lmx_watch_clients 0", ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(100))
+                seen = try watchers()
+            }
+            #expect(seen == "lmx_watch_clients 0")
+        }
+    }
+
+    @Test(
         "SIGHUP reloads the config file: a new endpoint appears, a removed one goes; a bad file keeps the old one; a misspelt key is named"
     )
     func reloadOnSIGHUP() async throws {

@@ -423,6 +423,62 @@ struct GatewayTests {
         }
     }
 
+    @Test(
+        "SIGHUP applies gateway.admin and max_request_bytes at once (/admin/* with the admin key alone), and names the settings that wait for a restart"
+    )
+    func reloadAppliesGatewaySettings() async throws {
+        try await withResources {
+            let port = freePort()
+            let gatewayPort = freePort()
+            let server = try await LMXServer.start(
+                bed, on: .h1, port: port, instance: "reload-\(port)", apiKey: "lan-inference-key")
+            let endpoint =
+                #"{"url": "http://10.254.0.11:\#(port)", "api_key": "lan-inference-key", "admin_key": "test-admin-key"}"#
+            func settings(admin: Bool, maxBytes: Int, attempts: Int) -> String {
+                config(
+                    endpoints: [endpoint],
+                    top:
+                        #""gateway": {"admin": \#(admin), "max_request_bytes": \#(maxBytes), "attempts": \#(attempts)}"#
+                )
+            }
+            let agent = try await AgentProcess.start(
+                bed, config: settings(admin: false, maxBytes: 4096, attempts: 3),
+                arguments: ["--no-discovery", "--gateway", "127.0.0.1:\(gatewayPort)"])
+            let agentConfig = agent.configPath
+            func write(admin: Bool, maxBytes: Int, attempts: Int) throws {
+                try settings(admin: admin, maxBytes: maxBytes, attempts: attempts)
+                    .write(toFile: agentConfig, atomically: true, encoding: .utf8)
+            }
+            #expect(await agent.waitForActive(timeout: 5) { $0?.baseURL == server.baseURL } != nil)
+            let admin = "http://127.0.0.1:\(gatewayPort)/admin/models"
+            let body = agent.directory + "/body.json"
+            try String(repeating: "x", count: 3000).write(toFile: body, atomically: true, encoding: .utf8)
+            let chat = ["--data-binary", "@" + body, "http://127.0.0.1:\(gatewayPort)/v1/echo"]
+            #expect(try await curl([admin]).status == 403)
+            #expect(try await curl(chat).status != 413)
+
+            try write(admin: true, maxBytes: 2000, attempts: 2)
+            agent.process.signal(SIGHUP)
+            #expect(
+                await agent.process.waitForLine(containing: "gateway.attempts changed in \(agentConfig)", timeout: 5))
+            // The server answers /admin/* only with its admin key: a 200 is the key on its way.
+            let opened = try await curl([admin])
+            #expect(opened.status == 200 && opened.body.contains("ok"), "\(opened)")
+            #expect(try await curl(chat).status == 413)
+
+            try write(admin: false, maxBytes: 2000, attempts: 2)
+            agent.process.signal(SIGHUP)
+            let closed = ContinuousClock.now + .seconds(5)
+            var status = 0
+            while ContinuousClock.now < closed {
+                status = try await curl([admin]).status
+                if status == 403 { break }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            #expect(status == 403, "gateway.admin turned off by a reload still forwards /admin/*")
+        }
+    }
+
     @Test("memory a burst of large bodies used is given back to the system once the gateway is quiet")
     func heapGivenBack() async throws {
         try await withResources {

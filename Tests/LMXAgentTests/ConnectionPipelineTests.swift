@@ -233,6 +233,37 @@ struct ConnectionPipelineTests {
         }
     }
 
+    @Test("each path carries its own key: the inference key on /v1/ alone, the admin key on /admin/ alone")
+    func keysByPath() async throws {
+        try await AgentFixture.with { fixture in
+            let keyed = Route(
+                baseURL: "http://10.9.0.2:1234", via: .lan, source: .manual, name: "keyed",
+                credentials: Credentials(adminKey: "admin-secret", inferenceKey: "inference-secret"))
+            fixture.publish([keyed])
+            var configuration = GatewayConfiguration()
+            configuration.admin = true
+            let pipe = try PipelineHarness(fixture, configuration: configuration)
+            defer { pipe.finish() }
+            for (path, admin, inference) in [
+                ("/v1/models", false, true), ("/admin/models", true, false), ("/V1/models", false, false),
+                ("/ADMIN/models", false, false), ("/v1x/models", false, false),
+            ] {
+                try pipe.send(PipelineHarness.get(path))
+                let sent = try pipe.serverGot(pipe.servers.count - 1)
+                guard sent.hasPrefix("GET \(path) ") else {
+                    // Refused by the gateway itself (not a path it forwards): no key went anywhere.
+                    #expect(!sent.contains("secret"), "\(path): \(sent)")
+                    _ = try pipe.received()
+                    continue
+                }
+                #expect(sent.contains("X-Admin-Key: admin-secret\r\n") == admin, "\(path): \(sent)")
+                #expect(sent.contains("Authorization: Bearer inference-secret\r\n") == inference, "\(path): \(sent)")
+                try pipe.answer(pipe.servers.count - 1, PipelineHarness.ok())
+                #expect(try pipe.received().hasPrefix("HTTP/1.1 200 OK"))
+            }
+        }
+    }
+
     @Test("pipelined requests: the second goes only once the first is answered; answers in order")
     func pipelining() async throws {
         try await AgentFixture.with { fixture in

@@ -418,8 +418,18 @@ struct DataPathTests {
         let closed = relay(["data: 1\n\ndata: 2"], framed: false)
         #expect(closed.out == ["data: 1\n\n"] && closed.cut)
         #expect(relay(["data: 1\n"], framed: false).rest == "data: 1\n\n")
-        // CRLF boundaries count too.
+        // CRLF boundaries count too, wherever a read splits them (sse-starlette ends its lines
+        // with CRLF; a tunnel cuts the stream where it likes).
         #expect(relay(["data: 1\r\n\r\n"]).out == ["data: 1\r\n\r\n"])
+        for cut in 1..<13 {
+            let text = "data: one\r\n\r\ndata: two"
+            let parts = [String(text.utf8.prefix(cut))!, String(text.utf8.dropFirst(cut))!]
+            let split = relay(parts, framed: false)
+            #expect(split.out.joined() == "data: one\r\n\r\n", "cut at \(cut): \(split.out)")
+            #expect(split.events == 1 && split.cut)
+        }
+        let threeReads = relay(["data: one\r\n\r", "\n", "data: two\r\n"], framed: false)
+        #expect(threeReads.out == ["data: one\r\n\r\n"] && threeReads.rest == "data: two\r\n\n")
     }
 
     @Test("an event larger than the held limit goes as it is; a loss after it starts on a boundary")
@@ -430,6 +440,19 @@ struct DataPathTests {
             passed += $0.readableBytes
         }
         #expect(passed == Gateway.maxHeldEvent + 1 && relay.midEvent)
+        // The rest of it goes as it comes, nothing of it held, until its end.
+        var rest: [String] = []
+        relay.pass(ByteBuffer(string: "more of it")) { rest.append(String(buffer: $0)) }
+        #expect(rest == ["more of it"] && relay.bytesHeld == 0)
+        relay.pass(ByteBuffer(string: " and its end\n\ndata: next")) { rest.append(String(buffer: $0)) }
+        #expect(rest.last == " and its end\n\n" && relay.bytesHeld == "data: next".utf8.count && !relay.midEvent)
+        // Held bytes never pass the limit, however the reads come.
+        let drip = EventRelay()
+        for _ in 0..<40 {
+            drip.pass(ByteBuffer(repeating: UInt8(ascii: "y"), count: 64 << 10)) { _ in }
+            #expect(drip.bytesHeld <= Gateway.maxHeldEvent)
+        }
+        relay.pass(ByteBuffer(repeating: UInt8(ascii: "x"), count: Gateway.maxHeldEvent + 1)) { _ in }
         let target = GatewayTarget(
             routeID: "lan/10.0.0.5:1234", baseURL: "http://10.0.0.5:1234", via: .lan, credentials: Credentials(),
             rank: 0, serverInFlight: 0, instanceID: nil)

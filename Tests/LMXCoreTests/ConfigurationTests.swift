@@ -227,3 +227,21 @@ struct UnknownConfigurationKeyTests {
         )
     }
 }
+
+@Suite("Gateway settings a reload changes")
+struct GatewayReloadTests {
+    @Test("every key that differs is named as the file names it; none when nothing differs")
+    func changedKeys() {
+        let old = GatewayConfiguration()
+        #expect(GatewayConfiguration.changedKeys(from: old, to: old).isEmpty)
+        var new = old
+        new.admin = true
+        new.attempts = 1
+        new.readAheadBudgetBytes = 1 << 20
+        new.listen = nil
+        #expect(
+            GatewayConfiguration.changedKeys(from: old, to: new) == [
+                "listen", "admin", "attempts", "read_ahead_budget_bytes",
+            ])
+    }
+}

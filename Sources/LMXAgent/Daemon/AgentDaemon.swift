@@ -123,13 +123,6 @@ public struct AgentDaemon {
         let books = AddressBookWatcher(
             paths: addressBooks(configuration, logger: logger), manager: manager, store: executor, logger: logger)
         services.append(.init(service: books, successTerminationBehavior: .ignore, serviceName: "address-books"))
-        services.append(
-            .init(
-                service: ReloadService(logger: logger, load: load, reread: { books.reread() }) { new in
-                    Self.warnUnknownKeys(new, file: configPath, logger: logger)
-                    await manager.reload(new)
-                    hub.setHeartbeat(new.watchHeartbeat)
-                }, serviceName: "reload"))
         services.append(.init(service: statusAPI, serviceName: "status-api"))
         var gateway: Gateway?
         if configuration.gateway.enabled {
@@ -140,6 +133,21 @@ public struct AgentDaemon {
             services.append(
                 .init(service: HeapReturn(traffic: agent.traffic, logger: logger), serviceName: "heap-return"))
         }
+        let reloadedGateway = gateway
+        services.append(
+            .init(
+                service: ReloadService(logger: logger, load: load, reread: { books.reread() }) { new in
+                    Self.warnUnknownKeys(new, file: configPath, logger: logger)
+                    await manager.reload(new)
+                    hub.setHeartbeat(new.watchHeartbeat)
+                    if let reloadedGateway {
+                        reloadedGateway.reload(new.gateway, file: configPath)
+                    } else if new.gateway.enabled {
+                        logger.warning(
+                            "config: gateway.enabled changed in \(configPath): the gateway starts when the daemon restarts (sudo systemctl restart lmx-agentd)"
+                        )
+                    }
+                }, serviceName: "reload"))
         // What the agent's use is (the gateway's traffic, watchers): probing follows it.
         let routeLoad = gateway?.load
         await manager.setUsage(

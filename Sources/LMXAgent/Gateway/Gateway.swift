@@ -38,6 +38,14 @@ public final class Gateway: Sendable {
     let dashboard: Dashboard
     /// Which server holds which agent run, RAG collection or stored response.
     let affinity = ServerAffinityBook()
+    /// `gateway.admin` and `gateway.max_request_bytes` as the last reload set them (SIGHUP applies
+    /// them to every request from then on; the other gateway settings take effect at a restart).
+    private let adminSetting: Atomic<Bool>
+    private let maxRequestSetting: Atomic<Int>
+    /// Whether `/admin/*` is forwarded now.
+    var adminEnabled: Bool { adminSetting.load(ordering: .relaxed) }
+    /// The largest request body forwarded now.
+    var maxRequestBytes: Int { maxRequestSetting.load(ordering: .relaxed) }
     /// The data path: each event loop's state and connections (set once, in `init`).
     private let dataPathBox = Mutex<GatewayDataPath?>(nil)
     var dataPath: GatewayDataPath? { dataPathBox.withLock { $0 } }
@@ -46,6 +54,8 @@ public final class Gateway: Sendable {
         self.agent = agent
         self.metrics = agent.metrics
         self.configuration = configuration
+        self.adminSetting = Atomic(configuration.admin)
+        self.maxRequestSetting = Atomic(configuration.maxRequestBytes)
         self.logger = logger
         self.dashboard = Dashboard(agent: agent)
         self.readAhead = ReadAheadBudget(bytes: configuration.readAheadBudgetBytes)
@@ -62,6 +72,25 @@ public final class Gateway: Sendable {
         }
         let dataPath = try GatewayDataPath(gateway: self, tls: tls)
         dataPathBox.withLock { $0 = dataPath }
+    }
+
+    /// The config file was read again (SIGHUP): `admin` and `max_request_bytes` apply to every
+    /// request from now on; any other gateway setting that changed is named in the log, to take
+    /// effect when the daemon restarts. Returns the keys left for the restart.
+    @discardableResult
+    public func reload(_ new: GatewayConfiguration, file: String) -> [String] {
+        adminSetting.store(new.admin, ordering: .relaxed)
+        maxRequestSetting.store(new.maxRequestBytes, ordering: .relaxed)
+        var applied = new
+        applied.admin = configuration.admin
+        applied.maxRequestBytes = configuration.maxRequestBytes
+        let waiting = GatewayConfiguration.changedKeys(from: configuration, to: applied)
+        if !waiting.isEmpty {
+            logger.warning(
+                "config: \(waiting.map { "gateway." + $0 }.joined(separator: ", ")) changed in \(file): the gateway keeps its settings until the daemon restarts (sudo systemctl restart lmx-agentd); gateway.admin and gateway.max_request_bytes apply now"
+            )
+        }
+        return waiting
     }
 
     /// This machine's network changed: new requests open new connections; those streaming now

@@ -26,7 +26,7 @@ extension Gateway {
         let refusal =
             GatewayPolicy.refusal(
                 method: request.method.rawValue, path: request.uri.path, authority: request.head.authority,
-                headers: clientHeaders, adminEnabled: configuration.admin, overTCP: context.isTCP,
+                headers: clientHeaders, adminEnabled: adminEnabled, overTCP: context.isTCP,
                 localhostIsOurs: listeners.localhostIsOurs)
             ?? GatewayPolicy.unreadRefusal(headers: clientHeaders)
         return Self.error(refusal.status, code: refusal.code, message: refusal.message, path: request.uri.path)

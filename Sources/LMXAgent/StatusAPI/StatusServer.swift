@@ -167,7 +167,10 @@ public enum StatusServer {
         _ subscription: (first: [[UInt8]], stream: AsyncStream<[UInt8]>, id: UInt64), hub: WatchHub,
         channel: any Channel
     ) -> ResponseBody {
-        ResponseBody { writer in
+        // A watcher that closes its connection is gone at once, not at the next write that
+        // fails (a heartbeat, 15 s later): connections opened and closed in a loop hold nothing.
+        channel.closeFuture.whenComplete { _ in hub.unwatch(subscription.id) }
+        return ResponseBody { writer in
             defer { hub.unwatch(subscription.id) }
             func send(_ line: [UInt8]) async throws {
                 let deadline = Task {

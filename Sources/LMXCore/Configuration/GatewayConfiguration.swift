@@ -122,3 +122,29 @@ public struct GatewayConfiguration: Sendable, Hashable, Decodable {
         return HostPort(host: host == "localhost" ? "127.0.0.1" : host, port: hostPort.port)
     }
 }
+
+extension GatewayConfiguration {
+    /// The keys (as the config file names them) whose values differ between `old` and `new`.
+    public static func changedKeys(from old: GatewayConfiguration, to new: GatewayConfiguration) -> [String] {
+        var keys: [String] = []
+        func note(_ key: CodingKeys, _ changed: Bool) { if changed { keys.append(key.rawValue) } }
+        note(.enabled, old.enabled != new.enabled)
+        note(.listen, old.listen != new.listen)
+        note(.socket, old.socket != new.socket)
+        note(.admin, old.admin != new.admin)
+        note(.group, old.group != new.group)
+        note(.maxRequestBytes, old.maxRequestBytes != new.maxRequestBytes)
+        note(.attempts, old.attempts != new.attempts)
+        note(.connectTimeout, old.connectTimeout != new.connectTimeout)
+        note(.maxConnectionsPerRoute, old.maxConnectionsPerRoute != new.maxConnectionsPerRoute)
+        note(.holdSeconds, old.holdSeconds != new.holdSeconds)
+        note(.busyCooldownMax, old.busyCooldownMax != new.busyCooldownMax)
+        note(.maxConnectionsPerUser, old.maxConnectionsPerUser != new.maxConnectionsPerUser)
+        note(.readAheadBytes, old.readAheadBytes != new.readAheadBytes)
+        note(.readAheadBudgetBytes, old.readAheadBudgetBytes != new.readAheadBudgetBytes)
+        note(.clientTimeout, old.clientTimeout != new.clientTimeout)
+        // A setting added later and not named above is still told, under the section's name.
+        if keys.isEmpty, old != new { keys.append("(a setting)") }
+        return keys
+    }
+}

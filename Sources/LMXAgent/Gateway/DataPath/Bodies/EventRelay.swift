@@ -141,19 +141,32 @@ final class EventRelay {
             midEvent = false
             chunk.moveReaderIndex(forwardBy: boundary)
         }
-        held.writeBuffer(&chunk)
-        if held.readableBytes > Gateway.maxHeldEvent {
-            // An event larger than anyone sends: passed on as it is.
-            out(held)
+        if midEvent || held.readableBytes + chunk.readableBytes > Gateway.maxHeldEvent {
+            // An event larger than anyone sends: passed on as it comes, what was held of it
+            // first, the rest read by read until its end (nothing more of it held: the bytes
+            // held stay within `maxHeldEvent`, and each read waits for the client as any does).
+            if held.readableBytes > 0 { out(held) }
             held = ByteBuffer()
+            if chunk.readableBytes > 0 { out(chunk) }
             midEvent = true
+            return
         }
+        held.writeBuffer(&chunk)
     }
 
     /// A blank line that begins in what is `held` and ends at the start of `chunk`: the offset
     /// past it.
-    private static func straddling(_ held: ByteBuffer, _ chunk: ByteBuffer) -> Int? {
-        guard held.readableBytesView.last == 0x0A, let first = chunk.readableBytesView.first else { return nil }
+    /// (`\n` + `\n`, `\n` + `\r\n`, or `\n\r` + `\n`: a server that ends its lines with `\r\n`,
+    /// as sse-starlette does, has its blank line split between two reads wherever a proxy or a
+    /// tunnel cuts the stream.)
+    static func straddling(_ held: ByteBuffer, _ chunk: ByteBuffer) -> Int? {
+        guard let first = chunk.readableBytesView.first, let last = held.readableBytesView.last else { return nil }
+        if last == 0x0D, first == 0x0A, held.readableBytes >= 2,
+            held.getInteger(at: held.writerIndex - 2, as: UInt8.self) == 0x0A
+        {
+            return 1
+        }
+        guard last == 0x0A else { return nil }
         if first == 0x0A { return 1 }
         if first == 0x0D, chunk.readableBytes >= 2, chunk.readableBytesView.dropFirst().first == 0x0A { return 2 }
         return nil

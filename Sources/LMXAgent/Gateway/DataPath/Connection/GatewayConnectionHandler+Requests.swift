@@ -71,7 +71,7 @@ extension GatewayConnectionHandler {
             let exchange = startExchange(head, path: refusedPath, declaredLength: length, mayConcern: false)
             gateway.metrics.gatewayRefused.increment()
             let atOnce =
-                length > gateway.configuration.maxRequestBytes
+                length > gateway.maxRequestBytes
                 || (length != 0 && Self.expectation(head) == .continue100)
             return exchange.perform(exchange.request.machine.refuse(refusal, atOnce: atOnce))
         case .forward(let forwardedPath, let concern):
@@ -99,7 +99,7 @@ extension GatewayConnectionHandler {
         let exchange = UpstreamExchange(
             ForwardedRequest(
                 head: head, path: path, declaredLength: declaredLength, mayConcern: mayConcern,
-                configuration: gateway.configuration),
+                configuration: gateway.configuration, maxBodyBytes: gateway.maxRequestBytes),
             client: self)
         self.exchange = exchange
         return exchange

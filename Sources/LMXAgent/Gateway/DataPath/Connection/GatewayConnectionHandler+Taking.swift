@@ -45,13 +45,13 @@ extension GatewayConnectionHandler {
         let header: (String) -> String? = head.contains(anyOf: Self.refusalHeaderBits) ? head.first : { _ in nil }
         if let refusal = GatewayPolicy.refusal(
             method: head.method.rawValue, path: path, authority: head.first(.host), header: header,
-            adminEnabled: gateway.configuration.admin, overTCP: overTCP,
+            adminEnabled: gateway.adminEnabled, overTCP: overTCP,
             localhostIsOurs: gateway.listeners.localhostIsOurs)
         {
             return .refuse(path, .refused(status: refusal.status, code: refusal.code, message: refusal.message))
         }
-        guard length <= gateway.configuration.maxRequestBytes else {
-            return .refuse(path, .tooLarge(limit: gateway.configuration.maxRequestBytes))
+        guard length <= gateway.maxRequestBytes else {
+            return .refuse(path, .tooLarge(limit: gateway.maxRequestBytes))
         }
         return .forward(path, mayConcern: mayConcern)
     }

@@ -75,12 +75,16 @@ final class ForwardedRequest {
     /// The route's count of requests in flight, while it counts this request.
     var routeCount: RouteLoad.Count?
 
-    init(head: ClientHead, path: String, declaredLength: Int, mayConcern: Bool, configuration: GatewayConfiguration) {
+    init(
+        head: ClientHead, path: String, declaredLength: Int, mayConcern: Bool, configuration: GatewayConfiguration,
+        maxBodyBytes: Int? = nil
+    ) {
         self.head = head
         self.path = path
         self.mayConcern = mayConcern
         machine = GatewayExchange(
-            method: head.method.rawValue, declaredLength: declaredLength, maxBodyBytes: configuration.maxRequestBytes,
+            method: head.method.rawValue, declaredLength: declaredLength,
+            maxBodyBytes: maxBodyBytes ?? configuration.maxRequestBytes,
             readAheadBytes: configuration.readAheadBytes)
         machine.resumable = StreamContinuation.resumable(method: head.method.rawValue, path: path)
     }

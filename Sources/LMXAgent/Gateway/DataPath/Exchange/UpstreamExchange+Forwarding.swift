@@ -305,7 +305,8 @@ extension UpstreamExchange {
         request.machine.sent(onKeptConnection: kept)
         let handler = connection.handler
         // Which of the client's headers go on (``GatewayPolicy/upstreamHeaders``), decided on their
-        // names' bytes. (The route's rule for `/v1/` paths, made once, when it applies: nearly always.)
+        // names' bytes. (The route's rule for `/v1/` paths, made once, when it applies: nearly
+        // always. Any other path, `/admin/…` with its own key, gets the rule of its own path.)
         let listed =
             request.head.contains(.connection)
             ? GatewayPolicy.connectionListed(request.head.all("connection")) ?? [] : []
@@ -314,7 +315,7 @@ extension UpstreamExchange {
         // Any other answer is read only if it comes uncompressed, else passed on untouched.
         let identity = request.machine.resumable
         let rule =
-            listed.isEmpty && !identity && !Credentials.isOpen(path: request.path)
+            listed.isEmpty && !identity && request.path.hasPrefix("/v1/") && !Credentials.isOpen(path: request.path)
             ? target.inferenceRule
             : GatewayPolicy.UpstreamHeaderRule(
                 connectionListed: identity ? listed + ["accept-encoding"] : listed, credentials: target.credentials,

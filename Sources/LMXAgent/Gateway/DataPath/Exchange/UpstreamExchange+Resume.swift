@@ -35,6 +35,11 @@ extension UpstreamExchange {
             return
         case .moved:
             guard request.machine.resumable else { return }
+            if let left = leftFailed, NIODeadline.now() < left.until, first == left.key.id {
+                // The route that cut this stream a moment ago, still first only because no probe
+                // has failed it yet: the stream stays where it went on.
+                return
+            }
             resumeStream(routeFailed: false, detail: "its server is reached by another route now")
         case .lost(let pathGone):
             if request.machine.resumable {
@@ -61,10 +66,12 @@ extension UpstreamExchange {
             client?.flushToClient()
             return perform(request.machine.answerEnd(reusable: false))
         }
+        let now = NIODeadline.now()
         if routeFailed {
             let manager = gateway.agent.manager
             let routeID = target.routeID
             Task { await manager.gatewayFailed(routeID, reason: detail) }
+            leftFailed = (target.routeKey, now + Self.failedRouteShunned)
         }
         resumes += 1
         if request.server == nil, let instance = target.instanceID,
@@ -81,12 +88,17 @@ extension UpstreamExchange {
             metadata: ["route": "\(target.routeID)", "reason": "\(detail)"])
         request.machine.resume()
         if let closer = relay.resumed() { emit(.body(closer)) }
-        let now = NIODeadline.now()
+        // A route that cut the stream is avoided for a second; one left only because another is
+        // better now is not: it stays the fallback should the better one not connect.
         wait = .resume(
             until: now + .milliseconds(Int64(gateway.configuration.holdSeconds * 1000)), nudge: now,
-            avoid: target.routeKey, avoidUntil: now + .seconds(1))
+            avoid: routeFailed ? target.routeKey : RouteKey(""), avoidUntil: routeFailed ? now + .seconds(1) : now)
         rerouteStream()
     }
+
+    /// How long a stream is not moved back to the route that cut it while the agent still ranks
+    /// that route first (a probe marks a dead route down within a few seconds).
+    static let failedRouteShunned = TimeAmount.seconds(10)
 
     /// The stream's server's routes, the one it left last unless it is the only one (and a
     /// second has passed); while none is usable, planned again at each change of the agent's

@@ -55,6 +55,9 @@ final class UpstreamExchange: UpstreamOwner {
     var wait = Wait.none
     /// Times the stream was opened again (``StreamContinuation/maxResumes``).
     var resumes = 0
+    /// The route that last cut this exchange's stream, and until when the stream is not moved
+    /// back to it because the agent still ranks it first (its probes have not caught up yet).
+    var leftFailed: (key: RouteKey, until: NIODeadline)?
     /// The loop tells this exchange of each change of the agent's state (``routesChanged()``).
     private var watching = false
 
