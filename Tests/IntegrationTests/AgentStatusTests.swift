@@ -392,18 +392,19 @@ extension AgentTests {
                     "for i in $(seq 20); do curl -s -o /dev/null --max-time 0.3 --unix-socket \"$0\" http://localhost/v1/watch; done",
                     agent.socket,
                 ], timeout: 30)
-            func watchers() throws -> String {
+            func watchers() throws -> Double? {
                 let text = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
-                return text.split(separator: "\n").first { $0.hasPrefix("lmx_watch_clients ") }.map(String.init) ?? "-"
+                return text.split(separator: "\n").first { $0.hasPrefix("lmx_watch_clients ") }
+                    .flatMap { Double($0.dropFirst("lmx_watch_clients ".count)) }
             }
             // Well within the 15 s heartbeat that found them before.
             let deadline = ContinuousClock.now + .seconds(2)
             var seen = try watchers()
-            while seen != "lmx_watch_clients 0", ContinuousClock.now < deadline {
+            while seen != 0, ContinuousClock.now < deadline {
                 try await Task.sleep(for: .milliseconds(100))
                 seen = try watchers()
             }
-            #expect(seen == "lmx_watch_clients 0")
+            #expect(seen == 0)
         }
     }
 

@@ -433,7 +433,7 @@ struct GatewayTests {
             let server = try await LMXServer.start(
                 bed, on: .h1, port: port, instance: "reload-\(port)", apiKey: "lan-inference-key")
             let endpoint =
-                #"{"url": "http://10.254.0.11:\#(port)", "api_key": "lan-inference-key", "admin_key": "test-admin-key"}"#
+                #"{"url": "http://10.254.0.11:\#(port)", "api_key": "lan-inference-key", "admin_key": "test-admin-key", "allow_insecure": true}"#
             func settings(admin: Bool, maxBytes: Int, attempts: Int) -> String {
                 config(
                     endpoints: [endpoint],
@@ -495,6 +495,8 @@ struct GatewayTests {
             _ = try await curl(["--data-binary", "@" + file, url])
             try await Task.sleep(for: .seconds(6))  // past the first look (nothing to give back yet)
             let before = agent.memoryKiB("RssAnon")
+            let givenBack = "gateway quiet: free heap memory given back to the system"
+            let looksBefore = agent.process.stderr.components(separatedBy: givenBack).count
             // The highest mark while the burst runs: the heap's own look (every 5 s) may already
             // give part back before the burst ends, so the mark after it is no measure of use.
             let watcher = Task {
@@ -527,7 +529,14 @@ struct GatewayTests {
             print(
                 "figure: daemon's anonymous memory \(before) KiB before the burst, \(peak) at its height, \(after) after it, \(settled) once quiet"
             )
-            #expect(peak >= before + 4 * 1024, "the burst did not raise the daemon's memory: nothing to show")
+            // The gateway's read-ahead budget and write limits keep the burst's height low (4 to
+            // 8 MiB over the start here): a rise is what there is to give back, and the daemon
+            // says when it gives it back (its debug line, after the burst).
+            #expect(peak >= before + 2 * 1024, "the burst did not raise the daemon's memory: nothing to show")
+            #expect(
+                await agent.process.waitFor(timeout: 15) {
+                    $0.stderr.components(separatedBy: givenBack).count > looksBefore
+                }, "the daemon did not give memory back after the burst")
             #expect(settled <= before + 3 * 1024)
         }
     }
