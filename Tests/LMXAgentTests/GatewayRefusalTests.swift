@@ -205,7 +205,7 @@ struct RouteLoadTests {
             method: .GET, uri: "/v1/models", minor: 1, raw: ByteBuffer(), fields: [], known: 0, keepAlive: true)
         var request: ForwardedRequest? = ForwardedRequest(
             head: head, path: "/v1/models", declaredLength: 0, mayConcern: false,
-            configuration: GatewayConfiguration())
+            configuration: GatewayConfiguration(), maxBodyBytes: GatewayConfiguration().maxRequestBytes)
         request?.countOnRoute(a)
         #expect(a.current == 1 && b.current == 0)
         #expect(load.order([target("a", rank: 1), target("b", rank: 1)]).map(\.routeID) == ["b", "a"])

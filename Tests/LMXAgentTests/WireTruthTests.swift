@@ -291,6 +291,15 @@ struct WireTruthTests {
         }
     }
 
+    /// A head of 101 header lines (more than the front reads: the connection is llhttp's from
+    /// there), then `count` GETs pipelined behind it, the nth to `target(n)`.
+    static func behindLongHead(_ count: Int, target: (Int) -> String) -> String {
+        let many = (0..<101).map { "X-H\($0): v\r\n" }.joined()
+        var text = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\(many)\r\n"
+        for index in 1...count { text += "GET \(target(index)) HTTP/1.1\r\nHost: x\r\n\r\n" }
+        return text
+    }
+
     @Test(
         "pipelined requests behind a head llhttp reads are parsed a slice at a time, one request ahead, and all answered in order"
     )
@@ -300,12 +309,8 @@ struct WireTruthTests {
             let pipe = try PipelineHarness(fixture, generalPath: true)
             defer { pipe.finish() }
             let general = try #require(pipe.generalPath)
-            // 101 header lines: more than the front reads; the connection is llhttp's from here.
-            let many = (0..<101).map { "X-H\($0): v\r\n" }.joined()
             let count = 300
-            var text = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\(many)\r\n"
-            for index in 1...count { text += "GET /v1/n\(index) HTTP/1.1\r\nHost: x\r\n\r\n" }
-            try pipe.send(text)
+            try pipe.send(Self.behindLongHead(count) { "/v1/n\($0)" })
             #expect(general.heads.count == 1, "one request at a time to the general path")
             #expect((pipe.handler.llhttpQueue?.count ?? 0) <= GatewayConnectionHandler.maxLLHTTPQueued)
             #expect(pipe.front.holdsForLLHTTP)
@@ -333,10 +338,8 @@ struct WireTruthTests {
             let pipe = try PipelineHarness(fixture, generalPath: true)
             defer { pipe.finish() }
             let general = try #require(pipe.generalPath)
-            let many = (0..<101).map { "X-H\($0): v\r\n" }.joined()
             let count = 400
-            var text = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\(many)\r\n"
-            for _ in 1...count { text += "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n" }
+            let text = Self.behindLongHead(count) { _ in "/v1/models" }
             // One read brings it all (17 KB; a socket's reads are at most 32 KiB).
             var read = ByteBufferAllocator().buffer(capacity: 32 << 10)
             read.writeString(text)

@@ -81,10 +81,9 @@ public final class Gateway: Sendable {
     public func reload(_ new: GatewayConfiguration, file: String) -> [String] {
         adminSetting.store(new.admin, ordering: .relaxed)
         maxRequestSetting.store(new.maxRequestBytes, ordering: .relaxed)
-        var applied = new
-        applied.admin = configuration.admin
-        applied.maxRequestBytes = configuration.maxRequestBytes
-        let waiting = GatewayConfiguration.changedKeys(from: configuration, to: applied)
+        let waiting = GatewayConfiguration.changedKeys(from: configuration, to: new).filter {
+            $0 != "admin" && $0 != "max_request_bytes"
+        }
         if !waiting.isEmpty {
             logger.warning(
                 "config: \(waiting.map { "gateway." + $0 }.joined(separator: ", ")) changed in \(file): the gateway keeps its settings until the daemon restarts (sudo systemctl restart lmx-agentd); gateway.admin and gateway.max_request_bytes apply now"

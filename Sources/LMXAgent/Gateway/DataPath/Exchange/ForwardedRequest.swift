@@ -77,14 +77,14 @@ final class ForwardedRequest {
 
     init(
         head: ClientHead, path: String, declaredLength: Int, mayConcern: Bool, configuration: GatewayConfiguration,
-        maxBodyBytes: Int? = nil
+        maxBodyBytes: Int
     ) {
         self.head = head
         self.path = path
         self.mayConcern = mayConcern
         machine = GatewayExchange(
             method: head.method.rawValue, declaredLength: declaredLength,
-            maxBodyBytes: maxBodyBytes ?? configuration.maxRequestBytes,
+            maxBodyBytes: maxBodyBytes,
             readAheadBytes: configuration.readAheadBytes)
         machine.resumable = StreamContinuation.resumable(method: head.method.rawValue, path: path)
     }

@@ -92,7 +92,7 @@ extension UpstreamExchange {
         // better now is not: it stays the fallback should the better one not connect.
         wait = .resume(
             until: now + .milliseconds(Int64(gateway.configuration.holdSeconds * 1000)), nudge: now,
-            avoid: routeFailed ? target.routeKey : RouteKey(""), avoidUntil: routeFailed ? now + .seconds(1) : now)
+            avoid: routeFailed ? target.routeKey : nil, avoidUntil: routeFailed ? now + .seconds(1) : now)
         rerouteStream()
     }
 

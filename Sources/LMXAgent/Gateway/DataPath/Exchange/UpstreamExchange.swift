@@ -41,8 +41,9 @@ final class UpstreamExchange: UpstreamOwner {
         /// Room under the route's connection cap; 503 at `until`.
         case room(until: NIODeadline)
         /// A route to a cut stream's server (``StreamContinuation``): not the one it left
-        /// (`avoid`) before `avoidUntil` while another is usable; the stream-lost event at `until`.
-        case resume(until: NIODeadline, nudge: NIODeadline, avoid: RouteKey, avoidUntil: NIODeadline)
+        /// (`avoid`, when it cut the stream) before `avoidUntil` while another is usable; the
+        /// stream-lost event at `until`.
+        case resume(until: NIODeadline, nudge: NIODeadline, avoid: RouteKey?, avoidUntil: NIODeadline)
 
         /// When the wait ends, if one is under way (a wait that turns into another keeps it).
         var until: NIODeadline? {
