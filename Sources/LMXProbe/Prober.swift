@@ -59,14 +59,15 @@ public final class Prober: Sendable {
     ///   - full: `false` for a quick liveness check (`/readyz` only).
     ///   - connectTimeout: when given (and shorter than `timeout`), a connection attempt gives up
     ///     after the prober's quick connect timeout (the route's network just came back).
-    public func probe(_ route: Route, timeout: Double, full: Bool = true, connectTimeout: Double? = nil) async
-        -> ProbeReport
-    {
+    ///   - checkAPI: also ask `/v1/models` and judge who answered it (``ProbeSequence``).
+    public func probe(
+        _ route: Route, timeout: Double, full: Bool = true, connectTimeout: Double? = nil, checkAPI: Bool = false
+    ) async -> ProbeReport {
         let quick = connectTimeout.map { $0 < timeout } ?? false
         let start = ContinuousClock.now
         var sequence = ProbeSequence(
             servicePath: route.servicePath, via: route.via, pinnedInstance: route.pinnedInstance, quick: !full,
-            hasInferenceKey: route.credentials.inferenceKey != nil)
+            hasInferenceKey: route.credentials.inferenceKey != nil, checkAPI: checkAPI, baseURL: route.baseURL)
         var path = sequence.firstPath
         while true {
             let result = await get(route, path: path, timeout: timeout, quickConnect: quick)

@@ -95,12 +95,92 @@ struct GatewayWireTests {
             }
             #expect(seen != nil)
             #expect(seen?.lastProbe?.cause == .loginPage, "the cause as a code beside its words")
+            #expect(
+                seen?.verdict == .authRejected && seen?.health == .down, "marked at once: one login page is certain")
+            // Its health paths keep answering; its probes (every second in its restart watch)
+            // ask /v1/models too and meet the login page there: the mark stands.
+            try await Task.sleep(for: .seconds(5))
+            let status = try agent.status()
+            let later = status.candidates.flatMap(\.routes).first { $0.baseURL == server.baseURL }
+            #expect(later?.verdict == .authRejected && later?.health == .down, "\(String(describing: later))")
+            #expect(later?.lastProbe?.cause == .loginPage, "\(String(describing: later?.lastProbe))")
+            #expect((later?.probes ?? 0) > (seen?.probes ?? 0), "probed meanwhile")
+            #expect(status.active == nil, "no route handed out while the login page answers for it")
             await server.set("api-open")
             let served = try await curl([
                 "-m", "10", "-H", "Content-Type: application/json", "-d", #"{"model":"test/model","messages":[]}"#,
                 "http://127.0.0.1:\(gatewayPort)/v1/chat/completions",
             ])
             #expect(served.status == 200, "\(served)")
+        }
+    }
+
+    @Test(
+        "requests llhttp cannot read (a bare LF, control bytes, a doubled Content-Length, TE: identity) get the gateway's JSON 400 with its security headers, then the close; a refusal before a body the client holds back (Expect) closes too"
+    )
+    func unreadableRequests() async throws {
+        try await withResources {
+            let gatewayPort = freePort()
+            let (server, _) = try await start("wire-unreadable", gatewayPort: gatewayPort)
+            let script = #"""
+                import json, socket, sys
+                port = int(sys.argv[1])
+                many = "".join("X-H%d: v\r\n" % i for i in range(101))
+                cases = {
+                    "bare-lf": b"GET /v1/models HTTP/1.1\nHost: x\n\n",
+                    "control": b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n",
+                    "two-lengths": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+                    "te-identity": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\nContent-Length: 2\r\n\r\n{}",
+                    "expect-431": ("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 2\r\n" + many + "\r\n").encode(),
+                    "expect-501": b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                }
+                for name, data in cases.items():
+                    s = socket.create_connection(("127.0.0.1", port))
+                    s.settimeout(5)
+                    s.sendall(data)
+                    got = b""
+                    closed = False
+                    try:
+                        while True:
+                            chunk = s.recv(65536)
+                            if not chunk:
+                                closed = True
+                                break
+                            got += chunk
+                    except socket.timeout:
+                        pass
+                    head, _, body = got.partition(b"\r\n\r\n")
+                    lines = head.decode("latin-1").split("\r\n")
+                    headers = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:])}
+                    try:
+                        code = json.loads(body)["error"]["code"]
+                    except Exception:
+                        code = None
+                    print(json.dumps({"case": name, "status": lines[0], "code": code, "closed": closed,
+                                      "nosniff": headers.get("x-content-type-options") == "nosniff",
+                                      "csp": "sandbox" in headers.get("content-security-policy", ""),
+                                      "connection": headers.get("connection"), "body": body.decode("latin-1")[:300]}))
+                """#
+            let result = try await Command.run("/usr/bin/python3", ["-c", script, String(gatewayPort)], timeout: 60)
+            let lines = result.stdout.split(separator: "\n").compactMap {
+                try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
+            }
+            try #require(lines.count == 6, "\(result.stdout) \(result.stderr)")
+            for line in lines {
+                let name = line["case"] as? String ?? ""
+                let status = line["status"] as? String ?? ""
+                let expected = name == "expect-431" ? "431" : name == "expect-501" ? "501" : "400"
+                #expect(status.hasPrefix("HTTP/1.1 \(expected) "), "\(line)")
+                #expect(line["closed"] as? Bool == true, "closed at once, not after a timeout: \(line)")
+                #expect(line["connection"] as? String == "close", "\(line)")
+                #expect(line["nosniff"] as? Bool == true && line["csp"] as? Bool == true, "\(line)")
+                if expected == "400" {
+                    #expect(line["code"] as? String == "bad_request", "\(line)")
+                    #expect((line["body"] as? String ?? "").contains("CRLF"), "names the next step: \(line)")
+                }
+            }
+            // Nothing of them reached the server.
+            #expect(!server.requests.contains { $0.hasPrefix("REQ POST") }, "\(server.requests)")
         }
     }
 

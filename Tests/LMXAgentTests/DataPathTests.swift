@@ -430,6 +430,10 @@ struct DataPathTests {
         }
         let threeReads = relay(["data: one\r\n\r", "\n", "data: two\r\n"], framed: false)
         #expect(threeReads.out == ["data: one\r\n\r\n"] && threeReads.rest == "data: two\r\n\n")
+        // Lines ended by CR alone (the grammar allows it): events pass as they end, not held.
+        let crOnly = relay(["data: one\r\rdata: t", "wo\r", "\rdata: [DONE]\r"])
+        #expect(crOnly.out == ["data: one\r\r", "data: two\r\r"] && crOnly.events == 2, "\(crOnly.out)")
+        #expect(crOnly.rest == "data: [DONE]\r\r" && !crOnly.cut)
     }
 
     @Test("an event larger than the held limit goes as it is; a loss after it starts on a boundary")

@@ -19,7 +19,9 @@ struct ManagerTests {
         func set(_ url: String, _ report: ProbeReport) { state.withLock { $0.verdicts[url] = report } }
         func calls(_ url: String) -> Int { state.withLock { $0.calls[url] ?? 0 } }
 
-        func probe(_ route: Route, timeout: Double, full: Bool, connectTimeout: Double?) async -> ProbeReport {
+        func probe(_ route: Route, timeout: Double, full: Bool, connectTimeout: Double?, checkAPI: Bool) async
+            -> ProbeReport
+        {
             state.withLock { s in
                 s.calls[route.baseURL, default: 0] += 1
                 return s.verdicts[route.baseURL]

@@ -130,16 +130,20 @@ struct TrafficStatsTests {
         #expect(!stats.contains(TrafficStats.named(model: "real", via: .lan)))
     }
 
-    @Test("event ends are counted across chunks, \\n\\n and \\n\\r\\n alike")
+    @Test("event ends are counted across chunks: lines ended by LF, CRLF or CR alone")
     func events() {
-        var after = true
+        var after = EventBoundary.Line.start
         func count(_ text: String) -> Int {
-            Array(text.utf8).withUnsafeBytes { EventBoundary.count(in: $0, afterNewline: &after) }
+            Array(text.utf8).withUnsafeBytes { EventBoundary.count(in: $0, line: &after) }
         }
         #expect(count("data: a\n\ndata: b\n") == 1)
         #expect(count("\ndata: c\r\n\r\n") == 2)
         #expect(count("data: d\n") == 0)
         #expect(count("\n") == 1)
+        #expect(count("data: e\r\rdata: f\r") == 1)
+        #expect(count("\r") == 1)
+        #expect(count("data: g\r") == 0)
+        #expect(count("\n\r\n") == 1, "the LF of a CRLF split across reads ends nothing more")
         // Against the count byte by byte, on streams of events, blank lines, carriage returns
         // and long lines cut into chunks anywhere (the carried state across each cut).
         var state: UInt64 = 0xE7E7
@@ -153,22 +157,33 @@ struct TrafficStatsTests {
         ]
         for _ in 0..<3000 {
             let bytes = Array((0..<(1 + next(12))).map { _ in pieces[next(pieces.count)] }.joined().utf8)
+            // The grammar's reference: split into lines at CRLF, LF or CR; an empty line ends
+            // an event.
             var expected = 0
-            var lineStart = true
-            for byte in bytes {
-                if byte == 0x0A {
-                    if lineStart { expected += 1 }
-                    lineStart = true
-                } else if byte != 0x0D || !lineStart {
-                    lineStart = false
+            var lineStart = EventBoundary.Line.start
+            var i = 0
+            var lineLength = 0
+            while i < bytes.count {
+                if bytes[i] == 0x0D || bytes[i] == 0x0A {
+                    if lineLength == 0, !(lineStart == .afterCR && bytes[i] == 0x0A) { expected += 1 }
+                    if lineStart == .afterCR, bytes[i] == 0x0A, lineLength == 0 {
+                        lineStart = .start
+                    } else {
+                        lineStart = bytes[i] == 0x0D ? .afterCR : .start
+                    }
+                    lineLength = 0
+                } else {
+                    lineLength += 1
+                    lineStart = .midLine
                 }
+                i += 1
             }
-            var carried = true
+            var carried = EventBoundary.Line.start
             var counted = 0
             var start = 0
             while start < bytes.count {
                 let end = min(bytes.count, start + 1 + next(40))
-                counted += bytes[start..<end].withUnsafeBytes { EventBoundary.count(in: $0, afterNewline: &carried) }
+                counted += bytes[start..<end].withUnsafeBytes { EventBoundary.count(in: $0, line: &carried) }
                 start = end
             }
             #expect(

@@ -56,6 +56,37 @@ struct ForeignAnswerTests {
             ForeignAnswer.recognise(
                 status: 302, html: false, location: "https://192.168.1.20/cdn-cgi/access/login/x", server: server)
                 == .accessLogin)
+        // On a path the server answers only in JSON or as an event stream: a 2xx in plain text,
+        // unlabelled or as XHTML is a portal's page; an empty one or one on another path is not.
+        for label in [AnswerLabel.plainText, .none, .page] {
+            #expect(
+                ForeignAnswer.recognise(status: 200, label: label, location: nil, jsonPath: true)
+                    == .captivePortal(status: 200))
+        }
+        #expect(ForeignAnswer.recognise(status: 200, label: .plainText, location: nil, jsonPath: false) == nil)
+        #expect(ForeignAnswer.recognise(status: 200, label: .none, location: nil, jsonPath: true, empty: true) == nil)
+        #expect(ForeignAnswer.recognise(status: 204, label: .none, location: nil, jsonPath: true) == nil)
+        #expect(ForeignAnswer.recognise(status: 200, label: .other, location: nil, jsonPath: true) == nil)
+        #expect(ForeignAnswer.recognise(status: 200, label: .json, location: nil, jsonPath: true) == nil)
+        // Access's block page through the edge; the server's own JSON refusal passes.
+        #expect(
+            ForeignAnswer.recognise(status: 403, label: .page, location: nil, edge: true, jsonPath: true)
+                == .accessLogin)
+        #expect(ForeignAnswer.recognise(status: 401, label: .json, location: nil, edge: true, jsonPath: true) == nil)
+        #expect(ForeignAnswer.recognise(status: 403, label: .page, location: nil, edge: false, jsonPath: true) == nil)
+        #expect(AnswerLabel(contentType: "Application/XHTML+XML; charset=utf-8") == .page)
+        #expect(AnswerLabel(contentType: "text/plain;charset=utf-8") == .plainText)
+        #expect(AnswerLabel(contentType: "application/problem+json") == .json)
+        #expect(AnswerLabel(contentType: "text/event-stream") == .other)
+        #expect(AnswerLabel(contentType: nil) == AnswerLabel.none)
+        for path in [
+            "/v1/chat/completions", "/v1/models", "/v1/models/m", "/v1/agents/runs/1/events", "/v1/messages?x=1",
+        ] {
+            #expect(ForeignAnswer.answersInJSON(path: path), "\(path)")
+        }
+        for path in ["/v1/audio/transcriptions", "/v1/modelsx", "/admin/models", "/v1/skills/x", "/v1/"] {
+            #expect(!ForeignAnswer.answersInJSON(path: path), "\(path)")
+        }
         // 511 Network Authentication Required (RFC 6585 §6): the status a captive portal is
         // meant to answer with, whatever its page's type; never an LMX server's.
         #expect(ForeignAnswer.recognise(status: 511, html: true, location: nil) == .captivePortal(status: 511))

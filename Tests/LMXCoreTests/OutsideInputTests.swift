@@ -194,6 +194,7 @@ struct OutsideInputTests {
             for i in mutated.indices.dropFirst()
             where mutated[i] == 0x0A
                 && (mutated[i - 1] == 0x0A || (i >= 2 && mutated[i - 1] == 0x0D && mutated[i - 2] == 0x0A))
+                || mutated[i] == 0x0D && mutated[i - 1] == 0x0D
             { lastBlank = i + 1 }
             #expect(EventBoundary.end(in: mutated) == lastBlank)
             var bytes = mutated[...]
@@ -215,8 +216,10 @@ struct OutsideInputTests {
         #expect(big.feed(repeatElement(UInt8(0x0A), count: 1 << 20)).isEmpty)
     }
 
-    @Test("event boundaries: found from the end, LF and CRLF, none in a partial event")
+    @Test("event boundaries: found from the end, LF, CRLF and CR alone, none in a partial event")
     func eventBoundary() {
+        #expect(EventBoundary.end(in: Array("data: a\r\rdata: b".utf8)) == 9)
+        #expect(EventBoundary.end(in: Array("data: a\rdata: b".utf8)) == nil)
         #expect(EventBoundary.end(in: Array("data: a\n\n".utf8)) == 9)
         #expect(EventBoundary.end(in: Array("data: a\r\n\r\ndata: b".utf8)) == 11)
         #expect(EventBoundary.end(in: Array("data: a\n\ndata: b\n\ndata: c".utf8)) == 18)

@@ -29,6 +29,10 @@ struct PlannerHarness {
     var timesOut = false
     /// Whether the host of a route whose probe timed out still accepts connections (busy).
     var accepting = false
+    /// Whether the server itself answers `/v1/models` at a time (asked while a page that was not
+    /// the server's stands on the route), and how often it was asked.
+    var apiAnswered: (String, Double) -> Bool = { _, _ in true }
+    var apiChecks: [String: Int] = [:]
     private var lanURLs: [String] = []
 
     /// `inUse`: a client follows the agent (as the tests of failover timing assume: the active
@@ -80,6 +84,10 @@ struct PlannerHarness {
                     if planner.wantsConnectionCheck(route.id) { reported.connectionAccepted = accepting }
                 }
                 if route.via == .wan, task.full, verdict.isAlive { reported.advertisedBaseURLs = advertised(route.id) }
+                if task.checkAPI, verdict.isAlive {
+                    apiChecks[route.id, default: 0] += 1
+                    reported.apiAnswered = apiAnswered(route.id, now)
+                }
                 absorb(planner.record(reported, for: route.id, full: task.full, now: now))
             }
             absorb(planner.tick(now: now))

@@ -18,9 +18,12 @@ private let readyz = ProbeResponse(status: 200, body: json(#"{"status":"ready","
 /// Runs a sequence against answers keyed by path; returns the report and the paths asked.
 private func run(
     _ answers: [String: Result<ProbeResponse, ProbeTransportFailure>], via: Via = .lan,
-    path: String = "/.well-known/opta-lmx", pinned: String? = nil, key: Bool = false
+    path: String = "/.well-known/opta-lmx", pinned: String? = nil, key: Bool = false, checkAPI: Bool = false,
+    quick: Bool = false
 ) -> (ProbeReport, [String]) {
-    var sequence = ProbeSequence(servicePath: path, via: via, pinnedInstance: pinned, hasInferenceKey: key)
+    var sequence = ProbeSequence(
+        servicePath: path, via: via, pinnedInstance: pinned, quick: quick, hasInferenceKey: key, checkAPI: checkAPI,
+        baseURL: "https://t.example.com")
     var asked = [sequence.firstPath]
     var step = sequence.receive(answers[sequence.firstPath] ?? .success(ProbeResponse(status: 404)))
     while case .request(let p) = step {
@@ -201,6 +204,60 @@ struct ProbeSequenceTests {
             status: 302, headers: ["Location": "https://team.cloudflareaccess.com/cdn-cgi/access/login"])
         let (report, _) = run(["/healthz": .success(redirect)], via: .wan)
         #expect(report.verdict == .authRejected)
+    }
+
+    @Test(
+        "while a page stands on the route, /v1/models is asked and judged: only the server's own JSON clears it; a login page, a portal's text or a timeout does not"
+    )
+    func apiJudged() {
+        let health: [String: Result<ProbeResponse, ProbeTransportFailure>] = [
+            "/healthz": .success(healthz), "/.well-known/opta-lmx": .success(document), "/readyz": .success(readyz),
+        ]
+        func judged(_ models: Result<ProbeResponse, ProbeTransportFailure>, quick: Bool = false) -> (
+            ProbeReport, [String]
+        ) {
+            var answers = health
+            answers["/v1/models"] = models
+            return run(answers, via: .wan, checkAPI: true, quick: quick)
+        }
+        let list = ProbeResponse(
+            status: 200, headers: ["Content-Type": "application/json"], body: json(#"{"data":[{"id":"m2"}]}"#))
+        let (served, asked) = judged(.success(list))
+        #expect(asked.last == "/v1/models" && served.verdict == .ready && served.apiAnswered == true)
+        #expect(served.models == ["m2"])
+        // The server's own refusal is its answer too (a route without the key it needs).
+        let refusal = ProbeResponse(
+            status: 401, headers: ["Content-Type": "application/json"], body: json(#"{"detail":"Invalid"}"#))
+        #expect(judged(.success(refusal)).0.apiAnswered == true)
+        // A quick check asks it too.
+        let (quick, quickAsked) = judged(.success(list), quick: true)
+        #expect(quickAsked == ["/readyz", "/v1/models"] && quick.apiAnswered == true)
+        let login = ProbeResponse(
+            status: 302,
+            headers: [
+                "Location": "https://team.cloudflareaccess.com/cdn-cgi/access/login/x", "Content-Type": "text/html",
+            ],
+            body: json("<html>Sign in</html>"))
+        let (stale, _) = judged(.success(login))
+        #expect(stale.verdict == .authRejected && stale.cause == .loginPage && stale.apiAnswered == false)
+        for page in [
+            ProbeResponse(status: 200, headers: ["Content-Type": "text/plain"], body: json("Please sign in")),
+            ProbeResponse(status: 200, body: json("Please sign in")),
+            ProbeResponse(status: 200, headers: ["Content-Type": "application/xhtml+xml"], body: json("<html/>")),
+        ] {
+            let (portal, _) = judged(.success(page))
+            #expect(portal.verdict == .down && portal.cause == .captivePortal && portal.apiAnswered == false)
+        }
+        let block = ProbeResponse(
+            status: 403, headers: ["Content-Type": "text/html", "CF-RAY": "8a1-LHR"], body: json("<html>Forbidden"))
+        #expect(judged(.success(block)).0.cause == .loginPage)
+        // Nothing certain: the health verdict stays, the page is not cleared.
+        let (slow, _) = judged(.failure(.timeout))
+        #expect(slow.verdict == .ready && slow.apiAnswered == false)
+        let (unlabelled, _) = judged(.success(ProbeResponse(status: 500, body: json("oops"))))
+        #expect(unlabelled.apiAnswered == false)
+        // Not asked: nothing said.
+        #expect(run(health, via: .wan).0.apiAnswered == nil)
     }
 
     @Test("502, 524 and 530 through a tunnel are tunnel-down; on the LAN just down")

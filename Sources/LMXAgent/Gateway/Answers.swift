@@ -76,10 +76,10 @@ extension Gateway {
         /// seconds by dividing a 128-bit count, about 190 instructions each).
         var first: Double?
         var last: Double?
-        var afterNewline = true
+        var line = EventBoundary.Line.start
 
         mutating func count(_ bytes: UnsafeRawBufferPointer) {
-            let ended = EventBoundary.count(in: bytes, afterNewline: &afterNewline)
+            let ended = EventBoundary.count(in: bytes, line: &line)
             guard ended > 0 else { return }
             let now = SystemClock.monotonic()
             if first == nil { first = now }

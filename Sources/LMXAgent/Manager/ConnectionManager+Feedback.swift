@@ -16,8 +16,8 @@ extension ConnectionManager {
     }
 
     /// A request through the route was answered by a page that is not the server's (a login
-    /// page, a tunnel's error page, a captive portal): counted as a failed probe with that
-    /// verdict and cause, as the probes would have seen it had they been answered the same way.
+    /// page, a tunnel's error page, a captive portal): the route is marked with that verdict and
+    /// cause until the server answers its API itself (``ConnectionPlanner/recordForeign(_:for:now:)``).
     public func gatewayFoundNotServer(_ routeID: String, _ foreign: ForeignAnswer) {
         guard planner.routes[routeID] != nil, !stopped else { return }
         let t = clock.now()
@@ -25,8 +25,7 @@ extension ConnectionManager {
         logger.notice(
             "A request through \(place) was not answered by the server (\(foreign.detail)).",
             metadata: ["route": "\(routeID)"])
-        let report = ProbeReport(verdict: foreign.verdict, latency: 0, detail: foreign.detail, cause: foreign.cause)
-        let events = planned(planner.record(report, for: routeID, full: false, now: t))
+        let events = planned(planner.recordForeign(foreign, for: routeID, now: t))
         pump(events, reselect: false)
     }
 

@@ -78,7 +78,8 @@ public actor ConnectionManager {
                 case .probe(let task, let timeout):
                     group.addTask { [prober] in
                         var report = await prober.probe(
-                            task.route, timeout: timeout, full: task.full, connectTimeout: task.connectTimeout)
+                            task.route, timeout: timeout, full: task.full, connectTimeout: task.connectTimeout,
+                            checkAPI: task.checkAPI)
                         if report.timedOut == true, await self.wantsConnectionCheck(task.route.id) {
                             // Timed out while the gateway streams from it: busy, or gone?
                             report.connectionAccepted = await prober.connects(

@@ -23,7 +23,25 @@ public enum ForeignAnswer: Sendable, Hashable {
     public static func recognise(
         status: Int, html: Bool, location: String?, edge: Bool = false, server: String? = nil
     ) -> ForeignAnswer? {
+        recognise(status: status, label: html ? .page : .other, location: location, edge: edge, server: server)
+    }
+
+    /// The answer's head, with what its `Content-Type` says (``AnswerLabel``). `jsonPath`: the
+    /// request's path is one the server answers only in JSON or as an event stream
+    /// (``answersInJSON(path:)``); there a non-empty 2xx answer labelled `text/plain` or not
+    /// labelled at all is a page put in front of the server (a portal's text), as is an HTML
+    /// 401/403 that came through Cloudflare's edge (Access's block page; the server's own
+    /// refusals are JSON). `empty`: the answer has no body (`Content-Length: 0`, HEAD, 204).
+    public static func recognise(
+        status: Int, label: AnswerLabel, location: String?, edge: Bool = false, server: String? = nil,
+        jsonPath: Bool = false, empty: Bool = false
+    ) -> ForeignAnswer? {
+        let html = label == .page
         switch status {
+        case 200..<300 where !html && jsonPath && !empty && status != 204 && (label == .plainText || label == .none):
+            return .captivePortal(status: status)
+        case 401, 403:
+            return html && edge && jsonPath ? .accessLogin : nil
         case 300..<400 where status != 304:
             let target = (location ?? "").lowercased()
             if target.contains("cloudflareaccess.com") || target.contains("/cdn-cgi/access/") {
@@ -40,6 +58,49 @@ public enum ForeignAnswer: Sendable, Hashable {
         default:
             return nil
         }
+    }
+
+    /// Paths of the server's API whose every answer is JSON or an event stream (CONTRACT §2, §8):
+    /// inference, models, runs, collections. Not `/v1/audio/…` and the like, which a server may
+    /// answer as plain text or audio.
+    public static func answersInJSON(path: String) -> Bool {
+        let path = path.prefix { $0 != "?" && $0 != "#" }
+        guard path.hasPrefix("/v1/") else { return false }
+        let rest = path.dropFirst(4)
+        for name in jsonResources where rest.hasPrefix(name) {
+            let after = rest.dropFirst(name.count)
+            if after.isEmpty || after.first == "/" { return true }
+        }
+        return false
+    }
+
+    static let jsonResources = [
+        "chat/completions", "completions", "messages", "embeddings", "models", "responses", "rerank", "agents", "rag",
+        "discovery",
+    ]
+
+    /// What an answer to a question of the server's API says of who answered it: the server (a
+    /// JSON answer that no rule takes for a page: a model list, or the server's own refusal),
+    /// a page in front of it, or nothing certain (a timeout, an unlabelled error). Only the
+    /// server's own word clears a route's standing finding (``RouteState/foreign``).
+    public enum APIJudgement: Sendable, Hashable {
+        case server
+        case foreign(ForeignAnswer)
+        case unclear
+    }
+
+    /// Judges an answer to `GET /v1/models` (a JSON path) asked by a probe.
+    public static func judgeAPI(
+        status: Int, contentType: String?, location: String?, edge: Bool, server: String?, empty: Bool
+    ) -> APIJudgement {
+        let label = AnswerLabel(contentType: contentType)
+        if let foreign = recognise(
+            status: status, label: label, location: location, edge: edge, server: server, jsonPath: true,
+            empty: empty)
+        {
+            return .foreign(foreign)
+        }
+        return label == .json ? .server : .unclear
     }
 
     /// `location` points at `server`'s own host: a relative reference, or an absolute URL (or a
@@ -138,6 +199,38 @@ public enum ForeignAnswer: Sendable, Hashable {
                 502, "captive_portal",
                 "the network answered HTTP \(status) with a web page instead of the Opta LMX server: a captive portal may be asking for a sign-in; open a browser to sign in to this network, then try again"
             )
+        }
+    }
+}
+
+/// What an answer's `Content-Type` says of it, as far as telling the server's answers from pages
+/// put in front of it goes.
+public enum AnswerLabel: Sendable, Hashable {
+    /// `text/html` or `application/xhtml+xml`: a web page.
+    case page
+    /// `text/plain`.
+    case plainText
+    /// `application/json` (or a `+json` type).
+    case json
+    /// No `Content-Type` at all.
+    case none
+    /// Anything else (an event stream, audio, octet streams).
+    case other
+
+    /// The label of a `Content-Type` value (its parameters ignored; any case).
+    public init(contentType: String?) {
+        guard let contentType else {
+            self = .none
+            return
+        }
+        let type = contentType.prefix { $0 != ";" }.lowercased().trimmingASCIIWhitespace()
+        switch type {
+        case "text/html", "application/xhtml+xml": self = .page
+        case "text/plain": self = .plainText
+        case "application/json": self = .json
+        case _ where type.hasPrefix("application/") && type.hasSuffix("+json"): self = .json
+        case "": self = .none
+        default: self = .other
         }
     }
 }

@@ -29,6 +29,15 @@ extension GatewayPolicy {
         )
     }
 
+    /// The answer to a request llhttp could not read at all (`what`: what it found wrong).
+    public static func unreadableRefusal(_ what: String) -> Refusal {
+        Refusal(
+            status: 400, code: "bad_request",
+            message:
+                "the gateway could not read the request as HTTP/1.1 (\(what)): end each line with CRLF, send header names and values without control characters, one Content-Length or Transfer-Encoding: chunked alone"
+        )
+    }
+
     /// The most header lines a request forwarded may have.
     public static let maxRequestHeaders = 100
 }

@@ -2,14 +2,16 @@
 
 extension ConnectionPlanner {
     /// Records the result of one probe and decides what follows.
-    public mutating func record(_ report: ProbeReport, for routeID: String, full: Bool = true, now: Double)
-        -> [PlannerEvent]
-    {
+    /// `probe`: false for what the gateway found (``recordForeign(_:for:now:)``): a probe in
+    /// flight is left to finish, and is judged when it does.
+    public mutating func record(
+        _ report: ProbeReport, for routeID: String, full: Bool = true, probe: Bool = true, now: Double
+    ) -> [PlannerEvent] {
         guard var state = routes[routeID] else { return [] }
-        let started = state.probe
-        state.probe = .idle
-        let freshCheck = state.freshCheck
-        state.freshCheck = false
+        let started = probe ? state.probe : .idle
+        if probe { state.probe = .idle }
+        let freshCheck = probe && state.freshCheck
+        if probe { state.freshCheck = false }
         if let since = state.staleSince, case .inFlight(let startedAt) = started, startedAt < since {
             // Started before this machine slept: says nothing of now. Probe again at once.
             state.nextProbeAt = now
@@ -41,6 +43,18 @@ extension ConnectionPlanner {
             report.modelCount = report.modelCount ?? previous.modelCount
             report.models = report.models ?? previous.models
         }
+        if let finding = state.foreign {
+            if report.apiAnswered == true {
+                // The server answered its API itself: the page is gone (a new token, the portal
+                // passed).
+                state.foreign = nil
+            } else if report.verdict.isAlive {
+                // Its health paths answer, its API did not (or was not asked yet): the finding stands.
+                report.verdict = finding.verdict
+                report.detail = finding.detail
+                report.cause = finding.cause
+            }
+        }
         state.lastReport = report
         state.lastProbeAt = now
         state.probeCount += 1
@@ -71,7 +85,8 @@ extension ConnectionPlanner {
         // verdict from before means nothing, and a failure there is no flapping of the server.
         // So does a check asked for before the route is handed out: a route that vanished
         // while nobody looked is not handed out once more.
-        let decisive = state.condition.decidesAlone || freshCheck
+        // And a page that is not the server's: one is certain, no flapping of the server.
+        let decisive = state.condition.decidesAlone || freshCheck || state.foreign != nil
         state.condition = state.condition.afterProbe(good: good)
 
         switch (state.health, good) {
@@ -119,6 +134,17 @@ extension ConnectionPlanner {
                 report.effectiveCause ?? lossCause(state)
             ) : nil
         return events + select(now: now, lost: lost)
+    }
+
+    /// A request through the route was answered by a page that is not the server's (a login
+    /// page, a tunnel's error page, a captive portal): the route is marked with that cause at
+    /// once, and stays so, whatever its health paths answer, until the server answers its API
+    /// itself (its probes ask `/v1/models` meanwhile: ``ProbeTask/checkAPI``).
+    public mutating func recordForeign(_ foreign: ForeignAnswer, for routeID: String, now: Double) -> [PlannerEvent] {
+        guard routes[routeID] != nil else { return [] }
+        routes[routeID]!.foreign = foreign
+        let report = ProbeReport(verdict: foreign.verdict, latency: 0, detail: foreign.detail, cause: foreign.cause)
+        return record(report, for: routeID, full: false, probe: false, now: now)
     }
 
     mutating func schedule(_ state: inout RouteState, report: ProbeReport, now: Double) {

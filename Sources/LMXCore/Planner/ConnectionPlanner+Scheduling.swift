@@ -54,7 +54,8 @@ extension ConnectionPlanner {
                 returning || state.freshCheck && state.route.via == .lan
                 ? Self.pathReturnConnectTimeout
                 : state.freshCheck ? Self.freshTunnelConnectTimeout : nil
-            return ProbeTask(route: state.route, full: !quick, connectTimeout: connectTimeout)
+            return ProbeTask(
+                route: state.route, full: !quick, connectTimeout: connectTimeout, checkAPI: state.foreign != nil)
         }
     }
 

@@ -70,6 +70,11 @@ public struct RouteState: Sendable, Hashable, Identifiable {
     public var busyProbes = 0
     /// The server's `instance_id`, learned from its discovery document (or remembered).
     public var instanceID: String?
+    /// A page that is not the server's answered a request through the route (a login page, a
+    /// tunnel's error page, a captive portal): it stands until the server answers its API itself
+    /// (``ProbeReport/apiAnswered``). Health paths the server still answers do not clear it: a
+    /// tunnel behind Cloudflare Access may pass `/healthz` and send `/v1/` to a login page.
+    public var foreign: ForeignAnswer?
 
     // This machine's network (see ConnectionPlanner+Network).
     /// How this machine reached the route's address at the last look (LAN routes with an IP).
@@ -192,8 +197,12 @@ public struct ProbeTask: Sendable, Hashable {
     /// The connection's own timeout, shorter than the probe's (``RouteState/pathBackAt``); nil:
     /// the probe's.
     public var connectTimeout: Double? = nil
-    /// HTTP requests the probe sends: a quick check one (`/readyz`), a full probe three.
-    public var requests: Int { full ? 3 : 1 }
+    /// `/v1/models` is asked too and who answered it judged: a page that was not the server's
+    /// stands on the route (``RouteState/foreign``).
+    public var checkAPI = false
+    /// HTTP requests the probe sends: a quick check one (`/readyz`), a full probe three (one
+    /// more when the API is in question).
+    public var requests: Int { (full ? 3 : 1) + (checkAPI ? 1 : 0) }
 }
 
 /// Something the planner decided that the world should hear about.

@@ -65,6 +65,9 @@ public struct ProbeReport: Sendable, Hashable, Codable {
     /// After a probe that timed out while the gateway had a request on the route: whether the
     /// route's host still accepted a new connection (its kernel answers: busy, not gone).
     public var connectionAccepted: Bool?
+    /// Whether the server itself answered `/v1/models` (asked while a page that was not the
+    /// server's stands on the route): nil when not asked.
+    public var apiAnswered: Bool?
 
     public init(
         verdict: HealthVerdict, latency: Double, detail: String? = nil, cause: Cause? = nil, instanceID: String? = nil,

@@ -87,6 +87,13 @@ public struct ProbeSequence: Sendable {
     }
     /// The route carries an inference key (for `/v1/models` under the `cloud` profile).
     private let hasInferenceKey: Bool
+    /// Whether `/v1/models` is asked whatever the profile, and its answer judged: a page that
+    /// is not the server's stands on the route (``RouteState/foreign``) until the server answers
+    /// its API itself (``ProbeReport/apiAnswered``). The health paths may be answered by the
+    /// server while its API is behind a login page.
+    private let checkAPI: Bool
+    /// The route's base URL: a redirect to its own host is the server's (``ForeignAnswer``).
+    private let baseURL: String?
 
     /// Model names kept per server, and their length: enough for any real server.
     public static let maxModels = 512
@@ -97,12 +104,18 @@ public struct ProbeSequence: Sendable {
     /// - Parameters:
     ///   - quick: a liveness check of a route already known to be this server: `/readyz` alone.
     ///   - hasInferenceKey: the route can list models on a server that requires a key.
+    ///   - checkAPI: ask `/v1/models` after a good `/readyz` and judge who answered it.
+    ///   - baseURL: the route's base URL (a redirect to its own host is the server's).
     public init(
-        servicePath: String, via: Via, pinnedInstance: String? = nil, quick: Bool = false, hasInferenceKey: Bool = false
+        servicePath: String, via: Via, pinnedInstance: String? = nil, quick: Bool = false,
+        hasInferenceKey: Bool = false,
+        checkAPI: Bool = false, baseURL: String? = nil
     ) {
         self.via = via
         self.pinnedInstance = pinnedInstance
         self.hasInferenceKey = hasInferenceKey
+        self.checkAPI = checkAPI
+        self.baseURL = baseURL
         var path = servicePath.isEmpty ? TXTRecord.defaultServicePath : servicePath
         if !path.hasPrefix("/") { path = "/" + path }
         discoveryPaths = path == "/v1/discovery" ? [path] : [path, "/v1/discovery"]
@@ -118,12 +131,17 @@ public struct ProbeSequence: Sendable {
     /// Feeds the answer (or failure) to the request last asked for; returns what to do next.
     public mutating func receive(_ result: Result<ProbeResponse, ProbeTransportFailure>) -> Step {
         if case .models = stage {
-            // Only the model list was asked for: the verdict stands whatever the answer.
-            if case .success(let response) = result, response.status == 200, let names = Self.modelIDs(response.body) {
-                report.models = names
+            guard checkAPI else {
+                // Only the model list was asked for: the verdict stands whatever the answer.
+                if case .success(let response) = result, response.status == 200,
+                    let names = Self.modelIDs(response.body)
+                {
+                    report.models = names
+                }
+                stage = .done
+                return .finished(report)
             }
-            stage = .done
-            return .finished(report)
+            return judgeAPI(result)
         }
         let response: ProbeResponse
         switch result {
@@ -212,9 +230,10 @@ public struct ProbeSequence: Sendable {
                 }
                 // Under the `cloud` profile the document lists no models; /v1/models does, with
                 // the inference key when one is required.
-                if report.models == nil, (report.modelCount ?? 1) > 0,
-                    report.instanceID != nil || report.securityProfile != nil,
-                    hasInferenceKey || report.inferenceKeyRequired == false
+                if checkAPI
+                    || report.models == nil && (report.modelCount ?? 1) > 0
+                        && (report.instanceID != nil || report.securityProfile != nil)
+                        && (hasInferenceKey || report.inferenceKeyRequired == false)
                 {
                     report.verdict = .ready
                     report.detail = nil
@@ -233,6 +252,35 @@ public struct ProbeSequence: Sendable {
             }
 
         case .models, .done:
+            return .finished(report)
+        }
+    }
+
+    /// The answer to `/v1/models` when the route's API is in question: the server's own JSON
+    /// clears it (and gives the model list); a page in front of it is the verdict; anything else
+    /// (a timeout, an unlabelled error) leaves it in question.
+    private mutating func judgeAPI(_ result: Result<ProbeResponse, ProbeTransportFailure>) -> Step {
+        guard case .success(let response) = result else {
+            report.apiAnswered = false
+            stage = .done
+            return .finished(report)
+        }
+        let edge = response.headers["cf-ray"] != nil || response.headers["server"]?.lowercased() == "cloudflare"
+        switch ForeignAnswer.judgeAPI(
+            status: response.status, contentType: response.headers["content-type"],
+            location: response.headers["location"], edge: edge, server: baseURL, empty: response.body.isEmpty)
+        {
+        case .server:
+            report.apiAnswered = true
+            if response.status == 200, let names = Self.modelIDs(response.body) { report.models = names }
+            stage = .done
+            return .finished(report)
+        case .foreign(let foreign):
+            report.apiAnswered = false
+            return finish(foreign.verdict, detail: foreign.detail, cause: foreign.cause)
+        case .unclear:
+            report.apiAnswered = false
+            stage = .done
             return .finished(report)
         }
     }

@@ -87,47 +87,69 @@ public struct ServerEventParser: Sendable {
 
 /// Where server-sent events end, for passing a stream on whole events at a time.
 public enum EventBoundary {
-    /// The offset just past the last blank line (`\n\n` or `\n\r\n`) in `bytes`; nil when there is
+    /// The offset just past the last blank line (`\n\n`, `\n\r\n`, or `\r\r` of a stream whose
+    /// lines end in CR alone, as the event-stream grammar allows) in `bytes`; nil when there is
     /// none. Searched from the end: in a stream of complete events it is found at once.
     public static func end(in bytes: UnsafeRawBufferPointer) -> Int? {
         var i = bytes.count - 1
         while i >= 1 {
-            if bytes[i] == 0x0A {
+            let byte = bytes[i]
+            if byte == 0x0A {
                 if bytes[i - 1] == 0x0A { return i + 1 }
                 if i >= 2, bytes[i - 1] == 0x0D, bytes[i - 2] == 0x0A { return i + 1 }
+            } else if byte == 0x0D, bytes[i - 1] == 0x0D {
+                // (`\r\r\n` of a CR line end and a CRLF one: its LF then reads as one more blank
+                // line, which dispatches nothing.)
+                return i + 1
             }
             i -= 1
         }
         return nil
     }
 
-    /// How many events end in `bytes` (blank lines: `\n\n` or `\n\r\n`), given whether the
-    /// bytes before them ended a line (`afterNewline`, carried from chunk to chunk). One pass.
-    public static func count(in bytes: UnsafeRawBufferPointer, afterNewline: inout Bool) -> Int {
+    /// Where a stream's bytes stand between reads, for ``count(in:line:)``.
+    public enum Line: Sendable, Hashable {
+        /// Inside a line that is not empty.
+        case midLine
+        /// At the start of a line (the stream's start, or after a line end).
+        case start
+        /// Just after a CR: a LF now completes that CRLF, not one more line.
+        case afterCR
+    }
+
+    /// How many events end in `bytes` (blank lines: lines end in LF, CRLF or CR alone, as the
+    /// event-stream grammar says), given where the bytes before them left off (`line`, carried
+    /// from chunk to chunk). One pass.
+    public static func count(in bytes: UnsafeRawBufferPointer, line: inout Line) -> Int {
         var count = 0
-        var lineStart = afterNewline  // at the start of a line that is empty so far
+        var state = line
         var index = 0
         while index < bytes.count {
             // Inside a line that is not empty (most of an event's bytes), words of eight bytes
-            // with no line feed are passed at once: nothing in them changes the count or the line.
-            if !lineStart {
-                while bytes.count &- index >= 8,
-                    ByteWord.bytes(equalTo: 0x0A, in: ByteWord.word(bytes, at: index)) == 0
-                {
+            // with no line end are passed at once: nothing in them changes the count or the line.
+            if state == .midLine {
+                while bytes.count &- index >= 8 {
+                    let word = ByteWord.word(bytes, at: index)
+                    guard ByteWord.bytes(equalTo: 0x0A, in: word) | ByteWord.bytes(equalTo: 0x0D, in: word) == 0
+                    else { break }
                     index &+= 8
                 }
                 guard index < bytes.count else { break }
             }
-            let byte = bytes[index]
-            if byte == 0x0A {
-                if lineStart { count += 1 }
-                lineStart = true
-            } else if byte != 0x0D || !lineStart {
-                lineStart = false
+            switch bytes[index] {
+            case 0x0A:
+                // The LF of a CRLF ends nothing more.
+                if state == .start { count += 1 }
+                state = .start
+            case 0x0D:
+                if state != .midLine { count += 1 }
+                state = .afterCR
+            default:
+                state = .midLine
             }
             index &+= 1
         }
-        afterNewline = lineStart
+        line = state
         return count
     }
 

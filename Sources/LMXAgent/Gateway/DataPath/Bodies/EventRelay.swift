@@ -97,6 +97,12 @@ final class EventRelay {
                     index = end
                     continue
                 }
+            } else if bytes[index] == 0x0D, index + 1 < bytes.count, bytes[index + 1] == 0x0D {
+                // Lines ended by CR alone.
+                event(start..<index + 2)
+                start = index + 2
+                index = start
+                continue
             }
             index += 1
         }
@@ -107,10 +113,9 @@ final class EventRelay {
 
     /// An event whose data is `[DONE]`.
     private static func isDone(_ event: ArraySlice<UInt8>) -> Bool {
-        event.split(separator: 0x0A).contains { line in
-            var line = line
-            if line.last == 0x0D { line = line.dropLast() }
-            return line.elementsEqual("data: [DONE]".utf8) || line.elementsEqual("data:[DONE]".utf8)
+        // (Lines end in LF, CRLF or CR alone.)
+        event.split(whereSeparator: { $0 == 0x0A || $0 == 0x0D }).contains { line in
+            line.elementsEqual("data: [DONE]".utf8) || line.elementsEqual("data:[DONE]".utf8)
         }
     }
 
@@ -156,11 +161,13 @@ final class EventRelay {
 
     /// A blank line that begins in what is `held` and ends at the start of `chunk`: the offset
     /// past it.
-    /// (`\n` + `\n`, `\n` + `\r\n`, or `\n\r` + `\n`: a server that ends its lines with `\r\n`,
+    /// (`\n` + `\n`, `\n` + `\r\n`, `\n\r` + `\n`, or `\r` + `\r`: a server that ends its lines with `\r\n`,
     /// as sse-starlette does, has its blank line split between two reads wherever a proxy or a
     /// tunnel cuts the stream.)
     static func straddling(_ held: ByteBuffer, _ chunk: ByteBuffer) -> Int? {
         guard let first = chunk.readableBytesView.first, let last = held.readableBytesView.last else { return nil }
+        // Lines ended by CR alone: `\r` + `\r`.
+        if last == 0x0D, first == 0x0D { return 1 }
         if last == 0x0D, first == 0x0A, held.readableBytes >= 2,
             held.getInteger(at: held.writerIndex - 2, as: UInt8.self) == 0x0A
         {
@@ -183,8 +190,11 @@ final class EventRelay {
         var rest = ByteBuffer()
         swap(&rest, &held)
         guard rest.readableBytes > 0 else { return (nil, false) }
-        if !framed, rest.readableBytesView.last != 0x0A { return (nil, true) }
-        rest.writeString(rest.readableBytesView.last == 0x0A ? "\n" : "\n\n")
+        let last = rest.readableBytesView.last
+        if !framed, last != 0x0A, last != 0x0D { return (nil, true) }
+        // The blank line that ends it, in its own line ends (a CR alone is answered by a CR: a
+        // LF after it would read as the end of a CRLF).
+        rest.writeString(last == 0x0A ? "\n" : last == 0x0D ? "\r" : "\n\n")
         var seen = resumable
         if seen != nil, Self.isDone(Array(rest.readableBytesView)[...]) { seen?.done = true }
         resumable = seen

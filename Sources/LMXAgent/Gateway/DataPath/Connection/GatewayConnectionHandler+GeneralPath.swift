@@ -31,8 +31,73 @@ extension GatewayConnectionHandler {
     /// that did not read them. The kernel's send buffer takes most of an answer regardless.
     static let generalPathWaterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 8 << 10, high: 16 << 10)
 
+    /// llhttp could not read a request (a line ended by a bare LF, control bytes, a doubled
+    /// `Content-Length`, a transfer coding other than chunked): with nothing else of the
+    /// connection in progress, the gateway's own 400 in its JSON shape with the security headers,
+    /// naming what was wrong; then the connection closes (nothing after a request that cannot be
+    /// framed can be read). False when an answer is in progress: SwiftNIO's error then goes on
+    /// to the general path, in the middle of its request.
+    func refuseUnreadable(_ error: HTTPParserError) -> Bool {
+        guard exchange == nil, life.handedOver == 0, let rawOutput, context != nil else { return false }
+        let refusal = GatewayPolicy.unreadableRefusal(Self.words(error))
+        let body = Gateway.errorBody(code: refusal.code, message: refusal.message)
+        let head = HeadLines.make(rawOutput.channel.allocator, estimate: 512) { out in
+            out.add("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n")
+            out.add(Self.securityHeaderLines)
+            out.add("Content-Length: ")
+            out.add(decimal: body.count)
+            out.add("\r\nConnection: close\r\n\r\n")
+        }
+        var answer = head
+        answer.writeBytes(body)
+        gateway.metrics.gatewayRefused.increment()
+        life.closedByGateway()
+        rawOutput.writeAndFlush(NIOAny(answer)).hop(to: rawOutput.eventLoop).assumeIsolated().whenComplete {
+            [self] _ in
+            self.closeConnection()
+        }
+        return true
+    }
+
+    /// What llhttp found wrong, in words a client's author can act on (never the bytes).
+    static func words(_ error: HTTPParserError) -> String {
+        switch error {
+        case .lfExpected, .strictModeAssertion: "a line not ended by CRLF"
+        case .invalidHeaderToken: "a header line that is not a name, a colon and a value"
+        case .invalidCharactersUsed, .invalidConstant: "a control character or a byte HTTP does not allow"
+        case .unexpectedContentLength: "Content-Length sent twice, or beside Transfer-Encoding"
+        case .invalidContentLength: "a Content-Length that is not one decimal number"
+        case .invalidChunkSize: "a chunk size that is not a hexadecimal number"
+        case .headerOverflow: "a head longer than the gateway reads"
+        case .invalidMethod: "a method that is not a token"
+        case .invalidURL, .invalidPath, .invalidQueryString, .invalidFragment, .invalidHost, .invalidPort:
+            "a request target that is not a path and query in printable ASCII"
+        case .invalidVersion: "an HTTP version other than HTTP/1.0 or HTTP/1.1"
+        default:
+            "a head or body framing HTTP/1.1 does not allow (a transfer coding other than chunked, bytes after the end)"
+        }
+    }
+
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         if let rawOutput { withGathered { $0.write(to: rawOutput) } }  // (empty: answers are flushed as they end)
+        if life.passing {
+            // The general path answers a request whose body has not all come (a refusal to a
+            // client waiting for `100 Continue`, or one that sends no more): the connection
+            // closes after it, and says so; what follows could not be told from that body.
+            switch unwrapOutboundIn(data) {
+            case .head(var head):
+                head.headers.replaceOrAdd(name: "Connection", value: "close")
+                context.write(wrapOutboundOut(.head(head)), promise: promise)
+                return
+            case .end:
+                context.writeAndFlush(data, promise: promise)
+                _ = life.generalPathAnswered(exchangeNow)
+                closeConnection()
+                return
+            case .body:
+                break
+            }
+        }
         // The general path's answers pass through; when the last one ends, the next request is ours.
         if case .end = unwrapOutboundIn(data), life.handedOver > 0 {
             let nowIdle = life.generalPathAnswered(exchangeNow)

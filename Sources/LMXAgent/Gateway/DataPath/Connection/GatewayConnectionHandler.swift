@@ -170,8 +170,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        // The connection failed (a client's reset), or a malformed request: the general path
-        // answers 400 and closes the connection.
+        // A request llhttp could not read, with nothing else in progress: the gateway's own 400.
+        if let error = error as? HTTPParserError, refuseUnreadable(error) { return }
+        // The connection failed (a client's reset), or a request llhttp could not read in the
+        // middle of the general path's: it answers 400 and closes the connection.
         if error is IOError { countIfClientLeft() }
         abandon()
         if ensureGeneralPath() { context.fireErrorCaught(error) }

@@ -62,8 +62,10 @@ extension UpstreamExchange {
         let foreign =
             request.path.hasPrefix("/v1/")
             ? ForeignAnswer.recognise(
-                status: head.status, html: read.html, location: read.location,
-                edge: read.keepAlive.throughCloudflare, server: target.baseURL) : nil
+                status: head.status, label: read.label, location: read.location,
+                edge: read.keepAlive.throughCloudflare, server: target.baseURL,
+                jsonPath: ForeignAnswer.answersInJSON(path: request.path),
+                empty: read.contentLength == 0 || request.head.method == .HEAD) : nil
         let cooldown =
             foreign != nil
             ? nil

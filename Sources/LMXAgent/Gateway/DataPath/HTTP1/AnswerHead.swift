@@ -58,11 +58,19 @@ struct AnswerHeaders {
     var eventStream = false
     /// `Content-Type: application/json` (an answer the gateway may read an object's id from).
     var json = false
-    /// `Content-Type: text/html`: a web page, never an LMX server's answer (``ForeignAnswer``).
+    /// `Content-Type: text/html` or `application/xhtml+xml`: a web page, never an LMX server's
+    /// answer (``ForeignAnswer``).
     var html = false
+    /// `Content-Type: text/plain`: never an answer of the server's JSON paths.
+    var plainText = false
     /// The `Location` of a redirect (read only then: the status comes first).
     var location: String?
     private var contentTypeSeen = false
+    /// What the `Content-Type` says, as ``ForeignAnswer`` reads it.
+    var label: AnswerLabel {
+        if !contentTypeSeen { return .none }
+        return html ? .page : plainText ? .plainText : json ? .json : .other
+    }
     /// A `Content-Encoding` other than `identity` came: the body is passed on as it is, never
     /// read or written into (``EventRelay``).
     var encoded = false
@@ -85,6 +93,12 @@ struct AnswerHeaders {
             html =
                 value.count >= 9
                 && HTTPSyntax.equalsLowercased(UnsafeRawBufferPointer(rebasing: value[0..<9]), "text/html")
+                || value.count >= 21
+                    && HTTPSyntax.equalsLowercased(
+                        UnsafeRawBufferPointer(rebasing: value[0..<21]), "application/xhtml+xml")
+            plainText =
+                value.count >= 10
+                && HTTPSyntax.equalsLowercased(UnsafeRawBufferPointer(rebasing: value[0..<10]), "text/plain")
         case 8 where location == nil && HTTPSyntax.equalsLowercased(name, "location"):
             location = String(decoding: value.prefix(512), as: UTF8.self)
         case 16 where HTTPSyntax.equalsLowercased(name, "content-encoding"):
