@@ -116,14 +116,14 @@ struct GatewayWireTests {
     }
 
     @Test(
-        "requests llhttp cannot read (a bare LF, control bytes, a doubled Content-Length, TE: identity) get the gateway's JSON 400 with its security headers, then the close; a refusal before a body the client holds back (Expect) closes too"
+        "requests llhttp cannot read (a bare LF, control bytes, a doubled Content-Length, TE: identity) get the gateway's JSON 400 with its security headers, then the close; so do a refusal before a body the client holds back (Expect), one of a request the data path's reader left to llhttp, and a head over 32 KiB"
     )
     func unreadableRequests() async throws {
         try await withResources {
             let gatewayPort = freePort()
             let (server, _) = try await start("wire-unreadable", gatewayPort: gatewayPort)
             let script = #"""
-                import json, socket, sys
+                import json, re, socket, sys
                 port = int(sys.argv[1])
                 many = "".join("X-H%d: v\r\n" % i for i in range(101))
                 cases = {
@@ -133,6 +133,12 @@ struct GatewayWireTests {
                     "te-identity": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\nContent-Length: 2\r\n\r\n{}",
                     "expect-431": ("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 2\r\n" + many + "\r\n").encode(),
                     "expect-501": b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                    # Requests pipelined behind one the data path's reader leaves to llhttp: one
+                    # answer, then the close (nothing behind it parsed for nothing).
+                    "pipelined-431": ("GET /v1/models HTTP/1.1\r\nHost: localhost\r\n" + many + "\r\n"
+                                      + "GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n" * 3).encode(),
+                    # A head longer than the gateway reads, unfinished: refused at 32 KiB.
+                    "head-431": b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 40000,
                 }
                 for name, data in cases.items():
                     s = socket.create_connection(("127.0.0.1", port))
@@ -157,6 +163,7 @@ struct GatewayWireTests {
                     except Exception:
                         code = None
                     print(json.dumps({"case": name, "status": lines[0], "code": code, "closed": closed,
+                                      "answers": len(re.findall(rb"HTTP/1\.1 \d{3} ", got)),
                                       "nosniff": headers.get("x-content-type-options") == "nosniff",
                                       "csp": "sandbox" in headers.get("content-security-policy", ""),
                                       "connection": headers.get("connection"), "body": body.decode("latin-1")[:300]}))
@@ -165,11 +172,13 @@ struct GatewayWireTests {
             let lines = result.stdout.split(separator: "\n").compactMap {
                 try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
             }
-            try #require(lines.count == 6, "\(result.stdout) \(result.stderr)")
+            try #require(lines.count == 8, "\(result.stdout) \(result.stderr)")
             for line in lines {
                 let name = line["case"] as? String ?? ""
                 let status = line["status"] as? String ?? ""
-                let expected = name == "expect-431" ? "431" : name == "expect-501" ? "501" : "400"
+                let expected = name.hasSuffix("431") ? "431" : name == "expect-501" ? "501" : "400"
+                #expect(line["answers"] as? Int == 1, "one answer, then the close: \(line)")
+                if name == "head-431" { #expect(line["code"] as? String == "head_too_large", "\(line)") }
                 #expect(status.hasPrefix("HTTP/1.1 \(expected) "), "\(line)")
                 #expect(line["closed"] as? Bool == true, "closed at once, not after a timeout: \(line)")
                 #expect(line["connection"] as? String == "close", "\(line)")

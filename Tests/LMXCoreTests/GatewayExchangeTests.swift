@@ -281,6 +281,43 @@ struct GatewayExchangeTests {
         #expect(!chat.resuming, "not resumable: resume() does nothing")
     }
 
+    @Test(
+        "the state carries what each stage needs: resuming only until the new answer, the kept connection only while the request is out, the answer's kind only while it goes, the refusal only while the body is dropped"
+    )
+    func statesCarryTheirData() {
+        var x = Self.runStreamAnswering()
+        #expect(x.state == .answering(.server(stream: true, held: false)))
+        #expect(x.upstreamClosed(detail: "cut") == .resume)
+        x.resume()
+        #expect(x.state == .waiting(resuming: true))
+        _ = x.routed(servers: ["a"])
+        #expect(x.state == .connecting(resuming: true))
+        x.sent(onKeptConnection: true)
+        #expect(x.state == .forwarding(resuming: true, kept: true) && x.onKeptConnection)
+        #expect(x.answerHead(busyFor: nil, status: 200, stream: true) == .continueAnswer)
+        #expect(x.state == .answering(.server(stream: true, held: false)) && !x.onKeptConnection && !x.resuming)
+
+        // An upload answered early: the answer held until the body has come, then released.
+        var upload = GatewayExchange(method: "POST", declaredLength: 100, maxBodyBytes: 1 << 20, readAheadBytes: 10)
+        #expect(upload.bodyPart(size: 20) { true } == .keep(thenDecide: true))
+        #expect(upload.body == .coming)
+        _ = upload.routed(servers: [nil])
+        upload.sent(onKeptConnection: false)
+        #expect(upload.body == .passing && upload.bodyPassedOn && !upload.bodyWhole)
+        #expect(upload.answerHead(busyFor: nil, status: 200, stream: false) == .passAnswer(hold: true))
+        #expect(upload.state == .answering(.server(stream: false, held: true)) && upload.holdsAnswer)
+        #expect(upload.bodyEnd() == .sendEnd)
+        #expect(upload.state == .answering(.server(stream: false, held: false)) && upload.body == .sent)
+
+        // A refusal waits with the body being dropped, then answers as the gateway's own.
+        var refused = GatewayExchange(method: "POST", declaredLength: 5, maxBodyBytes: 1 << 20, readAheadBytes: 10)
+        #expect(refused.refuse(.malformedBody, atOnce: false) == .none)
+        #expect(refused.state == .refusing(.malformedBody) && refused.refusal == .malformedBody)
+        #expect(refused.bodyPart(size: 5) { true } == .drop)
+        #expect(refused.bodyEnd() == .respond(.malformedBody))
+        #expect(refused.state == .answering(.gateway) && refused.refusal == nil && refused.body == .whole)
+    }
+
     /// A run's event stream whose answer is passing to the client.
     static func runStreamAnswering() -> GatewayExchange {
         var x = GatewayExchange(method: "GET", declaredLength: 0, maxBodyBytes: 1 << 20, readAheadBytes: 1024)

@@ -170,9 +170,9 @@ public enum ForeignAnswer: Sendable, Hashable {
     /// The cause, for the log and the route's detail.
     public var detail: String {
         switch self {
-        case .accessLogin: "the tunnel answered with Cloudflare Access's login page"
+        case .accessLogin: "Cloudflare Access answered with its login page instead of the server"
         case .tunnelErrorPage(let status): "HTTP \(status): the tunnel's edge answered with an error page"
-        case .captivePortal(let status): "HTTP \(status): the network answered with a web page, not the server"
+        case .captivePortal(let status): "HTTP \(status): the network answered with a page that is not the server's"
         }
     }
 

@@ -81,7 +81,44 @@ public struct GatewayExchange: Sendable {
         case finish(upstream: UpstreamFate, client: ClientFate)
     }
 
-    public private(set) var phase = Phase.collecting
+    /// Where the exchange stands, with what each stage needs and nothing else: whether a stream
+    /// is being opened again exists only until its new answer comes, whether the connection was a
+    /// kept one only while the request is out, the kind of answer only while one goes out, the
+    /// refusal only while the body is read to be dropped. (``phase`` is its name alone.)
+    enum State: Sendable, Hashable {
+        case collecting
+        /// `resuming`: a stream being opened again (the client already has the answer's head).
+        case waiting(resuming: Bool)
+        case connecting(resuming: Bool)
+        /// `kept`: on a connection kept from an earlier answer (it may have been closing).
+        case forwarding(resuming: Bool, kept: Bool)
+        case answering(Answer)
+        case answered
+        case refusing(Refusal)
+        case finished
+    }
+
+    /// The answer going out.
+    enum Answer: Sendable, Hashable {
+        /// The server's: an event stream or not; `held` until the client's body has come.
+        case server(stream: Bool, held: Bool)
+        /// The gateway's own error (``respond(_:)``).
+        case gateway
+    }
+
+    /// The client's body, as far as sending the request again goes.
+    public enum Body: Sendable, Hashable {
+        /// Coming, held (read ahead or waiting): the request can still go anywhere.
+        case coming
+        /// Coming, and going on to the server as it comes: the request can never go again.
+        case passing
+        /// All of it came, held whole: the request can go again.
+        case whole
+        /// All of it came, and it went on as it came.
+        case sent
+    }
+
+    private(set) var state = State.collecting
     public let method: String
     /// The body's length as the client declared it (0: none).
     public let declaredLength: Int
@@ -89,31 +126,18 @@ public struct GatewayExchange: Sendable {
     public let readAheadBytes: Int
     /// Body bytes received so far.
     public private(set) var received = 0
-    public private(set) var clientEnded = false
-    /// The body went on as it came: the request can never be sent again.
-    public private(set) var bodyPassedOn = false
-    /// The gateway holds the whole body (all of it came, none passed on): it can go again.
-    public var bodyWhole: Bool { clientEnded && !bodyPassedOn }
+    public private(set) var body = Body.coming
     /// Routes planned for it, and the one tried now.
     public private(set) var routes = 0
     public private(set) var attempt = 0
-    /// The connection in hand was kept from an earlier answer (it may have been closing).
-    public private(set) var onKeptConnection = false
+    /// The request went once more on a new connection to the same route (at most once).
     public private(set) var resentOnNewConnection = false
-    /// The answer is held until the client's body has come.
-    public private(set) var holdsAnswer = false
-    /// The answer is an event stream.
-    public private(set) var isStream = false
     /// The answer is a stream the gateway may open again on its server's other route
     /// (``StreamContinuation/resumable(method:path:)``), set by the handler.
     public var resumable = false
-    /// The stream is being opened again: the client already has the answer's head.
-    public private(set) var resuming = false
     /// The server makes the request safe to repeat (it carries an `Idempotency-Key` the server
     /// honours): ``RetryRule`` sends it again after any failure before the answer.
     public var repeatable = false
-    /// The refusal that answers once the body has been read (``Phase/refusing``).
-    public private(set) var refusal: Refusal?
     /// Each route's server (``routed(servers:)``).
     public private(set) var servers: [String?] = []
     /// A repeatable request that may have reached a server: the route it went on, whose server
@@ -121,6 +145,49 @@ public struct GatewayExchange: Sendable {
     public private(set) var pinnedTo: Int?
     /// The last busy answer passed over (status, seconds to wait), answered if no route takes it.
     public private(set) var busy: (status: Int, retryAfter: Int)?
+
+    // What the state says, read by the handler and the tests.
+
+    public var phase: Phase {
+        switch state {
+        case .collecting: .collecting
+        case .waiting: .waiting
+        case .connecting: .connecting
+        case .forwarding: .forwarding
+        case .answering: .answering
+        case .answered: .answered
+        case .refusing: .refusing
+        case .finished: .finished
+        }
+    }
+    public var clientEnded: Bool { body == .whole || body == .sent }
+    /// The body went on as it came: the request can never be sent again.
+    public var bodyPassedOn: Bool { body == .passing || body == .sent }
+    /// The gateway holds the whole body (all of it came, none passed on): it can go again.
+    public var bodyWhole: Bool { body == .whole }
+    /// The stream is being opened again: the client already has the answer's head.
+    public var resuming: Bool {
+        switch state {
+        case .waiting(let resuming), .connecting(let resuming), .forwarding(let resuming, _): resuming
+        default: false
+        }
+    }
+    /// The connection in hand was kept from an earlier answer (it may have been closing).
+    public var onKeptConnection: Bool {
+        if case .forwarding(_, let kept) = state { kept } else { false }
+    }
+    /// The answer is held until the client's body has come.
+    public var holdsAnswer: Bool {
+        if case .answering(.server(_, held: true)) = state { true } else { false }
+    }
+    /// The answer is an event stream.
+    public var isStream: Bool {
+        if case .answering(.server(stream: true, _)) = state { true } else { false }
+    }
+    /// The refusal that answers once the body has been read (``Phase/refusing``).
+    public var refusal: Refusal? {
+        if case .refusing(let refusal) = state { refusal } else { nil }
+    }
 
     public init(method: String, declaredLength: Int, maxBodyBytes: Int, readAheadBytes: Int) {
         self.method = method
@@ -136,7 +203,7 @@ public struct GatewayExchange: Sendable {
         if received > maxBodyBytes, phase != .answered, phase != .finished {
             return bodyNotWhole(.tooLarge(limit: maxBodyBytes))
         }
-        switch phase {
+        switch state {
         case .collecting:
             // The last byte came with this part: its end follows at once, decided then.
             if received == declaredLength { return .keep(thenDecide: false) }
@@ -152,23 +219,25 @@ public struct GatewayExchange: Sendable {
 
     /// The client's body ended.
     public mutating func bodyEnd() -> Action {
-        clientEnded = true
-        // What was held of the answer goes now (with the end, or at the finish).
-        holdsAnswer = false
-        switch phase {
+        body = body == .coming ? .whole : .sent
+        switch state {
         case .collecting: return .decide
-        case .refusing: return respond(refusal ?? .malformedBody)
+        case .refusing(let refusal): return respond(refusal)
         case .waiting, .connecting, .finished: return .none
-        case .forwarding, .answering:
+        case .forwarding:
+            return .sendEnd
+        case .answering(let answer):
+            // What was held of the answer goes now (with the end, or at the finish).
+            if case .server(let stream, _) = answer { state = .answering(.server(stream: stream, held: false)) }
             return .sendEnd
         case .answered:
-            phase = .finished
+            state = .finished
             return .finish(upstream: .none, client: .next)
         }
     }
 
     /// No route is usable now: the request waits.
-    public mutating func hold() { phase = .waiting }
+    public mutating func hold() { state = .waiting(resuming: resuming) }
 
     /// Planned: `routes` routes, tried in order.
     public mutating func routed(routes: Int) -> Action {
@@ -182,16 +251,15 @@ public struct GatewayExchange: Sendable {
         self.servers = servers
         routes = servers.count
         attempt = 0
-        phase = .connecting
+        state = .connecting(resuming: resuming)
         return .connect(attempt: 0, fresh: false)
     }
 
     /// The request went on a connection (`kept`: one kept from an earlier answer). A body that
     /// has not all come goes on as it arrives, and is not kept: the request can never go again.
     public mutating func sent(onKeptConnection kept: Bool) {
-        onKeptConnection = kept
-        phase = .forwarding
-        if !clientEnded { bodyPassedOn = true }
+        state = .forwarding(resuming: resuming, kept: kept)
+        if body == .coming { body = .passing }
     }
 
     /// The route failed before any byte of an answer (`certainlyNotSent`: the connection was
@@ -207,19 +275,17 @@ public struct GatewayExchange: Sendable {
         {
         case .sameRouteNewConnection:
             resentOnNewConnection = true
-            phase = .connecting
+            state = .connecting(resuming: resuming)
             return .connect(attempt: attempt, fresh: true)
         case .nextRoute:
             guard let next = nextRoute(after: attempt) else { fallthrough }
             attempt = next
-            phase = .connecting
+            state = .connecting(resuming: resuming)
             return .connect(attempt: attempt, fresh: false)
         case .answer:
             if resuming {
                 // The client already has the answer's head: its stream ends with the event.
-                resuming = false
-                phase = .answering
-                isStream = true
+                state = .answering(.server(stream: true, held: false))
                 return .streamLost
             }
             if let busy { return respond(.busy(status: busy.status, retryAfter: busy.retryAfter)) }
@@ -246,12 +312,10 @@ public struct GatewayExchange: Sendable {
     public mutating func answerHead(
         busyFor cooldown: Double?, status: Int, stream: Bool, foreign: ForeignAnswer? = nil
     ) -> Action {
-        guard phase == .forwarding else { return .none }
+        guard case .forwarding(let resuming, _) = state else { return .none }
         if resuming {
             // The client has its head: the new answer continues it, or the stream is lost.
-            resuming = false
-            phase = .answering
-            isStream = true
+            state = .answering(.server(stream: true, held: false))
             return status == 200 && stream ? .continueAnswer : .streamLost
         }
         if let foreign {
@@ -264,7 +328,7 @@ public struct GatewayExchange: Sendable {
             case .nextRoute:
                 if let next = nextRoute(after: attempt) {
                     attempt = next
-                    phase = .connecting
+                    state = .connecting(resuming: false)
                     return .connect(attempt: attempt, fresh: false)
                 }
             case .sameRouteNewConnection, .answer:
@@ -280,42 +344,45 @@ public struct GatewayExchange: Sendable {
             busy = (status, max(1, Int(cooldown.rounded(.up))))
             if let next = nextRoute(after: attempt) {
                 attempt = next
-                phase = .connecting
+                state = .connecting(resuming: false)
                 return .connect(attempt: attempt, fresh: false)
             }
         }
-        phase = .answering
-        isStream = stream
-        holdsAnswer = !clientEnded
-        return .passAnswer(hold: holdsAnswer)
+        state = .answering(.server(stream: stream, held: !clientEnded))
+        return .passAnswer(hold: !clientEnded)
     }
 
     /// The answer held grew past what is held: it goes as it comes.
-    public mutating func answerReleased() { holdsAnswer = false }
+    public mutating func answerReleased() {
+        if case .answering(.server(let stream, held: true)) = state {
+            state = .answering(.server(stream: stream, held: false))
+        }
+    }
 
     /// The answer ended whole (`reusable`: the server's connection may take another request).
     public mutating func answerEnd(reusable: Bool) -> Action {
         guard phase == .answering else { return .none }
         if clientEnded {
-            phase = .finished
+            state = .finished
             return .finish(upstream: reusable ? .pool : .close, client: .next)
         }
         // The server answered without the whole body: its connection is never reused (it would
         // read the next request as the rest), and the rest of the body is read and dropped.
-        phase = .answered
+        state = .answered
         return .finish(upstream: .close, client: .readRest)
     }
 
     /// The server's connection closed or failed (`error`: how, if it failed).
     public mutating func upstreamClosed(detail: String) -> Action {
-        switch phase {
+        switch state {
         case .connecting, .forwarding:
             return failed(certainlyNotSent: false, detail: detail)
+        case .answering(.server(stream: true, _)):
+            return resumable ? .resume : .streamLost
         case .answering:
-            if isStream { return resumable ? .resume : .streamLost }
             // An answer cut in the middle: the client gets what came, then sees its connection
             // close, as from the server.
-            phase = .finished
+            state = .finished
             return .finish(upstream: .none, client: .close)
         case .collecting, .waiting, .answered, .finished, .refusing:
             return .none
@@ -325,16 +392,14 @@ public struct GatewayExchange: Sendable {
     /// The stream is opened again by its server's other route: the request waits for one
     /// (``routed(servers:)`` then connects), its answer's head already with the client.
     public mutating func resume() {
-        guard phase == .answering, isStream, resumable else { return }
-        resuming = true
-        phase = .waiting
+        guard isStream, resumable else { return }
+        state = .waiting(resuming: true)
     }
 
     /// No route to the stream's server came within the hold: it ends with the error event.
     public mutating func resumeFailed() -> Action {
         guard resuming else { return .none }
-        resuming = false
-        phase = .answering
+        state = .answering(.server(stream: true, held: false))
         return .streamLost
     }
 
@@ -342,24 +407,23 @@ public struct GatewayExchange: Sendable {
     public mutating func streamEnded() -> Action {
         guard phase == .answering else { return .none }
         if clientEnded {
-            phase = .finished
+            state = .finished
             return .finish(upstream: .close, client: .next)
         }
-        phase = .answered
+        state = .answered
         return .finish(upstream: .close, client: .readRest)
     }
 
     /// The body will not reach the server whole (`why`: too large, stalled, cut): the server's
     /// connection is closed; the client is answered unless its answer has begun to go out.
     public mutating func bodyNotWhole(_ why: Refusal) -> Action {
-        switch phase {
+        switch state {
         case .answering where !holdsAnswer:
-            phase = .finished
+            state = .finished
             return .finish(upstream: .close, client: .close)
         case .answered, .finished:
             return .none
         default:
-            holdsAnswer = false
             return respond(why)
         }
     }
@@ -369,30 +433,27 @@ public struct GatewayExchange: Sendable {
     /// dropped (the connection then takes the next request).
     public mutating func refuse(_ refusal: Refusal, atOnce: Bool) -> Action {
         if atOnce || clientEnded { return respond(refusal) }
-        self.refusal = refusal
-        phase = .refusing
+        state = .refusing(refusal)
         return .none
     }
 
     /// Answers with the gateway's own error (and finishes once it is written: ``responded()``).
     public mutating func respond(_ refusal: Refusal) -> Action {
-        phase = .answering
-        isStream = false
-        holdsAnswer = false
+        state = .answering(.gateway)
         return .respond(refusal)
     }
 
     /// The gateway's own answer was written: the server's connection (if any) is closed; a
     /// client whose body has not all come cannot send another request cleanly.
     public mutating func responded() -> Action {
-        phase = .finished
+        state = .finished
         return .finish(upstream: .close, client: clientEnded ? .next : .close)
     }
 
     /// The client's connection went away: everything is let go.
     public mutating func clientGone() -> Action {
         guard phase != .finished else { return .none }
-        phase = .finished
+        state = .finished
         return .finish(upstream: .close, client: .gone)
     }
 }

@@ -29,12 +29,21 @@ extension GatewayPolicy {
         )
     }
 
-    /// The answer to a request llhttp could not read at all (`what`: what it found wrong).
-    public static func unreadableRefusal(_ what: String) -> Refusal {
+    /// The answer to a request llhttp could not read at all. (Which rule it broke is not named:
+    /// llhttp's error codes say where it stopped, not why, and a wrong cause misleads more than
+    /// the list of what it reads.)
+    public static let unreadableRefusal = Refusal(
+        status: 400, code: "bad_request",
+        message:
+            "the gateway could not read the request as HTTP/1.1: end each line with CRLF, send header names and values without control characters, and frame a body with one Content-Length or with Transfer-Encoding: chunked alone"
+    )
+
+    /// The answer to a head longer than the gateway reads (`limit` bytes).
+    public static func headTooLarge(limit: Int) -> Refusal {
         Refusal(
-            status: 400, code: "bad_request",
+            status: 431, code: "head_too_large",
             message:
-                "the gateway could not read the request as HTTP/1.1 (\(what)): end each line with CRLF, send header names and values without control characters, one Content-Length or Transfer-Encoding: chunked alone"
+                "the request's head (its request line and headers) is longer than the gateway reads (\(limit / 1024) KiB); send fewer or shorter headers"
         )
     }
 

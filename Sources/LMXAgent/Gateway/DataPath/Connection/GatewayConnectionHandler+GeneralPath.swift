@@ -38,11 +38,28 @@ extension GatewayConnectionHandler {
     /// framed can be read). False when an answer is in progress: SwiftNIO's error then goes on
     /// to the general path, in the middle of its request.
     func refuseUnreadable(_ error: HTTPParserError) -> Bool {
-        guard exchange == nil, life.handedOver == 0, let rawOutput, context != nil else { return false }
-        let refusal = GatewayPolicy.unreadableRefusal(Self.words(error))
-        let body = Gateway.errorBody(code: refusal.code, message: refusal.message)
+        // (Not once the gateway closes the connection: llhttp's complaint about the bytes it is
+        // left with then is no request of the client's.)
+        if life.closing { return true }
+        guard exchange == nil, life.handedOver == 0, rawOutput != nil, context != nil else { return false }
+        let refusal = GatewayPolicy.unreadableRefusal
+        refuseAndClose(status: 400, code: refusal.code, message: refusal.message)
+        return true
+    }
+
+    /// The gateway's own error to a request it does not read (in its JSON shape, with the
+    /// security headers and `Connection: close`), then the connection closes once it is written.
+    /// Only when nothing else of the connection is in progress: else it closes at once.
+    func refuseAndClose(status: Int, code: String, message: String) {
+        guard let rawOutput, context != nil else { return }
+        guard exchange == nil, life.handedOver == 0 else { return closeConnection() }
+        let body = Gateway.errorBody(code: code, message: message)
         let head = HeadLines.make(rawOutput.channel.allocator, estimate: 512) { out in
-            out.add("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n")
+            out.add("HTTP/1.1 ")
+            out.add(decimal: status)
+            out.add(" ")
+            out.add(HTTPResponseStatus(statusCode: status).reasonPhrase)
+            out.add("\r\nContent-Type: application/json\r\nCache-Control: no-store\r\n")
             out.add(Self.securityHeaderLines)
             out.add("Content-Length: ")
             out.add(decimal: body.count)
@@ -56,34 +73,16 @@ extension GatewayConnectionHandler {
             [self] _ in
             self.closeConnection()
         }
-        return true
-    }
-
-    /// What llhttp found wrong, in words a client's author can act on (never the bytes).
-    static func words(_ error: HTTPParserError) -> String {
-        switch error {
-        case .lfExpected, .strictModeAssertion: "a line not ended by CRLF"
-        case .invalidHeaderToken: "a header line that is not a name, a colon and a value"
-        case .invalidCharactersUsed, .invalidConstant: "a control character or a byte HTTP does not allow"
-        case .unexpectedContentLength: "Content-Length sent twice, or beside Transfer-Encoding"
-        case .invalidContentLength: "a Content-Length that is not one decimal number"
-        case .invalidChunkSize: "a chunk size that is not a hexadecimal number"
-        case .headerOverflow: "a head longer than the gateway reads"
-        case .invalidMethod: "a method that is not a token"
-        case .invalidURL, .invalidPath, .invalidQueryString, .invalidFragment, .invalidHost, .invalidPort:
-            "a request target that is not a path and query in printable ASCII"
-        case .invalidVersion: "an HTTP version other than HTTP/1.0 or HTTP/1.1"
-        default:
-            "a head or body framing HTTP/1.1 does not allow (a transfer coding other than chunked, bytes after the end)"
-        }
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         if let rawOutput { withGathered { $0.write(to: rawOutput) } }  // (empty: answers are flushed as they end)
-        if life.passing {
+        if life.passing || life.llhttpOnly {
             // The general path answers a request whose body has not all come (a refusal to a
-            // client waiting for `100 Continue`, or one that sends no more): the connection
-            // closes after it, and says so; what follows could not be told from that body.
+            // client waiting for `100 Continue`, or one that sends no more), or one the data
+            // path's reader could not read: the connection closes after it, and says so (as
+            // nginx closes after a bad request); what follows could not be told from that body,
+            // and requests pipelined behind are not parsed for nothing.
             switch unwrapOutboundIn(data) {
             case .head(var head):
                 head.headers.replaceOrAdd(name: "Connection", value: "close")

@@ -25,6 +25,11 @@ extension GatewayConnectionHandler {
 
     func handle(_ part: ClientRequestParser.Part) {
         guard context != nil else { return }
+        if case .headTooLarge = part {
+            // (The front reads nothing more of the connection.)
+            let refusal = GatewayPolicy.headTooLarge(limit: ClientRequestParser.maxHead)
+            return refuseAndClose(status: 431, code: refusal.code, message: refusal.message)
+        }
         if case .other(let bytes) = part {
             // The front reads no more of this connection: llhttp does, for the general path.
             life.llhttpTakesRest()
@@ -39,7 +44,7 @@ extension GatewayConnectionHandler {
                 if replayingChunked { front?.toLLHTTP(HTTP1Bytes.lastChunk) }
                 life.replayEnded()
             case .malformed: closeConnection()  // (llhttp is mid-body: nothing can follow)
-            case .head, .other: break  // not before the end
+            case .head, .other, .headTooLarge: break  // not before the end
             }
             endReadBatchIfFired()
             return

@@ -242,7 +242,7 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
             switch part {
             case .head(let head, _): total += head.raw.readableBytes
             case .body(let bytes), .other(let bytes): total += bytes.readableBytes
-            case .end, .malformed: break
+            case .end, .malformed, .headTooLarge: break
             }
         }
         for part in llhttpQueue ?? [] {

@@ -58,14 +58,16 @@ extension UpstreamExchange {
         let read = head.read
         // A page that is not the server's (a login page, a tunnel's error page, a captive
         // portal): never passed on as if it were the answer; the route is marked with its cause.
-        // (The API's paths: `/admin/` may serve a server's own pages.)
+        // (The API's paths: `/admin/` may serve a server's own pages. Not a CORS preflight,
+        // which a server's middleware answers in plain text before any route of its API.)
+        let method = request.head.method
         let foreign =
-            request.path.hasPrefix("/v1/")
+            request.path.hasPrefix("/v1/") && method != .OPTIONS
             ? ForeignAnswer.recognise(
                 status: head.status, label: read.label, location: read.location,
                 edge: read.keepAlive.throughCloudflare, server: target.baseURL,
-                jsonPath: ForeignAnswer.answersInJSON(path: request.path),
-                empty: read.contentLength == 0 || request.head.method == .HEAD) : nil
+                jsonPath: (method == .GET || method == .POST) && ForeignAnswer.answersInJSON(path: request.path),
+                empty: read.contentLength == 0 || method == .HEAD) : nil
         let cooldown =
             foreign != nil
             ? nil

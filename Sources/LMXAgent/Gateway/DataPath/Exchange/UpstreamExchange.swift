@@ -205,7 +205,7 @@ final class UpstreamExchange: UpstreamOwner {
     /// A part of the client's request after its head: an event of the exchange.
     func receive(_ part: ClientRequestParser.Part) {
         switch part {
-        case .head, .other:
+        case .head, .other, .headTooLarge:
             return  // not after a head without its end
         case .malformed:
             bodyNotWhole(.malformedBody)

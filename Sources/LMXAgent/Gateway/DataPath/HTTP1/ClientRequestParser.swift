@@ -34,6 +34,9 @@ struct ClientRequestParser {
         case other(ByteBuffer)
         /// A chunked body broke its framing: nothing more of the connection is read.
         case malformed
+        /// A head longer than ``ClientRequestParser/maxHead`` (whole or not): refused with 431,
+        /// nothing more of the connection is read.
+        case headTooLarge
     }
 
     /// The length of a head's body that comes chunked (`Transfer-Encoding: chunked`).
@@ -57,8 +60,10 @@ struct ClientRequestParser {
         case closed
     }
 
-    /// A head is read here only up to this length: llhttp's (SwiftNIO's `HTTP_MAX_HEADER_SIZE`).
-    static let maxHead = 80 << 10
+    /// The longest head read, whole or not (nginx's default, `large_client_header_buffers 4 8k`:
+    /// 32 KiB): a longer one is refused with 431 and the connection closed, never handed on.
+    /// (An API client's head is well under 2 KiB; a browser's, cookies and all, under 16 KiB.)
+    static let maxHead = 32 << 10
     static let maxHeaders = 100
 
     var state = State.head
@@ -96,13 +101,28 @@ struct ClientRequestParser {
             case .chunkSize, .chunkData, .chunkEnd, .trailers:
                 if !readChunked(&input, emit: emit) { return nil }
             case .head:
+                // Empty lines before a request line are ignored (RFC 9112 §2.2: old clients send
+                // a CRLF after a POST's body), as llhttp ignores them.
+                while input.readableBytes >= 2, input.readableBytesView.starts(with: Self.crlf) {
+                    input.moveReaderIndex(forwardBy: 2)
+                }
+                if input.readableBytes == 1, input.readableBytesView.first == 0x0D {
+                    held = input
+                    return nil
+                }
+                if input.readableBytes == 0 { return nil }
                 switch Self.readHead(input) {
                 case .incomplete:
                     if input.readableBytes > Self.maxHead {
-                        state = .other
-                        continue
+                        state = .closed
+                        emit(.headTooLarge)
+                        return nil
                     }
                     held = input
+                    return nil
+                case .tooLarge:
+                    state = .closed
+                    emit(.headTooLarge)
                     return nil
                 case .other:
                     state = .other
@@ -126,6 +146,7 @@ struct ClientRequestParser {
     }
 
     var closesAfter = false
+    static let crlf: [UInt8] = [0x0D, 0x0A]
 
     mutating func ended(_ emit: (Part) -> Void) {
         state = closesAfter ? .closed : .head
@@ -137,6 +158,8 @@ struct ClientRequestParser {
         case incomplete
         /// Not a head read here: llhttp reads it.
         case other
+        /// Longer than ``maxHead``.
+        case tooLarge
         /// A whole head (its `raw` bytes not yet set: the first `headLength` bytes of the input).
         case request(Request, headLength: Int)
     }
@@ -183,7 +206,7 @@ struct ClientRequestParser {
                 if bytes[index] == 0x0A { return .other }
                 index += 1
             }
-            guard index + 1 < count else { return .incomplete }  // (past maxHead: the caller's `.other`)
+            guard index + 1 < count else { return .incomplete }  // (past maxHead: the caller's `.headTooLarge`)
             guard bytes[index + 1] == 0x0A,
                 let (method, target, minor) = Self.requestLine(UnsafeRawBufferPointer(rebasing: bytes[0..<index]))
             else { return .other }
@@ -251,7 +274,7 @@ struct ClientRequestParser {
                 if valueStart < 0 { valueStart = valueEnd }
                 let lineEnd = index
                 index += 2
-                guard index <= maxHead else { return .other }
+                guard index <= maxHead else { return .tooLarge }
                 let name = UnsafeRawBufferPointer(rebasing: bytes[start..<colon])
                 let value = bytes[valueStart..<valueEnd]
                 switch name.count {
@@ -285,7 +308,8 @@ struct ClientRequestParser {
                 // Where the name and value are in the head (no `String` is made of them here).
                 fields.append(ClientHead.Field(name: start..<colon, value: valueStart..<valueEnd))
             }
-            guard index + 2 <= maxHead, !(chunked && length != nil) else { return .other }
+            guard index + 2 <= maxHead else { return .tooLarge }
+            guard !(chunked && length != nil) else { return .other }
             let keepAlive = minor == 1 ? !connectionClose : connectionKeepAlive
             return .request(
                 Request(
