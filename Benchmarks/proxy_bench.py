@@ -131,6 +131,8 @@ def nginx_config(directory, name="upstream"):
             root %(root)s;
         }
         location = /body-read { internal; return 204; }
+        # A large answer (a client that never reads it is one of the floods).
+        location = /v1/files/big { default_type application/octet-stream; alias %(root)s/big.bin; }
         location @completion { default_type application/json; return 200 '%(completion)s'; }
     }""" % {"port": port, "keep": "" if keep else "keepalive_timeout 0;", "root": root,
             "healthz": answer("/healthz", '{"status":"ok","version":"0.1.0"}'),
@@ -141,6 +143,8 @@ def nginx_config(directory, name="upstream"):
     os.makedirs(os.path.join(root, "v1", "chat"), exist_ok=True)
     with open(os.path.join(root, "v1", "chat", "completions"), "w") as f:
         f.write("{}")
+    with open(os.path.join(root, "big.bin"), "wb") as f:
+        f.write(b"z" * (4 << 20))
     return nginx_common(directory, name, 1) + server(UPSTREAM, True) + server(UPSTREAM_CLOSE, False) + "\n}\n"
 
 
@@ -528,6 +532,11 @@ FLOODS = [
     ("a chunked body in 1-byte chunks (16,000 chunks sent)", 16,
      [b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n"]
      + [b"1\r\n \r\n"] * 16000),
+    # A 4 MB answer asked for and never read (the server's connection is read only while the
+    # client's can take more: what waits is the kernel's, and what SwiftNIO holds for the client).
+    ("a 4 MB answer never read", 64, [b"GET /v1/files/big HTTP/1.1\r\nHost: localhost\r\n\r\n"]),
+    # A head that never ends: refused at 32 KiB (431 head_too_large) and closed.
+    ("an unfinished head of 79 KiB", 64, [b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (79 << 10)]),
 ]
 
 
@@ -566,7 +575,10 @@ def floods(pid):
             # Part by part across the connections, as many clients at once.
             for part in parts:
                 for s in conns:
-                    s.sendall(part)
+                    try:
+                        s.sendall(part)
+                    except OSError:
+                        pass  # (a head the gateway refused and closed on)
             time.sleep(1)
             held = {**lmxtools.memory_kib(pid), "fds": len(os.listdir("/proc/%d/fd" % pid))}
             open_count = sum(1 for s in conns if still_open(s))

@@ -258,6 +258,8 @@ public struct GatewayExchange: Sendable {
     /// The request went on a connection (`kept`: one kept from an earlier answer). A body that
     /// has not all come goes on as it arrives, and is not kept: the request can never go again.
     public mutating func sent(onKeptConnection kept: Bool) {
+        // (Impossible otherwise: a request goes only on the connection its `.connect` asked for.)
+        assert(phase == .connecting, "a request sent while \(phase)")
         state = .forwarding(resuming: resuming, kept: kept)
         if body == .coming { body = .passing }
     }
@@ -446,6 +448,7 @@ public struct GatewayExchange: Sendable {
     /// The gateway's own answer was written: the server's connection (if any) is closed; a
     /// client whose body has not all come cannot send another request cleanly.
     public mutating func responded() -> Action {
+        assert(state == .answering(.gateway), "the gateway's answer written while \(phase)")
         state = .finished
         return .finish(upstream: .close, client: clientEnded ? .next : .close)
     }
