@@ -165,7 +165,6 @@ struct ClientCodecTests {
         let first = "GET /v1/models HTTP/1.1\r\nHost: h\r\n\r\n"
         let others = [
             "POST /v1/x HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-            "POST /v1/x HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
             "POST /v1/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
             "POST /v1/x HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
             "POST /v1/x HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc",
@@ -228,6 +227,8 @@ struct ClientCodecTests {
             "GET /v1/x HTTP/1.1\r\nX-Title: caf\u{E9} \u{2014} \u{1F600}\r\n\r\n",
             "POST /v1/x HTTP/1.1\r\nX: \u{FF}\r\nContent-Length: 3\r\n\r\nabc",
             "GET /v1/x HTTP/1.1\r\nX: " + String(repeating: "a", count: 31 << 10) + "\r\n\r\n",
+            // A transfer coding's name in any case (RFC 9112 §7).
+            "POST /v1/x HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
             // Empty lines before the request line: ignored by both (RFC 9112 §2.2).
             "\r\nGET /v1/x HTTP/1.1\r\n\r\n",
             "\r\n\r\nPOST /v1/x HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc\r\n",

@@ -704,6 +704,12 @@ struct ConnectionPipelineTests {
                 ),
                 ("GET /v1/../admin/x HTTP/1.1\r\n\r\n", 400, "bad_path"),
                 ("GET /v1/chat/stream HTTP/1.1\r\n\r\n", 403, "websocket_refused"),
+                // Two Host lines (RFC 9112 §3.2), whichever comes first, on any path.
+                ("GET /v1/models HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n", 400, "bad_request"),
+                (
+                    "GET /dashboard/api/status HTTP/1.1\r\nHost: localhost\r\nhost: localhost\r\n\r\n", 400,
+                    "bad_request"
+                ),
                 // (TRACE and upgrades are heads llhttp reads: the general path refuses them.)
             ]
             for (request, status, code) in refused {

@@ -14,6 +14,13 @@ extension GatewayConnectionHandler {
     /// `gateway.group`, a user the gate has no fresh answer for is looked up first, off the
     /// event loop (``lookUpGroup(_:uid:gate:)``).
     func takes(_ head: ClientHead, length: Int) -> Taken {
+        if head.hostTwice {
+            return .refuse(
+                head.uri,
+                .refused(
+                    status: 400, code: "bad_request",
+                    message: "the request has more than one Host header (RFC 9112 section 3.2): send one"))
+        }
         guard let target = Self.forwardedTarget(head.uri) else { return .generalPath }
         guard case .path(let path) = target else {
             return .refuse(

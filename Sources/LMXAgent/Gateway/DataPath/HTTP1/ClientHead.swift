@@ -22,6 +22,9 @@ struct ClientHead {
     /// The connection stays open after the answer (HTTP/1.1 unless `Connection: close`; HTTP/1.0
     /// only with `Connection: keep-alive`), as llhttp reads it.
     var keepAlive: Bool
+    /// More than one `Host` line came (RFC 9112 §3.2: refused with 400; the policy would read
+    /// only the first).
+    var hostTwice = false
 
     /// The headers the data path and its rules look up, each a bit of ``known`` (0: another).
     static func knownBit(_ name: UnsafeRawBufferPointer) -> UInt16 {

@@ -190,6 +190,7 @@ struct ClientRequestParser {
             // The names the `Connection` headers list (as ``GatewayPolicy/connectionListed(_:)``
             // counts them): past its bound, llhttp reads the request and the general path refuses it.
             var connectionNames = 0
+            var hostTwice = false
             // The request line: its end (any byte but a bare LF before the CRLF; read after).
             var index = 0
             requestLine: while index < count {
@@ -286,12 +287,16 @@ struct ClientRequestParser {
                     else { return .other }
                     length = value.reduce(0) { $0 * 10 + Int($1 - 0x30) }
                 case 17 where HTTPSyntax.equalsLowercased(name, "transfer-encoding"):
-                    // One, exactly `chunked`, from an HTTP/1.1 client, and no Content-Length
+                    // One, `chunked` in any case (RFC 9112 §7), from an HTTP/1.1 client, and no Content-Length
                     // (checked at the end): anything else to llhttp.
-                    guard minor == 1, !chunked, valueEnd == lineEnd, value.elementsEqual("chunked".utf8) else {
+                    guard minor == 1, !chunked, valueEnd == lineEnd,
+                        HTTPSyntax.equalsLowercased(UnsafeRawBufferPointer(rebasing: value), "chunked")
+                    else {
                         return .other
                     }
                     chunked = true
+                case 4 where HTTPSyntax.equalsLowercased(name, "host"):
+                    if known & ClientHead.Known.host.rawValue != 0 { hostTwice = true }
                 case 7 where HTTPSyntax.equalsLowercased(name, "upgrade"):
                     guard forwarded else { return .other }
                 case 10 where HTTPSyntax.equalsLowercased(name, "connection"):
@@ -315,7 +320,7 @@ struct ClientRequestParser {
                 Request(
                     head: ClientHead(
                         method: method, uri: target, minor: minor, raw: ByteBuffer(), fields: fields, known: known,
-                        keepAlive: keepAlive),
+                        keepAlive: keepAlive, hostTwice: hostTwice),
                     length: chunked ? Self.chunked : length ?? 0),
                 headLength: index + 2)
         }
