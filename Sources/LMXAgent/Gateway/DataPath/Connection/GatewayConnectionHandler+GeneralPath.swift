@@ -69,10 +69,8 @@ extension GatewayConnectionHandler {
         answer.writeBytes(body)
         gateway.metrics.gatewayRefused.increment()
         life.closedByGateway()
-        rawOutput.writeAndFlush(NIOAny(answer)).hop(to: rawOutput.eventLoop).assumeIsolated().whenComplete {
-            [self] _ in
-            self.closeConnection()
-        }
+        rawOutput.writeAndFlush(NIOAny(answer), promise: nil)
+        lingerThenClose()
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
@@ -91,7 +89,7 @@ extension GatewayConnectionHandler {
             case .end:
                 context.writeAndFlush(data, promise: promise)
                 _ = life.generalPathAnswered(exchangeNow)
-                closeConnection()
+                lingerThenClose()
                 return
             case .body:
                 break

@@ -43,6 +43,8 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     /// (``writeToClient``), past SwiftNIO's HTTP/1 response encoder (between the front and this
     /// handler once the general path is set up).
     var rawOutput: ChannelHandlerContext?
+    /// The connection closes by ``lingerThenClose()``: what the client sends is dropped.
+    private(set) var lingering = false
     /// Something was written to the client (``writeToClient(_:for:)``) since the last flush.
     var clientUnflushed = false
     /// Sets up the general path behind this handler (once).
@@ -140,6 +142,27 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         context?.close(promise: nil)
     }
 
+    /// Closes after an answer written while the client may still be sending (a refusal before its
+    /// body, a head not read): nginx's lingering close. The output is closed once the answer is
+    /// out (a FIN after it), and what the client still sends is read and dropped for at most
+    /// ``lingerTime``, or until it closes its side; then the connection closes. Closed at once
+    /// with bytes unread, the kernel would answer them with a reset that can destroy the answer
+    /// before the client reads it.
+    func lingerThenClose() {
+        guard let context, !lingering else { return }
+        life.closedByGateway()
+        lingering = true
+        context.close(mode: .output, promise: nil)
+        context.read()
+        context.eventLoop.assumeIsolated().scheduleTask(in: Self.lingerTime) { [self] in
+            self.context?.close(promise: nil)
+        }
+    }
+
+    /// How long a lingering close reads and drops what the client still sends (nginx's
+    /// `lingering_time` is 30 s with a 5 s `lingering_timeout`; a local client needs far less).
+    static let lingerTime = TimeAmount.seconds(2)
+
     /// What the client can take now (an upstream is read only while it can).
     var clientWritable: Bool { context?.channel.isWritable ?? false }
 
@@ -181,6 +204,11 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         let stopping = event is ChannelShouldQuiesceEvent
+        if lingering, (event as? ChannelEvent) == .inputClosed {
+            // The client closed its side: nothing more to drop.
+            context.close(promise: nil)
+            return
+        }
         if stopping || (event as? ChannelEvent) == .inputClosed {
             // The server stops, or the client closed its side: what is in progress finishes,
             // then the connection closes. Hummingbird's handlers hear of it only while they
@@ -208,7 +236,9 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
     }
 
     func read(context: ChannelHandlerContext) {
-        if holdsReads {
+        if lingering {
+            context.read()
+        } else if holdsReads {
             readPending = true
         } else {
             readAsked = true

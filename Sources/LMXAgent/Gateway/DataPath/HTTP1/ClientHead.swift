@@ -210,6 +210,10 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
             context.fireChannelRead(data)
             return
         }
+        if handler.lingering {
+            // Closing (``GatewayConnectionHandler/lingerThenClose()``): dropped unread.
+            return
+        }
         handler.readAsked = false
         if var earlier = unread {
             // (Only when a read was already under way as the handler stopped taking parts.)
