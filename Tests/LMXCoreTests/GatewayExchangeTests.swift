@@ -316,6 +316,9 @@ struct GatewayExchangeTests {
         #expect(refused.bodyPart(size: 5) { true } == .drop)
         #expect(refused.bodyEnd() == .respond(.malformedBody))
         #expect(refused.state == .answering(.gateway) && refused.refusal == nil && refused.body == .whole)
+        // Writing it closed the connection, which finished the exchange first: it finishes once.
+        #expect(refused.clientGone() == .finish(upstream: .close, client: .gone))
+        #expect(refused.responded() == .none && refused.state == .finished)
     }
 
     /// A run's event stream whose answer is passing to the client.

@@ -448,7 +448,9 @@ public struct GatewayExchange: Sendable {
     /// The gateway's own answer was written: the server's connection (if any) is closed; a
     /// client whose body has not all come cannot send another request cleanly.
     public mutating func responded() -> Action {
-        assert(state == .answering(.gateway), "the gateway's answer written while \(phase)")
+        // (Writing the answer may have closed the connection, and that finished the exchange
+        // already: it finishes once.)
+        guard state == .answering(.gateway) else { return .none }
         state = .finished
         return .finish(upstream: .close, client: clientEnded ? .next : .close)
     }
