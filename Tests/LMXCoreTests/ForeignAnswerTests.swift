@@ -79,12 +79,25 @@ struct ForeignAnswerTests {
         #expect(AnswerLabel(contentType: "application/problem+json") == .json)
         #expect(AnswerLabel(contentType: "text/event-stream") == .other)
         #expect(AnswerLabel(contentType: nil) == AnswerLabel.none)
+        // Read over the value's bytes: any case, spaces around, parameters, odd values.
+        #expect(AnswerLabel(contentType: " TEXT/HTML ; charset=utf-8") == .page)
+        #expect(AnswerLabel(contentType: "\tApplication/JSON") == .json)
+        #expect(AnswerLabel(contentType: "application/+json") == .json)
+        #expect(AnswerLabel(contentType: "application/json-seq") == .other)
+        #expect(AnswerLabel(contentType: "text/htmlx") == .other)
+        #expect(AnswerLabel(contentType: "  ; charset=utf-8") == AnswerLabel.none)
+        #expect(AnswerLabel(contentType: "") == AnswerLabel.none)
+        #expect(AnswerLabel(contentType: "tëxt/html") == .other)
         for path in [
             "/v1/chat/completions", "/v1/models", "/v1/models/m", "/v1/agents/runs/1/events", "/v1/messages?x=1",
+            "/v1/models#top", "/v1/rag", "/v1/discovery",
         ] {
             #expect(ForeignAnswer.answersInJSON(path: path), "\(path)")
         }
-        for path in ["/v1/audio/transcriptions", "/v1/modelsx", "/admin/models", "/v1/skills/x", "/v1/"] {
+        for path in [
+            "/v1/audio/transcriptions", "/v1/modelsx", "/admin/models", "/v1/skills/x", "/v1/", "", "/v1", "/V1/models",
+            "/v1/Models", "/v1?/models", "/x/v1/models", "/v1/ragged",
+        ] {
             #expect(!ForeignAnswer.answersInJSON(path: path), "\(path)")
         }
         // 511 Network Authentication Required (RFC 6585 §6): the status a captive portal is

@@ -56,8 +56,8 @@ public final class GatewayTraffic: Sendable {
         var evicted: [TrafficStats.Key] = []
         if let recent, recent.names(model: model, via: via) {
             let kept = stats.withLock { stats in
-                let kept = stats.contains(recent.key)
-                _ = stats.answered(key: recent.key, status: status, firstByte: firstByte, answered: answered, now: now)
+                let kept = stats.countAnswer(
+                    key: recent.key, status: status, firstByte: firstByte, answered: answered, now: now)
                 evicted = stats.takeEvicted()
                 return kept
             }

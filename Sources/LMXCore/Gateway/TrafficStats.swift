@@ -105,6 +105,16 @@ public struct TrafficStats: Sendable {
     @discardableResult
     public mutating func answered(key: Key, status: Int, firstByte: Double?, answered: Bool = true, now: Double) -> Key
     {
+        countAnswer(key: key, status: status, firstByte: firstByte, answered: answered, now: now)
+        return key
+    }
+
+    /// As ``answered(key:status:firstByte:answered:now:)``; whether the table had the key
+    /// before (one look-up of it).
+    @discardableResult
+    public mutating func countAnswer(key: Key, status: Int, firstByte: Double?, answered: Bool = true, now: Double)
+        -> Bool
+    {
         let samples = samples
         recorded &+= 1
         return update(key: key) { entry in
@@ -119,12 +129,14 @@ public struct TrafficStats: Sendable {
     /// place of the least recently used when the table is full), in place: a copy of the entry would share its sample arrays with the one in
     /// the dictionary, and the first append would copy them whole, on every request. One look-up
     /// of the key when it is known. Returns the key counted under.
-    private mutating func update(key: Key, _ change: (inout Entry) -> Void) -> Key {
+    /// Returns whether the key had an entry.
+    @discardableResult
+    private mutating func update(key: Key, _ change: (inout Entry) -> Void) -> Bool {
         let used = recorded
         if let index = entries.index(forKey: key) {
             change(&entries.values[index])
             entries.values[index].used = used
-            return key
+            return true
         }
         if entries.count >= maxKeys, let oldest = entries.min(by: { $0.value.used < $1.value.used })?.key {
             // Full: the key used longest ago gives its place (one pass over at most maxKeys).
@@ -135,7 +147,7 @@ public struct TrafficStats: Sendable {
         change(&entry)
         entry.used = used
         entries[key] = entry
-        return key
+        return false
     }
 
     /// Whether `key` has an entry now (one a caller kept may have given its place since).
@@ -164,12 +176,13 @@ public struct TrafficStats: Sendable {
     public mutating func streamed(key: Key, firstEvent: Double?, events: Int, seconds: Double, now: Double) -> Key {
         let samples = samples
         recorded &+= 1
-        return update(key: key) { entry in
+        update(key: key) { entry in
             entry.streams &+= 1
             if let firstEvent { entry.firstByte.add(firstEvent * 1000, keeping: samples) }
             if events >= 2, seconds > 0 { entry.rate.add(Double(events - 1) / seconds, keeping: samples) }
             entry.last = now
         }
+        return key
     }
 
     /// The figures, busiest first.

@@ -71,15 +71,18 @@ public struct HistoryMinutes: Sendable {
 
     private mutating func update(model: String, via: Via, at: Double, _ change: (inout TrafficSamples) -> Void) {
         let key = TrafficKey(model: model, via: via, minute: History.align(at, 60))
-        guard traffic[key] != nil || traffic.count < maxKeys else {
+        guard traffic.count < maxKeys || traffic[key] != nil else {
             leftOut += 1
             return
         }
-        var samples = traffic.removeValue(forKey: key) ?? TrafficSamples()
-        change(&samples)
-        if samples.firstTokens.count > maxSamples { samples.firstTokens.removeFirst() }
-        if samples.rates.count > maxSamples { samples.rates.removeFirst() }
-        traffic[key] = samples
+        // Changed in place, in one look-up of the key (it is looked up on every answer).
+        let maxSamples = maxSamples
+        func apply(_ samples: inout TrafficSamples) {
+            change(&samples)
+            if samples.firstTokens.count > maxSamples { samples.firstTokens.removeFirst() }
+            if samples.rates.count > maxSamples { samples.rates.removeFirst() }
+        }
+        apply(&traffic[key, default: TrafficSamples()])
     }
 
     /// The figures of every minute that began before `before`, taken out.

@@ -66,7 +66,8 @@ extension UpstreamExchange {
             ? ForeignAnswer.recognise(
                 status: head.status, label: read.label, location: read.location,
                 edge: read.keepAlive.throughCloudflare, server: target.baseURL,
-                jsonPath: (method == .GET || method == .POST) && ForeignAnswer.answersInJSON(path: request.path),
+                jsonPath: read.label != .json && (method == .GET || method == .POST)
+                    && ForeignAnswer.answersInJSON(path: request.path),
                 empty: read.contentLength == 0 || method == .HEAD) : nil
         let cooldown =
             foreign != nil
