@@ -1009,7 +1009,7 @@ struct GatewayProxyTests {
                             break
                         out += chunk
                     s.close()
-                    return [status.decode() for status in re.findall(rb"HTTP/1\.1 (\d{3}) ", out)]
+                    return [status.decode() for status in re.findall(rb"HTTP/1\.[01] (\d{3}) ", out)]
                 big = b"X-Big: " + b"a" * (30 << 10) + b"\r\n"
                 print(ask(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n" + big + "X-Note: caf\u00e9\r\n".encode("latin-1")
                           + b"\r\nGET /v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"))
@@ -1017,14 +1017,25 @@ struct GatewayProxyTests {
                           b"Connection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n"))
                 print(ask(b"GET http://u@localhost/v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"))
                 print(ask(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (40 << 10) + b"\r\n\r\n"))
+                # RFC 9112 3.2: a request without Host, or with two, is a bad request, on either
+                # path (the last one is llhttp's: a transfer coding the data path does not read).
+                print(ask(b"GET /v1/models HTTP/1.1\r\nConnection: close\r\n\r\n"))
+                print(ask(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\nConnection: close\r\n\r\n"))
+                print(ask(b"GET /v1/models HTTP/1.0\r\n\r\n"))
+                print(ask(b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n"
+                          b"Connection: close\r\n\r\n0\r\n\r\n"))
                 """#
             let result = try await Command.run("/usr/bin/python3", ["-c", script, String(gatewayPort)], timeout: 60)
             let lines = result.stdout.split(separator: "\n").map(String.init)
-            #expect(lines == ["['200', '200']", "['501']", "['400']", "['431']"], "\(result.stdout) \(result.stderr)")
+            #expect(
+                lines == [
+                    "['200', '200']", "['501']", "['400']", "['431']", "['400']", "['400']", "['400']", "['400']",
+                ],
+                "\(result.stdout) \(result.stderr)")
             #expect(server.requests.filter { $0.hasPrefix("REQ /v1/models") }.count == 2, "\(server.requests)")
             #expect(!server.requests.contains { $0.hasPrefix("REQ POST") }, "the general path sent nothing on")
             let metrics = String(decoding: try agent.client.request("GET", "/metrics").body, as: UTF8.self)
-            #expect(metrics.contains("lmx_gateway_general_path_total 2"), "\(metrics)")
+            #expect(metrics.contains("lmx_gateway_general_path_total 3"), "\(metrics)")
         }
     }
 

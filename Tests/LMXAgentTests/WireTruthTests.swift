@@ -310,6 +310,26 @@ struct WireTruthTests {
             try pipe.answer(
                 pipe.servers.count - 1, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nalloy")
             #expect(try pipe.received().hasPrefix("HTTP/1.1 200 "))
+            // The label read as the probes read it: the whole media type (`text/htmlx` is no page).
+            try pipe.send(PipelineHarness.get())
+            try pipe.answer(
+                pipe.servers.count - 1, "HTTP/1.1 200 OK\r\nContent-Type: TEXT/HTMLX\r\nContent-Length: 2\r\n\r\n{}")
+            #expect(try pipe.received().hasPrefix("HTTP/1.1 200 "))
+            // A redirect that names no place leads to no page: passed on. A blank Location first
+            // hides no portal's behind it.
+            try pipe.send(PipelineHarness.get())
+            try pipe.answer(pipe.servers.count - 1, "HTTP/1.1 302 Found\r\nContent-Length: 0\r\n\r\n")
+            #expect(try pipe.received().hasPrefix("HTTP/1.1 302 "))
+            try pipe.send(PipelineHarness.get())
+            try pipe.answer(
+                pipe.servers.count - 1,
+                "HTTP/1.1 302 Found\r\nLocation: \r\nLocation: http://portal.example/login\r\nContent-Length: 0\r\n\r\n"
+            )
+            let hidden = try pipe.received()
+            #expect(hidden.hasPrefix("HTTP/1.1 502 ") && hidden.contains("captive_portal"), "\(hidden)")
+            // The pages answered in the gateway's words are counted as the route's errors.
+            let counted = fixture.agent.traffic.report().models.reduce(0) { $0 + $1.errors }
+            #expect(counted == 4, "\(fixture.agent.traffic.report())")
         }
     }
 

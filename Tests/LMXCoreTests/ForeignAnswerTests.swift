@@ -27,6 +27,9 @@ struct ForeignAnswerTests {
         #expect(ForeignAnswer.recognise(status: 200, html: false, location: nil) == nil)
         #expect(ForeignAnswer.recognise(status: 503, html: false, location: nil) == nil)
         #expect(ForeignAnswer.recognise(status: 304, html: false, location: nil) == nil)
+        // A redirect that names no place leads to no page: passed on, not taken for a portal.
+        #expect(ForeignAnswer.recognise(status: 302, html: true, location: nil) == nil)
+        #expect(ForeignAnswer.recognise(status: 301, html: false, location: " ") == nil)
         #expect(ForeignAnswer.recognise(status: 404, html: true, location: nil) == nil)
         // The server's own redirects pass (a framework's trailing-slash 307, an https upgrade on
         // its own host): only one to another host is the network's, and a local user's request
@@ -88,6 +91,21 @@ struct ForeignAnswerTests {
         #expect(AnswerLabel(contentType: "  ; charset=utf-8") == AnswerLabel.none)
         #expect(AnswerLabel(contentType: "") == AnswerLabel.none)
         #expect(AnswerLabel(contentType: "tëxt/html") == .other)
+        let raw: [UInt8] = [0x74, 0x65, 0x78, 0x74, 0x2F, 0x68, 0x74, 0x6D, 0x6C, 0xFF]
+        #expect(raw.withUnsafeBytes { AnswerLabel(mediaType: $0) } == .other)
+        #expect(Array("Text/Plain".utf8).withUnsafeBytes { AnswerLabel(mediaType: $0) } == .plainText)
+        // What a probe's GET /v1/models says of who answered: only the server's JSON clears a
+        // finding, and a redirect, even labelled JSON, is no model list.
+        func judge(_ status: Int, _ type: String?, location: String? = nil) -> ForeignAnswer.APIJudgement {
+            ForeignAnswer.judgeAPI(
+                status: status, contentType: type, location: location, edge: false, server: "http://10.0.0.2:1234",
+                empty: false)
+        }
+        #expect(judge(200, "application/json") == .server)
+        #expect(judge(401, "application/json") == .server)
+        #expect(judge(302, "application/json") == .unclear)
+        #expect(judge(200, "text/plain") == .foreign(.captivePortal(status: 200)))
+        #expect(judge(302, "text/html", location: "http://portal.example/") == .foreign(.captivePortal(status: 302)))
         for path in [
             "/v1/chat/completions", "/v1/models", "/v1/models/m", "/v1/agents/runs/1/events", "/v1/messages?x=1",
             "/v1/models#top", "/v1/rag", "/v1/discovery",

@@ -23,6 +23,10 @@ extension Gateway {
         }
         let clientHeaders = request.headers.map { (name: $0.name.canonicalName, value: $0.value) }
         metrics.gatewayRefused.increment()
+        if context.isTCP, request.head.authority == nil {
+            let refusal = GatewayPolicy.noHost
+            return Self.error(refusal.status, code: refusal.code, message: refusal.message, path: request.uri.path)
+        }
         let refusal =
             GatewayPolicy.refusal(
                 method: request.method.rawValue, path: request.uri.path, authority: request.head.authority,

@@ -47,7 +47,10 @@ public enum ForeignAnswer: Sendable, Hashable {
             if target.contains("cloudflareaccess.com") || target.contains("/cdn-cgi/access/") {
                 return .accessLogin
             }
-            if let location, let server, redirectStaysOn(server: server, location: location) { return nil }
+            // A redirect that names no place leads to no page (a portal's always does): the
+            // answer is passed on as it came.
+            guard let location, !location.trimmingASCIIWhitespace().isEmpty else { return nil }
+            if let server, redirectStaysOn(server: server, location: location) { return nil }
             return .captivePortal(status: status)
         case 200..<300 where html, 511:
             // (511 Network Authentication Required, RFC 6585 §6: a captive portal's own status,
@@ -106,7 +109,8 @@ public enum ForeignAnswer: Sendable, Hashable {
         {
             return .foreign(foreign)
         }
-        return label == .json ? .server : .unclear
+        // (A redirect in JSON is no model list and no refusal of the server's: it clears nothing.)
+        return label == .json && !(300..<400).contains(status) ? .server : .unclear
     }
 
     /// `location` points at `server`'s own host: a relative reference, or an absolute URL (or a
@@ -229,10 +233,16 @@ public enum AnswerLabel: Sendable, Hashable {
             self = .none
             return
         }
-        // Over the value's bytes, without a lowercased copy: read on every answer's head.
         self = contentType.withUTF8(Self.init(mediaType:))
     }
 
+    /// The label of a `Content-Type` value's bytes, as ``init(contentType:)`` reads it (the
+    /// gateway reads an answer's head this way: one reading for the request path and the probes).
+    public init(mediaType bytes: UnsafeRawBufferPointer) {
+        self.init(mediaType: bytes.assumingMemoryBound(to: UInt8.self))
+    }
+
+    /// Over the value's bytes, without a lowercased copy or a `String`.
     private init(mediaType bytes: UnsafeBufferPointer<UInt8>) {
         func isSpace(_ byte: UInt8) -> Bool { byte == 0x20 || (0x09...0x0D).contains(byte) }
         var end = bytes.firstIndex(of: UInt8(ascii: ";")) ?? bytes.count

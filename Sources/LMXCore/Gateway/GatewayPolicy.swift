@@ -221,6 +221,13 @@ public enum GatewayPolicy {
 
     /// `127.0.0.1[:port]`, `localhost[:port]`, `[::1][:port]` (any 127/8 address).
     /// Byte by byte, ASCII case ignored, without copying the text.
+    /// A request over TCP without a `Host` (RFC 9112 §3.2: 400 for HTTP/1.1; an HTTP/1.0 one is
+    /// told the same, rather than that it is addressed elsewhere).
+    public static let noHost = Refusal(
+        status: 400, code: "bad_request",
+        message:
+            "the request has no Host header (RFC 9112 section 3.2): send Host: 127.0.0.1 with the gateway's port")
+
     public static func isLoopbackAuthority(_ authority: String) -> Bool {
         var authority = authority
         return authority.withUTF8(isLoopbackAuthority(bytes:))

@@ -21,6 +21,12 @@ extension GatewayConnectionHandler {
                     status: 400, code: "bad_request",
                     message: "the request has more than one Host header (RFC 9112 section 3.2): send one"))
         }
+        // Over TCP the policy reads the Host (requests addressed to loopback only): a request
+        // without one is a bad request (RFC 9112 §3.2 for HTTP/1.1, as nginx answers it).
+        if overTCP, head.known & ClientHead.Known.host.rawValue == 0 {
+            let refusal = GatewayPolicy.noHost
+            return .refuse(head.uri, .refused(status: refusal.status, code: refusal.code, message: refusal.message))
+        }
         guard let target = Self.forwardedTarget(head.uri) else { return .generalPath }
         guard case .path(let path) = target else {
             return .refuse(

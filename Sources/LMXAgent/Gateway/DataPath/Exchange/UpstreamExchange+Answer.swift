@@ -61,14 +61,17 @@ extension UpstreamExchange {
         // (The API's paths: `/admin/` may serve a server's own pages. Not a CORS preflight,
         // which a server's middleware answers in plain text before any route of its API.)
         let method = request.head.method
-        let foreign =
-            request.path.hasPrefix("/v1/") && method != .OPTIONS
-            ? ForeignAnswer.recognise(
-                status: head.status, label: read.label, location: read.location,
+        func recognise(location: String?) -> ForeignAnswer? {
+            ForeignAnswer.recognise(
+                status: head.status, label: read.label, location: location,
                 edge: read.keepAlive.throughCloudflare, server: target.baseURL,
                 jsonPath: read.label != .json && (method == .GET || method == .POST)
                     && ForeignAnswer.answersInJSON(path: request.path),
-                empty: read.contentLength == 0 || method == .HEAD) : nil
+                empty: read.contentLength == 0 || method == .HEAD)
+        }
+        let foreign =
+            request.path.hasPrefix("/v1/") && method != .OPTIONS
+            ? recognise(location: read.location) ?? read.otherLocation.flatMap(recognise(location:)) : nil
         let cooldown =
             foreign != nil
             ? nil
@@ -99,8 +102,19 @@ extension UpstreamExchange {
             gateway.logger.info(
                 "gateway: server busy, trying the next",
                 metadata: ["route": "\(target.routeID)", "status": "\(head.status)"])
-        case .respond:
+        case .respond(let refusal):
             gateway.metrics.gatewayFailures.increment()
+            // Counted in the traffic figures as the client saw it: an error of the route's.
+            switch refusal {
+            case .notTheServer:
+                gateway.agent.traffic.answered(
+                    model: request.model, via: target.via, status: 502, firstByte: nil, answered: false)
+            case .busy(let status, _):
+                gateway.agent.traffic.answered(
+                    model: request.model, via: target.via, status: status, firstByte: nil, answered: true)
+            default:
+                break
+            }
         default:
             break
         }

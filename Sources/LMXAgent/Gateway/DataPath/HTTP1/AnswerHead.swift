@@ -58,19 +58,15 @@ struct AnswerHeaders {
     var eventStream = false
     /// `Content-Type: application/json` (an answer the gateway may read an object's id from).
     var json = false
-    /// `Content-Type: text/html` or `application/xhtml+xml`: a web page, never an LMX server's
-    /// answer (``ForeignAnswer``).
-    var html = false
-    /// `Content-Type: text/plain`: never an answer of the server's JSON paths.
-    var plainText = false
-    /// The `Location` of a redirect (read only then: the status comes first).
+    /// The first non-blank `Location` (of a redirect, which ``ForeignAnswer`` judges).
     var location: String?
+    /// A second non-blank `Location` that differs from the first (a field that may come once,
+    /// RFC 9110 §10.2.2): judged too, so a blank or harmless first one hides no portal's.
+    var otherLocation: String?
     private var contentTypeSeen = false
-    /// What the `Content-Type` says, as ``ForeignAnswer`` reads it.
-    var label: AnswerLabel {
-        if !contentTypeSeen { return .none }
-        return html ? .page : plainText ? .plainText : json ? .json : .other
-    }
+    /// What the first `Content-Type` says (``AnswerLabel/init(mediaType:)``, as the probes read it:
+    /// `.none` when there is none).
+    private(set) var label = AnswerLabel.none
     /// A `Content-Encoding` other than `identity` came: the body is passed on as it is, never
     /// read or written into (``EventRelay``).
     var encoded = false
@@ -90,17 +86,16 @@ struct AnswerHeaders {
             json =
                 value.count >= 16
                 && HTTPSyntax.equalsLowercased(UnsafeRawBufferPointer(rebasing: value[0..<16]), "application/json")
-            html =
-                value.count >= 9
-                && HTTPSyntax.equalsLowercased(UnsafeRawBufferPointer(rebasing: value[0..<9]), "text/html")
-                || value.count >= 21
-                    && HTTPSyntax.equalsLowercased(
-                        UnsafeRawBufferPointer(rebasing: value[0..<21]), "application/xhtml+xml")
-            plainText =
-                value.count >= 10
-                && HTTPSyntax.equalsLowercased(UnsafeRawBufferPointer(rebasing: value[0..<10]), "text/plain")
-        case 8 where location == nil && HTTPSyntax.equalsLowercased(name, "location"):
-            location = String(decoding: value.prefix(512), as: UTF8.self)
+            label = AnswerLabel(mediaType: value)
+        case 8 where otherLocation == nil && HTTPSyntax.equalsLowercased(name, "location"):
+            // (The value's spaces are already trimmed: an empty one is blank.)
+            guard !value.isEmpty else { break }
+            let read = String(decoding: value.prefix(512), as: UTF8.self)
+            if location == nil {
+                location = read
+            } else if read != location {
+                otherLocation = read
+            }
         case 16 where HTTPSyntax.equalsLowercased(name, "content-encoding"):
             if !value.isEmpty, !HTTPSyntax.equalsLowercased(value, "identity") { encoded = true }
         case 11 where retryAfter == nil && HTTPSyntax.equalsLowercased(name, "retry-after"):
