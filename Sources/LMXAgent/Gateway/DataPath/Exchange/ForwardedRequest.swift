@@ -65,8 +65,7 @@ final class ForwardedRequest {
     /// How the answer's body is framed to the client.
     var framing = ClientFraming.asIs
     /// The answer held until the client's body has come (``GatewayExchange/holdsAnswer``).
-    var heldAnswer: [ClientOutput] = []
-    var heldBytes = 0
+    var held = HeldAnswer()
     var relay: EventRelay?
     /// The traffic figures' series the answer was counted under (its stream's figures go under it).
     var traffic: GatewayTraffic.Series?
@@ -140,42 +139,6 @@ final class ForwardedRequest {
         reservation.hold(whole.capacity - reservation.bytes)
     }
 
-    /// Holds a part of the answer (as ``add(_:)``): body parts after the first copied into one
-    /// buffer of the gateway's, never a slice of a server's read each (a server sending a byte a
-    /// chunk would have had each read's buffer and an entry per byte held).
-    func hold(_ part: ClientOutput) {
-        var held: [ClientOutput] = []
-        swap(&held, &heldAnswer)
-        defer { swap(&held, &heldAnswer) }
-        guard case .body(var bytes) = part, case .body(var last)? = held.last else {
-            held.append(part)
-            heldOwned = false
-            return
-        }
-        held.removeLast()
-        if !heldOwned {
-            heldOwned = true
-            var owned = ByteBufferAllocator().buffer(capacity: 2 * (last.readableBytes + bytes.readableBytes))
-            owned.writeBuffer(&last)
-            last = owned
-        }
-        last.writeBuffer(&bytes)
-        held.append(.body(last))
-    }
-
-    /// The last part of ``heldAnswer`` is a body buffer of the gateway's own.
-    private var heldOwned = false
-
-    /// The storage the held answer takes.
-    var heldStorage: Int {
-        heldAnswer.reduce(0) { total, part in
-            switch part {
-            case .head(let bytes), .body(let bytes): total + max(bytes.capacity, bytes.readableBytes)
-            case .end: total
-            }
-        }
-    }
-
     func reservation(from budget: ReadAheadBudget, for peer: PeerUser) -> ReadAheadBudget.Reservation {
         if let reservation { return reservation }
         let made = budget.reservation(for: peer.uid)
@@ -212,4 +175,58 @@ final class ForwardedRequest {
     }
 
     deinit { releaseCounts() }
+}
+
+/// An answer held while the client is still sending its body (``GatewayExchange/holdsAnswer``):
+/// its parts in order, the body's bytes among them, and what their storage takes.
+struct HeldAnswer {
+    private(set) var parts: [ClientOutput] = []
+    /// The body's bytes held (the bound is on these).
+    private(set) var bodyBytes = 0
+    /// The last part is a body buffer of the gateway's own.
+    private var lastOwned = false
+
+    var isEmpty: Bool { parts.isEmpty }
+
+    /// Holds a part (as ``ForwardedRequest/add(_:)`` the client's body): body parts after the
+    /// first copied into one buffer of the gateway's, never a slice of a server's read each (a
+    /// server sending a byte a chunk would have had each read's buffer and an entry per byte held).
+    mutating func hold(_ part: ClientOutput) {
+        guard case .body(var bytes) = part else {
+            parts.append(part)
+            lastOwned = false
+            return
+        }
+        bodyBytes += bytes.readableBytes
+        guard case .body(var last)? = parts.last else {
+            parts.append(part)
+            lastOwned = false
+            return
+        }
+        parts.removeLast()
+        if !lastOwned {
+            lastOwned = true
+            var owned = ByteBufferAllocator().buffer(capacity: 2 * (last.readableBytes + bytes.readableBytes))
+            owned.writeBuffer(&last)
+            last = owned
+        }
+        last.writeBuffer(&bytes)
+        parts.append(.body(last))
+    }
+
+    /// The parts held, and none held any more.
+    mutating func take() -> [ClientOutput] {
+        defer { self = HeldAnswer() }
+        return parts
+    }
+
+    /// The storage the parts take.
+    var storage: Int {
+        parts.reduce(0) { total, part in
+            switch part {
+            case .head(let bytes), .body(let bytes): total + max(bytes.capacity, bytes.readableBytes)
+            case .end: total
+            }
+        }
+    }
 }

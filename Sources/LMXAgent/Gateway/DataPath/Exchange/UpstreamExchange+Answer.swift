@@ -198,9 +198,8 @@ extension UpstreamExchange {
     func emit(_ part: ClientOutput) {
         guard let client, client.context != nil else { return }
         if request.machine.holdsAnswer {
-            if case .body(let bytes) = part { request.heldBytes += bytes.readableBytes }
-            request.hold(part)
-            if request.heldBytes <= Self.maxHeldAnswer { return }
+            request.held.hold(part)
+            if request.held.bodyBytes <= Self.maxHeldAnswer { return }
             request.machine.answerReleased()
             releaseHeldAnswer()
             return
@@ -210,13 +209,10 @@ extension UpstreamExchange {
 
     /// Writes what was held of the answer, and holds no more.
     func releaseHeldAnswer() {
-        guard !request.heldAnswer.isEmpty, !request.machine.holdsAnswer, let client, client.context != nil else {
+        guard !request.held.isEmpty, !request.machine.holdsAnswer, let client, client.context != nil else {
             return
         }
-        let held = request.heldAnswer
-        request.heldAnswer = []
-        request.heldBytes = 0
-        for part in held { client.writeToClient(part, for: request) }
+        for part in request.held.take() { client.writeToClient(part, for: request) }
         client.flushToClient()
     }
 
@@ -230,8 +226,7 @@ extension UpstreamExchange {
             bytes: Gateway.errorBody(status: status, code: code, message: message, path: request.path))
         request.keepAlive = request.head.keepAlive && request.clientEnded
         // Nothing of a held answer reached the client: the refusal replaces it.
-        request.heldAnswer = []
-        request.heldBytes = 0
+        _ = request.held.take()
         let head = client.answerHead(request, status: .init(statusCode: status), sized: true) { out in
             out.add("Content-Type: application/json\r\nCache-Control: no-store\r\n")
             if let retryAfter {

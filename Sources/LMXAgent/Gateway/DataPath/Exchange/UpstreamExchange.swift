@@ -251,7 +251,7 @@ final class UpstreamExchange: UpstreamOwner {
     /// ahead with its buffer's room to grow, the answer held until an upload ends, an unfinished
     /// event, an answer read for the object it makes.
     var bytesHeld: Int {
-        var total = request.parts.reduce(0) { $0 + $1.readableBytes } + request.slack + request.heldStorage
+        var total = request.parts.reduce(0) { $0 + $1.readableBytes } + request.slack + request.held.storage
         total += request.relay?.bytesHeld ?? 0
         total += request.madeAnswer?.capacity ?? 0
         return total
