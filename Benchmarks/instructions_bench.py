@@ -27,7 +27,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -163,7 +162,7 @@ def main():
     for tool in ("valgrind", "callgrind_control", "nginx", "strip"):
         if shutil.which(tool) is None:
             raise SystemExit("instructions_bench: %s is missing (make bench installs valgrind and nginx)" % tool)
-    directory = tempfile.mkdtemp(prefix="lmx-instructions-")
+    directory = pb.bench_directory("lmx-instructions-")
     try:
         upstream_conf, proxy_conf = pb.nginx_configs(directory)
         pb.start(["nginx", "-c", upstream_conf, "-p", directory, "-g", "daemon off;"])

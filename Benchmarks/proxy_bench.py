@@ -23,6 +23,7 @@ second apart, and 64 after 5 s of nothing on connections the client opens then; 
 rounds' median first events. BENCH_BURST_ONLY=1: those rows alone.
 Run through `make bench` (BENCH=proxy).
 """
+import http.client
 import json
 import os
 import resource
@@ -146,6 +147,27 @@ def nginx_config(directory, name="upstream"):
     with open(os.path.join(root, "big.bin"), "wb") as f:
         f.write(b"z" * (4 << 20))
     return nginx_common(directory, name, 1) + server(UPSTREAM, True) + server(UPSTREAM_CLOSE, False) + "\n}\n"
+
+
+def bench_directory(prefix):
+    """A directory for the run: readable by nginx's workers, which drop root for `nobody` (in
+    mkdtemp's 0700 directory the static answers to POST were 403s, not the completion)."""
+    directory = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(directory, 0o755)
+    return directory
+
+
+def check_completion(port):
+    """The chat completion's answer through `port` is the completion (200), not an error page."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("POST", "/v1/chat/completions", body=b'{"model": "test/model", "messages": []}',
+                       headers={"Content-Type": "application/json"})
+    answer = connection.getresponse()
+    body = answer.read()
+    connection.close()
+    if answer.status != 200 or b"chatcmpl-bench" not in body:
+        raise SystemExit("proxy_bench: a chat completion through port %d answered %d %r: the rows would measure"
+                         " an error, not the completion" % (port, answer.status, body[:120]))
 
 
 def nginx_configs(directory):
@@ -613,7 +635,7 @@ def main():
     # 1,024 streams need 1,024 sockets in the client and twice that in the gateway.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
-    directory = tempfile.mkdtemp(prefix="lmx-proxy-bench-")
+    directory = bench_directory("lmx-proxy-bench-")
     results = {}
     agents = {}
     try:
@@ -630,6 +652,8 @@ def main():
                     "http://127.0.0.1:%d/v1/models" % GATEWAY, "http://127.0.0.1:%d/v1/models" % GATEWAY_STREAM,
                     "http://127.0.0.1:%d/v1/models" % GATEWAY_INSTANT, "http://127.0.0.1:%d/healthz" % NGINX_INSTANT):
             assert lmxtools.wait_http(url), "not answering: " + url
+        for port in (UPSTREAM, NGINX, GATEWAY):
+            check_completion(port)
         time.sleep(1)
         gateway_pid = agents["static"].pid
         # nginx's CPU is its workers' (the master only starts them).

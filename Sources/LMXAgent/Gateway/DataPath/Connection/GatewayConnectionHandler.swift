@@ -144,24 +144,44 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
 
     /// Closes after an answer written while the client may still be sending (a refusal before its
     /// body, a head not read): nginx's lingering close. The output is closed once the answer is
-    /// out (a FIN after it), and what the client still sends is read and dropped for at most
-    /// ``lingerTime``, or until it closes its side; then the connection closes. Closed at once
-    /// with bytes unread, the kernel would answer them with a reset that can destroy the answer
-    /// before the client reads it.
+    /// out (a FIN after it), and what the client still sends is read and dropped until it closes
+    /// its side, sends nothing for ``lingerQuiet`` (nginx's `lingering_timeout`), or
+    /// ``lingerTime`` has passed; then the connection closes. Closed at once with bytes unread,
+    /// the kernel would answer them with a reset that can destroy the answer before the client
+    /// reads it. What the connection held for requests it will not answer is let go of at once.
     func lingerThenClose() {
         guard let context, !lingering else { return }
         life.closedByGateway()
         lingering = true
+        queued = nil
+        queuedEnds = 0
+        llhttpQueue = nil
+        llhttpQueuedEnds = 0
+        front?.dropUnread()
         context.close(mode: .output, promise: nil)
         context.read()
-        context.eventLoop.assumeIsolated().scheduleTask(in: Self.lingerTime) { [self] in
-            self.context?.close(promise: nil)
+        lingerCheck(seen: front?.bytesRead ?? 0, until: .now() + Self.lingerTime)
+    }
+
+    /// Closes the lingering connection once the client has sent nothing for ``lingerQuiet`` (all it
+    /// sent was read: the close resets nothing), or at `deadline`.
+    private func lingerCheck(seen: Int, until deadline: NIODeadline) {
+        context?.eventLoop.assumeIsolated().scheduleTask(in: Self.lingerQuiet) { [self] in
+            guard let context = self.context else { return }
+            let read = self.front?.bytesRead ?? seen
+            if read == seen || NIODeadline.now() >= deadline {
+                context.close(promise: nil)
+            } else {
+                self.lingerCheck(seen: read, until: deadline)
+            }
         }
     }
 
     /// How long a lingering close reads and drops what the client still sends (nginx's
     /// `lingering_time` is 30 s with a 5 s `lingering_timeout`; a local client needs far less).
     static let lingerTime = TimeAmount.seconds(2)
+    /// How long a lingering close waits for more from a client that has stopped sending.
+    static let lingerQuiet = TimeAmount.milliseconds(500)
 
     /// What the client can take now (an upstream is read only while it can).
     var clientWritable: Bool { context?.channel.isWritable ?? false }

@@ -230,6 +230,10 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
     /// parsed ahead of the one it is answering, and takes the next when it gets to it
     /// (``readHeld()``). At most what one read brought.
     private var unread: ByteBuffer?
+
+    /// The connection closes (``GatewayConnectionHandler/lingerThenClose()``): bytes read and not
+    /// parsed are let go of.
+    func dropUnread() { unread = nil }
     private var parsing = false
 
     /// Whether bytes wait to be parsed (reads from the client wait meanwhile).
