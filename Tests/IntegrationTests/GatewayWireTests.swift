@@ -132,6 +132,9 @@ struct GatewayWireTests {
                     "two-lengths": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
                     "te-identity": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\nContent-Length: 2\r\n\r\n{}",
                     "expect-431": ("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 2\r\n" + many + "\r\n").encode(),
+                    # 101 header lines with Host: one more than the gateway reads.
+                    "lines-431": ("GET /v1/models HTTP/1.1\r\nHost: localhost\r\n"
+                                  + "".join("X-H%d: v\r\n" % i for i in range(100)) + "\r\n").encode(),
                     "expect-501": b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
                     # Requests pipelined behind one the data path's reader leaves to llhttp: one
                     # answer, then the close (nothing behind it parsed for nothing).
@@ -143,6 +146,10 @@ struct GatewayWireTests {
                     # (a lingering close; closed at once, the kernel's reset could destroy it).
                     "body-501": b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip\r\n\r\n"
                     + b"z" * 200000,
+                    # The data path's own refusal (a body over max_request_bytes) while 4 MB of it
+                    # keep coming: the same lingering close.
+                    "body-413": b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 40000000\r\n\r\n"
+                    + b"z" * (4 << 20),
                 }
                 for name, data in cases.items():
                     s = socket.create_connection(("127.0.0.1", port))
@@ -181,11 +188,11 @@ struct GatewayWireTests {
             let lines = result.stdout.split(separator: "\n").compactMap {
                 try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
             }
-            try #require(lines.count == 9, "\(result.stdout) \(result.stderr)")
+            try #require(lines.count == 11, "\(result.stdout) \(result.stderr)")
             for line in lines {
                 let name = line["case"] as? String ?? ""
                 let status = line["status"] as? String ?? ""
-                let expected = name.hasSuffix("431") ? "431" : name.hasSuffix("501") ? "501" : "400"
+                let expected = String(name.suffix(3)).allSatisfy(\.isNumber) ? String(name.suffix(3)) : "400"
                 #expect(line["answers"] as? Int == 1, "one answer, then the close: \(line)")
                 if name == "head-431" { #expect(line["code"] as? String == "head_too_large", "\(line)") }
                 #expect(status.hasPrefix("HTTP/1.1 \(expected) "), "\(line)")

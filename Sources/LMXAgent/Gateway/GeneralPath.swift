@@ -32,7 +32,8 @@ extension Gateway {
                 method: request.method.rawValue, path: request.uri.path, authority: request.head.authority,
                 headers: clientHeaders, adminEnabled: adminEnabled, overTCP: context.isTCP,
                 localhostIsOurs: listeners.localhostIsOurs)
-            ?? GatewayPolicy.unreadRefusal(headers: clientHeaders)
+            ?? GatewayPolicy.unreadRefusal(
+                headers: clientHeaders, lines: clientHeaders.count + (request.head.authority == nil ? 0 : 1))
         return Self.error(refusal.status, code: refusal.code, message: refusal.message, path: request.uri.path)
     }
 

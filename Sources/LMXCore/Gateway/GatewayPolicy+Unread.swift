@@ -4,8 +4,10 @@ extension GatewayPolicy {
     /// nothing): a body in a transfer coding other than `chunked`, a chunked body from an
     /// HTTP/1.0 client, a target that is not origin-form visible ASCII, a header line of control
     /// bytes, more than 100 headers. Said in words a client's author can act on.
-    /// - Parameter headers: the request's headers, as llhttp read them.
-    public static func unreadRefusal(headers: [(name: String, value: String)]) -> Refusal {
+    /// - Parameters:
+    ///   - headers: the request's headers, as llhttp read them;
+    ///   - lines: how many header lines came (Hummingbird keeps `Host` apart from the headers).
+    public static func unreadRefusal(headers: [(name: String, value: String)], lines: Int? = nil) -> Refusal {
         let codings = headers.filter { $0.name.equalsASCIILowercased("transfer-encoding") }.map(\.value)
         if !codings.isEmpty {
             let plainChunked = codings.count == 1 && codings[0].equalsASCIILowercased("chunked")
@@ -17,7 +19,7 @@ extension GatewayPolicy {
                 )
             }
         }
-        if headers.count > maxRequestHeaders {
+        if (lines ?? headers.count) > maxRequestHeaders {
             return Refusal(
                 status: 431, code: "too_many_headers",
                 message: "the request has more than \(maxRequestHeaders) header lines; send fewer")

@@ -88,7 +88,10 @@ extension GatewayConnectionHandler {
                     "gateway: a client sent nothing of its request for gateway.client_timeout; its connection is closed"
                 )
                 if let exchange, !exchange.request.clientEnded {
-                    return exchange.bodyNotWhole(.timeout(seconds: Int(clientTimeout.nanoseconds / 1_000_000_000)))
+                    exchange.bodyNotWhole(.timeout(seconds: Int(clientTimeout.nanoseconds / 1_000_000_000)))
+                    // An exchange that cannot answer it any more (its server's answer already
+                    // begun, or held until the body's end) leaves the connection to be closed.
+                    if self.exchange !== exchange || context == nil { return }
                 }
                 closeConnection()
                 return

@@ -346,8 +346,10 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         case .readRest:
             resumeReadsIfHeld()  // the rest of the body is read and dropped
         case .close:
+            // (The client may still be sending: its body, or requests behind it. A lingering
+            // close lets it read the answer rather than a reset, as nginx's.)
             if self.exchange === exchange { self.exchange = nil }
-            closeConnection()
+            lingerThenClose()
         case .gone:
             if self.exchange === exchange { self.exchange = nil }
         }
