@@ -20,7 +20,6 @@ let package = Package(
             name: "lmx-http-floor",
             dependencies: [
                 .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
             ]),
     ]
 )

@@ -4,9 +4,10 @@ nothing (Sources/lmx-relay-ceiling, one upstream connection per client, bytes pa
 and the same relay with an HTTP/1 codec of its own (Sources/lmx-codec-ceiling: every head read
 from the bytes and written anew as the gateway writes it, bodies passed as read, Content-Length
 framing only): what a codec of the data path's own would reach, without the gateway's rules.
-Then the floor of any HTTP server on SwiftNIO (Sources/lmx-http-floor: SwiftNIO's HTTP/1 server
-pipeline answering a fixed JSON from memory) beside nginx answering the same from its
-configuration, on kept connections and on a new connection per request, at 1 and 8 clients.
+Then the floor of any server on SwiftNIO's channels (Sources/lmx-http-floor: a fixed JSON answer
+from memory for each head read, no codec, on the gateway's listeners) beside nginx answering the
+same from its configuration, and the two proxies beside each other, on kept connections and on a
+new connection per request, at 1 and 8 clients (CEILING_FLOOR_ONLY=1: that table alone).
 Last, 64 streams sent at one moment (burst.py, as proxy_bench.py's burst rows) through nginx, the
 gateway and the relay: how far behind direct each one's first events come when nothing but
 relaying is done (CEILING_BURST_ONLY=1: that table alone, about 3 minutes).
@@ -34,11 +35,16 @@ FLOOR_PORT = 21721
 CODEC_PORT = 21722
 BURST_RELAY_PORT = 21723
 BURST_ONLY = os.environ.get("CEILING_BURST_ONLY") == "1"
+# CEILING_FLOOR_ONLY=1: the floor's table alone (about 4 minutes).
+FLOOR_ONLY = os.environ.get("CEILING_FLOOR_ONLY") == "1"
 
 
 def main():
     scratch = os.path.join(lmxtools.REPO, ".build-ceiling")
-    subprocess.run(["swift", "build", "-c", "release", "--package-path", HERE, "--scratch-path", scratch], check=True)
+    # (With the gateway's release flags that change its code: no exclusivity checks at run time,
+    # the Swift runtime linked in.)
+    subprocess.run(["swift", "build", "-c", "release", "--package-path", HERE, "--scratch-path", scratch,
+                    "-Xswiftc", "-enforce-exclusivity=unchecked", "--static-swift-stdlib"], check=True)
     relay_binary = os.path.join(scratch, "release", "lmx-relay-ceiling")
     floor_binary = os.path.join(scratch, "release", "lmx-http-floor")
     codec_binary = os.path.join(scratch, "release", "lmx-codec-ceiling")
@@ -59,6 +65,9 @@ def main():
         if BURST_ONLY:
             bursts(directory, workers)
             return
+        if FLOOR_ONLY:
+            floor_table(upstream, floor, agent, workers)
+            return
         peers = [("nginx", pb.NGINX, workers), ("gateway", pb.GATEWAY, [agent.pid]), ("relay", RELAY_PORT, [relay.pid]),
                  ("codec", CODEC_PORT, [codec.pid])]
         print("| request | clients | nginx req/s, CPU | gateway req/s (× nginx), CPU | relay req/s (× nginx), CPU "
@@ -76,28 +85,36 @@ def main():
                     label, clients, rps["nginx"], cpu["nginx"], " | ".join(
                         "%.0f (%.2f×), %.0f µs" % (rps[name], rps[name] / rps["nginx"], cpu[name])
                         for name in ("gateway", "relay", "codec"))), flush=True)
-        # The floor: servers, not proxies. nginx's is the stand-in upstream itself (one worker).
-        upstream_workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(upstream.pid)], capture_output=True,
-                                                           text=True).stdout.split()]
-        servers = [("nginx", pb.UPSTREAM, upstream_workers), ("floor", FLOOR_PORT, [floor.pid]),
-                   ("gateway", pb.GATEWAY, [agent.pid])]
-        print()
-        print("| GET /v1/models | clients | nginx answering req/s, CPU | SwiftNIO floor req/s (× nginx), CPU "
-              "| gateway as proxy req/s, CPU |")
-        print("|---|---|---|---|---|")
-        for label, headers in (("kept connection", ()), ("new connection each", ("Connection: close",))):
-            for clients in (1, 8):
-                cells = pb.in_rounds([(name, lambda port=port, pids=pids: pb.wrk(
-                    "http://127.0.0.1:%d/v1/models" % port, clients, pids=pids, headers=headers))
-                    for name, port, pids in servers])
-                rps = {name: cell["rps"] for name, cell in cells.items()}
-                cpu = {name: cell["cpu_us_per_request"] for name, cell in cells.items()}
-                print("| %s | %d | %.0f, %.0f µs | %.0f (%.2f×), %.0f µs | %.0f, %.0f µs |" % (
-                    label, clients, rps["nginx"], cpu["nginx"], rps["floor"], rps["floor"] / rps["nginx"],
-                    cpu["floor"], rps["gateway"], cpu["gateway"]), flush=True)
+        floor_table(upstream, floor, agent, workers)
         bursts(directory, workers)
     finally:
         pb.stop_all()
+
+
+def floor_table(upstream, floor, agent, workers):
+    """The floor: servers, not proxies, beside the two proxies. nginx's server is the stand-in
+    upstream itself (one worker); SwiftNIO's, its HTTP/1 server pipeline answering from memory.
+    What a proxy on SwiftNIO can reach beside nginx is bounded by the floor's ratio (× nginx
+    answering), less what its upstream leg costs more than nginx's."""
+    upstream_workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(upstream.pid)], capture_output=True,
+                                                       text=True).stdout.split()]
+    servers = [("nginx", pb.UPSTREAM, upstream_workers), ("floor", FLOOR_PORT, [floor.pid]),
+               ("nginx proxy", pb.NGINX, workers), ("gateway", pb.GATEWAY, [agent.pid])]
+    print()
+    print("| GET /v1/models | clients | nginx answering req/s, CPU | SwiftNIO floor req/s (× nginx), CPU "
+          "| nginx as proxy req/s, CPU | gateway as proxy req/s (× nginx as proxy), CPU |")
+    print("|---|---|---|---|---|---|")
+    for label, headers in (("kept connection", ()), ("new connection each", ("Connection: close",))):
+        for clients in (1, 8):
+            cells = pb.in_rounds([(name, lambda port=port, pids=pids: pb.wrk(
+                "http://127.0.0.1:%d/v1/models" % port, clients, pids=pids, headers=headers))
+                for name, port, pids in servers])
+            rps = {name: cell["rps"] for name, cell in cells.items()}
+            cpu = {name: cell["cpu_us_per_request"] for name, cell in cells.items()}
+            print("| %s | %d | %.0f, %.0f µs | %.0f (%.2f×), %.0f µs | %.0f, %.0f µs | %.0f (%.2f×), %.0f µs |" % (
+                label, clients, rps["nginx"], cpu["nginx"], rps["floor"], rps["floor"] / rps["nginx"],
+                cpu["floor"], rps["nginx proxy"], cpu["nginx proxy"], rps["gateway"],
+                rps["gateway"] / rps["nginx proxy"], cpu["gateway"]), flush=True)
 
 
 def bursts(directory, workers):

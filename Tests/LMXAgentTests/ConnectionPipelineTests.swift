@@ -687,7 +687,7 @@ struct ConnectionPipelineTests {
     }
 
     @Test(
-        "refusals answered on the data path in the policy's words: the body read and dropped, the connection kept; one too large answered at once and closed"
+        "refusals answered on the data path in the policy's words: the body read and dropped, the connection kept; one too large, or a head with two Hosts, answered at once and closed"
     )
     func refusals() async throws {
         try await AgentFixture.with { fixture in
@@ -704,12 +704,6 @@ struct ConnectionPipelineTests {
                 ),
                 ("GET /v1/../admin/x HTTP/1.1\r\n\r\n", 400, "bad_path"),
                 ("GET /v1/chat/stream HTTP/1.1\r\n\r\n", 403, "websocket_refused"),
-                // Two Host lines (RFC 9112 §3.2), whichever comes first, on any path.
-                ("GET /v1/models HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n", 400, "bad_request"),
-                (
-                    "GET /dashboard/api/status HTTP/1.1\r\nHost: localhost\r\nhost: localhost\r\n\r\n", 400,
-                    "bad_request"
-                ),
                 // (TRACE and upgrades are heads llhttp reads: the general path refuses them.)
             ]
             for (request, status, code) in refused {
@@ -717,6 +711,29 @@ struct ConnectionPipelineTests {
                 let answer = try pipe.received()
                 #expect(answer.hasPrefix("HTTP/1.1 \(status) ") && answer.contains(code), "\(answer)")
                 #expect(pipe.client.isActive, "kept after \(code)")
+            }
+            // Two Host lines (RFC 9112 §3.2), whichever comes first, on any path: a bad request,
+            // answered at once, and its connection closes (a request behind it is not read). So
+            // does a refusal before a body the client holds back (`Expect`), even when the body
+            // and another request come anyway.
+            for (request, status, code) in [
+                ("GET /v1/models HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n", 400, "bad_request"),
+                (
+                    "GET /dashboard/api/status HTTP/1.1\r\nHost: localhost\r\nhost: localhost\r\n\r\n", 400,
+                    "bad_request"
+                ),
+                (
+                    "POST /v1/chat/completions HTTP/1.1\r\nOrigin: https://evil.example\r\nExpect: 100-continue\r\n"
+                        + "Content-Length: 5\r\n\r\nhello", 403, "forbidden_origin"
+                ),
+            ] {
+                let other = try pipe.addClient()
+                try pipe.send(request + PipelineHarness.get(), from: other)
+                let answer = try pipe.received(by: other)
+                #expect(answer.hasPrefix("HTTP/1.1 \(status) ") && answer.contains(code), "\(answer)")
+                #expect(answer.lowercased().contains("\r\nconnection: close\r\n"), "\(answer)")
+                #expect(answer.components(separatedBy: "HTTP/1.1 ").count == 2, "one answer: \(answer)")
+                #expect(!pipe.others[other].isActive, "closed after \(request)")
             }
             #expect(pipe.servers.isEmpty)
             try pipe.send(PipelineHarness.get())

@@ -312,13 +312,31 @@ struct GatewayExchangeTests {
         // A refusal waits with the body being dropped, then answers as the gateway's own.
         var refused = GatewayExchange(method: "POST", declaredLength: 5, maxBodyBytes: 1 << 20, readAheadBytes: 10)
         #expect(refused.refuse(.malformedBody, atOnce: false) == .none)
-        #expect(refused.state == .refusing(.malformedBody) && refused.refusal == .malformedBody)
+        #expect(refused.state == .refusing(.malformedBody, closing: false) && refused.refusal == .malformedBody)
         #expect(refused.bodyPart(size: 5) { true } == .drop)
         #expect(refused.bodyEnd() == .respond(.malformedBody))
-        #expect(refused.state == .answering(.gateway) && refused.refusal == nil && refused.body == .whole)
+        #expect(
+            refused.state == .answering(.gateway(closing: false)) && refused.refusal == nil && refused.body == .whole)
+        #expect(!refused.answerCloses)
         // Writing it closed the connection, which finished the exchange first: it finishes once.
         #expect(refused.clientGone() == .finish(upstream: .close, client: .gone))
         #expect(refused.responded() == .none && refused.state == .finished)
+
+        // Answered, its body read, the connection goes on to the next request...
+        var kept = GatewayExchange(method: "POST", declaredLength: 5, maxBodyBytes: 1 << 20, readAheadBytes: 10)
+        #expect(kept.refuse(.malformedBody, atOnce: false) == .none)
+        #expect(kept.bodyEnd() == .respond(.malformedBody))
+        #expect(kept.responded() == .finish(upstream: .close, client: .next))
+        // ...unless the refusal closes it (a head without Host): at once, even with no body.
+        var closing = GatewayExchange(method: "GET", declaredLength: 0, maxBodyBytes: 1 << 20, readAheadBytes: 10)
+        let badRequest = GatewayExchange.Refusal.refused(status: 400, code: "bad_request", message: "no Host")
+        #expect(closing.refuse(badRequest, atOnce: false, closing: true) == .none)
+        #expect(closing.state == .refusing(badRequest, closing: true))
+        #expect(closing.bodyEnd() == .respond(badRequest) && closing.answerCloses)
+        #expect(closing.responded() == .finish(upstream: .close, client: .close))
+        var atOnce = GatewayExchange(method: "POST", declaredLength: 50, maxBodyBytes: 1 << 20, readAheadBytes: 10)
+        #expect(atOnce.refuse(badRequest, atOnce: true, closing: true) == .respond(badRequest))
+        #expect(atOnce.answerCloses && atOnce.responded() == .finish(upstream: .close, client: .close))
     }
 
     /// A run's event stream whose answer is passing to the client.

@@ -39,6 +39,10 @@ extension GatewayExchange {
     }
     /// The refusal that answers once the body has been read (``Phase/refusing``).
     public var refusal: Refusal? {
-        if case .refusing(let refusal) = state { refusal } else { nil }
+        if case .refusing(let refusal, _) = state { refusal } else { nil }
+    }
+    /// The gateway's own answer going out closes the connection after it.
+    public var answerCloses: Bool {
+        if case .answering(.gateway(closing: true)) = state { true } else { false }
     }
 }

@@ -94,7 +94,9 @@ public struct GatewayExchange: Sendable {
         case forwarding(resuming: Bool, kept: Bool)
         case answering(Answer)
         case answered
-        case refusing(Refusal)
+        /// `closing`: the connection closes after the refusal (a request whose head is not one
+        /// to read another after).
+        case refusing(Refusal, closing: Bool)
         case finished
     }
 
@@ -102,8 +104,9 @@ public struct GatewayExchange: Sendable {
     enum Answer: Sendable, Hashable {
         /// The server's: an event stream or not; `held` until the client's body has come.
         case server(stream: Bool, held: Bool)
-        /// The gateway's own error (``respond(_:)``).
-        case gateway
+        /// The gateway's own error (``respond(_:closing:)``); `closing`: the connection closes
+        /// after it.
+        case gateway(closing: Bool)
     }
 
     /// The client's body, as far as sending the request again goes.
@@ -179,7 +182,7 @@ public struct GatewayExchange: Sendable {
         body = body == .coming ? .whole : .sent
         switch state {
         case .collecting: return .decide
-        case .refusing(let refusal): return respond(refusal)
+        case .refusing(let refusal, let closing): return respond(refusal, closing: closing)
         case .waiting, .connecting, .finished: return .none
         case .forwarding:
             return .sendEnd
@@ -390,26 +393,28 @@ public struct GatewayExchange: Sendable {
     /// The request is refused before anything is sent: at once (`atOnce`: its body will not be
     /// read, and the connection closes after the answer), or once its body has been read and
     /// dropped (the connection then takes the next request).
-    public mutating func refuse(_ refusal: Refusal, atOnce: Bool) -> Action {
-        if atOnce || clientEnded { return respond(refusal) }
-        state = .refusing(refusal)
+    public mutating func refuse(_ refusal: Refusal, atOnce: Bool, closing: Bool = false) -> Action {
+        if atOnce || clientEnded { return respond(refusal, closing: closing) }
+        state = .refusing(refusal, closing: closing)
         return .none
     }
 
-    /// Answers with the gateway's own error (and finishes once it is written: ``responded()``).
-    public mutating func respond(_ refusal: Refusal) -> Action {
-        state = .answering(.gateway)
+    /// Answers with the gateway's own error (and finishes once it is written: ``responded()``);
+    /// `closing`: the client's connection closes after it, whatever the client asked.
+    public mutating func respond(_ refusal: Refusal, closing: Bool = false) -> Action {
+        state = .answering(.gateway(closing: closing))
         return .respond(refusal)
     }
 
     /// The gateway's own answer was written: the server's connection (if any) is closed; a
-    /// client whose body has not all come cannot send another request cleanly.
+    /// client whose body has not all come cannot send another request cleanly, nor one whose
+    /// refusal closes.
     public mutating func responded() -> Action {
         // (Writing the answer may have closed the connection, and that finished the exchange
         // already: it finishes once.)
-        guard state == .answering(.gateway) else { return .none }
+        guard case .answering(.gateway(let closing)) = state else { return .none }
         state = .finished
-        return .finish(upstream: .close, client: clientEnded ? .next : .close)
+        return .finish(upstream: .close, client: clientEnded && !closing ? .next : .close)
     }
 
     /// The client's connection went away: everything is let go.

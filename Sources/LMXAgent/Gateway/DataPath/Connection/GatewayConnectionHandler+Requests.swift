@@ -8,11 +8,14 @@ extension GatewayConnectionHandler {
     /// Parts of requests read ahead, waiting their turn, hold one whole request: the front reads
     /// no more of the connection's bytes until the handler gets to it (a flood of pipelined
     /// requests costs one read's bytes, not a parsed request each).
-    var queueFull: Bool { queuedEnds > 0 }
+    /// (Also once the connection is closing: nothing more is parsed.)
+    var queueFull: Bool { queuedEnds > 0 || lingering }
 
     /// A part of a request, from the front: handled now, or queued while the request before it
     /// waits for its answer (ours, or one handed over to the general path).
     func receive(_ part: ClientRequestParser.Part) {
+        // Closing (a refusal that ends the connection): what came behind it is not a request.
+        if lingering { return }
         if waitsForGroup || life.queues(exchangeNow, alreadyQueued: queued != nil) {
             var parts = queued.take() ?? []
             parts.append(part)
@@ -67,7 +70,7 @@ extension GatewayConnectionHandler {
         case .lookUpGroup(let uid, let gate):
             lookUpGroup(part, uid: uid, gate: gate)
             return
-        case .refuse(let refusedPath, let refusal):
+        case .refuse(let refusedPath, let refusal, let closing):
             // The body (within the limit) is read and dropped, then the refusal answers it; one
             // too large is answered at once, and the connection closes. So is a body the client
             // holds back until it hears `100 Continue` (`Expect: 100-continue`): it would wait
@@ -76,9 +79,9 @@ extension GatewayConnectionHandler {
             let exchange = startExchange(head, path: refusedPath, declaredLength: length, mayConcern: false)
             gateway.metrics.gatewayRefused.increment()
             let atOnce =
-                length > gateway.maxRequestBytes
+                closing || length > gateway.maxRequestBytes
                 || (length != 0 && Self.expectation(head) == .continue100)
-            return exchange.perform(exchange.request.machine.refuse(refusal, atOnce: atOnce))
+            return exchange.perform(exchange.request.machine.refuse(refusal, atOnce: atOnce, closing: closing))
         case .forward(let forwardedPath, let concern):
             path = forwardedPath
             mayConcern = concern

@@ -14,18 +14,22 @@ extension GatewayConnectionHandler {
     /// `gateway.group`, a user the gate has no fresh answer for is looked up first, off the
     /// event loop (``lookUpGroup(_:uid:gate:)``).
     func takes(_ head: ClientHead, length: Int) -> Taken {
+        // A bad request (RFC 9112 §3.2): answered at once, and the connection closes after it,
+        // as nginx does (nothing behind such a head is read as a request).
         if head.hostTwice {
             return .refuse(
                 head.uri,
                 .refused(
                     status: 400, code: "bad_request",
-                    message: "the request has more than one Host header (RFC 9112 section 3.2): send one"))
+                    message: "the request has more than one Host header (RFC 9112 section 3.2): send one"),
+                closing: true)
         }
         // Over TCP the policy reads the Host (requests addressed to loopback only): a request
-        // without one is a bad request (RFC 9112 §3.2 for HTTP/1.1, as nginx answers it).
+        // without one is a bad request too (for HTTP/1.1, and HTTP/1.0 is told the same).
         if overTCP, head.known & ClientHead.Known.host.rawValue == 0 {
             let refusal = GatewayPolicy.noHost
-            return .refuse(head.uri, .refused(status: refusal.status, code: refusal.code, message: refusal.message))
+            return .refuse(
+                head.uri, .refused(status: refusal.status, code: refusal.code, message: refusal.message), closing: true)
         }
         guard let target = Self.forwardedTarget(head.uri) else { return .generalPath }
         guard case .path(let path) = target else {
@@ -73,8 +77,9 @@ extension GatewayConnectionHandler {
     enum Taken {
         /// Forwarded by this handler.
         case forward(String, mayConcern: Bool)
-        /// Refused by this handler, in the policy's words.
-        case refuse(String, GatewayExchange.Refusal)
+        /// Refused by this handler, in the policy's words; `closing`: at once, the connection
+        /// closing after the answer.
+        case refuse(String, GatewayExchange.Refusal, closing: Bool = false)
         /// `gateway.group`: the user's membership must be looked up before the request is taken.
         case lookUpGroup(UInt32, GroupMembership)
         /// Answered by the general path: the dashboard's.

@@ -224,7 +224,7 @@ extension UpstreamExchange {
         let (status, code, message, retryAfter) = refusal.answer
         let body = ByteBuffer(
             bytes: Gateway.errorBody(status: status, code: code, message: message, path: request.path))
-        request.keepAlive = request.head.keepAlive && request.clientEnded
+        request.keepAlive = request.head.keepAlive && request.clientEnded && !request.machine.answerCloses
         // Nothing of a held answer reached the client: the refusal replaces it.
         _ = request.held.take()
         let head = client.answerHead(request, status: .init(statusCode: status), sized: true) { out in

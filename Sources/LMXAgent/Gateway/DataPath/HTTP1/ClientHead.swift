@@ -252,6 +252,8 @@ final class ClientFront: ChannelInboundHandler, RemovableChannelHandler {
         swap(&parser, &self.parser)
         unread = parser.read(bytes, emit: { handler.receive($0) }, pause: { handler.queueFull })
         swap(&parser, &self.parser)
+        // (A part read now may have closed the connection: nothing more of it is parsed.)
+        if handler.lingering { unread = nil }
     }
 
     /// The handler took what it held: the bytes waiting are parsed, as far as it takes them.
