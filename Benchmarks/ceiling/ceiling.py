@@ -33,6 +33,7 @@ import proxy_bench as pb  # noqa: E402
 RELAY_PORT = 21720
 FLOOR_PORT = 21721
 CODEC_PORT = 21722
+ANSWERING_PORT = 21724
 BURST_RELAY_PORT = 21723
 BURST_ONLY = os.environ.get("CEILING_BURST_ONLY") == "1"
 # CEILING_FLOOR_ONLY=1: the floor's table alone (about 4 minutes).
@@ -51,7 +52,7 @@ def main():
     directory = tempfile.mkdtemp(prefix="lmx-ceiling-")
     try:
         upstream_conf, proxy_conf = pb.nginx_configs(directory)
-        upstream = pb.start(["nginx", "-c", upstream_conf, "-p", directory, "-g", "daemon off;"])
+        pb.start(["nginx", "-c", upstream_conf, "-p", directory, "-g", "daemon off;"])
         proxy = pb.start(["nginx", "-c", proxy_conf, "-p", directory, "-g", "daemon off;"])
         agent = pb.start_gateway(directory, "static", pb.UPSTREAM, pb.GATEWAY)
         relay = pb.start([relay_binary, str(RELAY_PORT), str(pb.UPSTREAM)])
@@ -66,7 +67,7 @@ def main():
             bursts(directory, workers)
             return
         if FLOOR_ONLY:
-            floor_table(upstream, floor, agent, workers)
+            floor_table(directory, floor, agent, workers)
             return
         peers = [("nginx", pb.NGINX, workers), ("gateway", pb.GATEWAY, [agent.pid]), ("relay", RELAY_PORT, [relay.pid]),
                  ("codec", CODEC_PORT, [codec.pid])]
@@ -85,20 +86,33 @@ def main():
                     label, clients, rps["nginx"], cpu["nginx"], " | ".join(
                         "%.0f (%.2f×), %.0f µs" % (rps[name], rps[name] / rps["nginx"], cpu[name])
                         for name in ("gateway", "relay", "codec"))), flush=True)
-        floor_table(upstream, floor, agent, workers)
+        floor_table(directory, floor, agent, workers)
         bursts(directory, workers)
     finally:
         pb.stop_all()
 
 
-def floor_table(upstream, floor, agent, workers):
-    """The floor: servers, not proxies, beside the two proxies. nginx's server is the stand-in
-    upstream itself (one worker); SwiftNIO's, its HTTP/1 server pipeline answering from memory.
-    What a proxy on SwiftNIO can reach beside nginx is bounded by the floor's ratio (× nginx
-    answering), less what its upstream leg costs more than nginx's."""
-    upstream_workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(upstream.pid)], capture_output=True,
-                                                       text=True).stdout.split()]
-    servers = [("nginx", pb.UPSTREAM, upstream_workers), ("floor", FLOOR_PORT, [floor.pid]),
+def floor_table(directory, floor, agent, workers):
+    """The floor: servers, not proxies, beside the two proxies. nginx answering from its
+    configuration, with as many workers as the floor has event loops (one per core);
+    SwiftNIO's floor, raw channels answering from memory. What a proxy on SwiftNIO can reach
+    beside nginx is bounded by the floor's ratio (× nginx answering), less what its upstream leg
+    costs more than nginx's."""
+    path = os.path.join(directory, "answering.conf")
+    with open(path, "w") as f:
+        f.write(pb.nginx_common(directory, "answering", os.cpu_count() or 1) + """
+    server {
+        listen 127.0.0.1:%d;
+        location = /v1/models { default_type application/json; return 200 '%s'; }
+    }
+}
+""" % (ANSWERING_PORT, pb.MODELS))
+    answering = pb.start(["nginx", "-c", path, "-p", directory, "-g", "daemon off;"])
+    assert lmxtools.wait_http("http://127.0.0.1:%d/v1/models" % ANSWERING_PORT), "nginx answering did not start"
+    time.sleep(0.5)
+    answering_workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(answering.pid)], capture_output=True,
+                                                        text=True).stdout.split()]
+    servers = [("nginx", ANSWERING_PORT, answering_workers), ("floor", FLOOR_PORT, [floor.pid]),
                ("nginx proxy", pb.NGINX, workers), ("gateway", pb.GATEWAY, [agent.pid])]
     print()
     print("| GET /v1/models | clients | nginx answering req/s, CPU | SwiftNIO floor req/s (× nginx), CPU "

@@ -129,7 +129,14 @@ public final class Prober: Sendable {
                 let response = try await client.client.execute(prepared, deadline: .now() + budget)
                 var headers: [String: String] = [:]
                 for (name, value) in response.headers {
-                    headers[name.lowercased()] = headers[name.lowercased()] ?? value
+                    let name = name.lowercased()
+                    if name == "content-type", let first = headers[name] {
+                        // A second one: read as the request path reads it (``AnswerLabel/then(_:)``).
+                        let label = AnswerLabel(contentType: first)
+                        if label.then(AnswerLabel(contentType: value)) != label { headers[name] = value }
+                    } else {
+                        headers[name] = headers[name] ?? value
+                    }
                 }
                 var body: [UInt8] = []
                 // Only small JSON documents matter: stop reading at the cap (the connection is

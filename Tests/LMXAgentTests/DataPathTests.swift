@@ -414,6 +414,17 @@ struct DataPathTests {
         #expect(relay(["data: 1\n"]).rest == "data: 1\n\n")
         let unfinished = relay(["data: 1\n\ndata: [DONE]"])
         #expect(unfinished.out == ["data: 1\n\n"] && unfinished.rest == "data: [DONE]\n\n" && !unfinished.cut)
+        // Unless the half line is data whose JSON its length cut: that event is not whole (a
+        // server's wrong length), reported as cut rather than completed into broken JSON.
+        for (text, whole) in [
+            ("data: {\"a\":1}", true), ("data: {\"a\":1", false), ("data: [DON", false), ("data: hello", true),
+            ("data: {\"a\":\"}", false), ("data: {\"a\":\"\\\"}\"}", true), ("event: x\ndata: {\"a\":", false),
+            ("data: {\"a\":\ndata: 1}", true), ("data: {\"a\":1\n", true), ("id: 4", true),
+        ] {
+            let finished = relay(["data: 1\n\n" + text])
+            #expect(finished.out == ["data: 1\n\n"], "\(text)")
+            #expect(finished.cut == !whole && (finished.rest != nil) == whole, "\(text): \(finished)")
+        }
         // A body that runs until the server closes cannot tell its end from a cut: half a line is cut.
         let closed = relay(["data: 1\n\ndata: 2"], framed: false)
         #expect(closed.out == ["data: 1\n\n"] && closed.cut)

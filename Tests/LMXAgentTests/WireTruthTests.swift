@@ -315,6 +315,14 @@ struct WireTruthTests {
             try pipe.answer(
                 pipe.servers.count - 1, "HTTP/1.1 200 OK\r\nContent-Type: TEXT/HTMLX\r\nContent-Length: 2\r\n\r\n{}")
             #expect(try pipe.received().hasPrefix("HTTP/1.1 200 "))
+            // A second Content-Type naming a page is the page's (a JSON label first hides nothing).
+            try pipe.send(PipelineHarness.get())
+            try pipe.answer(
+                pipe.servers.count - 1,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Type: text/html\r\nContent-Length: 6\r\n\r\n<html>"
+            )
+            let doubled = try pipe.received()
+            #expect(doubled.hasPrefix("HTTP/1.1 502 ") && doubled.contains("captive_portal"), "\(doubled)")
             // A redirect that names no place leads to no page: passed on. A blank Location first
             // hides no portal's behind it.
             try pipe.send(PipelineHarness.get())
@@ -329,7 +337,7 @@ struct WireTruthTests {
             #expect(hidden.hasPrefix("HTTP/1.1 502 ") && hidden.contains("captive_portal"), "\(hidden)")
             // The pages answered in the gateway's words are counted as the route's errors.
             let counted = fixture.agent.traffic.report().models.reduce(0) { $0 + $1.errors }
-            #expect(counted == 4, "\(fixture.agent.traffic.report())")
+            #expect(counted == 5, "\(fixture.agent.traffic.report())")
         }
     }
 

@@ -588,6 +588,19 @@ struct GatewayPolicyTests {
             connectionListed: [], credentials: Credentials(inferenceKey: "k"), path: "/v1/models")
         #expect(!rule.keeps("x-api-key") && !rule.keeps("Authorization") && !rule.keeps("cookie"))
         #expect(rule.keeps("Content-Type") && rule.keeps("X-Admin-Key"))
+        // On every path, not only where the route sends its key: a client's admin key never
+        // reaches `/v1/` of a route with one, nor its bearer `/admin/`; a route with none of
+        // either kind passes the client's own.
+        let both = Credentials(adminKey: "a", inferenceKey: "k")
+        for path in ["/v1/models", "/admin/models", "/healthz"] {
+            let rule = GatewayPolicy.UpstreamHeaderRule(connectionListed: [], credentials: both, path: path)
+            for name in ["X-Admin-Key", "authorization", "X-Api-Key"] { #expect(!rule.keeps(name), "\(name) \(path)") }
+            let open = GatewayPolicy.UpstreamHeaderRule(connectionListed: [], credentials: Credentials(), path: path)
+            for name in ["X-Admin-Key", "authorization", "X-Api-Key"] { #expect(open.keeps(name), "\(name) \(path)") }
+        }
+        let adminOnly = GatewayPolicy.UpstreamHeaderRule(
+            connectionListed: [], credentials: Credentials(adminKey: "a"), path: "/v1/models")
+        #expect(!adminOnly.keeps("x-admin-key") && adminOnly.keeps("Authorization") && adminOnly.routeHeaders.isEmpty)
         #expect(rule.routeHeaders.map(\.name) == ["Authorization"])
     }
 

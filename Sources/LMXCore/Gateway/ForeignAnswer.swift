@@ -242,6 +242,13 @@ public enum AnswerLabel: Sendable, Hashable {
         self.init(mediaType: bytes.assumingMemoryBound(to: UInt8.self))
     }
 
+    /// What an answer with a second `Content-Type` of label `next` is read as (a field that may
+    /// come once, RFC 9110 §8.3): a web page in either is the page — a JSON label before it hides
+    /// no portal's HTML; otherwise the first. The request path and the probes read it so.
+    public func then(_ next: AnswerLabel) -> AnswerLabel {
+        next == .page ? .page : self
+    }
+
     /// Over the value's bytes, without a lowercased copy or a `String`.
     private init(mediaType bytes: UnsafeBufferPointer<UInt8>) {
         func isSpace(_ byte: UInt8) -> Bool { byte == 0x20 || (0x09...0x0D).contains(byte) }

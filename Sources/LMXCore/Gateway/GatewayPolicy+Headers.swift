@@ -38,7 +38,11 @@ extension GatewayPolicy {
         public init(connectionListed: [String], credentials: Credentials, path: String) {
             routeHeaders = credentials.headers(forPath: path)
             var replaced = routeHeaders.map { $0.name.lowercased() }
+            // The route's key wins on every path, not only where it sends it: a client's key of a
+            // kind the route has never travels (its admin key on `/v1/`, its bearer on `/admin/`).
+            if credentials.inferenceKey != nil, !replaced.contains("authorization") { replaced.append("authorization") }
             if replaced.contains("authorization") { replaced.append("x-api-key") }
+            if credentials.adminKey != nil, !replaced.contains("x-admin-key") { replaced.append("x-admin-key") }
             self.replaced = replaced
             self.connectionListed = connectionListed
             listedBytes = (connectionListed + replaced).map { Array($0.utf8) }

@@ -183,15 +183,19 @@ final class EventRelay {
     /// when it cannot be told whole. Ended as its framing says (its length, its last chunk:
     /// `framed`), an event the server did not close with its blank line (`data: [DONE]` and the
     /// body's end) is whole: the server said so by ending the body, so it is passed on with the
-    /// line ends a reader needs, never reported as cut. A body that runs until the server closes
-    /// says nothing of that: one that ends mid-line is treated as a lost connection (a reader
-    /// would drop that event).
+    /// line ends a reader needs, never reported as cut — unless its last line, which came
+    /// without its line end, is data whose JSON is not closed (a length that cut an event
+    /// mid-JSON: ``endsWhole(_:)``). A body that runs until the server closes says nothing of
+    /// that: one that ends mid-line is treated as a lost connection (a reader would drop that
+    /// event).
     func finish(framed: Bool) -> (rest: ByteBuffer?, cut: Bool) {
         var rest = ByteBuffer()
         swap(&rest, &held)
         guard rest.readableBytes > 0 else { return (nil, false) }
         let last = rest.readableBytesView.last
-        if !framed, last != 0x0A, last != 0x0D { return (nil, true) }
+        if last != 0x0A, last != 0x0D, !framed || !Self.endsWhole(rest.readableBytesView) {
+            return (nil, true)
+        }
         // The blank line that ends it, in its own line ends (a CR alone is answered by a CR: a
         // LF after it would read as the end of a CRLF).
         rest.writeString(last == 0x0A ? "\n" : last == 0x0D ? "\r" : "\n\n")
@@ -199,6 +203,45 @@ final class EventRelay {
         if seen != nil, Self.isDone(Array(rest.readableBytesView)[...]) { seen?.done = true }
         resumable = seen
         return (rest, false)
+    }
+
+    /// Whether an event whose last line came without its line end is whole: that line is no
+    /// `data` line, or the event's data does not open JSON (`{`, `[`), or its JSON closes (every
+    /// `{` and `[` closed, outside strings: `[DONE]` does). Read over the bytes held, which the
+    /// relay bounds.
+    static func endsWhole(_ event: ByteBufferView) -> Bool {
+        let lines = event.split(omittingEmptySubsequences: false, whereSeparator: { $0 == 0x0A || $0 == 0x0D })
+        guard let lastLine = lines.last, lastLine.starts(with: "data:".utf8) else { return true }
+        var depth = 0
+        var inString = false
+        var escaped = false
+        var opened: Bool?
+        for line in lines where line.starts(with: "data:".utf8) {
+            var value = line.dropFirst(5)
+            if value.first == UInt8(ascii: " ") { value = value.dropFirst() }
+            for byte in value {
+                if opened == nil, byte != UInt8(ascii: " "), byte != UInt8(ascii: "\t") {
+                    opened = byte == UInt8(ascii: "{") || byte == UInt8(ascii: "[")
+                }
+                if inString {
+                    if escaped {
+                        escaped = false
+                    } else if byte == UInt8(ascii: "\\") {
+                        escaped = true
+                    } else if byte == UInt8(ascii: "\"") {
+                        inString = false
+                    }
+                    continue
+                }
+                switch byte {
+                case UInt8(ascii: "\""): inString = true
+                case UInt8(ascii: "{"), UInt8(ascii: "["): depth += 1
+                case UInt8(ascii: "}"), UInt8(ascii: "]"): depth -= 1
+                default: break
+                }
+            }
+        }
+        return opened != true || (depth <= 0 && !inString)
     }
 
     /// The connection was lost mid-stream: what was held is dropped; an event already partly

@@ -65,7 +65,7 @@ struct AnswerHeaders {
     var otherLocation: String?
     private var contentTypeSeen = false
     /// What the first `Content-Type` says (``AnswerLabel/init(mediaType:)``, as the probes read it:
-    /// `.none` when there is none).
+    /// `.none` when there is none), or a later one's page (``AnswerLabel/then(_:)``).
     private(set) var label = AnswerLabel.none
     /// A `Content-Encoding` other than `identity` came: the body is passed on as it is, never
     /// read or written into (``EventRelay``).
@@ -78,7 +78,12 @@ struct AnswerHeaders {
     mutating func read(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) -> Bool {
         // Lengths first: most headers are none of these.
         switch name.count {
-        case 12 where !contentTypeSeen && HTTPSyntax.equalsLowercased(name, "content-type"):
+        case 12 where HTTPSyntax.equalsLowercased(name, "content-type"):
+            guard !contentTypeSeen else {
+                // A second one (``AnswerLabel/then(_:)``): a page's label wins.
+                label = label.then(AnswerLabel(mediaType: value))
+                break
+            }
             contentTypeSeen = true
             eventStream =
                 value.count >= 17
