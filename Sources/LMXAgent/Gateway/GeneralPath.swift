@@ -17,16 +17,18 @@ import Foundation
 /// it forwards nothing: every request to a server goes through the data path.
 extension Gateway {
     func answer(_ request: Request, context: AgentRequestContext) async -> Response {
+        // A bad request over TCP without a Host, the dashboard's too (as the data path answers it).
+        if context.isTCP, request.head.authority == nil {
+            metrics.gatewayRefused.increment()
+            let refusal = GatewayPolicy.noHost
+            return Self.error(refusal.status, code: refusal.code, message: refusal.message, path: request.uri.path)
+        }
         if let resource = DashboardPolicy.resource(path: request.uri.path) {
             return await dashboard.respond(
                 resource, request: request, context: context, localhostIsOurs: listeners.localhostIsOurs)
         }
         let clientHeaders = request.headers.map { (name: $0.name.canonicalName, value: $0.value) }
         metrics.gatewayRefused.increment()
-        if context.isTCP, request.head.authority == nil {
-            let refusal = GatewayPolicy.noHost
-            return Self.error(refusal.status, code: refusal.code, message: refusal.message, path: request.uri.path)
-        }
         let refusal =
             GatewayPolicy.refusal(
                 method: request.method.rawValue, path: request.uri.path, authority: request.head.authority,
