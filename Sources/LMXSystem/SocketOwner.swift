@@ -54,8 +54,45 @@ public enum SocketOwner {
         case (16, 16): family = UInt8(AF_INET6)
         default: return .unknown
         }
+        switch record(of: peer, to: local, family: family) {
+        case .found(let record):
+            // A socket no process holds any more has no inode (as `ss` shows it: `ino:0`).
+            return record.idiag_inode == 0 ? .closed(uid: record.idiag_uid) : .held(uid: record.idiag_uid)
+        case .absent: return .absent
+        case .unknown: return .unknown
+        }
+    }
+
+    /// Bytes the kernel still holds to send on this machine's socket bound to `local` and
+    /// connected to `peer` (not yet sent, or sent and not acknowledged): nil when it does not say.
+    /// A connection closed while the peer has not taken its answer, and the peer then sends, is
+    /// reset, and the reset destroys what the peer had not read.
+    /// - Parameters: IPv4 or IPv6 addresses as 4 or 16 bytes, ports in host order.
+    public static func sendQueue(local: (address: [UInt8], port: UInt16), peer: (address: [UInt8], port: UInt16))
+        -> Int?
+    {
+        let family: UInt8
+        switch (peer.address.count, local.address.count) {
+        case (4, 4): family = UInt8(AF_INET)
+        case (16, 16): family = UInt8(AF_INET6)
+        default: return nil
+        }
+        guard case .found(let record) = record(of: local, to: peer, family: family) else { return nil }
+        return Int(record.idiag_wqueue)
+    }
+
+    private enum Record {
+        case found(inet_diag_msg)
+        case absent
+        case unknown
+    }
+
+    /// The kernel's record of the TCP socket bound to `source` and connected to `destination`.
+    private static func record(
+        of source: (address: [UInt8], port: UInt16), to destination: (address: [UInt8], port: UInt16), family: UInt8
+    ) -> Record {
         guard let fd = kept.withLock({ $0.popLast() }) ?? openSocket() else { return .unknown }
-        let (found, clean) = ask(fd, family: family, peer: peer, local: local)
+        let (found, clean) = ask(fd, family: family, peer: source, local: destination)
         let keep =
             clean
             && kept.withLock { list in
@@ -95,7 +132,7 @@ public enum SocketOwner {
     /// nothing left to read and can be asked again).
     private static func ask(
         _ fd: Int32, family: UInt8, peer: (address: [UInt8], port: UInt16), local: (address: [UInt8], port: UInt16)
-    ) -> (PeerSocket, clean: Bool) {
+    ) -> (Record, clean: Bool) {
         // One SOCK_DIAG_BY_FAMILY request: a netlink header, then the socket asked about. Its
         // source is the peer's socket's own end, its destination ours.
         struct Request {
@@ -136,7 +173,7 @@ public enum SocketOwner {
         // stack, never cleared (only the `n` bytes received are read; a longer datagram is cut,
         // and its rest dropped by the kernel). An array of 8 KiB cleared on every connection
         // cost about 8,000 instructions, a new connection's twentieth.
-        return withUnsafeTemporaryAllocation(byteCount: 1024, alignment: 8) { answer -> (PeerSocket, clean: Bool) in
+        return withUnsafeTemporaryAllocation(byteCount: 1024, alignment: 8) { answer -> (Record, clean: Bool) in
             for _ in 0..<4 {
                 guard
                     case .success(let n) = SystemCall.retrying({ recv(fd, answer.baseAddress, answer.count, 0) })
@@ -150,9 +187,9 @@ public enum SocketOwner {
                 guard bytes.count >= Int(lmx_nlmsg_hdrlen()) + MemoryLayout<inet_diag_msg>.size else {
                     return (.unknown, false)
                 }
-                let record = bytes.loadUnaligned(fromByteOffset: Int(lmx_nlmsg_hdrlen()), as: inet_diag_msg.self)
-                // A socket no process holds any more has no inode (as `ss` shows it: `ino:0`).
-                return (record.idiag_inode == 0 ? .closed(uid: record.idiag_uid) : .held(uid: record.idiag_uid), true)
+                return (
+                    .found(bytes.loadUnaligned(fromByteOffset: Int(lmx_nlmsg_hdrlen()), as: inet_diag_msg.self)), true
+                )
             }
             return (.unknown, false)
         }

@@ -116,7 +116,7 @@ struct GatewayWireTests {
     }
 
     @Test(
-        "requests llhttp cannot read (a bare LF, control bytes, a doubled Content-Length, TE: identity) get the gateway's JSON 400 with its security headers, then the close; so do a refusal before a body the client holds back (Expect), one of a request the data path's reader left to llhttp, and a head over 32 KiB"
+        "requests llhttp cannot read (a bare LF, control bytes, a doubled Content-Length, TE: identity) get the gateway's JSON 400 with its security headers, then the close; so do a refusal before a body the client holds back (Expect), one of a request the data path's reader left to llhttp, and a head over 32 KiB; a slow reader gets all of a large answer before the close"
     )
     func unreadableRequests() async throws {
         try await withResources {
@@ -183,12 +183,38 @@ struct GatewayWireTests {
                                       "nosniff": headers.get("x-content-type-options") == "nosniff",
                                       "csp": "sandbox" in headers.get("content-security-policy", ""),
                                       "connection": headers.get("connection"), "body": body.decode("latin-1")[:300]}))
+                # A client that reads slowly: 4 MB of answer, then a head without Host behind it,
+                # nothing read for 1.5 s, more sent, then all read. The gateway lingers while its
+                # answer is still in the kernel: no reset destroys what the client had not read.
+                import time
+                s = socket.create_connection(("127.0.0.1", port))
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+                s.sendall(b"GET /v1/bytes?n=4194304 HTTP/1.1\r\nHost: localhost\r\n\r\nGET /v1/models HTTP/1.1\r\n\r\n")
+                time.sleep(1.5)
+                try:
+                    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                except OSError:
+                    pass
+                s.settimeout(10)
+                got, end = b"", "eof"
+                try:
+                    while True:
+                        chunk = s.recv(1 << 20)
+                        if not chunk:
+                            break
+                        got += chunk
+                except ConnectionResetError:
+                    end = "reset"
+                except socket.timeout:
+                    end = "timeout"
+                print("slow-reader", len(got) > 4194304, end, [m.decode() for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", got[:300] + got[-800:])])
                 """#
-            let result = try await Command.run("/usr/bin/python3", ["-c", script, String(gatewayPort)], timeout: 60)
+            let result = try await Command.run("/usr/bin/python3", ["-c", script, String(gatewayPort)], timeout: 90)
             let lines = result.stdout.split(separator: "\n").compactMap {
                 try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
             }
             try #require(lines.count == 11, "\(result.stdout) \(result.stderr)")
+            #expect(result.stdout.contains("slow-reader True eof ['200', '400']"), "\(result.stdout)")
             for line in lines {
                 let name = line["case"] as? String ?? ""
                 let status = line["status"] as? String ?? ""

@@ -419,11 +419,23 @@ struct DataPathTests {
         for (text, whole) in [
             ("data: {\"a\":1}", true), ("data: {\"a\":1", false), ("data: [DON", false), ("data: hello", true),
             ("data: {\"a\":\"}", false), ("data: {\"a\":\"\\\"}\"}", true), ("event: x\ndata: {\"a\":", false),
-            ("data: {\"a\":\ndata: 1}", true), ("data: {\"a\":1\n", true), ("id: 4", true),
+            ("data: {\"a\":\ndata: 1}", true), ("data: {\"a\":1}\n", true), ("id: 4", true),
+            // (A cut at a line's end, or behind another field, is told by its data too.)
+            ("data: {\"a\":\n", false), ("data: {\"a\":1\n", false), ("data: {\"a\":\nid: 7", false),
+            ("data: [DONE]\r\n", true),
         ] {
             let finished = relay(["data: 1\n\n" + text])
             #expect(finished.out == ["data: 1\n\n"], "\(text)")
             #expect(finished.cut == !whole && (finished.rest != nil) == whole, "\(text): \(finished)")
+        }
+        // An event larger than the relay holds goes on as it comes: at the body's end it is ended
+        // when it stopped at a line's end, and cut when it stopped mid-line (it cannot be read back).
+        let large = String(repeating: "x", count: Gateway.maxHeldEvent + 10)
+        for (framed, tail, cut) in [(true, "\n", false), (true, "", true), (false, "", true), (false, "\n", false)] {
+            let big = relay(["data: 1\n\ndata: {\"a\":\"" + large + tail], framed: framed)
+            #expect(big.cut == cut && (big.rest == nil) == cut, "framed \(framed), tail \(tail.utf8.count)")
+            if !cut { #expect(big.rest == "\n") }
+            #expect(big.out.joined().hasSuffix(large + tail))
         }
         // A body that runs until the server closes cannot tell its end from a cut: half a line is cut.
         let closed = relay(["data: 1\n\ndata: 2"], framed: false)

@@ -90,6 +90,17 @@ struct ForeignAnswerTests {
         #expect(AnswerLabel(contentType: "text/htmlx") == .other)
         #expect(AnswerLabel(contentType: "  ; charset=utf-8") == AnswerLabel.none)
         #expect(AnswerLabel(contentType: "") == AnswerLabel.none)
+        // A list in one value, or a second Content-Type (`then`): a page anywhere is the page;
+        // text that is no JSON beside JSON is that text; JSON twice, or beside nothing, is JSON.
+        #expect(AnswerLabel(contentType: "text/html, application/json") == .page)
+        #expect(AnswerLabel(contentType: "application/json, text/html; charset=utf-8") == .page)
+        #expect(AnswerLabel(contentType: "application/json,text/plain") == .plainText)
+        #expect(AnswerLabel(contentType: "application/json, application/json") == .json)
+        #expect(AnswerLabel(contentType: "application/json,") == .json)
+        #expect(AnswerLabel(contentType: ",,") == AnswerLabel.none)
+        #expect(AnswerLabel.json.then(.page) == .page && AnswerLabel.page.then(.json) == .page)
+        #expect(AnswerLabel.json.then(.plainText) == .plainText && AnswerLabel.plainText.then(.json) == .plainText)
+        #expect(AnswerLabel.json.then(.none) == .json && AnswerLabel.other.then(.json) == .other)
         #expect(AnswerLabel(contentType: "tëxt/html") == .other)
         let raw: [UInt8] = [0x74, 0x65, 0x78, 0x74, 0x2F, 0x68, 0x74, 0x6D, 0x6C, 0xFF]
         #expect(raw.withUnsafeBytes { AnswerLabel(mediaType: $0) } == .other)

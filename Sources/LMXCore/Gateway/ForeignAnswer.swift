@@ -245,12 +245,33 @@ public enum AnswerLabel: Sendable, Hashable {
     /// What an answer with a second `Content-Type` of label `next` is read as (a field that may
     /// come once, RFC 9110 §8.3): a web page in either is the page — a JSON label before it hides
     /// no portal's HTML; otherwise the first. The request path and the probes read it so.
+    /// Text that is no JSON beside JSON (`text/plain`, an event stream) is read as that text:
+    /// only a server's consistent JSON is its JSON.
     public func then(_ next: AnswerLabel) -> AnswerLabel {
-        next == .page ? .page : self
+        if self == .page || next == .page { return .page }
+        if self == .json, next != .json, next != .none { return next }
+        return self
     }
 
-    /// Over the value's bytes, without a lowercased copy or a `String`.
+    /// Over the value's bytes, without a lowercased copy or a `String`. A list in one value
+    /// (`text/html, application/json`) is read as that many values (``then(_:)``).
     private init(mediaType bytes: UnsafeBufferPointer<UInt8>) {
+        guard var comma = bytes.firstIndex(of: UInt8(ascii: ",")) else {
+            self.init(single: bytes)
+            return
+        }
+        var label = AnswerLabel(single: UnsafeBufferPointer(rebasing: bytes[..<comma]))
+        while comma < bytes.count {
+            let start = comma + 1
+            let end = bytes[start...].firstIndex(of: UInt8(ascii: ",")) ?? bytes.count
+            label = label.then(AnswerLabel(single: UnsafeBufferPointer(rebasing: bytes[start..<end])))
+            comma = end
+        }
+        self = label
+    }
+
+    /// One media type's label (its parameters ignored).
+    private init(single bytes: UnsafeBufferPointer<UInt8>) {
         func isSpace(_ byte: UInt8) -> Bool { byte == 0x20 || (0x09...0x0D).contains(byte) }
         var end = bytes.firstIndex(of: UInt8(ascii: ";")) ?? bytes.count
         var start = 0

@@ -13,6 +13,9 @@ final class EventRelay {
     private var held = ByteBuffer()
     /// Bytes of an unfinished event were passed on.
     private(set) var midEvent = false
+    /// The last byte passed on of that unfinished event (``finish(framed:)`` tells by it whether
+    /// it ended mid-line).
+    private var lastPassed: UInt8?
     private(set) var tally = Gateway.EventTally()
     /// A stream that may be opened again (``StreamContinuation``): its events are looked at as
     /// they pass (``resumable()``).
@@ -151,6 +154,7 @@ final class EventRelay {
             // first, the rest read by read until its end (nothing more of it held: the bytes
             // held stay within `maxHeldEvent`, and each read waits for the client as any does).
             if held.readableBytes > 0 { out(held) }
+            if let last = chunk.readableBytesView.last ?? held.readableBytesView.last { lastPassed = last }
             held = ByteBuffer()
             if chunk.readableBytes > 0 { out(chunk) }
             midEvent = true
@@ -183,19 +187,24 @@ final class EventRelay {
     /// when it cannot be told whole. Ended as its framing says (its length, its last chunk:
     /// `framed`), an event the server did not close with its blank line (`data: [DONE]` and the
     /// body's end) is whole: the server said so by ending the body, so it is passed on with the
-    /// line ends a reader needs, never reported as cut — unless its last line, which came
-    /// without its line end, is data whose JSON is not closed (a length that cut an event
-    /// mid-JSON: ``endsWhole(_:)``). A body that runs until the server closes says nothing of
-    /// that: one that ends mid-line is treated as a lost connection (a reader would drop that
-    /// event).
+    /// line ends a reader needs, never reported as cut — unless its data opens JSON that it does
+    /// not close (a length that cut the event mid-JSON: ``endsWhole(_:)``). A body that runs
+    /// until the server closes says nothing of that: one that ends mid-line is treated as a lost
+    /// connection (a reader would drop that event). An event larger than ``Gateway/maxHeldEvent``,
+    /// passed on unfinished, cannot be read back: it is ended when it stopped at a line's end,
+    /// and reported cut when it stopped mid-line.
     func finish(framed: Bool) -> (rest: ByteBuffer?, cut: Bool) {
         var rest = ByteBuffer()
         swap(&rest, &held)
+        if rest.readableBytes == 0, midEvent, let last = lastPassed {
+            midEvent = false
+            guard last == 0x0A || last == 0x0D else { return (nil, true) }
+            return (ByteBuffer(string: last == 0x0A ? "\n" : "\r"), false)
+        }
         guard rest.readableBytes > 0 else { return (nil, false) }
         let last = rest.readableBytesView.last
-        if last != 0x0A, last != 0x0D, !framed || !Self.endsWhole(rest.readableBytesView) {
-            return (nil, true)
-        }
+        let midLine = last != 0x0A && last != 0x0D
+        if (midLine && !framed) || !Self.endsWhole(rest.readableBytesView) { return (nil, true) }
         // The blank line that ends it, in its own line ends (a CR alone is answered by a CR: a
         // LF after it would read as the end of a CRLF).
         rest.writeString(last == 0x0A ? "\n" : last == 0x0D ? "\r" : "\n\n")
@@ -205,13 +214,11 @@ final class EventRelay {
         return (rest, false)
     }
 
-    /// Whether an event whose last line came without its line end is whole: that line is no
-    /// `data` line, or the event's data does not open JSON (`{`, `[`), or its JSON closes (every
-    /// `{` and `[` closed, outside strings: `[DONE]` does). Read over the bytes held, which the
-    /// relay bounds.
+    /// Whether an event the body's end left without its blank line is whole: its data does not
+    /// open JSON (`{`, `[`), or its JSON closes (every `{` and `[` closed, outside strings:
+    /// `[DONE]` does). Read over the bytes held, which the relay bounds.
     static func endsWhole(_ event: ByteBufferView) -> Bool {
         let lines = event.split(omittingEmptySubsequences: false, whereSeparator: { $0 == 0x0A || $0 == 0x0D })
-        guard let lastLine = lines.last, lastLine.starts(with: "data:".utf8) else { return true }
         var depth = 0
         var inString = false
         var escaped = false

@@ -158,23 +158,38 @@ final class GatewayConnectionHandler: ChannelDuplexHandler, RemovableChannelHand
         llhttpQueue = nil
         llhttpQueuedEnds = 0
         front?.dropUnread()
-        context.close(mode: .output, promise: nil)
+        // The times count from when the answer has all gone to the kernel (SwiftNIO shuts the
+        // output once what was written is out), not while a large one still waits to be written.
+        let outputClosed = context.eventLoop.makePromise(of: Void.self)
+        context.close(mode: .output, promise: outputClosed)
         context.read()
-        lingerCheck(seen: front?.bytesRead ?? 0, until: .now() + Self.lingerTime)
+        outputClosed.futureResult.assumeIsolated().whenComplete { [self] _ in
+            self.lingerCheck(seen: self.front?.bytesRead ?? 0, until: .now() + Self.lingerTime)
+        }
     }
 
     /// Closes the lingering connection once the client has sent nothing for ``lingerQuiet`` (all it
-    /// sent was read: the close resets nothing), or at `deadline`.
+    /// sent was read: the close resets nothing), or at `deadline` — but not while the kernel still
+    /// holds answer bytes the client has not taken (a reset then would destroy them: the client
+    /// reading slowly, or sending more before it reads); the sweep's `client_timeout` bounds that.
     private func lingerCheck(seen: Int, until deadline: NIODeadline) {
         context?.eventLoop.assumeIsolated().scheduleTask(in: Self.lingerQuiet) { [self] in
             guard let context = self.context else { return }
             let read = self.front?.bytesRead ?? seen
-            if read == seen || NIODeadline.now() >= deadline {
+            if read == seen || NIODeadline.now() >= deadline, !self.answerStillLeaving(context.channel) {
                 context.close(promise: nil)
             } else {
                 self.lingerCheck(seen: read, until: deadline)
             }
         }
+    }
+
+    /// Over TCP, the kernel still holds bytes of the answer the client has not acknowledged
+    /// (``SocketOwner/sendQueue(local:peer:)``; unknown: no).
+    private func answerStillLeaving(_ channel: any Channel) -> Bool {
+        guard overTCP, let local = channel.localAddress?.bytesAndPort, let peer = channel.remoteAddress?.bytesAndPort
+        else { return false }
+        return (SocketOwner.sendQueue(local: local, peer: peer) ?? 0) > 0
     }
 
     /// How long a lingering close reads and drops what the client still sends (nginx's
