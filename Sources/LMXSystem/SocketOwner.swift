@@ -48,13 +48,7 @@ public enum SocketOwner {
     public static func peerSocket(peer: (address: [UInt8], port: UInt16), local: (address: [UInt8], port: UInt16))
         -> PeerSocket
     {
-        let family: UInt8
-        switch (peer.address.count, local.address.count) {
-        case (4, 4): family = UInt8(AF_INET)
-        case (16, 16): family = UInt8(AF_INET6)
-        default: return .unknown
-        }
-        switch record(of: peer, to: local, family: family) {
+        switch record(of: peer, to: local) {
         case .found(let record):
             // A socket no process holds any more has no inode (as `ss` shows it: `ino:0`).
             return record.idiag_inode == 0 ? .closed(uid: record.idiag_uid) : .held(uid: record.idiag_uid)
@@ -71,13 +65,7 @@ public enum SocketOwner {
     public static func sendQueue(local: (address: [UInt8], port: UInt16), peer: (address: [UInt8], port: UInt16))
         -> Int?
     {
-        let family: UInt8
-        switch (peer.address.count, local.address.count) {
-        case (4, 4): family = UInt8(AF_INET)
-        case (16, 16): family = UInt8(AF_INET6)
-        default: return nil
-        }
-        guard case .found(let record) = record(of: local, to: peer, family: family) else { return nil }
+        guard case .found(let record) = record(of: local, to: peer) else { return nil }
         return Int(record.idiag_wqueue)
     }
 
@@ -87,12 +75,19 @@ public enum SocketOwner {
         case unknown
     }
 
-    /// The kernel's record of the TCP socket bound to `source` and connected to `destination`.
+    /// The kernel's record of the TCP socket bound to `source` and connected to `destination`
+    /// (both IPv4, or both IPv6).
     private static func record(
-        of source: (address: [UInt8], port: UInt16), to destination: (address: [UInt8], port: UInt16), family: UInt8
+        of source: (address: [UInt8], port: UInt16), to destination: (address: [UInt8], port: UInt16)
     ) -> Record {
+        let family: UInt8
+        switch (source.address.count, destination.address.count) {
+        case (4, 4): family = UInt8(AF_INET)
+        case (16, 16): family = UInt8(AF_INET6)
+        default: return .unknown
+        }
         guard let fd = kept.withLock({ $0.popLast() }) ?? openSocket() else { return .unknown }
-        let (found, clean) = ask(fd, family: family, peer: source, local: destination)
+        let (found, clean) = ask(fd, family: family, source: source, destination: destination)
         let keep =
             clean
             && kept.withLock { list in
@@ -131,10 +126,11 @@ public enum SocketOwner {
     /// One question on `fd`: the answer, and whether the exchange ended cleanly (the socket has
     /// nothing left to read and can be asked again).
     private static func ask(
-        _ fd: Int32, family: UInt8, peer: (address: [UInt8], port: UInt16), local: (address: [UInt8], port: UInt16)
+        _ fd: Int32, family: UInt8, source: (address: [UInt8], port: UInt16),
+        destination: (address: [UInt8], port: UInt16)
     ) -> (Record, clean: Bool) {
-        // One SOCK_DIAG_BY_FAMILY request: a netlink header, then the socket asked about. Its
-        // source is the peer's socket's own end, its destination ours.
+        // One SOCK_DIAG_BY_FAMILY request: a netlink header, then the socket asked about (its own
+        // end, and the end it is connected to).
         struct Request {
             var header: nlmsghdr
             var body: inet_diag_req_v2
@@ -148,10 +144,10 @@ public enum SocketOwner {
         request.body.sdiag_family = family
         request.body.sdiag_protocol = UInt8(IPPROTO_TCP)
         request.body.idiag_states = 0xFFF  // every state
-        request.body.id.idiag_sport = peer.port.bigEndian
-        request.body.id.idiag_dport = local.port.bigEndian
-        withUnsafeMutableBytes(of: &request.body.id.idiag_src) { $0.copyBytes(from: peer.address) }
-        withUnsafeMutableBytes(of: &request.body.id.idiag_dst) { $0.copyBytes(from: local.address) }
+        request.body.id.idiag_sport = source.port.bigEndian
+        request.body.id.idiag_dport = destination.port.bigEndian
+        withUnsafeMutableBytes(of: &request.body.id.idiag_src) { $0.copyBytes(from: source.address) }
+        withUnsafeMutableBytes(of: &request.body.id.idiag_dst) { $0.copyBytes(from: destination.address) }
         request.body.id.idiag_cookie = (INET_DIAG_NOCOOKIE, INET_DIAG_NOCOOKIE)
 
         var kernel = sockaddr_nl()  // the kernel: pid 0, no groups
